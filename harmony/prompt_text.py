@@ -1,0 +1,93 @@
+"""The text of system and developer messages: sections, tool namespaces, response formats."""
+
+from __future__ import annotations
+
+import json
+
+from .schema_ts import rust_lines, to_typescript
+from .types import DeveloperContent, Message, ResponseFormat, SystemContent, ToolNamespace
+
+FUNCTIONS = "functions"
+
+
+def has_function_tools(messages: list[Message]) -> bool:
+    """True iff a developer message declares a non-empty `functions` namespace (the reference's test)."""
+    for message in messages:
+        for part in message.content:
+            if isinstance(part, DeveloperContent) and part.tools:
+                namespace = part.tools.get(FUNCTIONS)
+                if namespace is not None and namespace.tools:
+                    return True
+    return False
+
+
+def _namespace_text(namespace: ToolNamespace) -> str:
+    lines = [f"## {namespace.name}\n"]
+    if namespace.description is not None:
+        prefix = "// " if namespace.tools else ""
+        lines.extend(prefix + line for line in rust_lines(namespace.description))
+    if namespace.tools:
+        lines.append(f"namespace {namespace.name} {{\n")
+        for tool in namespace.tools:
+            lines.extend(f"// {line}" for line in rust_lines(tool.description))
+            if tool.parameters is not None:
+                lines.append(f"type {tool.name} = (_: {to_typescript(tool.parameters)}) => any;\n")
+            else:
+                lines.append(f"type {tool.name} = () => any;\n")
+        lines.append(f"}} // namespace {namespace.name}")
+    return "\n".join(lines)
+
+
+def tools_section(tools: dict[str, ToolNamespace]) -> str:
+    """`# Tools`, namespaces sorted by key (byte order, as a BTreeMap iterates)."""
+    keys = sorted(tools, key=lambda k: k.encode())
+    return "\n\n".join(["# Tools", *(_namespace_text(tools[k]) for k in keys)])
+
+
+def _response_format_text(fmt: ResponseFormat) -> str:
+    schema = json.dumps(fmt.schema, ensure_ascii=False, separators=(",", ":"))
+    if fmt.description:
+        return f"## {fmt.name}\n\n// {fmt.description}\n{schema}"
+    return f"## {fmt.name}\n\n{schema}"
+
+
+def response_formats_section(formats: list[ResponseFormat]) -> str:
+    """`# Response Formats` as the format guide documents it (the reference cannot emit it)."""
+    return "\n\n".join(["# Response Formats", *(_response_format_text(f) for f in formats)])
+
+
+def system_text(content: SystemContent, function_tools: bool) -> str:
+    header = [
+        line
+        for line in (
+            content.model_identity,
+            None if content.knowledge_cutoff is None else f"Knowledge cutoff: {content.knowledge_cutoff}",
+            None if content.conversation_start_date is None else f"Current date: {content.conversation_start_date}",
+        )
+        if line is not None
+    ]
+    sections = ["\n".join(header)]
+    if content.reasoning_effort is not None:
+        sections.append(f"Reasoning: {content.reasoning_effort.value}")
+    if content.tools:
+        sections.append(tools_section(content.tools))
+    channels = content.channel_config
+    if channels is not None and channels.valid_channels:
+        line = f"# Valid channels: {', '.join(channels.valid_channels)}."
+        if channels.channel_required:
+            line += " Channel must be included for every message."
+        if function_tools:
+            line += "\nCalls to these tools must go to the commentary channel: 'functions'."
+        sections.append(line)
+    return "\n\n".join(s for s in sections if s)
+
+
+def developer_text(content: DeveloperContent) -> str:
+    sections = []
+    if content.instructions is not None:
+        sections.append(f"# Instructions\n\n{content.instructions}")
+    if content.tools:
+        sections.append(tools_section(content.tools))
+    if content.response_formats:
+        sections.append(response_formats_section(content.response_formats))
+    return "\n\n".join(sections)
