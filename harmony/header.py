@@ -105,6 +105,8 @@ def parse_header(
         assert isinstance(segment, str)
         for match in _WORD.finditer(segment):
             word = match.group()
+            if "\ufffd" in word and not message_token_missing:
+                continue  # undecodable bytes, already reported by _segments
             if role_pending:
                 role_pending = False
                 candidate = _author_of(word)

@@ -66,7 +66,7 @@ def system_text(content: SystemContent, function_tools: bool) -> str:
         )
         if line is not None
     ]
-    sections = ["\n".join(header)]
+    sections = ["\n".join(header)] if header else []
     if content.reasoning_effort is not None:
         sections.append(f"Reasoning: {content.reasoning_effort.value}")
     if content.tools:
@@ -79,7 +79,7 @@ def system_text(content: SystemContent, function_tools: bool) -> str:
         if function_tools:
             line += "\nCalls to these tools must go to the commentary channel: 'functions'."
         sections.append(line)
-    return "\n\n".join(s for s in sections if s)
+    return "\n\n".join(sections)
 
 
 def developer_text(content: DeveloperContent) -> str:

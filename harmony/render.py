@@ -79,9 +79,7 @@ class Renderer:
                 out += cached(system_text(part, function_tools))
             elif isinstance(part, DeveloperContent):
                 if role is not Role.DEVELOPER:
-                    raise RenderError(
-                        f"DeveloperContent may only appear in developer messages, found in {role.value}"
-                    )
+                    raise RenderError(f"DeveloperContent may only appear in developer messages, found in {role.value}")
                 out += cached(developer_text(part))
             else:
                 raise RenderError(f"unsupported content part {type(part).__name__}")

@@ -16,9 +16,7 @@ def rust_lines(text: str) -> list[str]:
     if ended:
         parts.pop()
     last = len(parts) - 1
-    return [
-        p[:-1] if p.endswith("\r") and (i < last or ended) else p for i, p in enumerate(parts)
-    ]
+    return [p[:-1] if p.endswith("\r") and (i < last or ended) else p for i, p in enumerate(parts)]
 
 
 def _default_text(default: Any, schema: dict[str, Any]) -> str:
@@ -27,6 +25,13 @@ def _default_text(default: Any, schema: dict[str, Any]) -> str:
         enum = schema.get("enum")
         if isinstance(enum, list) and enum:
             return f"default: {default}"
+        return f'default: "{default}"'
+    return f"default: {display(default)}"
+
+
+def _variant_default_text(default: Any, schema: dict[str, Any]) -> str:
+    """`default: …` inside a nested oneOf: like properties, except that an enum's string is JSON."""
+    if isinstance(default, str) and not (isinstance(schema.get("enum"), list) and schema["enum"]):
         return f'default: "{default}"'
     return f"default: {display(default)}"
 
@@ -46,7 +51,7 @@ def _nested_one_of(variants: list[Any], indent: str) -> str:
             if isinstance(variant.get("description"), str):
                 notes.append(variant["description"])
             if "default" in variant:
-                notes.append(f"default: {display(variant['default'])}")
+                notes.append(_variant_default_text(variant["default"], variant))
             if notes:
                 out.append(" // " + " ".join(notes))
     return "".join(out)

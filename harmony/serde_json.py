@@ -103,7 +103,7 @@ def format_float(value: float) -> str:
     digits = stripped
     length = len(digits)
     kk = length + exponent
-    if 0 <= exponent and kk <= 16:
+    if exponent >= 0 and kk <= 16:
         body = digits + "0" * exponent + ".0"
     elif 0 < kk <= 16:
         body = digits[:kk] + "." + digits[kk:]

@@ -28,9 +28,7 @@ _NAMED = {
     CALL: "<|call|>",
 }
 
-SPECIAL_TOKENS: dict[str, int] = {
-    _NAMED.get(i, f"<|reserved_{i}|>"): i for i in range(FIRST_SPECIAL, LAST_SPECIAL + 1)
-}
+SPECIAL_TOKENS: dict[str, int] = {_NAMED.get(i, f"<|reserved_{i}|>"): i for i in range(FIRST_SPECIAL, LAST_SPECIAL + 1)}
 SPECIAL_TEXT: dict[int, str] = {i: s for s, i in SPECIAL_TOKENS.items()}
 
 # The model separates its own messages with <|end|>; sampling stops on these two.

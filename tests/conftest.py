@@ -5,11 +5,16 @@ import re
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from harmony import Renderer, load_harmony_encoding  # noqa: E402
-from harmony.tokens import SPECIAL_TOKENS  # noqa: E402
+from harmony import Renderer, load_harmony_encoding
+from harmony.tokens import SPECIAL_TOKENS
+
+settings.register_profile("default", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("deep", max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 _SPECIAL_SPLIT = re.compile(r"(<\|[a-z_0-9]+\|>)")
 

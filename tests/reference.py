@@ -47,7 +47,9 @@ def _namespaces(tools: dict[str, types.ToolNamespace] | None) -> dict[str, Any] 
         key: oh.ToolNamespaceConfig(
             name=ns.name,
             description=ns.description,
-            tools=[oh.ToolDescription(name=t.name, description=t.description, parameters=t.parameters) for t in ns.tools],
+            tools=[
+                oh.ToolDescription(name=t.name, description=t.description, parameters=t.parameters) for t in ns.tools
+            ],
         )
         for key, ns in tools.items()
     }

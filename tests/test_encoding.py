@@ -7,10 +7,10 @@ import hashlib
 from importlib import resources
 
 import pytest
+from reference import reference_encoding
 
 from harmony import tokens, vocab
 from harmony.vocab import VocabularyError, load_vocabulary_bytes
-from reference import reference_encoding
 
 
 def test_special_token_ids_match_the_reference(encoding):

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
-from harmony import CotPolicy, DeveloperContent, Message, Role, SystemContent
-from harmony.parser import parse_completion
 from reference import harmony_module, reference_encoding, reference_render
 from seeds_examples import (
     BUILTIN_EXAMPLES,
@@ -21,6 +18,9 @@ from seeds_examples import (
     system_high,
     weather_developer,
 )
+
+from harmony import CotPolicy, DeveloperContent, Message, Role, SystemContent
+from harmony.parser import parse_completion
 
 
 def both(renderer, messages, mode="completion", policy=CotPolicy.REFERENCE):
@@ -39,7 +39,11 @@ def test_renderer_library_example(renderer):
     developer = Message.of(
         Role.DEVELOPER,
         DeveloperContent(instructions="Always respond in riddles").with_function_tools(
-            [ToolDescription("get_current_weather", "Gets the current weather in the provided location.", WEATHER_PARAMETERS)]
+            [
+                ToolDescription(
+                    "get_current_weather", "Gets the current weather in the provided location.", WEATHER_PARAMETERS
+                )
+            ]
         ),
     )
     messages = [
@@ -58,7 +62,12 @@ def test_renderer_library_example(renderer):
             recipient="functions.get_current_weather",
             content_type="<|constrain|> json",
         ),
-        Message.of(Role.TOOL, '{ "temperature": 20, "sunny": true }', name="functions.get_current_weather", channel="commentary"),
+        Message.of(
+            Role.TOOL,
+            '{ "temperature": 20, "sunny": true }',
+            name="functions.get_current_weather",
+            channel="commentary",
+        ),
     ]
     ours, ref = both(renderer, messages)
     assert ours == ref
@@ -77,7 +86,9 @@ def test_python_api_reference_example(renderer):
         DeveloperContent(instructions="Always respond in riddles").with_function_tools(
             [
                 ToolDescription("get_location", "Gets the location of the user."),
-                ToolDescription("get_current_weather", "Gets the current weather in the provided location.", WEATHER_PARAMETERS),
+                ToolDescription(
+                    "get_current_weather", "Gets the current weather in the provided location.", WEATHER_PARAMETERS
+                ),
             ]
         ),
     )
@@ -86,14 +97,27 @@ def test_python_api_reference_example(renderer):
         developer,
         Message.of(Role.USER, "What is the weather in Tokyo?"),
         Message.of(Role.ASSISTANT, "We need to use get_weather tool.", channel="analysis"),
-        Message.of(Role.ASSISTANT, '{"location": "Tokyo"}', channel="commentary", recipient="functions.get_weather", content_type="json"),
         Message.of(
-            Role.TOOL, '{ "temperature": 20, "sunny": true }', name="functions.lookup_weather", recipient="assistant", channel="commentary"
+            Role.ASSISTANT,
+            '{"location": "Tokyo"}',
+            channel="commentary",
+            recipient="functions.get_weather",
+            content_type="json",
+        ),
+        Message.of(
+            Role.TOOL,
+            '{ "temperature": 20, "sunny": true }',
+            name="functions.lookup_weather",
+            recipient="assistant",
+            channel="commentary",
         ),
     ]
     ours, ref = both(renderer, messages)
     assert ours == ref
-    assert "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" in renderer.encoding.decode(ours)
+    assert (
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+        in renderer.encoding.decode(ours)
+    )
 
 
 DATE_2025 = "2025-06-28"
@@ -110,9 +134,7 @@ def test_system_message_examples(renderer, with_functions):
     text = renderer.encoding.decode(renderer.render_message(system_high(), function_tools=with_functions))
     assert text == SYSTEM_TEXT + (FUNCTIONS_LINE if with_functions else "") + "<|end|>"
     oh = harmony_module()
-    ref = reference_encoding().render(
-        _ref_system(), oh.RenderOptions(conversation_has_function_tools=with_functions)
-    )
+    ref = reference_encoding().render(_ref_system(), oh.RenderOptions(conversation_has_function_tools=with_functions))
     assert renderer.render_message(system_high(), function_tools=with_functions) == ref
 
 
@@ -132,7 +154,11 @@ def test_developer_message_without_tools(renderer):
 
 
 def test_function_calling_prompt(renderer):
-    messages = [system_high(), weather_developer("Use a friendly tone."), Message.of(Role.USER, "What is the weather like in SF?")]
+    messages = [
+        system_high(),
+        weather_developer("Use a friendly tone."),
+        Message.of(Role.USER, "What is the weather like in SF?"),
+    ]
     ours, ref = both(renderer, messages)
     assert ours == ref
     assert renderer.encoding.decode(ours) == FUNCTION_CALLING_PROMPT
@@ -173,7 +199,9 @@ def test_tool_round_trip_keeps_the_cot_of_the_turn_in_progress(renderer, policy)
 def test_cot_of_a_completed_turn_is_dropped(renderer):
     messages = [
         Message.of(Role.USER, "What is 2 + 2?"),
-        Message.of(Role.ASSISTANT, 'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.', channel="analysis"),
+        Message.of(
+            Role.ASSISTANT, 'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.', channel="analysis"
+        ),
         Message.of(Role.ASSISTANT, "2 + 2 = 4.", channel="final"),
         Message.of(Role.USER, "What about 9 / 2?"),
     ]
@@ -195,9 +223,7 @@ def test_structured_output_developer_message(renderer):
     as_instructions = [
         Message.of(
             Role.DEVELOPER,
-            DeveloperContent(
-                instructions=SHOPPING_PROMPT.split("# Instructions\n\n", 1)[1].split("<|end|>", 1)[0]
-            ),
+            DeveloperContent(instructions=SHOPPING_PROMPT.split("# Instructions\n\n", 1)[1].split("<|end|>", 1)[0]),
         ),
         shopping_messages()[1],
     ]
@@ -227,7 +253,10 @@ def test_streaming_parser_example(encoding):
         (
             '<|channel|>analysis<|message|>User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.<|end|>'
             "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>",
-            [("analysis", None, None, 'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.'), ("final", None, None, "2 + 2 = 4.")],
+            [
+                ("analysis", None, None, 'User asks: "What is 2 + 2?" Simple arithmetic. Provide answer.'),
+                ("final", None, None, "2 + 2 = 4."),
+            ],
         ),
         (
             "<|channel|>analysis<|message|>Need to use function get_current_weather.<|end|><|start|>assistant"
@@ -251,13 +280,21 @@ def test_streaming_parser_example(encoding):
                     "**Action plan**:\n1. Generate an HTML file\n2. Generate a JavaScript for the Node.js server\n"
                     "3. Start the server\n---\nWill start executing the plan step by step",
                 ),
-                ("commentary", "functions.generate_file", "<|constrain|>json", '{"template": "basic_html", "path": "index.html"}'),
+                (
+                    "commentary",
+                    "functions.generate_file",
+                    "<|constrain|>json",
+                    '{"template": "basic_html", "path": "index.html"}',
+                ),
             ],
         ),
         (
             "<|channel|>analysis<|message|>用户询问北京天气，需要调用 get_weather。<|end|><|start|>assistant<|channel|>"
             'commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"北京"}<|call|>',
-            [("analysis", None, None, "用户询问北京天气，需要调用 get_weather。"), ("commentary", "functions.get_weather", "<|constrain|>json", '{"city":"北京"}')],
+            [
+                ("analysis", None, None, "用户询问北京天气，需要调用 get_weather。"),
+                ("commentary", "functions.get_weather", "<|constrain|>json", '{"city":"北京"}'),
+            ],
         ),
     ],
     ids=["two-plus-two", "tool-call", "preamble", "zh-tool-call"],
@@ -280,26 +317,41 @@ def test_chinese_guide_function_definitions(renderer):
     from harmony.types import ToolNamespace
 
     tools = [
-        ToolDescription("get_weather", "获取指定城市的天气信息", {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "城市名称，如：北京、上海"},
-                "unit": {"type": "string", "description": "温度单位", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+        ToolDescription(
+            "get_weather",
+            "获取指定城市的天气信息",
+            {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "城市名称，如：北京、上海"},
+                    "unit": {
+                        "type": "string",
+                        "description": "温度单位",
+                        "enum": ["celsius", "fahrenheit"],
+                        "default": "celsius",
+                    },
+                },
+                "required": ["city"],
             },
-            "required": ["city"],
-        }),
-        ToolDescription("web_search", "搜索网页获取信息", {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "搜索关键词"},
-                "limit": {"type": "integer", "description": "返回结果数量", "default": 5},
+        ),
+        ToolDescription(
+            "web_search",
+            "搜索网页获取信息",
+            {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "搜索关键词"},
+                    "limit": {"type": "integer", "description": "返回结果数量", "default": 5},
+                },
+                "required": ["query"],
             },
-            "required": ["query"],
-        }),
+        ),
         ToolDescription("get_current_time", "获取当前时间"),
     ]
     text = tools_section({"functions": ToolNamespace("functions", None, tools)})
-    assert text == """# Tools
+    assert (
+        text
+        == """# Tools
 
 ## functions
 
@@ -325,6 +377,9 @@ limit?: number, // default: 5
 type get_current_time = () => any;
 
 } // namespace functions"""
-    developer = Message.of(Role.DEVELOPER, DeveloperContent(instructions="你是一个有帮助的AI助手。").with_function_tools(tools))
+    )
+    developer = Message.of(
+        Role.DEVELOPER, DeveloperContent(instructions="你是一个有帮助的AI助手。").with_function_tools(tools)
+    )
     ours, ref = both(renderer, [system_high(), developer, Message.of(Role.USER, "北京天气怎么样？")])
     assert ours == ref
