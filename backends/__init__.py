@@ -1,0 +1,1 @@
+"""Inference backends: the Backend protocol, registry and implementations."""

@@ -1,0 +1,259 @@
+"""Harmony render and streaming-parse speed: ours against openai-harmony, in the same run.
+
+    python bench/harmony_bench.py [--repeats 7] [--write docs/benchmarks.md]
+
+Render: a ~2,000-token tool-calling conversation to prompt tokens, cold (our piece cache cleared
+before every render) and warm (system/developer/header pieces cached, as in a serving tool loop).
+Parse: 100,000 completion tokens fed one at a time to each streaming parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from reference import harmony_module, reference_encoding, to_reference  # noqa: E402
+
+from harmony import (  # noqa: E402
+    DeveloperContent,
+    Message,
+    ReasoningEffort,
+    Renderer,
+    Role,
+    SystemContent,
+    ToolDescription,
+)
+from harmony.parser import StreamParser  # noqa: E402
+
+SECTION_START = "<!-- harmony_bench:start -->"
+SECTION_END = "<!-- harmony_bench:end -->"
+PARSE_TOKENS = 100_000
+FINAL_TEXT = "Your order has shipped — 到着予定は明日です. " * 5
+
+
+def _tool(i: int) -> ToolDescription:
+    return ToolDescription(
+        f"lookup_record_{i}",
+        f"Looks up record set {i} in the customer database and returns matching rows.",
+        {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "Free-text query, e.g. a customer name or order number"},
+                "limit": {"type": "integer", "description": "Maximum rows to return", "default": 10},
+                "sort": {"type": "string", "enum": ["newest", "oldest", "relevance"], "default": "relevance"},
+                "filters": {
+                    "type": "object",
+                    "description": "Optional column filters",
+                    "properties": {
+                        "status": {"type": "array", "items": {"type": "string", "enum": ["open", "closed"]}},
+                        "since": {"type": "string", "description": "ISO date"},
+                    },
+                },
+            },
+            "required": ["query"],
+        },
+    )
+
+
+def conversation() -> list[Message]:
+    messages = [
+        Message.of(
+            Role.SYSTEM, SystemContent(reasoning_effort=ReasoningEffort.HIGH, conversation_start_date="2026-11-21")
+        ),
+        Message.of(
+            Role.DEVELOPER,
+            DeveloperContent(instructions="You are a careful support agent. " * 8).with_function_tools(
+                [_tool(i) for i in range(8)]
+            ),
+        ),
+    ]
+    for turn in range(6):
+        messages += [
+            Message.of(
+                Role.USER, f"Customer {turn} asks about order {1000 + turn}: where is it and when will it arrive? " * 3
+            ),
+            Message.of(
+                Role.ASSISTANT, "The user wants the order status; I should look it up first. " * 4, channel="analysis"
+            ),
+            Message.of(
+                Role.ASSISTANT,
+                f'{{"query": "order {1000 + turn}", "limit": 3}}',
+                channel="commentary",
+                recipient="functions.lookup_record_1",
+                content_type="<|constrain|>json",
+            ),
+            Message.of(
+                Role.TOOL,
+                f'{{"rows": [{{"order": {1000 + turn}, "status": "shipped", "eta": "2026-11-2{turn}"}}]}}',
+                name="functions.lookup_record_1",
+                recipient="assistant",
+                channel="commentary",
+            ),
+            Message.of(
+                Role.ASSISTANT, f"Order {1000 + turn} has shipped and should arrive soon. " * 3, channel="final"
+            ),
+        ]
+    return messages
+
+
+def completion_tokens(renderer: Renderer) -> list[int]:
+    """A realistic completion stream: analysis, a tool call, a final answer, repeated."""
+    from harmony.tokens import CHANNEL, CONSTRAIN, END, MESSAGE, START
+
+    enc = renderer.encoding.encode_ordinary
+    chunk = [
+        CHANNEL, *enc("analysis"), MESSAGE, *enc("Let me think about the order status and the carrier. 💡 " * 6), END,
+        START, *enc("assistant"), CHANNEL, *enc("commentary to=functions.lookup_record_1 "), CONSTRAIN, *enc("json"),
+        MESSAGE, *enc('{"query": "order 1234", "limit": 3}'), END,
+        START, *enc("assistant"), CHANNEL, *enc("final"), MESSAGE, *enc(FINAL_TEXT), END,
+        START, *enc("assistant"),
+    ]  # fmt: skip
+    tokens: list[int] = []
+    while len(tokens) < PARSE_TOKENS:
+        tokens += chunk
+    return tokens[:PARSE_TOKENS]
+
+
+def best_of(repeats: int, fn, number: int) -> float:
+    """Median seconds per call over `repeats` runs of `number` calls."""
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number)
+    return statistics.median(samples)
+
+
+def run(repeats: int) -> dict[str, float]:
+    oh = harmony_module()
+    ref = reference_encoding()
+    renderer = Renderer()
+    messages = conversation()
+    prompt = renderer.render_for_completion(messages, cot=_reference_policy())
+    ref_conversation = oh.Conversation.from_messages([to_reference(m) for m in messages])
+    assert prompt == ref.render_conversation_for_completion(ref_conversation, oh.Role.ASSISTANT), "renders differ"
+
+    def ours_cold():
+        renderer._cache.clear()
+        renderer.render_for_completion(messages, cot=_reference_policy())
+
+    results = {
+        "prompt_tokens": len(prompt),
+        "render_ref_s": best_of(
+            repeats, lambda: ref.render_conversation_for_completion(ref_conversation, oh.Role.ASSISTANT), 50
+        ),
+        "render_ours_cold_s": best_of(repeats, ours_cold, 50),
+        "render_ours_warm_s": best_of(
+            repeats, lambda: renderer.render_for_completion(messages, cot=_reference_policy()), 50
+        ),
+    }
+    tokens = completion_tokens(renderer)
+
+    def parse_ours():
+        parser = StreamParser(renderer.encoding)
+        feed = parser.feed
+        for token in tokens:
+            feed(token)
+        parser.finish()
+
+    def parse_ref():
+        parser = oh.StreamableParser(ref, oh.Role.ASSISTANT)
+        process = parser.process
+        for token in tokens:
+            process(token)
+
+    def parse_ref_reading():
+        parser = oh.StreamableParser(ref, oh.Role.ASSISTANT)
+        for token in tokens:
+            parser.process(token)
+            _ = parser.last_content_delta, parser.current_channel, parser.current_recipient
+
+    parse_repeats = max(3, repeats // 2)
+    results["parse_ours_s"] = best_of(parse_repeats, parse_ours, 1)
+    results["parse_ref_s"] = best_of(parse_repeats, parse_ref, 1)
+    results["parse_ref_reading_s"] = best_of(parse_repeats, parse_ref_reading, 1)
+    return results
+
+
+def _reference_policy():
+    from harmony import CotPolicy
+
+    return CotPolicy.REFERENCE  # the same prompt as openai-harmony, so both do identical work
+
+
+def report(r: dict[str, float]) -> str:
+    def us(seconds: float) -> str:
+        return f"{seconds * 1e6:,.0f} µs"
+
+    def rate(seconds: float) -> str:
+        return f"{PARSE_TOKENS / seconds:,.0f} tok/s"
+
+    oh_version = harmony_module().__dict__.get("__version__", "0.0.8")
+    lines = [
+        SECTION_START,
+        "## Harmony render and parse (`bench/harmony_bench.py`)",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"openai-harmony {oh_version}. Both sides in the same process and run; medians.",
+        "",
+        f"Render a {r['prompt_tokens']:,}-token tool-calling conversation (identical tokens on both sides):",
+        "",
+        "| renderer | time per render | speed-up vs openai-harmony |",
+        "|---|---|---|",
+        f"| openai-harmony `render_conversation_for_completion` | {us(r['render_ref_s'])} | 1.0x |",
+        f"| ours, cold (piece cache cleared each render) | {us(r['render_ours_cold_s'])} | "
+        f"{r['render_ref_s'] / r['render_ours_cold_s']:.1f}x |",
+        f"| ours, warm (system/developer/header pieces cached) | {us(r['render_ours_warm_s'])} | "
+        f"{r['render_ref_s'] / r['render_ours_warm_s']:.1f}x |",
+        "",
+        f"Stream-parse {PARSE_TOKENS:,} completion tokens one at a time (analysis, tool call, final, repeated):",
+        "",
+        "| parser | throughput | ratio (ours / theirs) |",
+        "|---|---|---|",
+        f"| ours `StreamParser.feed` (events returned) | {rate(r['parse_ours_s'])} | 1.0x |",
+        f"| openai-harmony `StreamableParser.process` | {rate(r['parse_ref_s'])} | "
+        f"{r['parse_ref_s'] / r['parse_ours_s']:.2f}x |",
+        f"| openai-harmony, reading delta/channel/recipient per token | {rate(r['parse_ref_reading_s'])} | "
+        f"{r['parse_ref_reading_s'] / r['parse_ours_s']:.2f}x |",
+        "",
+        "Targets (issue 2): render at least 5x faster than openai-harmony; streaming parse at least as fast",
+        "as its StreamableParser (ratio ≥ 1.0).",
+        SECTION_END,
+    ]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, section: str) -> None:
+    text = path.read_text() if path.exists() else "# Benchmarks\n\nFigures written by the scripts in `bench/`.\n"
+    if SECTION_START in text:
+        head, rest = text.split(SECTION_START, 1)
+        tail = rest.split(SECTION_END, 1)[1]
+        text = head + section + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--write", type=Path, help="markdown file whose harmony section is replaced")
+    args = parser.parse_args()
+    section = report(run(args.repeats))
+    print(section)
+    if args.write:
+        write_section(args.write, section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The gpt-oss-gateway HTTP application."""

