@@ -144,7 +144,7 @@ def run(repeats: int) -> dict[str, float]:
     assert prompt == ref.render_conversation_for_completion(ref_conversation, oh.Role.ASSISTANT), "renders differ"
 
     def ours_cold():
-        renderer._cache.clear()
+        renderer.clear_cache()
         renderer.render_for_completion(messages, cot=_reference_policy())
 
     results = {

@@ -51,10 +51,6 @@ class StreamParser:
         self._parts: list[str] = []
         self._decode = _Utf8Decoder(errors="replace").decode
 
-    @property
-    def in_message(self) -> bool:
-        return self._state == CONTENT
-
     def feed(self, token: int) -> Sequence[ParseEvent]:
         if self._state == CONTENT and 0 <= token < FIRST_SPECIAL:
             text = self._decode(self._table[token])

@@ -30,6 +30,9 @@ class Renderer:
         self._encode = self.encoding.encode_ordinary
         self._cache: dict[str, list[int]] = {}
 
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
     def _cached(self, text: str) -> list[int]:
         tokens = self._cache.get(text)
         if tokens is None:

