@@ -1,0 +1,145 @@
+"""A scripted backend for users' CI and our tests: it emits Harmony output token by token.
+
+A script is JSON: `{"rules": [...], "token_delay_ms": 0}`. Each rule has an optional `match`
+(`{"user": REGEX}` or `{"tool": REGEX}`, searched in the latest user message or tool output of
+the prompt; a rule without `match` always applies) and `emit`, a list of steps:
+`{"analysis": TEXT}`, `{"commentary": TEXT}` (a preamble), `{"final": TEXT}`,
+`{"tool_call": {"name": NAME, "arguments": OBJECT_OR_STRING}}`, or `{"raw": TEXT}` where
+`<|name|>` marks stand for special tokens (to script malformed output). The first matching rule
+wins. The backend records the prompts it receives (most recent last).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harmony import HarmonyEncoding, Role, load_harmony_encoding, parse_completion
+from harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, SPECIAL_TOKENS, START
+
+from .base import Capabilities, Chunk, GenerateRequest
+
+RECORDED_PROMPTS = 64
+_SPECIAL_MARK = re.compile(r"(<\|[a-z_0-9]+\|>)")
+_STEP_KINDS = ("analysis", "commentary", "final", "tool_call", "raw")
+
+
+class ScriptError(ValueError):
+    """The mock script is malformed; the message says where."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    source: str | None  # "user" or "tool"; None matches anything
+    pattern: re.Pattern[str] | None
+    steps: tuple[dict[str, Any], ...]
+
+
+def _parse_rule(index: int, raw: Any) -> _Rule:
+    where = f"rules[{index}]"
+    if not isinstance(raw, dict) or not isinstance(raw.get("emit"), list) or not raw["emit"]:
+        raise ScriptError(f"{where}: needs a non-empty 'emit' list")
+    source = pattern = None
+    match = raw.get("match")
+    if match is not None:
+        if not isinstance(match, dict) or len(match) != 1 or next(iter(match)) not in ("user", "tool"):
+            raise ScriptError(f"{where}.match: must be {{'user': REGEX}} or {{'tool': REGEX}}")
+        source, regex = next(iter(match.items()))
+        try:
+            pattern = re.compile(regex)
+        except (re.error, TypeError) as exc:
+            raise ScriptError(f"{where}.match.{source}: invalid regex ({exc})") from exc
+    for step_index, step in enumerate(raw["emit"]):
+        if not isinstance(step, dict) or len(step) != 1 or next(iter(step)) not in _STEP_KINDS:
+            raise ScriptError(f"{where}.emit[{step_index}]: one of {', '.join(_STEP_KINDS)}")
+        kind, value = next(iter(step.items()))
+        if kind == "tool_call":
+            if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+                raise ScriptError(f"{where}.emit[{step_index}].tool_call: needs a 'name'")
+        elif not isinstance(value, str):
+            raise ScriptError(f"{where}.emit[{step_index}].{kind}: must be a string")
+    return _Rule(source, pattern, tuple(raw["emit"]))
+
+
+class MockBackend:
+    """Scripted Harmony output; see the module docstring for the script format."""
+
+    def __init__(self, script: dict[str, Any], encoding: HarmonyEncoding | None = None) -> None:
+        if not isinstance(script, dict) or not isinstance(script.get("rules"), list):
+            raise ScriptError("a mock script is an object with a 'rules' list")
+        self._rules = [_parse_rule(i, rule) for i, rule in enumerate(script["rules"])]
+        delay = script.get("token_delay_ms", 0)
+        if not isinstance(delay, int | float) or delay < 0:
+            raise ScriptError("token_delay_ms: must be a number >= 0")
+        self._delay_s = delay / 1000
+        self._encoding = encoding or load_harmony_encoding()
+        self.capabilities = Capabilities(context_length=131_072)
+        self.prompts: deque[list[int]] = deque(maxlen=RECORDED_PROMPTS)
+
+    @classmethod
+    def from_file(cls, path: str | Path, encoding: HarmonyEncoding | None = None) -> MockBackend:
+        try:
+            script = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ScriptError(f"cannot read mock script {path}: {exc}") from exc
+        return cls(script, encoding)
+
+    async def aclose(self) -> None:
+        return None
+
+    def prompt_text(self, index: int = -1) -> str:
+        """A recorded prompt as text (for assertions in tests)."""
+        return self._encoding.decode(self.prompts[index])
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
+        self.prompts.append(list(request.prompt))
+        tokens = self._completion(self._rule_for(request.prompt))
+        stops = set(request.stop_ids)
+        for token in tokens[: request.max_new_tokens]:
+            if self._delay_s:
+                await asyncio.sleep(self._delay_s)
+            yield Chunk([token])
+            if token in stops:
+                return
+
+    def _rule_for(self, prompt: list[int]) -> _Rule:
+        latest: dict[str, str] = {}
+        for message in parse_completion(prompt, role=None, encoding=self._encoding).messages:
+            if message.role is Role.USER:
+                latest = {"user": message.text}
+            elif message.role is Role.TOOL:
+                latest = {"tool": message.text}
+        for rule in self._rules:
+            if rule.source is None:
+                return rule
+            text = latest.get(rule.source)
+            if text is not None and rule.pattern is not None and rule.pattern.search(text):
+                return rule
+        raise ScriptError("no mock rule matches the prompt; add a rule without 'match' as a fallback")
+
+    def _completion(self, rule: _Rule) -> list[int]:
+        encode = self._encoding.encode_ordinary
+        out: list[int] = []
+        for index, step in enumerate(rule.steps):
+            kind, value = next(iter(step.items()))
+            if kind == "raw":
+                for piece in _SPECIAL_MARK.split(value):
+                    out += [SPECIAL_TOKENS[piece]] if piece in SPECIAL_TOKENS else encode(piece)
+                continue
+            if index:
+                out += [START, *encode("assistant")]
+            if kind == "tool_call":
+                arguments = value.get("arguments", {})
+                body = arguments if isinstance(arguments, str) else json.dumps(arguments)
+                out += [CHANNEL, *encode(f"commentary to=functions.{value['name']} "), CONSTRAIN, *encode("json")]
+                out += [MESSAGE, *encode(body), CALL]
+            else:
+                stop = RETURN if kind == "final" else END
+                out += [CHANNEL, *encode(kind), MESSAGE, *encode(value), stop]
+        return out
