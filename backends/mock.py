@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from harmony import HarmonyEncoding, Role, load_harmony_encoding, parse_completion
-from harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, SPECIAL_TOKENS, START
+from harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
 
 from .base import Capabilities, Chunk, GenerateRequest
 
 RECORDED_PROMPTS = 64
-_SPECIAL_MARK = re.compile(r"(<\|[a-z_0-9]+\|>)")
 _STEP_KINDS = ("analysis", "commentary", "final", "tool_call", "raw")
 
 
@@ -129,8 +128,7 @@ class MockBackend:
         for index, step in enumerate(rule.steps):
             kind, value = next(iter(step.items()))
             if kind == "raw":
-                for piece in _SPECIAL_MARK.split(value):
-                    out += [SPECIAL_TOKENS[piece]] if piece in SPECIAL_TOKENS else encode(piece)
+                out += self._encoding.encode_marked(value)
                 continue
             if index:
                 out += [START, *encode("assistant")]

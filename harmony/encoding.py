@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 import tiktoken
 
@@ -22,6 +23,9 @@ O200K_PATTERN = "|".join(
         r"""\s+""",
     ]
 )
+
+
+_SPECIAL_MARK = re.compile(r"(<\|[a-z_0-9]+\|>)")
 
 
 class HarmonyEncoding:
@@ -57,8 +61,19 @@ class HarmonyEncoding:
     def decode(self, tokens: list[int]) -> str:
         return self.decode_bytes(tokens).decode("utf-8", errors="replace")
 
-    def special_id(self, text: str) -> int:
-        return SPECIAL_TOKENS[text]
+    def encode_marked(self, text: str) -> list[int]:
+        """Tokens of scripted text whose `<|name|>` marks stand for special tokens.
+
+        For mock output and tests only: text from users is always encoded with encode_ordinary.
+        """
+        out: list[int] = []
+        for piece in _SPECIAL_MARK.split(text):
+            special = SPECIAL_TOKENS.get(piece)
+            if special is not None:
+                out.append(special)
+            elif piece:
+                out += self.encode_ordinary(piece)
+        return out
 
 
 @functools.lru_cache(maxsize=4)
