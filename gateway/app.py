@@ -17,7 +17,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: the vocabulary is loaded and the renderer works."""
+    """Readiness: the vocabulary is loaded (store and backend checks arrive with them)."""
     renderer = request.app[RENDERER_KEY]
     return web.json_response({"status": "ready", "vocab_size": renderer.encoding.vocab_size})
 

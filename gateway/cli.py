@@ -14,7 +14,8 @@ from .config import Settings
 
 
 def _serve(args: argparse.Namespace) -> int:
-    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "vocab_path": args.vocab_path}.items() if v}
+    given = {"host": args.host, "port": args.port, "vocab_path": args.vocab_path}
+    overrides = {key: value for key, value in given.items() if value is not None}
     settings = Settings(**overrides)
     try:
         app = create_app(settings)

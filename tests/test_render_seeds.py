@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from reference import harmony_module, reference_encoding, reference_render
+from reference import harmony_module, reference_encoding, reference_render, to_reference
 from seeds_examples import (
     BUILTIN_EXAMPLES,
+    DATE,
     FUNCTION_CALLING_PROMPT,
     FUNCTIONS_LINE,
     SHOPPING_PROMPT,
@@ -93,7 +94,7 @@ def test_python_api_reference_example(renderer):
         ),
     )
     messages = [
-        Message.of(Role.SYSTEM, SystemContent(reasoning_effort=None, conversation_start_date=DATE_2025)),
+        Message.of(Role.SYSTEM, SystemContent(reasoning_effort=None, conversation_start_date=DATE)),
         developer,
         Message.of(Role.USER, "What is the weather in Tokyo?"),
         Message.of(Role.ASSISTANT, "We need to use get_weather tool.", channel="analysis"),
@@ -120,9 +121,6 @@ def test_python_api_reference_example(renderer):
     )
 
 
-DATE_2025 = "2025-06-28"
-
-
 def test_basic_chat_input(renderer):
     ours, ref = both(renderer, [Message.of(Role.USER, "What is 2 + 2?")])
     assert ours == ref
@@ -134,14 +132,10 @@ def test_system_message_examples(renderer, with_functions):
     text = renderer.encoding.decode(renderer.render_message(system_high(), function_tools=with_functions))
     assert text == SYSTEM_TEXT + (FUNCTIONS_LINE if with_functions else "") + "<|end|>"
     oh = harmony_module()
-    ref = reference_encoding().render(_ref_system(), oh.RenderOptions(conversation_has_function_tools=with_functions))
+    ref = reference_encoding().render(
+        to_reference(system_high()), oh.RenderOptions(conversation_has_function_tools=with_functions)
+    )
     assert renderer.render_message(system_high(), function_tools=with_functions) == ref
-
-
-def _ref_system():
-    from reference import to_reference
-
-    return to_reference(system_high())
 
 
 def test_developer_message_without_tools(renderer):
