@@ -11,7 +11,9 @@ import redis as redis_sync
 from redis_servers import RedisServer, SentinelServer, start_cluster
 
 from state import MemoryStore, RecordTooLarge, RedisStore, ResponseStore, StoredCot, StoredResponse, StoreUnavailable
+from state.records import encode
 from state.redis_store import connect
+from state.store import DEFAULT_MAX_RECORD_BYTES
 
 
 def record(tenant="tenant-a", rid="resp_1", size=10) -> StoredResponse:
@@ -93,6 +95,10 @@ def test_large_records_are_compressed_and_capped(with_store):
         assert await store.load("tenant-a", "resp_1") == big
 
     with_store(scenario)
+    big = record(size=200_000)
+    blob = encode(big, DEFAULT_MAX_RECORD_BYTES)
+    assert blob[:1] == b"Z" and len(blob) < 10_000  # compressed above COMPRESS_ABOVE_BYTES
+    assert encode(record(), DEFAULT_MAX_RECORD_BYTES)[:1] == b"J"  # small records stay plain JSON
     incompressible = record()
     incompressible.response["output"] = [os.urandom(3000).hex()]
     with pytest.raises(RecordTooLarge, match="the cap is 1000"):
