@@ -8,9 +8,9 @@ URLs: `redis://` / `rediss://` / `unix://` (standalone), `redis+sentinel://[:pw@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from redis import exceptions as redis_errors
@@ -19,6 +19,7 @@ from redis.asyncio import Redis, RedisCluster, Sentinel
 from .records import StoredCot, StoredResponse, decode_cot, decode_response, encode
 from .store import DEFAULT_MAX_RECORD_BYTES, DEFAULT_TTL_S, StoreUnavailable
 
+_Owned = TypeVar("_Owned", StoredResponse, StoredCot)
 _UNAVAILABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ClusterDownError, OSError)
 _TIMEOUTS = {"socket_connect_timeout": 2.0, "socket_timeout": 2.0}
 
@@ -83,12 +84,14 @@ class RedisStore:
         blob = encode(record, self._max_record_bytes)
         await self._call("set", self._key("resp", record.tenant, record.id), blob, ex=self._ttl_s)
 
+    async def _get_owned(self, kind: str, tenant: str, ident: str, decode: Callable[[bytes], _Owned]) -> _Owned | None:
+        """The stored object, only if the tenant inside it is the caller's (defence in depth)."""
+        blob = await self._call("get", self._key(kind, tenant, ident))
+        found = None if blob is None else decode(blob)
+        return found if found is not None and found.tenant == tenant else None
+
     async def load(self, tenant: str, response_id: str) -> StoredResponse | None:
-        blob = await self._call("get", self._key("resp", tenant, response_id))
-        if blob is None:
-            return None
-        record = decode_response(blob)
-        return record if record.tenant == tenant else None
+        return await self._get_owned("resp", tenant, response_id, decode_response)
 
     async def delete(self, tenant: str, response_id: str) -> bool:
         return bool(await self._call("delete", self._key("resp", tenant, response_id)))
@@ -103,11 +106,7 @@ class RedisStore:
             await pipe.execute()
 
     async def find_cot(self, tenant: str, call_id: str) -> StoredCot | None:
-        blob = await self._call("get", self._key("cot", tenant, call_id))
-        if blob is None:
-            return None
-        entry = decode_cot(blob)
-        return entry if entry.tenant == tenant else None
+        return await self._get_owned("cot", tenant, call_id, decode_cot)
 
     async def ping(self) -> bool:
         try:
