@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +14,24 @@ class Sampling:
     seed: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What the output must match; backends whose capabilities say `constraints` enforce it while sampling.
+
+    `tools`: "any" (free choice), "none" (no tool call), "required" (end in a call to one of `tool_names`).
+    `final_json_schema`: the final channel must be JSON valid against this schema ({} = any JSON value).
+    The analysis channel is never constrained.
+    """
+
+    tools: Literal["any", "none", "required"] = "any"
+    tool_names: tuple[str, ...] = ()
+    final_json_schema: dict[str, Any] | None = None
+
+    @property
+    def is_free(self) -> bool:
+        return self.tools == "any" and self.final_json_schema is None
+
+
 @dataclass(slots=True)
 class GenerateRequest:
     prompt: list[int]
@@ -21,6 +39,7 @@ class GenerateRequest:
     stop_ids: tuple[int, ...]
     request_id: str
     sampling: Sampling = field(default_factory=Sampling)
+    constraint: Constraint = field(default_factory=Constraint)
 
 
 @dataclass(slots=True)

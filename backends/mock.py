@@ -2,7 +2,8 @@
 
 A script is JSON: `{"rules": [...], "token_delay_ms": 0}`. Each rule has an optional `match`
 (`{"user": REGEX}` or `{"tool": REGEX}`, searched in the latest user message or tool output of
-the prompt; a rule without `match` always applies) and `emit`, a list of steps:
+the prompt, or `{"prompt": REGEX}`, searched in the whole prompt as text; a rule without `match`
+always applies) and `emit`, a list of steps:
 `{"analysis": TEXT}`, `{"commentary": TEXT}` (a preamble), `{"final": TEXT}`,
 `{"tool_call": {"name": NAME, "arguments": OBJECT_OR_STRING}}`, or `{"raw": TEXT}` where
 `<|name|>` marks stand for special tokens (to script malformed output). The first matching rule
@@ -27,6 +28,7 @@ from .base import Capabilities, Chunk, GenerateRequest
 
 RECORDED_PROMPTS = 64
 _STEP_KINDS = ("analysis", "commentary", "final", "tool_call", "raw")
+_SOURCES = ("user", "tool", "prompt")
 
 
 class ScriptError(ValueError):
@@ -35,7 +37,7 @@ class ScriptError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class _Rule:
-    source: str | None  # "user" or "tool"; None matches anything
+    source: str | None  # one of _SOURCES; None matches anything
     pattern: re.Pattern[str] | None
     steps: tuple[dict[str, Any], ...]
 
@@ -47,8 +49,8 @@ def _parse_rule(index: int, raw: Any) -> _Rule:
     source = pattern = None
     match = raw.get("match")
     if match is not None:
-        if not isinstance(match, dict) or len(match) != 1 or next(iter(match)) not in ("user", "tool"):
-            raise ScriptError(f"{where}.match: must be {{'user': REGEX}} or {{'tool': REGEX}}")
+        if not isinstance(match, dict) or len(match) != 1 or next(iter(match)) not in _SOURCES:
+            raise ScriptError(f"{where}.match: must be {{SOURCE: REGEX}} with SOURCE one of {', '.join(_SOURCES)}")
         source, regex = next(iter(match.items()))
         try:
             pattern = re.compile(regex)
@@ -114,6 +116,7 @@ class MockBackend:
                 latest = {"user": message.text}
             elif message.role is Role.TOOL:
                 latest = {"tool": message.text}
+        latest["prompt"] = self._encoding.decode(prompt)
         for rule in self._rules:
             if rule.source is None:
                 return rule

@@ -1,4 +1,4 @@
-"""aiohttp application factory: health endpoints and the shared Harmony renderer."""
+"""aiohttp application factory: routes, shared services, health endpoints, orderly shutdown."""
 
 from __future__ import annotations
 
@@ -7,24 +7,40 @@ from aiohttp import web
 from harmony import Renderer, load_harmony_encoding
 
 from .config import Settings
-
-RENDERER_KEY = web.AppKey("renderer", Renderer)
+from .errors import error_middleware
+from .openapi import serve_openapi
+from .responses_api import add_routes as add_responses_routes
+from .services import SERVICES, Services, build_services
 
 
 async def healthz(request: web.Request) -> web.Response:
-    """Liveness: the process serves requests."""
+    """Liveness: the process serves requests (no dependency is checked)."""
     return web.json_response({"status": "ok"})
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: the vocabulary is loaded (store and backend checks arrive with them)."""
-    renderer = request.app[RENDERER_KEY]
-    return web.json_response({"status": "ready", "vocab_size": renderer.encoding.vocab_size})
+    """Readiness: the vocabulary is loaded and the response store answers."""
+    services = request.app[SERVICES]
+    store_ok = await services.store.ping()
+    body = {
+        "status": "ready" if store_ok else "unavailable",
+        "vocab_size": services.encoding.vocab_size,
+        "store": "ok" if store_ok else "unreachable",
+    }
+    return web.json_response(body, status=200 if store_ok else 503)
 
 
-def create_app(settings: Settings) -> web.Application:
-    app = web.Application()
-    app[RENDERER_KEY] = Renderer(load_harmony_encoding(settings.vocab_path))
+def create_app(settings: Settings, services: Services | None = None) -> web.Application:
+    """`services` lets tests inject a backend or store; by default they come from the settings."""
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    app[SERVICES] = services or build_services(settings, Renderer(load_harmony_encoding(settings.vocab_path)))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/openapi.json", serve_openapi)
+    add_responses_routes(app)
+
+    async def close_services(app: web.Application) -> None:
+        await app[SERVICES].aclose()
+
+    app.on_cleanup.append(close_services)
     return app

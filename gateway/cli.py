@@ -7,19 +7,30 @@ import sys
 
 from aiohttp import web
 
+from backends.mock import ScriptError
 from harmony import VocabularyError
 
 from .app import create_app
 from .config import Settings
+from .services import ConfigError
+
+_OPTIONS = (
+    ("--host", "host", str, "bind address (GATEWAY_HOST, default 127.0.0.1)"),
+    ("--port", "port", int, "port (GATEWAY_PORT, default 8000)"),
+    ("--vocab-path", "vocab_path", str, "local o200k_base.tiktoken (GATEWAY_VOCAB_PATH)"),
+    ("--models", "models", str, "comma-separated model ids to serve (GATEWAY_MODELS)"),
+    ("--backend", "backend", str, "backend kind (GATEWAY_BACKEND, default mock)"),
+    ("--mock-script", "mock_script", str, "mock backend script, JSON (GATEWAY_MOCK_SCRIPT)"),
+    ("--redis-url", "redis_url", str, "Redis URL for shared state (GATEWAY_REDIS_URL; default in-memory)"),
+)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    given = {"host": args.host, "port": args.port, "vocab_path": args.vocab_path}
-    overrides = {key: value for key, value in given.items() if value is not None}
-    settings = Settings(**overrides)
+    overrides = {dest: getattr(args, dest) for _, dest, _, _ in _OPTIONS if getattr(args, dest) is not None}
     try:
+        settings = Settings(**overrides)
         app = create_app(settings)
-    except VocabularyError as exc:
+    except (VocabularyError, ConfigError, ScriptError, ValueError) as exc:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
         return 2
     web.run_app(app, host=settings.host, port=settings.port, print=lambda line: print(line, flush=True))
@@ -30,9 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpt-oss-gateway", description="OpenAI API gateway for gpt-oss models")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the HTTP gateway")
-    serve.add_argument("--host", help="bind address (env GATEWAY_HOST, default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (env GATEWAY_PORT, default 8000)")
-    serve.add_argument("--vocab-path", help="local o200k_base.tiktoken (env GATEWAY_VOCAB_PATH)")
+    for flag, dest, kind, text in _OPTIONS:
+        serve.add_argument(flag, dest=dest, type=kind, help=text)
     serve.set_defaults(run=_serve)
     args = parser.parse_args(argv)
     return args.run(args)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from state.store import DEFAULT_MAX_RECORD_BYTES, DEFAULT_TTL_S
+
+from .limits import MAX_BODY_BYTES
 
 
 class Settings(BaseSettings):
@@ -11,3 +18,17 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     vocab_path: str | None = None  # a local o200k_base.tiktoken; see harmony.vocab for the search order
+    models: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["gpt-oss-120b", "gpt-oss-20b"])
+    backend: str = "mock"
+    mock_script: str | None = None  # a mock backend script (JSON); without one it says it is a mock
+    redis_url: str | None = None  # None: the bounded in-memory store
+    store_ttl_s: int = Field(default=DEFAULT_TTL_S, gt=0)
+    max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, gt=0)
+    reasoning_keys: str | None = None  # `id:base64(32 bytes),...` for encrypted_content; None: per-process key
+    max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)
+    keepalive_s: float = Field(default=15.0, gt=0)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value

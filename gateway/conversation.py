@@ -1,0 +1,138 @@
+"""The one conversation builder: API-neutral dialog (+ stored history) → Harmony messages and prompt ids.
+
+It is the only place that decides which chain of thought goes into a prompt: every replayed or stored
+analysis message is kept in the dialog, and the renderer's SEEDS policy drops the CoT of completed turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from harmony import (
+    DeveloperContent,
+    Message,
+    ReasoningEffort,
+    Renderer,
+    ResponseFormat,
+    Role,
+    SystemContent,
+    ToolDescription,
+)
+
+from .dialog import Call, CallResult, DialogItem, Entry, Said, Thought
+from .errors import ApiError, invalid
+
+FUNCTIONS_PREFIX = "functions."
+JSON_CONTENT_TYPE = "<|constrain|>json"
+
+
+@dataclass(slots=True)
+class PromptSpec:
+    """Everything of a request that shapes the prompt, already validated by the API skin."""
+
+    items: list[DialogItem]
+    instructions: list[str] = field(default_factory=list)
+    history: list[Entry] = field(default_factory=list)
+    tools: list[ToolDescription] = field(default_factory=list)
+    response_format: ResponseFormat | None = None
+    effort: ReasoningEffort = ReasoningEffort.MEDIUM
+    truncate: bool = False  # drop the oldest turns when the prompt does not fit (truncation=auto)
+
+
+@dataclass(slots=True)
+class BuiltPrompt:
+    dialog: list[Entry]  # history + this request's items: what the store keeps (raw CoT included)
+    tokens: list[int]
+    dropped_entries: int = 0  # entries left out by truncation
+
+
+def _tool_message(name: str, output: str) -> Message:
+    return Message.of(Role.TOOL, output, name=FUNCTIONS_PREFIX + name, channel="commentary", recipient="assistant")
+
+
+def call_message(name: str, arguments: str) -> Message:
+    return Message.of(
+        Role.ASSISTANT,
+        arguments,
+        channel="commentary",
+        recipient=FUNCTIONS_PREFIX + name,
+        content_type=JSON_CONTENT_TYPE,
+    )
+
+
+def _is_preamble(items: list[DialogItem], index: int) -> bool:
+    """An assistant text followed by a tool call before the turn ends is a commentary preamble."""
+    for later in items[index + 1 :]:
+        if isinstance(later, Call):
+            return True
+        if isinstance(later, CallResult) or (isinstance(later, Said) and later.role == "user"):
+            return False
+    return False
+
+
+def dialog_entries(items: list[DialogItem], history: list[Entry]) -> list[Entry]:
+    """Harmony entries for the request's items; tool outputs resolve their function name by call id."""
+    names = {entry.call_id: entry.message.recipient for entry in history if entry.call_id is not None}
+    entries: list[Entry] = []
+    for index, item in enumerate(items):
+        if isinstance(item, Said):
+            if item.role == "user":
+                entries.append(Entry(Message.of(Role.USER, item.text)))
+                continue
+            preamble = item.preamble if item.preamble is not None else _is_preamble(items, index)
+            channel = "commentary" if preamble else "final"
+            entries.append(Entry(Message.of(Role.ASSISTANT, item.text, channel=channel)))
+        elif isinstance(item, Thought):
+            if item.text:
+                entries.append(Entry(Message.of(Role.ASSISTANT, item.text, channel="analysis")))
+        elif isinstance(item, Call):
+            names[item.call_id] = FUNCTIONS_PREFIX + item.name
+            entries.append(Entry(call_message(item.name, item.arguments), item.call_id))
+        else:
+            recipient = names.get(item.call_id)
+            if recipient is None:
+                raise invalid(
+                    f"{item.param}.call_id",
+                    f"No tool call found for function call output with call_id '{item.call_id}'.",
+                )
+            entries.append(Entry(_tool_message(recipient.removeprefix(FUNCTIONS_PREFIX), item.output)))
+    return entries
+
+
+def _header(spec: PromptSpec, today: str) -> list[Message]:
+    system = Message.of(Role.SYSTEM, SystemContent(reasoning_effort=spec.effort, conversation_start_date=today))
+    developer = DeveloperContent(
+        instructions="\n\n".join(text for text in spec.instructions if text) or None,
+        response_formats=[spec.response_format] if spec.response_format else [],
+    )
+    if spec.tools:
+        developer.with_function_tools(spec.tools)
+    if developer.instructions is None and not developer.tools and not developer.response_formats:
+        return [system]
+    return [system, Message.of(Role.DEVELOPER, developer)]
+
+
+def _turn_starts(dialog: list[Entry]) -> list[int]:
+    return [i for i, entry in enumerate(dialog) if entry.message.role is Role.USER and i > 0]
+
+
+def build_prompt(renderer: Renderer, spec: PromptSpec, budget_tokens: int, today: str | None = None) -> BuiltPrompt:
+    """Render the prompt; it must leave `budget_tokens` > 0 for the answer or truncation must make room."""
+    dialog = [*spec.history, *dialog_entries(spec.items, spec.history)]
+    header = _header(spec, today or datetime.now(UTC).date().isoformat())
+    dropped = 0
+    while True:
+        tokens = renderer.render_for_completion([*header, *(e.message for e in dialog[dropped:])])
+        if len(tokens) < budget_tokens:
+            return BuiltPrompt(dialog, tokens, dropped)
+        later_turns = [i for i in _turn_starts(dialog) if i > dropped]
+        if not spec.truncate or not later_turns:
+            raise ApiError(
+                400,
+                f"The input is {len(tokens)} tokens, which leaves no room for output in the model's context "
+                f"of {budget_tokens} tokens.",
+                param="input",
+                code="context_length_exceeded",
+            )
+        dropped = later_turns[0]

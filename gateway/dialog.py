@@ -1,0 +1,78 @@
+"""The API-neutral conversation both skins translate into: what was said, thought, called and returned.
+
+Each item keeps `param`, the request path it came from, so errors can name it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from harmony import Author, Message, Role
+
+Speaker = Literal["user", "assistant"]
+
+
+@dataclass(slots=True)
+class Said:
+    role: Speaker
+    text: str
+    param: str
+    preamble: bool | None = None  # None: decided by position (followed by a tool call in the same turn)
+
+
+@dataclass(slots=True)
+class Thought:
+    text: str
+    param: str
+
+
+@dataclass(slots=True)
+class Call:
+    call_id: str
+    name: str
+    arguments: str
+    param: str
+
+
+@dataclass(slots=True)
+class CallResult:
+    call_id: str
+    output: str
+    param: str
+
+
+DialogItem = Said | Thought | Call | CallResult
+
+
+@dataclass(slots=True)
+class Entry:
+    """A Harmony message of the stored dialog; tool calls keep the call id the API gave them."""
+
+    message: Message
+    call_id: str | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        m = self.message
+        data: dict[str, Any] = {"role": m.author.role.value, "text": m.text}
+        for key, value in (
+            ("name", m.author.name),
+            ("channel", m.channel),
+            ("recipient", m.recipient),
+            ("content_type", m.content_type),
+            ("call_id", self.call_id),
+        ):
+            if value is not None:
+                data[key] = value
+        return data
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> Entry:
+        message = Message(
+            Author(Role(data["role"]), data.get("name")),
+            [data["text"]],
+            data.get("channel"),
+            data.get("recipient"),
+            data.get("content_type"),
+        )
+        return cls(message, data.get("call_id"))

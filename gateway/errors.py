@@ -1,0 +1,123 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx status."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import structlog
+from aiohttp import web
+from pydantic import ValidationError
+
+log = structlog.get_logger("gateway.errors")
+
+
+class ApiError(Exception):
+    """An error the client gets as an OpenAI error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> web.Response:
+        return web.json_response(self.body(), status=self.status)
+
+
+def invalid(param: str | None, message: str, code: str | None = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def not_found(param: str | None, message: str) -> ApiError:
+    return ApiError(404, message, param=param, code="not_found")
+
+
+def unavailable(message: str) -> ApiError:
+    return ApiError(503, message, code="service_unavailable", kind="server_error")
+
+
+_SCALAR_LABELS = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
+def _is_branch_label(part: str, after_index: bool, tags: frozenset[str]) -> bool:
+    """Union branches in pydantic locations: type labels, model names, and union tags after a list index."""
+    return "[" in part or part in _SCALAR_LABELS or part[:1].isupper() or (after_index and part in tags)
+
+
+def param_path(loc: tuple[int | str, ...], tags: frozenset[str] = frozenset(), prefix: str = "") -> str:
+    """A pydantic location as the dotted/bracketed path OpenAI names parameters with.
+
+    `tags` are the discriminator values of list-element unions, which pydantic puts in the location.
+    """
+    path = prefix
+    after_index = False
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+            after_index = True
+            continue
+        if not _is_branch_label(part, after_index, tags):
+            path += f".{part}" if path else part
+        after_index = False
+    return path
+
+
+def from_validation(exc: ValidationError, tags: frozenset[str] = frozenset(), prefix: str = "") -> ApiError:
+    """The most specific validation failure (deepest location), naming the offending parameter."""
+    errors = exc.errors(include_url=False)
+    paths = [param_path(tuple(error["loc"]), tags, prefix) for error in errors]
+    depth = [path.count(".") + path.count("[") for path in paths]
+    best = depth.index(max(depth))
+    first, param = errors[best], paths[best]
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter")
+    if first["type"] == "missing":
+        return ApiError(400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+    message = first["msg"].removeprefix("Value error, ")
+    return ApiError(400, f"Invalid '{param}': {message}", param=param, code="invalid_value")
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON, or a 400/413 that says what is wrong with it."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise ApiError(
+            413, f"Request body too large: the limit is {request.app._client_max_size} bytes.", code="request_too_large"
+        ) from exc
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+
+
+_STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return ApiError(exc.status, exc.reason, code=_STATUS_CODES.get(exc.status)).response()
+    except Exception:
+        log.exception("unhandled_error", path=request.path, method=request.method)
+        return ApiError(500, "The server had an error processing the request.", kind="server_error").response()

@@ -1,0 +1,9 @@
+"""Bounds on request sizes (OWASP API4): every list, map and string a client sends is capped."""
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_INPUT_ITEMS = 4096
+MAX_TOOLS = 128
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+MAX_HISTORY_MESSAGES = 8192  # a previous_response_id chain is flattened into one stored conversation

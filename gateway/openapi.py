@@ -1,0 +1,116 @@
+"""The OpenAPI 3.1 document of the API, generated from the pydantic request and response models."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from .responses_models import DeletedResponse, InputItemList, ResponseObject, ResponsesRequest
+
+_REF = "#/components/schemas/{model}"
+_ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {k: {"type": ["string", "null"]} for k in ("message", "type", "param", "code")},
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors() -> dict[str, Any]:
+    error = {"$ref": _REF.format(model="Error")}
+    return {
+        "400": _json(error, "Invalid request; `param` names the offending parameter"),
+        "404": _json(error, "Not found (or owned by another tenant)"),
+        "413": _json(error, "Request body too large"),
+        "503": _json(error, "The response store is unavailable"),
+    }
+
+
+_PATH_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    models = [
+        (ResponsesRequest, "validation"),
+        (ResponseObject, "serialization"),
+        (InputItemList, "serialization"),
+        (DeletedResponse, "serialization"),
+    ]
+    _, defs = models_json_schema(models, ref_template=_REF)
+    schemas = defs["$defs"]
+    schemas["Error"] = _ERROR
+    response = _json(_ref(ResponseObject), "The response object")
+    stream = {"description": "Server-sent events (`stream: true`)", "content": {"text/event-stream": {}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "gpt-oss-gateway", "version": "0.1.0"},
+        "paths": {
+            "/v1/responses": {
+                "post": {
+                    "operationId": "createResponse",
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref(ResponsesRequest)}},
+                    },
+                    "responses": {
+                        "200": {**response, "content": {**response["content"], **stream["content"]}},
+                        **_errors(),
+                    },
+                }
+            },
+            "/v1/responses/{response_id}": {
+                "get": {
+                    "operationId": "getResponse",
+                    "parameters": _PATH_ID,
+                    "responses": {"200": response, **_errors()},
+                },
+                "delete": {
+                    "operationId": "deleteResponse",
+                    "parameters": _PATH_ID,
+                    "responses": {"200": _json(_ref(DeletedResponse), "Deleted"), **_errors()},
+                },
+            },
+            "/v1/responses/{response_id}/cancel": {
+                "post": {
+                    "operationId": "cancelResponse",
+                    "parameters": _PATH_ID,
+                    "responses": {"200": response, **_errors()},
+                }
+            },
+            "/v1/responses/{response_id}/input_items": {
+                "get": {
+                    "operationId": "listInputItems",
+                    "parameters": [
+                        *_PATH_ID,
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+                        {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
+                        {"name": "after", "in": "query", "schema": {"type": "string"}},
+                    ],
+                    "responses": {"200": _json(_ref(InputItemList), "Input items"), **_errors()},
+                }
+            },
+        },
+        "components": {"schemas": schemas},
+    }
+
+
+async def serve_openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())

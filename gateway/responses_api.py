@@ -1,0 +1,408 @@
+"""The Responses API routes: create (plain, stream, background), get, delete, cancel, input_items."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from aiohttp import web
+from pydantic import ValidationError
+
+from backends.base import Sampling
+from state import RecordTooLarge, StoredResponse, StoreUnavailable
+
+from .assembler import OutputItem, new_id
+from .conversation import build_prompt
+from .dialog import Entry
+from .errors import from_validation, invalid, not_found, read_json, unavailable
+from .limits import MAX_HISTORY_MESSAGES
+from .responses_input import constraint_for, prompt_spec
+from .responses_models import UNION_TAGS, ResponsesRequest
+from .responses_output import StreamEvents, item_json
+from .runs import Run
+from .services import SERVICES, Services
+from .sse import ClientGone, frame, open_stream, pump
+from .tenancy import request_id_of, tenant_of
+from .turn import Outcome, Turn
+
+log = structlog.get_logger("gateway.responses")
+
+TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+CANCEL_POLL_S = 1.0
+
+
+@dataclass(slots=True)
+class Job:
+    """One response being produced: the request, its prompt, and what the turn has made of it so far."""
+
+    services: Services
+    request: ResponsesRequest
+    tenant: str
+    response_id: str
+    created_at: int
+    dialog: list[Entry]
+    input_items: list[dict[str, Any]]
+    turn: Turn
+    request_id: str
+    sealed: dict[str, str] = field(default_factory=dict)
+    stored_ok: bool = True
+
+    @property
+    def first_status(self) -> str:
+        return "queued" if self.request.background else "in_progress"
+
+    def seal(self, item: OutputItem) -> str | None:
+        if "reasoning.encrypted_content" not in self.request.include:
+            return None
+        if item.id not in self.sealed:
+            self.sealed[item.id] = self.services.sealer.seal(self.tenant, item.text)
+        return self.sealed[item.id]
+
+    def response(self, status: str, outcome: Outcome | None = None) -> dict[str, Any]:
+        req = self.request
+        turn = self.turn
+        assembler = turn.assembler
+        finished = status in TERMINAL
+        usage = None
+        if finished:
+            usage = {
+                "input_tokens": turn.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": turn.cached_tokens},
+                "output_tokens": assembler.output_tokens,
+                "output_tokens_details": {"reasoning_tokens": assembler.reasoning_tokens},
+                "total_tokens": turn.prompt_tokens + assembler.output_tokens,
+            }
+        error = None
+        if outcome is not None and outcome.error_code:
+            error = {"code": outcome.error_code, "message": outcome.error_message}
+        incomplete = {"reason": outcome.incomplete_reason} if outcome and outcome.incomplete_reason else None
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "status": status,
+            "error": error,
+            "incomplete_details": incomplete,
+            "background": req.background,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "max_tool_calls": req.max_tool_calls,
+            "model": req.model,
+            "output": [item_json(item, self.seal) for item in assembler.items] if finished else [],
+            "parallel_tool_calls": req.parallel_tool_calls,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": req.reasoning.effort or "medium", "summary": req.reasoning.summary},
+            "service_tier": "default",
+            "store": req.store and self.stored_ok,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "text": req.text.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
+            "tools": [tool.model_dump(mode="json") for tool in req.tools],
+            "top_logprobs": req.top_logprobs or 0,
+            "top_p": 1.0 if req.top_p is None else req.top_p,
+            "truncation": req.truncation,
+            "usage": usage,
+            "user": req.user,
+            "safety_identifier": req.safety_identifier,
+            "prompt_cache_key": req.prompt_cache_key,
+            "metadata": req.metadata or {},
+        }
+
+    def record(self, response: dict[str, Any]) -> StoredResponse:
+        conversation = [entry.to_data() for entry in (*self.dialog, *self.turn.assembler.entries)]
+        return StoredResponse(
+            id=self.response_id,
+            tenant=self.tenant,
+            created_at=self.created_at,
+            response=response,
+            conversation=conversation[-MAX_HISTORY_MESSAGES:],
+            input_items=self.input_items,
+        )
+
+    async def save(self, response: dict[str, Any]) -> None:
+        """Store the response when asked to; a failure turns `store` false in what the client gets."""
+        if not self.request.store or not self.stored_ok:
+            return
+        try:
+            await self.services.store.save(self.record(response))
+        except (StoreUnavailable, RecordTooLarge) as exc:
+            log.warning("response_not_stored", response_id=self.response_id, error=type(exc).__name__)
+            self.stored_ok = False
+            response["store"] = False
+
+
+def _input_items(request: ResponsesRequest) -> list[dict[str, Any]]:
+    if isinstance(request.input, str):
+        content = [{"type": "input_text", "text": request.input}]
+        return [{"type": "message", "id": new_id("msg_"), "role": "user", "content": content, "status": "completed"}]
+    items = []
+    prefixes = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_"}
+    for item in request.input:
+        data = item.model_dump(mode="json", by_alias=True, exclude_none=True)
+        data.setdefault("id", new_id(prefixes[data["type"]]))
+        if isinstance(data.get("content"), str):
+            part = "input_text" if data.get("role") != "assistant" else "output_text"
+            data["content"] = [{"type": part, "text": data["content"]}]
+        items.append(data)
+    return items
+
+
+async def _load_history(services: Services, tenant: str, request: ResponsesRequest) -> list[Entry]:
+    if request.previous_response_id is None:
+        return []
+    record = await _load(services, tenant, request.previous_response_id, "previous_response_id")
+    status = record.response.get("status")
+    if status not in TERMINAL:
+        raise invalid("previous_response_id", f"Response '{record.id}' is still {status}; wait for it to finish.")
+    return [Entry.from_data(data) for data in record.conversation]
+
+
+async def _load(services: Services, tenant: str, response_id: str, param: str) -> StoredResponse:
+    try:
+        record = await services.store.load(tenant, response_id)
+    except StoreUnavailable as exc:
+        raise unavailable("The response store is unavailable; try again.") from exc
+    if record is None:
+        raise not_found(param, f"Response with id '{response_id}' not found.")
+    return record
+
+
+def _parse(body: Any) -> ResponsesRequest:
+    if not isinstance(body, dict):
+        raise invalid(None, "The request body must be a JSON object.", "invalid_type")
+    try:
+        return ResponsesRequest.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc, UNION_TAGS) from exc
+
+
+async def prepare(request: web.Request) -> Job:
+    services = request.app[SERVICES]
+    req = _parse(await read_json(request))
+    backend = services.backend_for(req.model)
+    wants_logprobs = "message.output_text.logprobs" in req.include or bool(req.top_logprobs)
+    if wants_logprobs and not backend.capabilities.logprobs:
+        raise invalid("include", "This model's backend does not return logprobs.", "unsupported_parameter")
+    if req.background and not req.store:
+        raise invalid("background", "background responses need store: true.", "unsupported_parameter")
+    tenant = tenant_of(request)
+    history = await _load_history(services, tenant, req)
+    spec = prompt_spec(req, history, lambda blob: services.sealer.open(tenant, blob))
+    constraint = constraint_for(req)
+    context = backend.capabilities.context_length
+    built = build_prompt(services.renderer, spec, context)
+    room = context - len(built.tokens)
+    max_new = min(req.max_output_tokens or room, room)
+    response_id = new_id("resp_")
+    sampling = Sampling(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+    )
+    request_id = request_id_of(request, response_id)
+    turn = Turn(backend, services.encoding, built.tokens, max_new, sampling, constraint, request_id)
+    return Job(services, req, tenant, response_id, int(time.time()), built.dialog, _input_items(req), turn, request_id)
+
+
+async def _watch_for_remote_cancel(job: Job, task: asyncio.Task[None]) -> None:
+    """Another replica may cancel a background response through the shared store."""
+    while not task.done():
+        await asyncio.sleep(CANCEL_POLL_S)
+        try:
+            record = await job.services.store.load(job.tenant, job.response_id)
+        except StoreUnavailable:
+            continue
+        if record is not None and record.response.get("status") == "cancelled":
+            task.cancel()
+            return
+
+
+async def _run(job: Job, run: Run | None, stream: StreamEvents | None) -> dict[str, Any]:
+    """Generate to the end (or cancellation), publishing events to the run's log; return the final object."""
+    publish = run.log.publish if run is not None and stream is not None else None
+    if publish and stream:
+        publish(stream.lifecycle("response.created", job.response(job.first_status)))
+        publish(stream.lifecycle("response.in_progress", job.response("in_progress")))
+    try:
+        async for batch in job.turn.events():
+            if publish and stream:
+                for event in batch:
+                    for payload in stream.for_item_event(event):
+                        publish(payload)
+    except asyncio.CancelledError:
+        await job.save(job.response("cancelled"))
+        if publish and stream:
+            publish(stream.event("error", code="response_cancelled", message="The response was cancelled.", param=None))
+        raise
+    outcome = job.turn.outcome or Outcome("failed", error_code="server_error", error_message="No outcome.")
+    if job.request.background and await _cancelled_elsewhere(job):
+        outcome = Outcome("cancelled")
+    final = job.response(outcome.status, outcome)
+    await job.save(final)
+    if publish and stream:
+        if outcome.status == "cancelled":
+            publish(stream.event("error", code="response_cancelled", message="The response was cancelled.", param=None))
+        else:
+            if outcome.status == "failed":
+                publish(stream.event("error", code=outcome.error_code, message=outcome.error_message, param=None))
+            publish(stream.lifecycle(f"response.{outcome.status}", final))
+    return final
+
+
+async def _cancelled_elsewhere(job: Job) -> bool:
+    try:
+        record = await job.services.store.load(job.tenant, job.response_id)
+    except StoreUnavailable:
+        return False
+    return record is not None and record.response.get("status") == "cancelled"
+
+
+def _start(job: Job, stream: bool) -> Run:
+    run = Run(job.tenant)
+    events = StreamEvents(job.seal) if stream else None
+
+    async def main() -> None:
+        watcher = None
+        if job.request.background:
+            watcher = asyncio.ensure_future(_watch_for_remote_cancel(job, asyncio.current_task()))  # type: ignore[arg-type]
+        try:
+            await _run(job, run, events)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("response_run_failed", response_id=job.response_id)
+            final = job.response(
+                "failed", Outcome("failed", error_code="server_error", error_message="Internal error.")
+            )
+            await job.save(final)
+            if events is not None:
+                run.log.publish(events.lifecycle("response.failed", final))
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            run.log.close()
+            job.services.runs.remove(job.response_id)
+
+    run.task = asyncio.ensure_future(main())
+    job.services.runs.add(job.response_id, run)
+    return run
+
+
+async def _frames(run: Run) -> AsyncIterator[bytes]:
+    async for payload in run.log.follow():
+        yield frame(payload, payload["type"])
+
+
+async def _stream(request: web.Request, job: Job) -> web.StreamResponse:
+    run = _start(job, stream=True)
+    response = await open_stream(request, {"X-Request-ID": job.request_id})
+    try:
+        await pump(response, _frames(run), job.services.settings.keepalive_s)
+    except ClientGone:
+        if not job.request.background and run.task is not None:
+            run.task.cancel()  # nobody is listening: stop the generation
+        return response
+    await response.write_eof()
+    return response
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    job = await prepare(request)
+    await job.save(job.response(job.first_status))  # GET finds it while it runs
+    if job.request.stream:
+        return await _stream(request, job)
+    if job.request.background:
+        run = _start(job, stream=False)
+        del run
+        return web.json_response(job.response("queued"))
+    final = await _run(job, None, None)
+    return web.json_response(final, headers={"X-Request-ID": job.request_id})
+
+
+async def get_response(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    record = await _load(services, tenant_of(request), request.match_info["response_id"], "response_id")
+    return web.json_response(record.response)
+
+
+async def delete_response(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    tenant = tenant_of(request)
+    response_id = request.match_info["response_id"]
+    services.runs.cancel(tenant, response_id)
+    try:
+        deleted = await services.store.delete(tenant, response_id)
+    except StoreUnavailable as exc:
+        raise unavailable("The response store is unavailable; try again.") from exc
+    if not deleted:
+        raise not_found("response_id", f"Response with id '{response_id}' not found.")
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+async def cancel_response(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    tenant = tenant_of(request)
+    response_id = request.match_info["response_id"]
+    record = await _load(services, tenant, response_id, "response_id")
+    response = record.response
+    if not response.get("background"):
+        raise invalid("response_id", "Only responses created with background: true can be cancelled.")
+    status = response.get("status")
+    if status in ("queued", "in_progress"):
+        response["status"] = "cancelled"
+        try:
+            await services.store.save(record)
+        except StoreUnavailable as exc:
+            raise unavailable("The response store is unavailable; try again.") from exc
+        run = services.runs.get(tenant, response_id)
+        if services.runs.cancel(tenant, response_id) and run is not None and run.task is not None:
+            await asyncio.gather(run.task, return_exceptions=True)
+            record = await _load(services, tenant, response_id, "response_id")
+            response = record.response
+    elif status != "cancelled":
+        raise invalid("response_id", f"Response '{response_id}' is already {status} and cannot be cancelled.")
+    return web.json_response(response)
+
+
+async def list_input_items(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    record = await _load(services, tenant_of(request), request.match_info["response_id"], "response_id")
+    query = request.query
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid("order", "order must be 'asc' or 'desc'.")
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError as exc:
+        raise invalid("limit", "limit must be an integer from 1 to 100.") from exc
+    if not 1 <= limit <= 100:
+        raise invalid("limit", "limit must be an integer from 1 to 100.")
+    items = list(record.input_items if order == "asc" else reversed(record.input_items))
+    after = query.get("after")
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise not_found("after", f"Input item '{after}' not found in response '{record.id}'.")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
+    app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
+    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)

@@ -1,0 +1,101 @@
+"""Responses API shapes of the assembler's items, the response object and the stream events."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .assembler import Closed, Delta, ItemEvent, Opened, OutputItem
+
+Sealer = Callable[[OutputItem], str | None]  # encrypted_content for a finished reasoning item, or None
+
+
+def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
+    """An output item as the API returns it; in progress until the assembler closed it."""
+    status = "completed" if item.done and item.complete else "incomplete" if item.done else "in_progress"
+    if item.kind == "function_call":
+        return {
+            "type": "function_call",
+            "id": item.id,
+            "call_id": item.call_id,
+            "name": item.name,
+            "arguments": item.text,
+            "status": status,
+        }
+    if item.kind == "reasoning":
+        data: dict[str, Any] = {
+            "type": "reasoning",
+            "id": item.id,
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": item.text}] if item.done else [],
+            "status": status,
+        }
+        sealed = seal(item) if item.done and seal is not None else None
+        if sealed is not None:
+            data["encrypted_content"] = sealed
+        return data
+    return {
+        "type": "message",
+        "id": item.id,
+        "role": "assistant",
+        "status": status,
+        "phase": "commentary" if item.preamble else "final_answer",
+        "content": [_text_part(item.text)] if item.done else [],
+    }
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+class StreamEvents:
+    """Numbers the stream's events and turns item events into Responses SSE payloads."""
+
+    def __init__(self, seal: Sealer | None = None) -> None:
+        self.sequence_number = 0
+        self._seal = seal
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        payload = {"type": kind, "sequence_number": self.sequence_number, **fields}
+        self.sequence_number += 1
+        return payload
+
+    def lifecycle(self, kind: str, response: dict[str, Any]) -> dict[str, Any]:
+        return self.event(kind, response=response)
+
+    def for_item_event(self, event: ItemEvent) -> list[dict[str, Any]]:
+        item = event.item
+        at = {"item_id": item.id, "output_index": item.index}
+        if isinstance(event, Opened):
+            out = [self.event("response.output_item.added", output_index=item.index, item=item_json(item))]
+            if item.kind == "message":
+                out.append(self.event("response.content_part.added", **at, content_index=0, part=_text_part("")))
+            elif item.kind == "reasoning":
+                out.append(self.event("response.content_part.added", **at, content_index=0, part=_reasoning_part("")))
+            return out
+        if isinstance(event, Delta):
+            if item.kind == "message":
+                return [self.event("response.output_text.delta", **at, content_index=0, delta=event.text, logprobs=[])]
+            if item.kind == "reasoning":
+                return [self.event("response.reasoning_text.delta", **at, content_index=0, delta=event.text)]
+            return [self.event("response.function_call_arguments.delta", **at, delta=event.text)]
+        assert isinstance(event, Closed)
+        text = item.text
+        if item.kind == "message":
+            out = [
+                self.event("response.output_text.done", **at, content_index=0, text=text, logprobs=[]),
+                self.event("response.content_part.done", **at, content_index=0, part=_text_part(text)),
+            ]
+        elif item.kind == "reasoning":
+            out = [
+                self.event("response.reasoning_text.done", **at, content_index=0, text=text),
+                self.event("response.content_part.done", **at, content_index=0, part=_reasoning_part(text)),
+            ]
+        else:
+            out = [self.event("response.function_call_arguments.done", **at, name=item.name, arguments=text)]
+        out.append(self.event("response.output_item.done", output_index=item.index, item=item_json(item, self._seal)))
+        return out

@@ -1,0 +1,77 @@
+"""Responses generating in this process: their tasks and their event logs, for streams, GETs and cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EventLog:
+    """The SSE payloads of one response, in order; listeners may join at any time and follow to the end."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.finished = False
+        self._changed = asyncio.Event()
+
+    def publish(self, payload: dict[str, Any]) -> None:
+        self.events.append(payload)
+        self._wake()
+
+    def close(self) -> None:
+        self.finished = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def follow(self, start: int = 0) -> AsyncIterator[dict[str, Any]]:
+        index = start
+        while True:
+            changed = self._changed
+            while index < len(self.events):
+                yield self.events[index]
+                index += 1
+            if self.finished:
+                return
+            await changed.wait()
+
+
+@dataclass(slots=True)
+class Run:
+    tenant: str
+    log: EventLog = field(default_factory=EventLog)
+    task: asyncio.Task[None] | None = None
+    cancel_requested: bool = False
+
+
+class RunRegistry:
+    def __init__(self) -> None:
+        self._runs: dict[str, Run] = {}
+
+    def add(self, response_id: str, run: Run) -> None:
+        self._runs[response_id] = run
+
+    def get(self, tenant: str, response_id: str) -> Run | None:
+        run = self._runs.get(response_id)
+        return run if run is not None and run.tenant == tenant else None
+
+    def remove(self, response_id: str) -> None:
+        self._runs.pop(response_id, None)
+
+    def cancel(self, tenant: str, response_id: str) -> bool:
+        run = self.get(tenant, response_id)
+        if run is None or run.task is None or run.task.done():
+            return False
+        run.cancel_requested = True
+        run.task.cancel()
+        return True
+
+    async def shutdown(self) -> None:
+        tasks = [run.task for run in self._runs.values() if run.task is not None and not run.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

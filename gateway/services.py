@@ -1,0 +1,109 @@
+"""What the routes share: settings, renderer, store, backends, the reasoning sealer and running responses."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import structlog
+from aiohttp import web
+
+from backends.base import Backend
+from backends.mock import MockBackend
+from harmony import HarmonyEncoding, Renderer
+from state import MemoryStore, ResponseStore
+from state.redis_store import RedisStore
+
+from .config import Settings
+from .errors import ApiError
+from .runs import RunRegistry
+from .sealing import ReasoningSealer, parse_keys
+
+log = structlog.get_logger("gateway.services")
+
+DEFAULT_MOCK_SCRIPT = {
+    "rules": [
+        {
+            "emit": [
+                {"analysis": "No model backend is configured, so the scripted mock backend answers."},
+                {"final": "This is gpt-oss-gateway's mock backend. Configure a model backend for real answers."},
+            ]
+        }
+    ]
+}
+
+
+class ConfigError(ValueError):
+    """The settings cannot make a working gateway; the message says which one."""
+
+
+@dataclass(slots=True)
+class Services:
+    settings: Settings
+    renderer: Renderer
+    store: ResponseStore
+    backends: dict[str, Backend]
+    sealer: ReasoningSealer
+    runs: RunRegistry = field(default_factory=RunRegistry)
+
+    @property
+    def encoding(self) -> HarmonyEncoding:
+        return self.renderer.encoding
+
+    def backend_for(self, model: str) -> Backend:
+        backend = self.backends.get(model)
+        if backend is None:
+            raise ApiError(
+                404,
+                f"The model '{model}' does not exist; this gateway serves {', '.join(self.backends)}.",
+                param="model",
+                code="model_not_found",
+            )
+        return backend
+
+    async def aclose(self) -> None:
+        await self.runs.shutdown()
+        for backend in {id(b): b for b in self.backends.values()}.values():
+            await backend.aclose()
+        await self.store.aclose()
+
+
+def _backend(settings: Settings, encoding: HarmonyEncoding) -> Backend:
+    if settings.backend != "mock":
+        raise ConfigError(f"backend '{settings.backend}' is not available; this build has: mock")
+    if settings.mock_script:
+        return MockBackend.from_file(settings.mock_script, encoding)
+    log.warning("mock_backend_default_script", note="answers are canned text, not a model")
+    return MockBackend(json.loads(json.dumps(DEFAULT_MOCK_SCRIPT)), encoding)
+
+
+def _store(settings: Settings) -> ResponseStore:
+    if settings.redis_url:
+        return RedisStore.from_url(
+            settings.redis_url, ttl_s=settings.store_ttl_s, max_record_bytes=settings.max_record_bytes
+        )
+    return MemoryStore(ttl_s=settings.store_ttl_s, max_record_bytes=settings.max_record_bytes)
+
+
+def _sealer(settings: Settings) -> ReasoningSealer:
+    if settings.reasoning_keys:
+        try:
+            return ReasoningSealer(parse_keys(settings.reasoning_keys))
+        except ValueError as exc:
+            raise ConfigError(f"GATEWAY_REASONING_KEYS: {exc}") from exc
+    log.warning("reasoning_key_ephemeral", note="encrypted_content works only within this process")
+    return ReasoningSealer.ephemeral()
+
+
+def build_services(settings: Settings, renderer: Renderer) -> Services:
+    backend = _backend(settings, renderer.encoding)
+    return Services(
+        settings=settings,
+        renderer=renderer,
+        store=_store(settings),
+        backends={model: backend for model in settings.models},
+        sealer=_sealer(settings),
+    )
+
+
+SERVICES = web.AppKey("services", Services)

@@ -1,0 +1,86 @@
+"""One generation, API-neutral: prompt ids → backend → output assembler → item events and an outcome."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+
+from backends.base import Backend, Constraint, GenerateRequest, Sampling
+from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReason
+
+from .assembler import ItemEvent, OutputAssembler
+from .constraints import NOT_ENFORCED, violation
+
+log = structlog.get_logger("gateway.turn")
+
+Status = Literal["completed", "incomplete", "failed", "cancelled"]
+
+
+@dataclass(slots=True)
+class Outcome:
+    status: Status
+    incomplete_reason: str | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+class Turn:
+    """Iterate `events()` once; then read `outcome`, `assembler.items` and token counts."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        encoding: HarmonyEncoding,
+        prompt: list[int],
+        max_new_tokens: int,
+        sampling: Sampling,
+        constraint: Constraint,
+        request_id: str,
+    ) -> None:
+        self.backend = backend
+        self.assembler = OutputAssembler(encoding)
+        self.prompt_tokens = len(prompt)
+        self.cached_tokens = 0
+        self.outcome: Outcome | None = None
+        self._request = GenerateRequest(
+            prompt=prompt,
+            max_new_tokens=max_new_tokens,
+            stop_ids=tuple(STOP_TOKENS_FOR_ASSISTANT_ACTIONS),
+            request_id=request_id,
+            sampling=sampling,
+            constraint=constraint if backend.capabilities.constraints else Constraint(),
+        )
+        self._constraint = constraint
+
+    async def events(self) -> AsyncIterator[list[ItemEvent]]:
+        """Batches of item events as tokens arrive; closing the iterator cancels the generation."""
+        assembler = self.assembler
+        try:
+            async with aclosing(self.backend.generate(self._request)) as chunks:
+                async for chunk in chunks:
+                    events = assembler.feed(chunk.tokens)
+                    if events:
+                        yield events
+        except Exception as exc:  # a backend failure fails this response, never the process
+            log.warning("backend_failed", request_id=self._request.request_id, error=type(exc).__name__)
+            self.outcome = Outcome("failed", error_code="server_error", error_message="The model backend failed.")
+        tail = assembler.finish()
+        if tail:
+            yield tail
+        if self.outcome is None:
+            self.outcome = self._judge()
+
+    def _judge(self) -> Outcome:
+        assembler = self.assembler
+        finished = assembler.stop in (StopReason.RETURN, StopReason.CALL)
+        if not finished and assembler.output_tokens >= self._request.max_new_tokens:
+            return Outcome("incomplete", incomplete_reason="max_output_tokens")
+        if not self.backend.capabilities.constraints and not self._constraint.is_free:
+            problem = violation(self._constraint, assembler.items)
+            if problem:
+                return Outcome("failed", error_code=NOT_ENFORCED, error_message=problem)
+        return Outcome("completed")
