@@ -6,8 +6,8 @@ the prompt, or `{"prompt": REGEX}`, searched in the whole prompt as text; a rule
 always applies) and `emit`, a list of steps:
 `{"analysis": TEXT}`, `{"commentary": TEXT}` (a preamble), `{"final": TEXT}`,
 `{"tool_call": {"name": NAME, "arguments": OBJECT_OR_STRING}}`, or `{"raw": TEXT}` where
-`<|name|>` marks stand for special tokens (to script malformed output). The first matching rule
-wins. The backend records the prompts it receives (most recent last).
+`<|name|>` marks stand for special tokens (to script malformed output). A rule's own
+`token_delay_ms` overrides the script's. The first matching rule wins. The backend records the prompts it receives (most recent last).
 """
 
 from __future__ import annotations
@@ -40,6 +40,13 @@ class _Rule:
     source: str | None  # one of _SOURCES; None matches anything
     pattern: re.Pattern[str] | None
     steps: tuple[dict[str, Any], ...]
+    delay_s: float | None
+
+
+def _delay_s(value: Any, where: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ScriptError(f"{where}: must be a number >= 0")
+    return value / 1000
 
 
 def _parse_rule(index: int, raw: Any) -> _Rule:
@@ -65,7 +72,10 @@ def _parse_rule(index: int, raw: Any) -> _Rule:
                 raise ScriptError(f"{where}.emit[{step_index}].tool_call: needs a 'name'")
         elif not isinstance(value, str):
             raise ScriptError(f"{where}.emit[{step_index}].{kind}: must be a string")
-    return _Rule(source, pattern, tuple(raw["emit"]))
+    delay = raw.get("token_delay_ms")
+    return _Rule(
+        source, pattern, tuple(raw["emit"]), None if delay is None else _delay_s(delay, f"{where}.token_delay_ms")
+    )
 
 
 class MockBackend:
@@ -75,10 +85,7 @@ class MockBackend:
         if not isinstance(script, dict) or not isinstance(script.get("rules"), list):
             raise ScriptError("a mock script is an object with a 'rules' list")
         self._rules = [_parse_rule(i, rule) for i, rule in enumerate(script["rules"])]
-        delay = script.get("token_delay_ms", 0)
-        if not isinstance(delay, int | float) or delay < 0:
-            raise ScriptError("token_delay_ms: must be a number >= 0")
-        self._delay_s = delay / 1000
+        self._delay_s = _delay_s(script.get("token_delay_ms", 0), "token_delay_ms")
         self._encoding = encoding or load_harmony_encoding()
         self.capabilities = Capabilities(context_length=131_072)
         self.prompts: deque[list[int]] = deque(maxlen=RECORDED_PROMPTS)
@@ -100,11 +107,13 @@ class MockBackend:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
         self.prompts.append(list(request.prompt))
-        tokens = self._completion(self._rule_for(request.prompt))
+        rule = self._rule_for(request.prompt)
+        tokens = self._completion(rule)
+        delay_s = self._delay_s if rule.delay_s is None else rule.delay_s
         stops = set(request.stop_ids)
         for token in tokens[: request.max_new_tokens]:
-            if self._delay_s:
-                await asyncio.sleep(self._delay_s)
+            if delay_s:
+                await asyncio.sleep(delay_s)
             yield Chunk([token])
             if token in stops:
                 return

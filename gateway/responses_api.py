@@ -224,6 +224,8 @@ async def _watch_for_remote_cancel(job: Job, task: asyncio.Task[None]) -> None:
 async def _run(job: Job, run: Run | None, stream: StreamEvents | None) -> dict[str, Any]:
     """Generate to the end (or cancellation), publishing events to the run's log; return the final object."""
     publish = run.log.publish if run is not None and stream is not None else None
+    if job.request.background:
+        await job.save(job.response("in_progress"))
     if publish and stream:
         publish(stream.lifecycle("response.created", job.response(job.first_status)))
         publish(stream.lifecycle("response.in_progress", job.response("in_progress")))

@@ -8,6 +8,8 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from gateway_fixtures import gateway, redis_server  # noqa: E402, F401  (fixtures shared by the API tests)
+
 from harmony import Renderer, load_harmony_encoding
 
 settings.register_profile("default", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

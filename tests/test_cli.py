@@ -37,7 +37,10 @@ def test_serve_answers_health_and_readiness():
                 assert time.monotonic() < deadline, "gateway did not start"
                 time.sleep(0.1)
         assert (status, body) == (200, {"status": "ok"})
-        assert _get(f"http://127.0.0.1:{port}/readyz") == (200, {"status": "ready", "vocab_size": 201089, "store": "ok"})
+        assert _get(f"http://127.0.0.1:{port}/readyz") == (
+            200,
+            {"status": "ready", "vocab_size": 201089, "store": "ok"},
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -1,0 +1,85 @@
+"""Fixtures for API tests: a mock script, a redis-server per session, a live gateway per store kind."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from live_gateway import LiveGateway
+from redis_servers import RedisServer
+
+from gateway.config import Settings
+
+ANALYSIS_WEATHER = "The user wants the weather in Paris, so I will call get_weather."
+ANALYSIS_AFTER_TOOL = "The tool reported sunny weather; I can answer now."
+ANALYSIS_THANKS = "The user is thanking me."
+LONG_TEXT = " ".join(["word"] * 200)
+TEST_KEYS = "k2:" + base64.b64encode(bytes(range(32))).decode()
+
+SCRIPT = {
+    "rules": [
+        {
+            "match": {"user": "weather"},
+            "emit": [
+                {"analysis": ANALYSIS_WEATHER},
+                {"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+            ],
+        },
+        {
+            "match": {"tool": "sunny"},
+            "emit": [{"analysis": ANALYSIS_AFTER_TOOL}, {"final": "It is sunny in Paris."}],
+        },
+        {"match": {"user": "thanks"}, "emit": [{"analysis": ANALYSIS_THANKS}, {"final": "You are welcome."}]},
+        {
+            "match": {"user": "Ada"},
+            "emit": [{"analysis": "Extract the person."}, {"final": '{"name": "Ada", "age": 36}'}],
+        },
+        {"match": {"user": "essay"}, "emit": [{"analysis": LONG_TEXT}, {"final": LONG_TEXT}]},
+        {
+            "match": {"user": "slowly"},
+            "token_delay_ms": 40,
+            "emit": [{"analysis": LONG_TEXT}, {"final": "done slowly"}],
+        },
+        {"emit": [{"analysis": "Just say hello."}, {"final": "Hello from the mock."}]},
+    ]
+}
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def write_script(directory: Path, script: dict | None = None) -> Path:
+    path = directory / "mock_script.json"
+    path.write_text(json.dumps(script or SCRIPT))
+    return path
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis-api")).start()
+    yield server
+    server.stop()
+
+
+def flush(server: RedisServer) -> None:
+    subprocess.run(["redis-cli", "-p", str(server.port), "flushall"], check=True, capture_output=True, timeout=10)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def gateway(request, tmp_path):
+    """A live gateway with the mock script, on the in-memory store and on a real redis-server."""
+    settings = Settings(mock_script=str(write_script(tmp_path)), reasoning_keys=TEST_KEYS, keepalive_s=0.2)
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        flush(server)
+        settings = settings.model_copy(update={"redis_url": server.url})
+    live = LiveGateway(settings).start()
+    yield live
+    live.stop()

@@ -1,0 +1,110 @@
+"""A real gateway on 127.0.0.1 for SDK tests: in this process (a server thread) or as a `serve` process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from redis_servers import free_port
+
+from backends.mock import MockBackend
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.services import SERVICES, Services
+from harmony import vocab
+
+
+class LiveGateway:
+    """The aiohttp app served by a private event loop in a thread; `backend` is its mock backend."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.port = free_port()
+        self.settings = settings.model_copy(update={"port": self.port})
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.services: Services | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def backend(self) -> MockBackend:
+        assert self.services is not None
+        backend = next(iter(self.services.backends.values()))
+        assert isinstance(backend, MockBackend)
+        return backend
+
+    def call(self, coroutine: Any, timeout: float = 30) -> Any:
+        """Run a coroutine on the gateway's loop (e.g. to reach its store) and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def start(self) -> LiveGateway:
+        self._thread.start()
+
+        async def boot() -> None:
+            app = create_app(self.settings)
+            self.services = app[SERVICES]
+            self._runner = web.AppRunner(app, handle_signals=False)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+        self.call(boot())
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            self.call(self._runner.cleanup())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+
+class GatewayProcess:
+    """`python -m gateway.cli serve` with the given environment, as an operator runs it."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.port = free_port()
+        self._env = {**os.environ, vocab.DOWNLOAD_ENV: "0", **env, "GATEWAY_PORT": str(self.port)}
+        self._log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30) -> GatewayProcess:
+        with self._log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gateway.cli", "serve"], env=self._env, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                pass
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gateway exited: {self._log_path.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("gateway did not become ready")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
