@@ -7,7 +7,8 @@ always applies) and `emit`, a list of steps:
 `{"analysis": TEXT}`, `{"commentary": TEXT}` (a preamble), `{"final": TEXT}`,
 `{"tool_call": {"name": NAME, "arguments": OBJECT_OR_STRING}}`, or `{"raw": TEXT}` where
 `<|name|>` marks stand for special tokens (to script malformed output). A rule's own
-`token_delay_ms` overrides the script's. The first matching rule wins. The backend records the prompts it receives (most recent last).
+`token_delay_ms` overrides the script's. The first matching rule wins. The backend records the
+prompts it receives (most recent last).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from gateway_fixtures import gateway, redis_server  # noqa: E402, F401  (fixtures shared by the API tests)
+from gateway_fixtures import gateway, redis_server  # noqa: F401  (fixtures shared by the API tests)
 
 from harmony import Renderer, load_harmony_encoding
 
