@@ -18,7 +18,7 @@ from .limits import (
 class Strict(BaseModel):
     """Unknown fields are rejected with a 400 naming them, as OpenAI does."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # ---- input items -------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ class TextFormatJsonSchema(Strict):
     description: str | None = None
     strict: bool | None = None
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
 
 TextFormat = Annotated[TextFormatText | TextFormatJsonObject | TextFormatJsonSchema, Field(discriminator="type")]

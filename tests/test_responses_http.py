@@ -1,0 +1,190 @@
+"""The Responses API at the HTTP level: bad input → OpenAI-shaped 4xx naming the parameter, SSE keep-alive,
+client disconnects, the OpenAPI document."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from live_gateway import LiveGateway
+
+from gateway.config import Settings
+from gateway.openapi import openapi_document
+
+MODEL = "gpt-oss-120b"
+
+
+def _request(url: str, body: bytes | None = None, method: str = "POST") -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _open_stream(url: str, body: dict):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    response = urllib.request.urlopen(request, timeout=30)
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    return response
+
+
+BAD_REQUESTS = [
+    # (body, status, param, code)
+    ('{"model": "gpt-oss-120b", "input": ', 400, None, "invalid_json"),
+    ("[1, 2]", 400, None, "invalid_type"),
+    ("\xff\xfe", 400, None, "invalid_json"),
+    ({"input": "hi"}, 400, "model", "missing_required_parameter"),
+    ({"model": MODEL, "input": 5}, 400, "input", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "temperature": "hot"}, 400, "temperature", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "temperature": 3}, 400, "temperature", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "max_output_tokens": 1}, 400, "max_output_tokens", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "stream": "yes"}, 400, "stream", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "frobnicate": True}, 400, "frobnicate", "unknown_parameter"),
+    (
+        {"model": MODEL, "input": [{"role": "user", "content": "x", "extra": 1}]},
+        400,
+        "input[0].extra",
+        "unknown_parameter",
+    ),
+    ({"model": MODEL, "input": [{"role": "robot", "content": "x"}]}, 400, "input[0].role", "invalid_value"),
+    ({"model": MODEL, "input": [{"type": "input_image"}]}, 400, "input[0].type", "invalid_value"),
+    (
+        {"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        400,
+        "input[0].content[0]",
+        "invalid_value",
+    ),
+    ({"model": MODEL, "input": [{"type": "function_call", "call_id": "c"}]}, 400, "input[0].name", None),
+    (
+        {"model": MODEL, "input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]},
+        400,
+        "input[0].call_id",
+        "invalid_value",
+    ),
+    ({"model": MODEL, "input": "hi", "tool_choice": "sometimes"}, 400, "tool_choice", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "tool_choice": {"type": "function", "name": "f"}}, 400, "tool_choice", None),
+    ({"model": MODEL, "input": "hi", "tool_choice": "required"}, 400, "tool_choice", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "a b"}]}, 400, "tools[0].name", None),
+    (
+        {
+            "model": MODEL,
+            "input": "hi",
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 7}}},
+        },
+        400,
+        "text.format.schema",
+        "invalid_value",
+    ),
+    ({"model": MODEL, "input": "hi", "text": {"format": {"type": "yaml"}}}, 400, "text.format", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "reasoning": {"effort": "extreme"}}, 400, "reasoning.effort", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "include": ["everything"]}, 400, "include", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "include": ["message.output_text.logprobs"]}, 400, "include", None),
+    ({"model": MODEL, "input": "hi", "metadata": {f"k{i}": "v" for i in range(17)}}, 400, "metadata", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "background": True, "store": False}, 400, "background", None),
+    ({"model": MODEL, "input": "hi", "truncation": "sometimes"}, 400, "truncation", "invalid_value"),
+    ({"model": "gpt-5", "input": "hi"}, 404, "model", "model_not_found"),
+    ({"model": MODEL, "input": "hi", "previous_response_id": "resp_nope"}, 404, "previous_response_id", "not_found"),
+    (
+        {"model": MODEL, "input": [{"type": "reasoning", "summary": [], "encrypted_content": "gwr1.k2.AAAA"}]},
+        400,
+        "input[0].encrypted_content",
+        "invalid_encrypted_content",
+    ),
+]
+
+
+@pytest.mark.parametrize("body,status,param,code", BAD_REQUESTS)
+def test_bad_requests_get_openai_errors_naming_the_parameter(gateway, body, status, param, code):
+    content = body.encode("utf-8", "surrogateescape") if isinstance(body, str) else json.dumps(body).encode()
+    got, payload = _request(gateway.url + "/v1/responses", content)
+    assert got == status, payload
+    error = payload["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+
+
+def test_oversize_body_is_413(tmp_path):
+    live = LiveGateway(Settings(max_body_bytes=10_000)).start()
+    try:
+        body = json.dumps({"model": MODEL, "input": "x" * 20_000})
+        status, payload = _request(live.url + "/v1/responses", body.encode())
+        assert status == 413 and payload["error"]["code"] == "request_too_large"
+    finally:
+        live.stop()
+
+
+def test_unknown_route_and_method_are_openai_shaped(gateway):
+    status, payload = _request(gateway.url + "/v1/nothing", method="GET")
+    assert status == 404 and payload["error"]["code"] == "not_found"
+    status, payload = _request(gateway.url + "/v1/responses", method="PUT")
+    assert status == 405 and payload["error"]["code"] == "method_not_allowed"
+
+
+def _sse(gateway, body: dict) -> list[str]:
+    with _open_stream(gateway.url + "/v1/responses", body) as response:
+        return [line.decode().rstrip("\n") for line in response]
+
+
+def test_keepalive_comments_while_the_model_is_silent(gateway):
+    """The fixture's keep-alive interval is 0.2 s; the slow rule waits 40 ms per token for ~200 tokens."""
+    lines = _sse(gateway, {"model": MODEL, "input": "answer slowly", "stream": True})
+    assert ": keep-alive" in lines
+    data = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert data[-1]["type"] == "response.completed"
+
+
+def test_client_disconnect_stops_the_generation(gateway):
+    body = {"model": MODEL, "input": "answer slowly", "stream": True}
+    with _open_stream(gateway.url + "/v1/responses", body) as response:
+        for line in response:
+            if b"reasoning_text.delta" in line:
+                break
+    deadline = time.monotonic() + 5
+    while gateway.call(_running(gateway)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not gateway.call(_running(gateway)), "the generation kept running after the client left"
+
+
+async def _running(gateway) -> int:
+    runs = gateway.services.runs
+    return sum(1 for run in runs._runs.values() if run.task is not None and not run.task.done())
+
+
+def test_openapi_document_describes_the_routes(gateway):
+    status, document = _request(gateway.url + "/openapi.json", method="GET")
+    assert status == 200
+    assert document == json.loads(json.dumps(openapi_document()))
+    assert document["openapi"].startswith("3.1")
+    paths = document["paths"]
+    assert set(paths) == {
+        "/v1/responses",
+        "/v1/responses/{response_id}",
+        "/v1/responses/{response_id}/cancel",
+        "/v1/responses/{response_id}/input_items",
+    }
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
+    schemas = document["components"]["schemas"]
+    assert {"ResponsesRequest", "ResponseObject", "FunctionCallInput", "ReasoningOut", "Error"} <= set(schemas)
+    for ref in _refs(document):
+        assert ref.removeprefix("#/components/schemas/") in schemas, ref
+
+
+def _refs(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _refs(value)
