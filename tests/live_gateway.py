@@ -25,7 +25,8 @@ from harmony import vocab
 class LiveGateway:
     """The aiohttp app served by a private event loop in a thread; `backend` is its mock backend."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, backend: Any | None = None) -> None:
+        self._backend_override = backend
         self.port = free_port()
         self.settings = settings.model_copy(update={"port": self.port})
         self._loop = asyncio.new_event_loop()
@@ -54,6 +55,8 @@ class LiveGateway:
         async def boot() -> None:
             app = create_app(self.settings)
             self.services = app[SERVICES]
+            if self._backend_override is not None:
+                self.services.backends = {model: self._backend_override for model in self.services.backends}
             self._runner = web.AppRunner(app, handle_signals=False)
             await self._runner.setup()
             await web.TCPSite(self._runner, "127.0.0.1", self.port).start()

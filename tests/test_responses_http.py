@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 from live_gateway import LiveGateway
 
+from backends.base import Capabilities, Chunk
 from gateway.config import Settings
 from gateway.openapi import openapi_document
 
@@ -188,3 +189,33 @@ def _refs(node):
     elif isinstance(node, list):
         for value in node:
             yield from _refs(value)
+
+
+class FailingBackend:
+    """Emits the start of an answer, then fails as a remote server dropping the connection would."""
+
+    def __init__(self, encoding) -> None:
+        self.capabilities = Capabilities(context_length=4096)
+        self._tokens = encoding.encode_marked("<|channel|>final<|message|>partial answer")
+
+    async def generate(self, request):
+        for token in self._tokens:
+            yield Chunk([token])
+        raise ConnectionError("upstream went away")
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_backend_failure_fails_the_response_not_the_request(encoding):
+    live = LiveGateway(Settings(), backend=FailingBackend(encoding)).start()
+    try:
+        status, payload = _request(live.url + "/v1/responses", json.dumps({"model": MODEL, "input": "hi"}).encode())
+        assert status == 200 and payload["status"] == "failed"
+        assert payload["error"]["code"] == "server_error" and payload["output"][0]["status"] == "incomplete"
+        lines = _sse(live, {"model": MODEL, "input": "hi", "stream": True})
+        data = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+        assert [event["type"] for event in data[-2:]] == ["error", "response.failed"]
+        assert [event["sequence_number"] for event in data] == list(range(len(data)))
+    finally:
+        live.stop()
