@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 from live_gateway import LiveGateway
+from redis_servers import RedisServer
 
 from backends.base import Capabilities, Chunk
 from gateway.config import Settings
@@ -219,3 +220,28 @@ def test_a_backend_failure_fails_the_response_not_the_request(encoding):
         assert [event["sequence_number"] for event in data] == list(range(len(data)))
     finally:
         live.stop()
+
+
+def test_a_redis_outage_is_a_503_or_an_honest_store_false_and_recovers(tmp_path):
+    server = RedisServer(tmp_path / "redis").start()
+    live = LiveGateway(Settings(redis_url=server.url)).start()
+    body = json.dumps({"model": MODEL, "input": "hi"}).encode()
+    try:
+        status, kept = _request(live.url + "/v1/responses", body)
+        assert status == 200 and kept["store"] is True
+        server.stop()
+        status, ready = _request(live.url + "/readyz", method="GET")
+        assert status == 503 and ready["store"] == "unreachable"
+        status, payload = _request(live.url + f"/v1/responses/{kept['id']}", method="GET")
+        assert status == 503 and payload["error"]["type"] == "server_error"
+        status, answered = _request(live.url + "/v1/responses", body)
+        assert status == 200 and answered["status"] == "completed" and answered["store"] is False
+        server.start()
+        status, payload = _request(live.url + f"/v1/responses/{kept['id']}", method="GET")
+        assert status == 404  # nothing persisted on disk: the restarted Redis is empty, and says so
+        status, again = _request(live.url + "/v1/responses", body)
+        assert status == 200 and again["store"] is True
+        assert _request(live.url + f"/v1/responses/{again['id']}", method="GET")[0] == 200
+    finally:
+        live.stop()
+        server.stop()
