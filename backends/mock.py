@@ -7,7 +7,9 @@ always applies) and `emit`, a list of steps:
 `{"analysis": TEXT}`, `{"commentary": TEXT}` (a preamble), `{"final": TEXT}`,
 `{"tool_call": {"name": NAME, "arguments": OBJECT_OR_STRING}}`, or `{"raw": TEXT}` where
 `<|name|>` marks stand for special tokens (to script malformed output). A rule's own
-`token_delay_ms` overrides the script's. The first matching rule wins. The backend records the
+`token_delay_ms` overrides the script's. Instead of `emit`, a rule may give `alternatives`, a list
+of step lists: one is emitted, chosen by the request's seed (at random without one), so that `n`
+and `seed` behave as with a sampling model. The first matching rule wins. The backend records the
 prompts it receives (most recent last).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 from collections import deque
 from collections.abc import AsyncIterator
@@ -30,6 +33,7 @@ from .base import Capabilities, Chunk, GenerateRequest
 RECORDED_PROMPTS = 64
 _STEP_KINDS = ("analysis", "commentary", "final", "tool_call", "raw")
 _SOURCES = ("user", "tool", "prompt")
+_UNSEEDED = random.SystemRandom()
 
 
 class ScriptError(ValueError):
@@ -40,7 +44,7 @@ class ScriptError(ValueError):
 class _Rule:
     source: str | None  # one of _SOURCES; None matches anything
     pattern: re.Pattern[str] | None
-    steps: tuple[dict[str, Any], ...]
+    alternatives: tuple[tuple[dict[str, Any], ...], ...]  # one is emitted: chosen by the seed, else at random
     delay_s: float | None
 
 
@@ -50,10 +54,32 @@ def _delay_s(value: Any, where: str) -> float:
     return value / 1000
 
 
+def _parse_steps(steps: Any, where: str) -> tuple[dict[str, Any], ...]:
+    if not isinstance(steps, list) or not steps:
+        raise ScriptError(f"{where}: must be a non-empty list of steps")
+    for step_index, step in enumerate(steps):
+        if not isinstance(step, dict) or len(step) != 1 or next(iter(step)) not in _STEP_KINDS:
+            raise ScriptError(f"{where}[{step_index}]: one of {', '.join(_STEP_KINDS)}")
+        kind, value = next(iter(step.items()))
+        if kind == "tool_call":
+            if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+                raise ScriptError(f"{where}[{step_index}].tool_call: needs a 'name'")
+        elif not isinstance(value, str):
+            raise ScriptError(f"{where}[{step_index}].{kind}: must be a string")
+    return tuple(steps)
+
+
 def _parse_rule(index: int, raw: Any) -> _Rule:
     where = f"rules[{index}]"
-    if not isinstance(raw, dict) or not isinstance(raw.get("emit"), list) or not raw["emit"]:
-        raise ScriptError(f"{where}: needs a non-empty 'emit' list")
+    if not isinstance(raw, dict) or ("emit" in raw) == ("alternatives" in raw):
+        raise ScriptError(f"{where}: needs either 'emit' (a list of steps) or 'alternatives' (a list of such lists)")
+    if "emit" in raw:
+        alternatives: tuple[tuple[dict[str, Any], ...], ...] = (_parse_steps(raw["emit"], f"{where}.emit"),)
+    else:
+        options = raw["alternatives"]
+        if not isinstance(options, list) or not options:
+            raise ScriptError(f"{where}.alternatives: must be a non-empty list of step lists")
+        alternatives = tuple(_parse_steps(o, f"{where}.alternatives[{i}]") for i, o in enumerate(options))
     source = pattern = None
     match = raw.get("match")
     if match is not None:
@@ -64,19 +90,8 @@ def _parse_rule(index: int, raw: Any) -> _Rule:
             pattern = re.compile(regex)
         except (re.error, TypeError) as exc:
             raise ScriptError(f"{where}.match.{source}: invalid regex ({exc})") from exc
-    for step_index, step in enumerate(raw["emit"]):
-        if not isinstance(step, dict) or len(step) != 1 or next(iter(step)) not in _STEP_KINDS:
-            raise ScriptError(f"{where}.emit[{step_index}]: one of {', '.join(_STEP_KINDS)}")
-        kind, value = next(iter(step.items()))
-        if kind == "tool_call":
-            if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-                raise ScriptError(f"{where}.emit[{step_index}].tool_call: needs a 'name'")
-        elif not isinstance(value, str):
-            raise ScriptError(f"{where}.emit[{step_index}].{kind}: must be a string")
     delay = raw.get("token_delay_ms")
-    return _Rule(
-        source, pattern, tuple(raw["emit"]), None if delay is None else _delay_s(delay, f"{where}.token_delay_ms")
-    )
+    return _Rule(source, pattern, alternatives, None if delay is None else _delay_s(delay, f"{where}.token_delay_ms"))
 
 
 class MockBackend:
@@ -109,7 +124,9 @@ class MockBackend:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
         self.prompts.append(list(request.prompt))
         rule = self._rule_for(request.prompt)
-        tokens = self._completion(rule)
+        seed = request.sampling.seed
+        chooser = random.Random(seed) if seed is not None else _UNSEEDED
+        tokens = self._completion(rule.alternatives[chooser.randrange(len(rule.alternatives))])
         delay_s = self._delay_s if rule.delay_s is None else rule.delay_s
         stops = set(request.stop_ids)
         for token in tokens[: request.max_new_tokens]:
@@ -135,10 +152,10 @@ class MockBackend:
                 return rule
         raise ScriptError("no mock rule matches the prompt; add a rule without 'match' as a fallback")
 
-    def _completion(self, rule: _Rule) -> list[int]:
+    def _completion(self, steps: tuple[dict[str, Any], ...]) -> list[int]:
         encode = self._encoding.encode_ordinary
         out: list[int] = []
-        for index, step in enumerate(rule.steps):
+        for index, step in enumerate(steps):
             kind, value = next(iter(step.items()))
             if kind == "raw":
                 out += self._encoding.encode_marked(value)

@@ -6,8 +6,10 @@ from aiohttp import web
 
 from harmony import Renderer, load_harmony_encoding
 
+from .chat_api import add_routes as add_chat_routes
 from .config import Settings
 from .errors import error_middleware
+from .models_api import add_routes as add_models_routes
 from .openapi import serve_openapi
 from .responses_api import add_routes as add_responses_routes
 from .services import SERVICES, Services, build_services
@@ -38,6 +40,8 @@ def create_app(settings: Settings, services: Services | None = None) -> web.Appl
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", serve_openapi)
     add_responses_routes(app)
+    add_chat_routes(app)
+    add_models_routes(app)
 
     async def close_services(app: web.Application) -> None:
         await app[SERVICES].aclose()

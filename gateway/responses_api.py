@@ -16,10 +16,11 @@ from backends.base import Sampling
 from state import RecordTooLarge, StoredResponse, StoreUnavailable
 
 from .assembler import OutputItem, new_id
-from .conversation import build_prompt
+from .cot_recovery import index_cot
 from .dialog import Entry
 from .errors import from_validation, invalid, not_found, read_json, unavailable
 from .limits import MAX_HISTORY_MESSAGES
+from .pipeline import plan_turn, start_turn
 from .responses_input import constraint_for, prompt_spec
 from .responses_models import UNION_TAGS, ResponsesRequest
 from .responses_output import StreamEvents, item_json
@@ -194,18 +195,17 @@ async def prepare(request: web.Request) -> Job:
     history = await _load_history(services, tenant, req)
     spec = prompt_spec(req, history, lambda blob: services.sealer.open(tenant, blob))
     constraint = constraint_for(req)
-    context = backend.capabilities.context_length
-    built = build_prompt(services.renderer, spec, context)
-    room = context - len(built.tokens)
-    max_new = min(req.max_output_tokens or room, room)
+    plan = await plan_turn(services, tenant, req.model, spec, req.max_output_tokens)
     response_id = new_id("resp_")
     sampling = Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
     )
     request_id = request_id_of(request, response_id)
-    turn = Turn(backend, services.encoding, built.tokens, max_new, sampling, constraint, request_id)
-    return Job(services, req, tenant, response_id, int(time.time()), built.dialog, _input_items(req), turn, request_id)
+    turn = start_turn(services, plan, sampling, constraint, request_id)
+    return Job(
+        services, req, tenant, response_id, int(time.time()), plan.built.dialog, _input_items(req), turn, request_id
+    )
 
 
 async def _watch_for_remote_cancel(job: Job, task: asyncio.Task[None]) -> None:
@@ -245,6 +245,8 @@ async def _run(job: Job, run: Run | None, stream: StreamEvents | None) -> dict[s
         outcome = Outcome("cancelled")
     final = job.response(outcome.status, outcome)
     await job.save(final)
+    if job.request.store:
+        await index_cot(job.services.store, job.tenant, job.turn.assembler.items, job.turn.assembler.entries)
     if publish and stream:
         if outcome.status == "cancelled":
             publish(stream.event("error", code="response_cancelled", message="The response was cancelled.", param=None))

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from backends.base import Constraint
-from harmony import ReasoningEffort, ResponseFormat, ToolDescription
+from harmony import ResponseFormat, ToolDescription
 
-from .constraints import check_schema
 from .conversation import PromptSpec
 from .dialog import Call, CallResult, DialogItem, Entry, Said, Thought
 from .errors import invalid
+from .options import constraint, effort, output_format
 from .responses_models import (
     FunctionCallInput,
     FunctionCallOutputInput,
@@ -19,14 +20,11 @@ from .responses_models import (
     ReasoningInput,
     Refusal,
     ResponsesRequest,
-    TextFormatJsonObject,
     TextFormatJsonSchema,
 )
 from .sealing import SealError
 
 Unseal = Callable[[str], str]  # encrypted_content → raw CoT text, raising SealError
-
-JSON_OBJECT_FORMAT = ResponseFormat("json_object", {"type": "object"}, "Answer with one JSON object.")
 
 
 def _message_text(item: MessageInput) -> str:
@@ -73,43 +71,18 @@ def to_dialog(request: ResponsesRequest, unseal: Unseal) -> tuple[list[DialogIte
     return items, instructions
 
 
+def _format(request: ResponsesRequest) -> tuple[ResponseFormat | None, dict[str, Any] | None]:
+    fmt = request.text.format
+    if isinstance(fmt, TextFormatJsonSchema):
+        return output_format(fmt.type, fmt.name, fmt.schema_, fmt.description, "text.format.schema")
+    return output_format(fmt.type, None, None, None, "text.format.schema")
+
+
 def constraint_for(request: ResponsesRequest) -> Constraint:
-    names = tuple(tool.name for tool in request.tools)
     choice = request.tool_choice
-    if isinstance(choice, NamedFunction):
-        if choice.name not in names:
-            raise invalid("tool_choice", f"tool_choice names function '{choice.name}', which is not in tools.")
-        tools, names = "required", (choice.name,)
-    elif choice == "required":
-        if not names:
-            raise invalid("tool_choice", "tool_choice 'required' needs at least one tool in tools.")
-        tools = "required"
-    else:
-        tools = "none" if choice == "none" and names else "any"
-    text_format = request.text.format
-    schema = None
-    if isinstance(text_format, TextFormatJsonSchema):
-        check_schema(text_format.schema_, "text.format.schema")
-        schema = text_format.schema_
-    elif isinstance(text_format, TextFormatJsonObject):
-        schema = {"type": "object"}
-    return Constraint(tools, names if tools == "required" else (), schema)
-
-
-def _response_format(request: ResponsesRequest) -> ResponseFormat | None:
-    text_format = request.text.format
-    if isinstance(text_format, TextFormatJsonSchema):
-        return ResponseFormat(text_format.name, text_format.schema_, text_format.description)
-    if isinstance(text_format, TextFormatJsonObject):
-        return JSON_OBJECT_FORMAT
-    return None
-
-
-def _effort(request: ResponsesRequest) -> ReasoningEffort:
-    effort = request.reasoning.effort
-    if effort is None:
-        return ReasoningEffort.MEDIUM
-    return ReasoningEffort.LOW if effort == "minimal" else ReasoningEffort(effort)
+    named = choice.name if isinstance(choice, NamedFunction) else None
+    plain = None if isinstance(choice, NamedFunction) else choice
+    return constraint(tuple(tool.name for tool in request.tools), plain, named, _format(request)[1])
 
 
 def prompt_spec(request: ResponsesRequest, history: list[Entry], unseal: Unseal) -> PromptSpec:
@@ -121,7 +94,7 @@ def prompt_spec(request: ResponsesRequest, history: list[Entry], unseal: Unseal)
         instructions=[request.instructions or "", *message_instructions],
         history=history,
         tools=[ToolDescription(tool.name, tool.description or "", tool.parameters) for tool in offered],
-        response_format=_response_format(request),
-        effort=_effort(request),
+        response_format=_format(request)[0],
+        effort=effort(request.reasoning.effort),
         truncate=request.truncation == "auto",
     )

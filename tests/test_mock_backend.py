@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from backends.base import Backend, Chunk, GenerateRequest
+from backends.base import Backend, Chunk, GenerateRequest, Sampling
 from backends.mock import MockBackend, ScriptError
 from harmony import Message, Renderer, Role, parse_completion
 from harmony.tokens import CALL, RETURN, STOP_TOKENS_FOR_ASSISTANT_ACTIONS
@@ -116,7 +116,10 @@ def test_token_delay_and_cancellation(renderer):
     ("script", "message"),
     [
         ({}, "'rules' list"),
-        ({"rules": [{"emit": []}]}, "rules[0]: needs a non-empty 'emit' list"),
+        ({"rules": [{"emit": []}]}, "rules[0].emit: must be a non-empty list of steps"),
+        ({"rules": [{"match": {"user": "x"}}]}, "rules[0]: needs either 'emit'"),
+        ({"rules": [{"alternatives": [[{"final": "x"}], []]}]}, "rules[0].alternatives[1]: must be a non-empty"),
+        ({"rules": [{"emit": [{"final": "x"}], "token_delay_ms": True}]}, "rules[0].token_delay_ms"),
         ({"rules": [{"match": {"assistant": "x"}, "emit": [{"final": "x"}]}]}, "rules[0].match"),
         ({"rules": [{"match": {"user": "("}, "emit": [{"final": "x"}]}]}, "rules[0].match.user: invalid regex"),
         ({"rules": [{"emit": [{"final": "x"}, {"shout": "x"}]}]}, "rules[0].emit[1]"),
@@ -128,6 +131,24 @@ def test_token_delay_and_cancellation(renderer):
 def test_bad_scripts_are_rejected_with_the_place(script, message, encoding):
     with pytest.raises(ScriptError, match=re.escape(message)):
         MockBackend(script, encoding)
+
+
+def test_alternatives_are_chosen_by_the_seed(encoding):
+    options = [[{"final": f"answer {i}"}] for i in range(8)]
+    backend = MockBackend({"rules": [{"alternatives": options}]}, encoding)
+
+    def answer(seed):
+        request = GenerateRequest(
+            encoding.encode_marked("<|start|>user<|message|>q<|end|><|start|>assistant"),
+            100,
+            (RETURN,),
+            "r",
+            Sampling(seed=seed),
+        )
+        return encoding.decode(asyncio.run(_collect(backend, request)))
+
+    assert answer(7) == answer(7) and answer(8) == answer(8)
+    assert len({answer(seed) for seed in range(20)}) > 1
 
 
 def test_no_matching_rule_is_a_clear_error(renderer, tmp_path):

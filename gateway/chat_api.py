@@ -1,0 +1,208 @@
+"""The Chat Completions route: a thin skin over the shared builder, turns and assembler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from backends.base import Sampling
+
+from .assembler import new_id
+from .chat_input import constraint_for, prompt_spec
+from .chat_models import CHAT_UNION_TAGS, ChatRequest
+from .chat_output import Choice, usage
+from .constraints import NOT_ENFORCED
+from .cot_recovery import index_cot
+from .errors import ApiError, from_validation, invalid, read_json
+from .pipeline import plan_turn, start_turn
+from .services import SERVICES, Services
+from .sse import ClientGone, open_stream, pump
+from .stop_sequences import StopMatcher
+from .tenancy import request_id_of, tenant_of
+
+BACKEND_FAILED = ApiError(502, "The model backend failed.", code="backend_error", kind="server_error")
+
+
+def _parse(body: Any) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise invalid(None, "The request body must be a JSON object.", "invalid_type")
+    try:
+        return ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc, CHAT_UNION_TAGS) from exc
+
+
+def _refuse_unsupported(req: ChatRequest, logprobs: bool) -> None:
+    if (req.logprobs or req.top_logprobs) and not logprobs:
+        raise invalid("logprobs", "This model's backend does not return logprobs.", "unsupported_parameter")
+    if req.logit_bias:
+        raise invalid("logit_bias", "logit_bias is not supported by this gateway.", "unsupported_parameter")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(req, name):
+            raise invalid(name, f"{name} is not supported by this model's backend.", "unsupported_parameter")
+    if req.store:
+        raise invalid(
+            "store", "Stored chat completions are not supported; use the Responses API.", "unsupported_parameter"
+        )
+
+
+async def _drain(choice: Choice, on_delta: Any = None) -> None:
+    """Run one choice to its end (or its stop sequence), passing each delta to `on_delta`."""
+    async with aclosing(choice.turn.events()) as batches:
+        async for batch in batches:
+            for event in batch:
+                for delta in choice.deltas(event):
+                    if on_delta is not None:
+                        await on_delta(choice, delta)
+            if choice.stops.stopped:
+                return  # closing the iterator stops the generation
+
+
+class Completion:
+    """The request's choices and the envelope every body and chunk shares."""
+
+    def __init__(self, services: Services, req: ChatRequest, tenant: str, choices: list[Choice]) -> None:
+        self.services = services
+        self.req = req
+        self.tenant = tenant
+        self.choices = choices
+        self.id = new_id("chatcmpl-")
+        self.created = int(time.time())
+
+    def envelope(self, kind: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.req.model,
+            "system_fingerprint": None,
+        }
+
+    async def finish(self, choice: Choice) -> None:
+        await index_cot(self.services.store, self.tenant, choice.turn.assembler.items, choice.turn.assembler.entries)
+
+    def violation(self) -> dict[str, Any] | None:
+        for choice in self.choices:
+            outcome = choice.turn.outcome
+            if outcome is not None and outcome.error_code == NOT_ENFORCED:
+                return {"code": NOT_ENFORCED, "message": f"choice {choice.index}: {outcome.error_message}"}
+        return None
+
+
+def _failed(choice: Choice) -> bool:
+    outcome = choice.turn.outcome
+    return outcome is not None and outcome.status == "failed" and outcome.error_code != NOT_ENFORCED
+
+
+async def _respond(completion: Completion) -> web.Response:
+    async def run(choice: Choice) -> None:
+        await _drain(choice)
+        await completion.finish(choice)
+
+    await asyncio.gather(*(run(choice) for choice in completion.choices))
+    if any(_failed(choice) for choice in completion.choices):
+        raise BACKEND_FAILED
+    body = completion.envelope("chat.completion")
+    body["choices"] = [
+        {"index": c.index, "message": c.message(), "logprobs": None, "finish_reason": c.finish_reason}
+        for c in completion.choices
+    ]
+    body["usage"] = usage(completion.choices)
+    violation = completion.violation()
+    if violation is not None:
+        body["error"] = violation  # the output stands, and the client is told the rule was not enforced
+    return web.json_response(body)
+
+
+def _data(payload: dict[str, Any] | str) -> bytes:
+    text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
+    queue: asyncio.Queue[bytes | Choice] = asyncio.Queue()
+    include_usage = bool(completion.req.stream_options and completion.req.stream_options.include_usage)
+
+    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        body = completion.envelope("chat.completion.chunk")
+        body["choices"] = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        if include_usage:
+            body["usage"] = None
+        return _data(body)
+
+    async def on_delta(choice: Choice, delta: dict[str, Any]) -> None:
+        await queue.put(chunk(choice.index, delta))
+
+    async def produce(choice: Choice) -> None:
+        try:
+            await queue.put(chunk(choice.index, {"role": "assistant", "content": ""}))
+            await _drain(choice, on_delta)
+            await completion.finish(choice)
+        finally:
+            await queue.put(choice)
+
+    producers = [asyncio.ensure_future(produce(choice)) for choice in completion.choices]
+    try:
+        open_choices = len(producers)
+        while open_choices:
+            item = await queue.get()
+            if isinstance(item, Choice):
+                open_choices -= 1
+                if _failed(item):
+                    yield _data({"error": BACKEND_FAILED.body()["error"]})
+                    return
+                yield chunk(item.index, {}, item.finish_reason)
+            else:
+                yield item
+        if include_usage:
+            tail = completion.envelope("chat.completion.chunk")
+            yield _data({**tail, "choices": [], "usage": usage(completion.choices)})
+        violation = completion.violation()
+        if violation is not None:
+            yield _data({"error": {**violation, "type": "invalid_request_error", "param": None}})
+        yield _data("[DONE]")
+    finally:
+        for producer in producers:
+            producer.cancel()
+        await asyncio.gather(*producers, return_exceptions=True)
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    services = request.app[SERVICES]
+    req = _parse(await read_json(request))
+    backend = services.backend_for(req.model)
+    _refuse_unsupported(req, backend.capabilities.logprobs)
+    tenant = tenant_of(request)
+    constraint = constraint_for(req)
+    plan = await plan_turn(services, tenant, req.model, prompt_spec(req), req.max_completion_tokens or req.max_tokens)
+    request_id = request_id_of(request, new_id("req_"))
+    choices = []
+    for index in range(req.n):
+        sampling = Sampling(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=None if req.seed is None else req.seed + index,
+        )
+        turn = start_turn(services, plan, sampling, constraint, f"{request_id}/{index}")
+        choices.append(Choice(index, turn, StopMatcher(req.stop_sequences)))
+    completion = Completion(services, req, tenant, choices)
+    if not req.stream:
+        return await _respond(completion)
+    response = await open_stream(request, {"X-Request-ID": request_id})
+    try:
+        await pump(response, _chunks(completion), services.settings.keepalive_s)
+    except ClientGone:
+        return response
+    await response.write_eof()
+    return response
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", create_chat_completion)

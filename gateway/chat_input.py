@@ -1,0 +1,72 @@
+"""Chat Completions request → the API-neutral dialog, prompt spec and backend constraint."""
+
+from __future__ import annotations
+
+from backends.base import Constraint
+from harmony import ResponseFormat, ToolDescription
+
+from .chat_models import AssistantMessage, ChatRequest, FormatJsonSchema, NamedToolChoice, SystemMessage, ToolMessage
+from .conversation import PromptSpec
+from .dialog import Call, CallResult, DialogItem, Said, Thought
+from .options import constraint, effort, output_format
+
+
+def _text(content: object) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(getattr(part, "text", None) or getattr(part, "refusal", "") for part in content)  # type: ignore[union-attr]
+
+
+def to_dialog(request: ChatRequest) -> tuple[list[DialogItem], list[str]]:
+    """Dialog items and the system/developer texts. Reasoning sent as `reasoning` or `reasoning_content` is kept."""
+    items: list[DialogItem] = []
+    instructions: list[str] = []
+    for index, message in enumerate(request.messages):
+        param = f"messages[{index}]"
+        if isinstance(message, SystemMessage):
+            instructions.append(_text(message.content))
+        elif isinstance(message, ToolMessage):
+            items.append(CallResult(message.tool_call_id, _text(message.content), param))
+        elif isinstance(message, AssistantMessage):
+            reasoning = message.reasoning or message.reasoning_content
+            if reasoning:
+                items.append(Thought(reasoning, f"{param}.reasoning"))
+            text = _text(message.content) or message.refusal or ""
+            if text:
+                items.append(Said("assistant", text, f"{param}.content", bool(message.tool_calls)))
+            for call_index, call in enumerate(message.tool_calls or []):
+                call_param = f"{param}.tool_calls[{call_index}]"
+                items.append(Call(call.id, call.function.name, call.function.arguments, call_param))
+        else:
+            items.append(Said("user", _text(message.content), param))
+    return items, instructions
+
+
+def _format(request: ChatRequest) -> tuple[ResponseFormat | None, dict | None]:
+    fmt = request.response_format
+    if isinstance(fmt, FormatJsonSchema):
+        spec = fmt.json_schema
+        return output_format(fmt.type, spec.name, spec.schema_, spec.description, "response_format.json_schema.schema")
+    return output_format(fmt.type if fmt else None, None, None, None, "response_format")
+
+
+def constraint_for(request: ChatRequest) -> Constraint:
+    choice = request.tool_choice
+    named = choice.function["name"] if isinstance(choice, NamedToolChoice) else None
+    plain = None if isinstance(choice, NamedToolChoice) else choice
+    names = tuple(tool.function.name for tool in request.tools or [])
+    return constraint(names, plain, named, _format(request)[1])
+
+
+def prompt_spec(request: ChatRequest) -> PromptSpec:
+    items, instructions = to_dialog(request)
+    offered = [] if request.tool_choice == "none" else request.tools or []
+    return PromptSpec(
+        items=items,
+        instructions=instructions,
+        tools=[ToolDescription(t.function.name, t.function.description or "", t.function.parameters) for t in offered],
+        response_format=_format(request)[0],
+        effort=effort(request.reasoning_effort),
+    )

@@ -1,0 +1,75 @@
+"""CoT recovery by tool-call id: the chain of thought clients drop when they send back their tool calls.
+
+After a turn that ends in tool calls, its analysis is stored under each call id the gateway generated
+(tenant-scoped, with the store's TTL). When a later request replays those calls (same id, name and
+arguments) with no reasoning of its own in that assistant step, the stored analysis is put back in
+front of them. Reasoning the client sends always wins. Recovery is best-effort: a store outage only
+means the prompt goes without it.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from state import ResponseStore, StoredCot, StoreUnavailable
+
+from .assembler import OutputItem
+from .dialog import Call, DialogItem, Entry, Said, Thought
+
+log = structlog.get_logger("gateway.cot_recovery")
+
+
+def _steps(items: list[DialogItem]) -> list[tuple[int, int]]:
+    """[start, end) ranges of assistant steps: runs of assistant-side items between user/tool items."""
+    ranges, start = [], None
+    for index, item in enumerate(items):
+        assistant_side = isinstance(item, Thought | Call) or (isinstance(item, Said) and item.role == "assistant")
+        if assistant_side and start is None:
+            start = index
+        elif not assistant_side and start is not None:
+            ranges.append((start, index))
+            start = None
+    if start is not None:
+        ranges.append((start, len(items)))
+    return ranges
+
+
+async def recover_cot(store: ResponseStore, tenant: str, items: list[DialogItem]) -> list[DialogItem]:
+    """The items with stored CoT inserted at the start of each assistant step that has calls but no reasoning."""
+    inserts: dict[int, list[DialogItem]] = {}
+    for start, end in _steps(items):
+        step = items[start:end]
+        calls = [item for item in step if isinstance(item, Call)]
+        if not calls or any(isinstance(item, Thought) for item in step):
+            continue
+        try:
+            stored = await store.find_cot(tenant, calls[0].call_id)
+        except StoreUnavailable:
+            log.warning("cot_recovery_unavailable")
+            return items
+        if stored is None or stored.name != calls[0].name or stored.arguments != calls[0].arguments:
+            continue
+        thoughts = [Entry.from_data(data).message.text for data in stored.reasoning]
+        inserts[start] = [Thought(text, calls[0].param) for text in thoughts if text]
+    if not inserts:
+        return items
+    out: list[DialogItem] = []
+    for index, item in enumerate(items):
+        out += inserts.get(index, [])
+        out.append(item)
+    return out
+
+
+async def index_cot(store: ResponseStore, tenant: str, output: list[OutputItem], entries: list[Entry]) -> None:
+    """Remember this turn's analysis under each tool call it ended in."""
+    calls = [item for item in output if item.kind == "function_call" and item.done and item.complete]
+    if not calls:
+        return
+    reasoning = [entry.to_data() for entry in entries if entry.message.channel == "analysis"]
+    records = [
+        StoredCot(call.call_id or "", tenant, call.name or "", call.text, reasoning) for call in calls if call.call_id
+    ]
+    try:
+        await store.index_tool_calls(records)
+    except StoreUnavailable:
+        log.warning("cot_index_unavailable")

@@ -1,0 +1,54 @@
+"""Request options both APIs share: tool choice and output format → constraint and response format; effort."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from backends.base import Constraint
+from harmony import ReasoningEffort, ResponseFormat
+
+from .constraints import check_schema
+from .errors import invalid
+
+JSON_OBJECT_FORMAT = ResponseFormat("json_object", {"type": "object"}, "Answer with one JSON object.")
+
+Choice = Literal["auto", "none", "required"]
+
+
+def tool_constraint(names: tuple[str, ...], choice: Choice | None, named: str | None) -> tuple[str, tuple[str, ...]]:
+    """(Constraint.tools, allowed names) for a tool choice; a named function must be among the tools."""
+    if named is not None:
+        if named not in names:
+            raise invalid("tool_choice", f"tool_choice names function '{named}', which is not in tools.")
+        return "required", (named,)
+    if choice == "required":
+        if not names:
+            raise invalid("tool_choice", "tool_choice 'required' needs at least one tool in tools.")
+        return "required", names
+    return ("none" if choice == "none" and names else "any"), ()
+
+
+def output_format(
+    kind: str | None, name: str | None, schema: dict[str, Any] | None, description: str | None, schema_param: str
+) -> tuple[ResponseFormat | None, dict[str, Any] | None]:
+    """The developer message's response format and the JSON Schema the final answer must match."""
+    if kind == "json_schema":
+        assert name is not None and schema is not None
+        check_schema(schema, schema_param)
+        return ResponseFormat(name, schema, description), schema
+    if kind == "json_object":
+        return JSON_OBJECT_FORMAT, {"type": "object"}
+    return None, None
+
+
+def constraint(
+    names: tuple[str, ...], choice: Choice | None, named: str | None, schema: dict[str, Any] | None
+) -> Constraint:
+    tools, allowed = tool_constraint(names, choice, named)
+    return Constraint(tools, allowed, schema)  # type: ignore[arg-type]
+
+
+def effort(value: str | None) -> ReasoningEffort:
+    if value is None:
+        return ReasoningEffort.MEDIUM
+    return ReasoningEffort.LOW if value == "minimal" else ReasoningEffort(value)
