@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 from redis_servers import free_port
 
+from backends.base import Capabilities, Chunk
 from backends.mock import MockBackend
 from gateway.app import create_app
 from gateway.config import Settings
@@ -111,3 +112,19 @@ class GatewayProcess:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+
+
+class FailingBackend:
+    """Emits the start of an answer, then fails as a remote server dropping the connection would."""
+
+    def __init__(self, encoding) -> None:
+        self.capabilities = Capabilities(context_length=4096)
+        self._tokens = encoding.encode_marked("<|channel|>final<|message|>partial answer")
+
+    async def generate(self, request):
+        for token in self._tokens:
+            yield Chunk([token])
+        raise ConnectionError("upstream went away")
+
+    async def aclose(self) -> None:
+        return None

@@ -9,10 +9,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-from live_gateway import LiveGateway
+from live_gateway import FailingBackend, LiveGateway
 from redis_servers import RedisServer
 
-from backends.base import Capabilities, Chunk
 from gateway.config import Settings
 from gateway.openapi import openapi_document
 
@@ -190,22 +189,6 @@ def _refs(node):
     elif isinstance(node, list):
         for value in node:
             yield from _refs(value)
-
-
-class FailingBackend:
-    """Emits the start of an answer, then fails as a remote server dropping the connection would."""
-
-    def __init__(self, encoding) -> None:
-        self.capabilities = Capabilities(context_length=4096)
-        self._tokens = encoding.encode_marked("<|channel|>final<|message|>partial answer")
-
-    async def generate(self, request):
-        for token in self._tokens:
-            yield Chunk([token])
-        raise ConnectionError("upstream went away")
-
-    async def aclose(self) -> None:
-        return None
 
 
 def test_a_backend_failure_fails_the_response_not_the_request(encoding):
