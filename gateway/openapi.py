@@ -9,6 +9,7 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from .chat_models import ChatRequest
 from .responses_models import DeletedResponse, InputItemList, ResponseObject, ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
@@ -43,6 +44,21 @@ def _errors() -> dict[str, Any]:
     }
 
 
+_MODEL = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+        "context_length": {"type": "integer"},
+    },
+    "required": ["id", "object", "created", "owned_by"],
+}
+_MODEL_LIST = {
+    "type": "object",
+    "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
+}
 _PATH_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 
 
@@ -53,6 +69,7 @@ def openapi_document() -> dict[str, Any]:
         (ResponseObject, "serialization"),
         (InputItemList, "serialization"),
         (DeletedResponse, "serialization"),
+        (ChatRequest, "validation"),
     ]
     _, defs = models_json_schema(models, ref_template=_REF)
     schemas = defs["$defs"]
@@ -63,6 +80,27 @@ def openapi_document() -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "gpt-oss-gateway", "version": "0.1.0"},
         "paths": {
+            "/v1/chat/completions": {
+                "post": {
+                    "operationId": "createChatCompletion",
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(ChatRequest)}}},
+                    "responses": {
+                        "200": {
+                            "description": "A chat.completion object, or chat.completion.chunk events when streaming",
+                            "content": {"application/json": {"schema": {"type": "object"}}, **stream["content"]},
+                        },
+                        **_errors(),
+                    },
+                }
+            },
+            "/v1/models": {"get": {"operationId": "listModels", "responses": {"200": _json(_MODEL_LIST, "Models")}}},
+            "/v1/models/{model}": {
+                "get": {
+                    "operationId": "retrieveModel",
+                    "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {"200": _json(_MODEL, "A model"), **_errors()},
+                }
+            },
             "/v1/responses": {
                 "post": {
                     "operationId": "createResponse",

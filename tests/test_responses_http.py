@@ -171,10 +171,15 @@ def test_openapi_document_describes_the_routes(gateway):
         "/v1/responses/{response_id}",
         "/v1/responses/{response_id}/cancel",
         "/v1/responses/{response_id}/input_items",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/v1/models/{model}",
     }
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
     schemas = document["components"]["schemas"]
-    assert {"ResponsesRequest", "ResponseObject", "FunctionCallInput", "ReasoningOut", "Error"} <= set(schemas)
+    assert {"ResponsesRequest", "ResponseObject", "FunctionCallInput", "ReasoningOut", "ChatRequest", "Error"} <= set(
+        schemas
+    )
     for ref in _refs(document):
         assert ref.removeprefix("#/components/schemas/") in schemas, ref
 
