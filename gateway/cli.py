@@ -12,6 +12,7 @@ from harmony import VocabularyError
 
 from .app import create_app
 from .config import Settings
+from .logs import configure_logging
 from .services import ConfigError
 
 _OPTIONS = (
@@ -27,6 +28,7 @@ _OPTIONS = (
 
 def _serve(args: argparse.Namespace) -> int:
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in _OPTIONS if getattr(args, dest) is not None}
+    configure_logging()
     try:
         settings = Settings(**overrides)
         app = create_app(settings)

@@ -105,6 +105,9 @@ class GatewayProcess:
                 raise RuntimeError("gateway did not become ready")
             time.sleep(0.1)
 
+    def log_text(self) -> str:
+        return self._log_path.read_text(errors="replace")
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()

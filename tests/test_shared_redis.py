@@ -59,6 +59,10 @@ def test_turn_two_on_another_replica_continues_turn_ones_chain_of_thought(replic
     assert second.output_text == "saw-cot"
     assert b.responses.retrieve(first.id).id == first.id
     assert [item.type for item in b.responses.input_items.list(first.id).data] == ["message"]
+    for process in replicas:
+        log = process.log_text()
+        assert "POST /v1/responses" in log  # the logs are there, and hold no prompt, output or CoT
+        assert ANALYSIS_WEATHER not in log and "weather in Paris" not in log and "saw-cot" not in log
 
 
 def test_encrypted_reasoning_sealed_on_one_replica_opens_on_the_other(replicas):

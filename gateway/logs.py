@@ -1,0 +1,26 @@
+"""Structured JSON logs on stdout: metadata only (ids, counts, error types), never prompts, outputs or CoT.
+
+Tracebacks are rendered as plain text without local variables, so no request content can leak through them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(level: str = "info") -> None:
+    logging.basicConfig(format="%(message)s", stream=sys.stdout, level=level.upper())
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        cache_logger_on_first_use=True,
+    )
