@@ -105,6 +105,7 @@ class MockBackend:
         self._encoding = encoding or load_harmony_encoding()
         self.capabilities = Capabilities(context_length=131_072)
         self.prompts: deque[list[int]] = deque(maxlen=RECORDED_PROMPTS)
+        self.active = 0  # generations in flight (tests check that cancellation reaches the backend)
 
     @classmethod
     def from_file(cls, path: str | Path, encoding: HarmonyEncoding | None = None) -> MockBackend:
@@ -129,12 +130,16 @@ class MockBackend:
         tokens = self._completion(rule.alternatives[chooser.randrange(len(rule.alternatives))])
         delay_s = self._delay_s if rule.delay_s is None else rule.delay_s
         stops = set(request.stop_ids)
-        for token in tokens[: request.max_new_tokens]:
-            if delay_s:
-                await asyncio.sleep(delay_s)
-            yield Chunk([token])
-            if token in stops:
-                return
+        self.active += 1
+        try:
+            for token in tokens[: request.max_new_tokens]:
+                if delay_s:
+                    await asyncio.sleep(delay_s)
+                yield Chunk([token])
+                if token in stops:
+                    return
+        finally:
+            self.active -= 1
 
     def _rule_for(self, prompt: list[int]) -> _Rule:
         latest: dict[str, str] = {}

@@ -64,3 +64,7 @@ async def pump(response: web.StreamResponse, frames: AsyncIterator[bytes], keepa
     finally:
         if pending is not None:
             pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()  # the producer's own cleanup (e.g. cancelling generations) runs now, not at GC
