@@ -10,7 +10,6 @@ from contextlib import aclosing
 from typing import Any
 
 from aiohttp import web
-from pydantic import ValidationError
 
 from backends.base import Sampling
 
@@ -20,7 +19,7 @@ from .chat_models import CHAT_UNION_TAGS, ChatRequest
 from .chat_output import Choice, usage
 from .constraints import NOT_ENFORCED
 from .cot_recovery import index_cot
-from .errors import ApiError, from_validation, invalid, read_json
+from .errors import ApiError, invalid, read_model
 from .pipeline import plan_turn, start_turn
 from .services import SERVICES, Services
 from .sse import ClientGone, open_stream, pump
@@ -28,15 +27,6 @@ from .stop_sequences import StopMatcher
 from .tenancy import request_id_of, tenant_of
 
 BACKEND_FAILED = ApiError(502, "The model backend failed.", code="backend_error", kind="server_error")
-
-
-def _parse(body: Any) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise invalid(None, "The request body must be a JSON object.", "invalid_type")
-    try:
-        return ChatRequest.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation(exc, CHAT_UNION_TAGS) from exc
 
 
 def _refuse_unsupported(req: ChatRequest, logprobs: bool) -> None:
@@ -176,7 +166,7 @@ async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
-    req = _parse(await read_json(request))
+    req = await read_model(request, ChatRequest, CHAT_UNION_TAGS)
     backend = services.backend_for(req.model)
     _refuse_unsupported(req, backend.capabilities.logprobs)
     tenant = tenant_of(request)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 log = structlog.get_logger("gateway.errors")
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class ApiError(Exception):
@@ -103,6 +104,17 @@ async def read_json(request: web.Request) -> Any:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
+
+
+async def read_model(request: web.Request, model: type[ModelT], tags: frozenset[str] = frozenset()) -> ModelT:
+    """The JSON body validated as `model`; `tags` name the union tags to leave out of parameter paths."""
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise invalid(None, "The request body must be a JSON object.", "invalid_type")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc, tags) from exc
 
 
 _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}

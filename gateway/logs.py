@@ -11,6 +11,11 @@ import sys
 import structlog
 
 
+def _stdout_logger(*args: object) -> structlog.PrintLogger:
+    """Resolved at each use, so a replaced sys.stdout (tests, daemons) is followed."""
+    return structlog.PrintLogger(sys.stdout)
+
+
 def configure_logging(level: str = "info") -> None:
     logging.basicConfig(format="%(message)s", stream=sys.stdout, level=level.upper())
     structlog.configure(
@@ -21,6 +26,5 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
         ],
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
-        cache_logger_on_first_use=True,
+        logger_factory=_stdout_logger,
     )

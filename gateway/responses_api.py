@@ -10,7 +10,6 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import ValidationError
 
 from backends.base import Sampling
 from state import RecordTooLarge, StoredResponse, StoreUnavailable
@@ -18,7 +17,7 @@ from state import RecordTooLarge, StoredResponse, StoreUnavailable
 from .assembler import OutputItem, new_id
 from .cot_recovery import index_cot
 from .dialog import Entry
-from .errors import from_validation, invalid, not_found, read_json, unavailable
+from .errors import invalid, not_found, read_model, unavailable
 from .limits import MAX_HISTORY_MESSAGES
 from .pipeline import plan_turn, start_turn
 from .responses_input import constraint_for, prompt_spec
@@ -173,18 +172,9 @@ async def _load(services: Services, tenant: str, response_id: str, param: str) -
     return record
 
 
-def _parse(body: Any) -> ResponsesRequest:
-    if not isinstance(body, dict):
-        raise invalid(None, "The request body must be a JSON object.", "invalid_type")
-    try:
-        return ResponsesRequest.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation(exc, UNION_TAGS) from exc
-
-
 async def prepare(request: web.Request) -> Job:
     services = request.app[SERVICES]
-    req = _parse(await read_json(request))
+    req = await read_model(request, ResponsesRequest, UNION_TAGS)
     backend = services.backend_for(req.model)
     wants_logprobs = "message.output_text.logprobs" in req.include or bool(req.top_logprobs)
     if wants_logprobs and not backend.capabilities.logprobs:

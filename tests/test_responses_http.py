@@ -3,6 +3,7 @@ client disconnects, the OpenAPI document."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -113,12 +114,23 @@ def test_bad_requests_get_openai_errors_naming_the_parameter(gateway, body, stat
         assert error["code"] == code
 
 
+def _post_raw(port: int, body: bytes) -> tuple[int, dict]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("POST", "/v1/responses", body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
 def test_oversize_body_is_413(tmp_path):
     live = LiveGateway(Settings(max_body_bytes=10_000)).start()
     try:
-        body = json.dumps({"model": MODEL, "input": "x" * 20_000})
-        status, payload = _request(live.url + "/v1/responses", body.encode())
+        body = json.dumps({"model": MODEL, "input": "x" * 20_000}).encode()
+        status, payload = _post_raw(live.port, body)
         assert status == 413 and payload["error"]["code"] == "request_too_large"
+        assert _post_raw(live.port, json.dumps({"model": MODEL, "input": "x" * 9_000}).encode())[0] == 200
     finally:
         live.stop()
 
