@@ -17,6 +17,7 @@ ANALYSIS_WEATHER = "The user wants the weather in Paris, so I will call get_weat
 ANALYSIS_AFTER_TOOL = "The tool reported sunny weather; I can answer now."
 ANALYSIS_THANKS = "The user is thanking me."
 LONG_TEXT = " ".join(["word"] * 200)
+SLOW_TEXT = " ".join(["step"] * 40)
 TEST_KEYS = "k2:" + base64.b64encode(bytes(range(32))).decode()
 
 SCRIPT = {
@@ -41,8 +42,9 @@ SCRIPT = {
         {
             "match": {"user": "slowly"},
             "token_delay_ms": 40,
-            "emit": [{"analysis": LONG_TEXT}, {"final": "done slowly"}],
+            "emit": [{"analysis": SLOW_TEXT}, {"final": "done slowly"}],
         },
+        {"match": {"user": "pause"}, "token_delay_ms": 300, "emit": [{"final": "ok"}]},
         {"emit": [{"analysis": "Just say hello."}, {"final": "Hello from the mock."}]},
     ]
 }

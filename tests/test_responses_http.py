@@ -148,9 +148,9 @@ def _sse(gateway, body: dict) -> list[str]:
 
 
 def test_keepalive_comments_while_the_model_is_silent(gateway):
-    """The fixture's keep-alive interval is 0.2 s; the slow rule waits 40 ms per token for ~200 tokens."""
-    lines = _sse(gateway, {"model": MODEL, "input": "answer slowly", "stream": True})
-    assert ": keep-alive" in lines
+    """The fixture's keep-alive interval is 0.2 s; the pause rule waits 300 ms before each token."""
+    lines = _sse(gateway, {"model": MODEL, "input": "pause", "stream": True})
+    assert lines.count(": keep-alive") >= 3
     data = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
     assert data[-1]["type"] == "response.completed"
 
