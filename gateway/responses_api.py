@@ -215,6 +215,10 @@ async def _run(job: Job, run: Run | None, stream: StreamEvents | None) -> dict[s
     """Generate to the end (or cancellation), publishing events to the run's log; return the final object."""
     publish = run.log.publish if run is not None and stream is not None else None
     if job.request.background:
+        if await _cancelled_elsewhere(job):  # cancelled while queued: keep the stored cancellation
+            if publish and stream:
+                publish(_cancelled_event(stream))
+            return job.response("cancelled")
         await job.save(job.response("in_progress"))
     if publish and stream:
         publish(stream.lifecycle("response.created", job.response(job.first_status)))
@@ -228,7 +232,7 @@ async def _run(job: Job, run: Run | None, stream: StreamEvents | None) -> dict[s
     except asyncio.CancelledError:
         await job.save(job.response("cancelled"))
         if publish and stream:
-            publish(stream.event("error", code="response_cancelled", message="The response was cancelled.", param=None))
+            publish(_cancelled_event(stream))
         raise
     outcome = job.turn.outcome or Outcome("failed", error_code="server_error", error_message="No outcome.")
     if job.request.background and await _cancelled_elsewhere(job):
@@ -239,12 +243,16 @@ async def _run(job: Job, run: Run | None, stream: StreamEvents | None) -> dict[s
         await index_cot(job.services.store, job.tenant, job.turn.assembler.items, job.turn.assembler.entries)
     if publish and stream:
         if outcome.status == "cancelled":
-            publish(stream.event("error", code="response_cancelled", message="The response was cancelled.", param=None))
+            publish(_cancelled_event(stream))
         else:
             if outcome.status == "failed":
                 publish(stream.event("error", code=outcome.error_code, message=outcome.error_message, param=None))
             publish(stream.lifecycle(f"response.{outcome.status}", final))
     return final
+
+
+def _cancelled_event(stream: StreamEvents) -> dict[str, Any]:
+    return stream.event("error", code="response_cancelled", message="The response was cancelled.", param=None)
 
 
 async def _cancelled_elsewhere(job: Job) -> bool:
