@@ -176,3 +176,10 @@ class MockBackend:
                 stop = RETURN if kind == "final" else END
                 out += [CHANNEL, *encode(kind), MESSAGE, *encode(value), stop]
         return out
+
+
+def from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> MockBackend:
+    """The registry's factory: `{"script": PATH}` or an inline script (`{"rules": [...], ...}`)."""
+    if "script" in options:
+        return MockBackend.from_file(options["script"], encoding)
+    return MockBackend(options, encoding)

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from state.store import DEFAULT_MAX_RECORD_BYTES, DEFAULT_TTL_S
 
 from .limits import MAX_BODY_BYTES
+
+
+class BackendConfig(BaseModel):
+    """One backend instance: its kind (an installed entry point), its options and the models it serves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    models: list[str] = Field(min_length=1)
 
 
 class Settings(BaseSettings):
@@ -19,8 +29,9 @@ class Settings(BaseSettings):
     port: int = 8000
     vocab_path: str | None = None  # a local o200k_base.tiktoken; see harmony.vocab for the search order
     models: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["gpt-oss-120b", "gpt-oss-20b"])
-    backend: str = "mock"
+    backend: str = "mock"  # the kind serving `models` when `backends` is not given
     mock_script: str | None = None  # a mock backend script (JSON); without one it says it is a mock
+    backends: dict[str, BackendConfig] | None = None  # JSON: {"name": {"kind", "options", "models"}, ...}
     redis_url: str | None = None  # None: the bounded in-memory store
     store_ttl_s: int = Field(default=DEFAULT_TTL_S, gt=0)
     max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, gt=0)
@@ -32,3 +43,10 @@ class Settings(BaseSettings):
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+    def backend_configs(self) -> dict[str, BackendConfig]:
+        """The configured backends; without `backends`, one of kind `backend` serving `models`."""
+        if self.backends:
+            return self.backends
+        options: dict[str, Any] = {"script": self.mock_script} if self.backend == "mock" and self.mock_script else {}
+        return {"default": BackendConfig(kind=self.backend, options=options, models=self.models)}

@@ -9,7 +9,7 @@ import structlog
 from aiohttp import web
 
 from backends.base import Backend
-from backends.mock import MockBackend
+from backends.registry import UnknownBackend, create_backend
 from harmony import HarmonyEncoding, Renderer
 from state import MemoryStore, ResponseStore
 from state.redis_store import RedisStore
@@ -68,13 +68,23 @@ class Services:
         await self.store.aclose()
 
 
-def _backend(settings: Settings, encoding: HarmonyEncoding) -> Backend:
-    if settings.backend != "mock":
-        raise ConfigError(f"backend '{settings.backend}' is not available; this build has: mock")
-    if settings.mock_script:
-        return MockBackend.from_file(settings.mock_script, encoding)
-    log.warning("mock_backend_default_script", note="answers are canned text, not a model")
-    return MockBackend(json.loads(json.dumps(DEFAULT_MOCK_SCRIPT)), encoding)
+def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backend]:
+    """Model id → backend instance, from the configuration; every model is served by exactly one backend."""
+    by_model: dict[str, Backend] = {}
+    for name, config in settings.backend_configs().items():
+        options = config.options
+        if config.kind == "mock" and not options:
+            log.warning("mock_backend_default_script", backend=name, note="answers are canned text, not a model")
+            options = json.loads(json.dumps(DEFAULT_MOCK_SCRIPT))
+        try:
+            backend = create_backend(config.kind, options, encoding)
+        except UnknownBackend as exc:
+            raise ConfigError(f"backends.{name}: {exc}") from exc
+        for model in config.models:
+            if model in by_model:
+                raise ConfigError(f"backends.{name}: model '{model}' is already served by another backend")
+            by_model[model] = backend
+    return by_model
 
 
 def _store(settings: Settings) -> ResponseStore:
@@ -96,12 +106,11 @@ def _sealer(settings: Settings) -> ReasoningSealer:
 
 
 def build_services(settings: Settings, renderer: Renderer) -> Services:
-    backend = _backend(settings, renderer.encoding)
     return Services(
         settings=settings,
         renderer=renderer,
         store=_store(settings),
-        backends={model: backend for model in settings.models},
+        backends=_backends(settings, renderer.encoding),
         sealer=_sealer(settings),
     )
 

@@ -1,0 +1,42 @@
+"""Backends by name, through Python entry points (group `gpt_oss_gateway.backends`).
+
+A plugin package declares, in its pyproject.toml:
+
+    [project.entry-points."gpt_oss_gateway.backends"]
+    mybackend = "my_package.module:create"
+
+where `create(options: dict, encoding: HarmonyEncoding) -> Backend` builds one backend instance from the
+options given in the gateway's configuration. Installing the package is all it takes.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Protocol
+
+from harmony import HarmonyEncoding
+
+from .base import Backend
+
+GROUP = "gpt_oss_gateway.backends"
+
+
+class BackendFactory(Protocol):
+    def __call__(self, options: dict[str, Any], encoding: HarmonyEncoding) -> Backend: ...
+
+
+class UnknownBackend(ValueError):
+    """No installed package provides a backend of that kind."""
+
+
+def installed() -> dict[str, EntryPoint]:
+    return {entry.name: entry for entry in entry_points(group=GROUP)}
+
+
+def create_backend(kind: str, options: dict[str, Any], encoding: HarmonyEncoding) -> Backend:
+    entry = installed().get(kind)
+    if entry is None:
+        names = ", ".join(sorted(installed())) or "none"
+        raise UnknownBackend(f"no backend '{kind}' is installed (entry points in {GROUP}: {names})")
+    factory: BackendFactory = entry.load()
+    return factory(options, encoding)
