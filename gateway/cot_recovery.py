@@ -9,6 +9,8 @@ means the prompt goes without it.
 
 from __future__ import annotations
 
+import asyncio
+
 import structlog
 
 from state import ResponseStore, StoredCot, StoreUnavailable
@@ -36,21 +38,24 @@ def _steps(items: list[DialogItem]) -> list[tuple[int, int]]:
 
 async def recover_cot(store: ResponseStore, tenant: str, items: list[DialogItem]) -> list[DialogItem]:
     """The items with stored CoT inserted at the start of each assistant step that has calls but no reasoning."""
-    inserts: dict[int, list[DialogItem]] = {}
+    wanted: dict[int, Call] = {}  # step start → the step's first call
     for start, end in _steps(items):
         step = items[start:end]
         calls = [item for item in step if isinstance(item, Call)]
-        if not calls or any(isinstance(item, Thought) for item in step):
-            continue
-        try:
-            stored = await store.find_cot(tenant, calls[0].call_id)
-        except StoreUnavailable:
-            log.warning("cot_recovery_unavailable")
-            return items
-        if stored is None or stored.name != calls[0].name or stored.arguments != calls[0].arguments:
-            continue
-        thoughts = [Entry.from_data(data).message.text for data in stored.reasoning]
-        inserts[start] = [Thought(text, calls[0].param) for text in thoughts if text]
+        if calls and not any(isinstance(item, Thought) for item in step):
+            wanted[start] = calls[0]
+    if not wanted:
+        return items
+    try:  # one concurrent lookup per step, not a round trip after another
+        found = await asyncio.gather(*(store.find_cot(tenant, call.call_id) for call in wanted.values()))
+    except StoreUnavailable:
+        log.warning("cot_recovery_unavailable")
+        return items
+    inserts: dict[int, list[DialogItem]] = {}
+    for (start, call), stored in zip(wanted.items(), found, strict=True):
+        if stored is not None and stored.name == call.name and stored.arguments == call.arguments:
+            texts = (Entry.from_data(data).message.text for data in stored.reasoning)
+            inserts[start] = [Thought(text, call.param) for text in texts if text]
     if not inserts:
         return items
     out: list[DialogItem] = []

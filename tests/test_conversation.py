@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gateway.assembler import Closed, Delta, OutputAssembler
 from gateway.conversation import PromptSpec, build_prompt
+from gateway.cot_recovery import recover_cot
 from gateway.dialog import Call, CallResult, Entry, Said, Thought
 from gateway.errors import ApiError
 from gateway.sealing import ReasoningSealer, SealError, parse_keys
 from harmony import ReasoningEffort, Role, ToolDescription
+from state import MemoryStore, StoredCot
 
 TODAY = "2026-11-22"
 WEATHER = ToolDescription("get_weather", "Weather", {"type": "object", "properties": {"city": {"type": "string"}}})
@@ -159,3 +163,26 @@ def test_sealer_rotation_tampering_and_tenant_binding():
     for bad in ("", "k:short", "no-colon", "k1:!!!"):
         with pytest.raises(ValueError):
             parse_keys(bad)
+
+
+def test_recovery_fills_every_step_that_lost_its_reasoning_and_keeps_the_clients():
+    store = MemoryStore()
+    cot = [{"role": "assistant", "channel": "analysis", "text": "first thought"}]
+    asyncio.run(
+        store.index_tool_calls(
+            [StoredCot("c1", "t", "f", "{}", cot), StoredCot("c2", "t", "g", "{}", [{**cot[0], "text": "second"}])]
+        )
+    )
+    items = [
+        Said("user", "go", "m[0]"),
+        Call("c1", "f", "{}", "m[1]"),
+        CallResult("c1", "r1", "m[2]"),
+        Call("c2", "g", "{}", "m[3]"),
+        CallResult("c2", "r2", "m[4]"),
+        Thought("client's own", "m[5]"),
+        Call("c1", "f", "{}", "m[6]"),
+    ]
+    recovered = asyncio.run(recover_cot(store, "t", items))
+    thoughts = [(i, item.text) for i, item in enumerate(recovered) if isinstance(item, Thought)]
+    assert thoughts == [(1, "first thought"), (4, "second"), (7, "client's own")]
+    assert asyncio.run(recover_cot(store, "another tenant", items)) == items
