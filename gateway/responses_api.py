@@ -14,7 +14,7 @@ from aiohttp import web
 from backends.base import Sampling
 from state import RecordTooLarge, StoredResponse, StoreUnavailable
 
-from .assembler import OutputItem, new_id
+from .assembler import ItemEvent, OutputItem, new_id
 from .cot_recovery import index_cot
 from .dialog import Entry
 from .errors import invalid, not_found, read_model, unavailable
@@ -23,7 +23,7 @@ from .pipeline import plan_turn, start_turn
 from .responses_input import constraint_for, prompt_spec
 from .responses_models import UNION_TAGS, ResponsesRequest
 from .responses_output import StreamEvents, item_json
-from .runs import Run
+from .runs import EventLog, Run
 from .services import SERVICES, Services
 from .sse import ClientGone, frame, open_stream, pump
 from .tenancy import request_id_of, tenant_of
@@ -198,41 +198,59 @@ async def prepare(request: web.Request) -> Job:
     )
 
 
+class Feed:
+    """The stream events of one response, published to its run's log; `Feed.off` for unstreamed runs."""
+
+    def __init__(self, log: EventLog | None, events: StreamEvents | None) -> None:
+        self._log = log
+        self._events = events
+
+    @classmethod
+    def off(cls) -> Feed:
+        return cls(None, None)
+
+    def lifecycle(self, kind: str, response: dict[str, Any]) -> None:
+        if self._log is not None and self._events is not None:
+            self._log.publish(self._events.lifecycle(kind, response))
+
+    def items(self, batch: list[ItemEvent]) -> None:
+        if self._log is not None and self._events is not None:
+            for event in batch:
+                for payload in self._events.for_item_event(event):
+                    self._log.publish(payload)
+
+    def error(self, code: str | None, message: str | None) -> None:
+        if self._log is not None and self._events is not None:
+            self._log.publish(self._events.event("error", code=code, message=message, param=None))
+
+    def cancelled(self) -> None:
+        self.error("response_cancelled", "The response was cancelled.")
+
+
 async def _watch_for_remote_cancel(job: Job, task: asyncio.Task[None]) -> None:
     """Another replica may cancel a background response through the shared store."""
     while not task.done():
         await asyncio.sleep(CANCEL_POLL_S)
-        try:
-            record = await job.services.store.load(job.tenant, job.response_id)
-        except StoreUnavailable:
-            continue
-        if record is not None and record.response.get("status") == "cancelled":
+        if await _cancelled_elsewhere(job):
             task.cancel()
             return
 
 
-async def _run(job: Job, run: Run | None, stream: StreamEvents | None) -> dict[str, Any]:
-    """Generate to the end (or cancellation), publishing events to the run's log; return the final object."""
-    publish = run.log.publish if run is not None and stream is not None else None
+async def _run(job: Job, feed: Feed) -> dict[str, Any]:
+    """Generate to the end (or cancellation), feeding the stream events; return the final object."""
     if job.request.background:
         if await _cancelled_elsewhere(job):  # cancelled while queued: keep the stored cancellation
-            if publish and stream:
-                publish(_cancelled_event(stream))
+            feed.cancelled()
             return job.response("cancelled")
         await job.save(job.response("in_progress"))
-    if publish and stream:
-        publish(stream.lifecycle("response.created", job.response(job.first_status)))
-        publish(stream.lifecycle("response.in_progress", job.response("in_progress")))
+    feed.lifecycle("response.created", job.response(job.first_status))
+    feed.lifecycle("response.in_progress", job.response("in_progress"))
     try:
         async for batch in job.turn.events():
-            if publish and stream:
-                for event in batch:
-                    for payload in stream.for_item_event(event):
-                        publish(payload)
+            feed.items(batch)
     except asyncio.CancelledError:
         await job.save(job.response("cancelled"))
-        if publish and stream:
-            publish(_cancelled_event(stream))
+        feed.cancelled()
         raise
     outcome = job.turn.outcome or Outcome("failed", error_code="server_error", error_message="No outcome.")
     if job.request.background and await _cancelled_elsewhere(job):
@@ -241,18 +259,13 @@ async def _run(job: Job, run: Run | None, stream: StreamEvents | None) -> dict[s
     await job.save(final)
     if job.request.store:
         await index_cot(job.services.store, job.tenant, job.turn.assembler.items, job.turn.assembler.entries)
-    if publish and stream:
-        if outcome.status == "cancelled":
-            publish(_cancelled_event(stream))
-        else:
-            if outcome.status == "failed":
-                publish(stream.event("error", code=outcome.error_code, message=outcome.error_message, param=None))
-            publish(stream.lifecycle(f"response.{outcome.status}", final))
+    if outcome.status == "cancelled":
+        feed.cancelled()
+        return final
+    if outcome.status == "failed":
+        feed.error(outcome.error_code, outcome.error_message)
+    feed.lifecycle(f"response.{outcome.status}", final)
     return final
-
-
-def _cancelled_event(stream: StreamEvents) -> dict[str, Any]:
-    return stream.event("error", code="response_cancelled", message="The response was cancelled.", param=None)
 
 
 async def _cancelled_elsewhere(job: Job) -> bool:
@@ -265,24 +278,22 @@ async def _cancelled_elsewhere(job: Job) -> bool:
 
 def _start(job: Job, stream: bool) -> Run:
     run = Run(job.tenant)
-    events = StreamEvents(job.seal) if stream else None
+    feed = Feed(run.log, StreamEvents(job.seal)) if stream else Feed.off()
 
     async def main() -> None:
         watcher = None
         if job.request.background:
             watcher = asyncio.ensure_future(_watch_for_remote_cancel(job, asyncio.current_task()))  # type: ignore[arg-type]
         try:
-            await _run(job, run, events)
+            await _run(job, feed)
         except asyncio.CancelledError:
             pass
         except Exception:
             log.exception("response_run_failed", response_id=job.response_id)
-            final = job.response(
-                "failed", Outcome("failed", error_code="server_error", error_message="Internal error.")
-            )
+            failure = Outcome("failed", error_code="server_error", error_message="Internal error.")
+            final = job.response("failed", failure)
             await job.save(final)
-            if events is not None:
-                run.log.publish(events.lifecycle("response.failed", final))
+            feed.lifecycle("response.failed", final)
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -318,10 +329,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if job.request.stream:
         return await _stream(request, job)
     if job.request.background:
-        run = _start(job, stream=False)
-        del run
+        _start(job, stream=False)
         return web.json_response(job.response("queued"))
-    final = await _run(job, None, None)
+    final = await _run(job, Feed.off())
     return web.json_response(final, headers={"X-Request-ID": job.request_id})
 
 
