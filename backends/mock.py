@@ -101,6 +101,7 @@ class MockBackend:
         if not isinstance(script, dict) or not isinstance(script.get("rules"), list):
             raise ScriptError("a mock script is an object with a 'rules' list")
         self._rules = [_parse_rule(i, rule) for i, rule in enumerate(script["rules"])]
+        self._matches_prompt = any(rule.source == "prompt" for rule in self._rules)
         self._delay_s = _delay_s(script.get("token_delay_ms", 0), "token_delay_ms")
         self._encoding = encoding or load_harmony_encoding()
         self.capabilities = Capabilities(context_length=131_072)
@@ -148,7 +149,8 @@ class MockBackend:
                 latest = {"user": message.text}
             elif message.role is Role.TOOL:
                 latest = {"tool": message.text}
-        latest["prompt"] = self._encoding.decode(prompt)
+        if self._matches_prompt:  # decoding the whole prompt only when a rule looks at it
+            latest["prompt"] = self._encoding.decode(prompt)
         for rule in self._rules:
             if rule.source is None:
                 return rule

@@ -93,10 +93,6 @@ class OutputAssembler:
     def stop(self) -> StopReason | None:
         return self._parser.stop
 
-    @property
-    def repairs(self) -> int:
-        return len(self._parser.repairs)
-
     def feed(self, tokens: list[int]) -> list[ItemEvent]:
         events: list[ItemEvent] = []
         for token in tokens:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -22,7 +21,7 @@ from .cot_recovery import index_cot
 from .errors import ApiError, invalid, read_model
 from .pipeline import plan_turn, start_turn
 from .services import SERVICES, Services
-from .sse import ClientGone, open_stream, pump
+from .sse import DONE, ClientGone, frame, open_stream, pump
 from .stop_sequences import StopMatcher
 from .tenancy import request_id_of, tenant_of
 
@@ -111,11 +110,6 @@ async def _respond(completion: Completion) -> web.Response:
     return web.json_response(body)
 
 
-def _data(payload: dict[str, Any] | str) -> bytes:
-    text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {text}\n\n".encode()
-
-
 async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
     queue: asyncio.Queue[bytes | Choice] = asyncio.Queue()
     include_usage = bool(completion.req.stream_options and completion.req.stream_options.include_usage)
@@ -125,7 +119,7 @@ async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
         body["choices"] = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
         if include_usage:
             body["usage"] = None
-        return _data(body)
+        return frame(body)
 
     async def on_delta(choice: Choice, delta: dict[str, Any]) -> None:
         await queue.put(chunk(choice.index, delta))
@@ -146,18 +140,18 @@ async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
             if isinstance(item, Choice):
                 open_choices -= 1
                 if _failed(item):
-                    yield _data({"error": BACKEND_FAILED.body()["error"]})
+                    yield frame({"error": BACKEND_FAILED.body()["error"]})
                     return
                 yield chunk(item.index, {}, item.finish_reason)
             else:
                 yield item
         if include_usage:
             tail = completion.envelope("chat.completion.chunk")
-            yield _data({**tail, "choices": [], "usage": usage(completion.choices)})
+            yield frame({**tail, "choices": [], "usage": usage(completion.choices)})
         violation = completion.violation()
         if violation is not None:
-            yield _data({"error": {**violation, "type": "invalid_request_error", "param": None}})
-        yield _data("[DONE]")
+            yield frame({"error": {**violation, "type": "invalid_request_error", "param": None}})
+        yield DONE
     finally:
         for producer in producers:
             producer.cancel()
@@ -171,7 +165,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     _refuse_unsupported(req, backend.capabilities.logprobs)
     tenant = tenant_of(request)
     constraint = constraint_for(req)
-    plan = await plan_turn(services, tenant, req.model, prompt_spec(req), req.max_completion_tokens or req.max_tokens)
+    plan = await plan_turn(services, tenant, backend, prompt_spec(req), req.max_completion_tokens or req.max_tokens)
     request_id = request_id_of(request, new_id("req_"))
     choices = []
     for index in range(req.n):

@@ -19,9 +19,10 @@ class Plan:
     max_new_tokens: int
 
 
-async def plan_turn(services: Services, tenant: str, model: str, spec: PromptSpec, max_output: int | None) -> Plan:
+async def plan_turn(
+    services: Services, tenant: str, backend: Backend, spec: PromptSpec, max_output: int | None
+) -> Plan:
     """The prompt for the request; the answer may use what is left of the context, up to `max_output`."""
-    backend = services.backend_for(model)
     spec.items = await recover_cot(services.store, tenant, spec.items)
     context = backend.capabilities.context_length
     built = build_prompt(services.renderer, spec, context)

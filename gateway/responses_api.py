@@ -185,7 +185,7 @@ async def prepare(request: web.Request) -> Job:
     history = await _load_history(services, tenant, req)
     spec = prompt_spec(req, history, lambda blob: services.sealer.open(tenant, blob))
     constraint = constraint_for(req)
-    plan = await plan_turn(services, tenant, req.model, spec, req.max_output_tokens)
+    plan = await plan_turn(services, tenant, backend, spec, req.max_output_tokens)
     response_id = new_id("resp_")
     sampling = Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,

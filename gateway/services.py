@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import copy
 from dataclasses import dataclass, field
 
 import structlog
@@ -75,7 +75,7 @@ def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backen
         options = config.options
         if config.kind == "mock" and not options:
             log.warning("mock_backend_default_script", backend=name, note="answers are canned text, not a model")
-            options = json.loads(json.dumps(DEFAULT_MOCK_SCRIPT))
+            options = copy.deepcopy(DEFAULT_MOCK_SCRIPT)
         try:
             backend = create_backend(config.kind, options, encoding)
         except UnknownBackend as exc:

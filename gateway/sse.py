@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 KEEPALIVE = b": keep-alive\n\n"
+DONE = b"data: [DONE]\n\n"  # the end of a Chat Completions stream
 
 
 class ClientGone(Exception):
