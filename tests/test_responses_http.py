@@ -248,3 +248,16 @@ def test_a_redis_outage_is_a_503_or_an_honest_store_false_and_recovers(tmp_path)
     finally:
         live.stop()
         server.stop()
+
+
+def test_request_ids_are_echoed_when_well_formed(gateway):
+    body = json.dumps({"model": MODEL, "input": "hi"}).encode()
+    for given, echoed in (("trace-1.a_B", True), ("bad id with spaces", False)):
+        request = urllib.request.Request(
+            gateway.url + "/v1/responses",
+            data=body,
+            headers={"Content-Type": "application/json", "X-Request-ID": given},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            header = response.headers["X-Request-ID"]
+        assert (header == given) is echoed and header

@@ -258,3 +258,17 @@ def test_third_tenant_thanks_turn_uses_its_own_cot_only(gateway):
     assert first.output[0].content[0].text == ANALYSIS_THANKS
     api.responses.create(model=MODEL, input="Say hello", previous_response_id=first.id)
     assert ANALYSIS_THANKS not in gateway.backend.prompt_text()
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_replayed_calls_without_reasoning_recover_the_stored_cot(gateway, store):
+    """A client that drops reasoning items gets them back by call id, only if turn 1 was stored."""
+    api = client(gateway)
+    call = _weather_turn(api, store=store).output[-1]
+    replay = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+    ]
+    api.responses.create(model=MODEL, input=replay, tools=[WEATHER_TOOL])
+    assert (ANALYSIS_WEATHER in gateway.backend.prompt_text()) is store
