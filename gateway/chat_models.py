@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
-from .limits import MAX_INPUT_ITEMS, MAX_METADATA_KEYS, MAX_TOOLS
-from .responses_models import Strict
+from .limits import MAX_INPUT_ITEMS, MAX_TOOLS
+from .responses_models import Metadata, Strict
 
 MAX_CHOICES = 8
 MAX_STOP_SEQUENCES = 4
@@ -167,7 +167,7 @@ class ChatRequest(Strict):
     user: str | None = Field(default=None, max_length=512)
     safety_identifier: str | None = Field(default=None, max_length=512)
     prompt_cache_key: str | None = Field(default=None, max_length=512)
-    metadata: Annotated[dict[str, str], Field(max_length=MAX_METADATA_KEYS)] | None = None
+    metadata: Metadata | None = None
     store: bool | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)

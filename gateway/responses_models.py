@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 from .limits import (
     MAX_INPUT_ITEMS,
@@ -13,6 +13,20 @@ from .limits import (
     MAX_METADATA_VALUE_CHARS,
     MAX_TOOLS,
 )
+
+
+def _bounded_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise ValueError(f"at most {MAX_METADATA_KEYS} keys")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS or len(value) > MAX_METADATA_VALUE_CHARS:
+            raise ValueError(
+                f"keys are at most {MAX_METADATA_KEY_CHARS} characters and values {MAX_METADATA_VALUE_CHARS}"
+            )
+    return metadata
+
+
+Metadata = Annotated[dict[str, str], AfterValidator(_bounded_metadata)]  # OpenAI's limits, shared by both APIs
 
 
 class Strict(BaseModel):
@@ -205,7 +219,7 @@ class ResponsesRequest(Strict):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     store: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -217,20 +231,6 @@ class ResponsesRequest(Strict):
     prompt_cache_key: str | None = Field(default=None, max_length=512)
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
-
-    @field_validator("metadata")
-    @classmethod
-    def _bounded_metadata(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
-        if metadata is None:
-            return None
-        if len(metadata) > MAX_METADATA_KEYS:
-            raise ValueError(f"at most {MAX_METADATA_KEYS} keys")
-        for key, value in metadata.items():
-            if len(key) > MAX_METADATA_KEY_CHARS or len(value) > MAX_METADATA_VALUE_CHARS:
-                raise ValueError(
-                    f"keys are at most {MAX_METADATA_KEY_CHARS} characters and values {MAX_METADATA_VALUE_CHARS}"
-                )
-        return metadata
 
     @field_validator("include")
     @classmethod

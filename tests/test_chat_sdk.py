@@ -202,6 +202,7 @@ BAD = [
     ({"model": MODEL, "messages": [QUESTION], "response_format": {"type": "xml"}}, "response_format"),
     ({"model": MODEL, "messages": [QUESTION], "reasoning_effort": "max"}, "reasoning_effort"),
     ({"model": MODEL, "messages": [QUESTION], "tools": [{"type": "code_interpreter"}]}, "tools[0].type"),
+    ({"model": MODEL, "messages": [QUESTION], "metadata": {"k": "v" * 513}}, "metadata"),
 ]
 
 
