@@ -97,9 +97,7 @@ async def read_json(request: web.Request) -> Any:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise ApiError(
-            413, f"Request body too large: the limit is {request.app._client_max_size} bytes.", code="request_too_large"
-        ) from exc
+        raise ApiError(413, f"Request body too large. {exc.text}", code="request_too_large") from exc
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
