@@ -113,26 +113,25 @@ def _header(spec: PromptSpec, today: str) -> list[Message]:
     return [system, Message.of(Role.DEVELOPER, developer)]
 
 
-def _turn_starts(dialog: list[Entry]) -> list[int]:
-    return [i for i, entry in enumerate(dialog) if entry.message.role is Role.USER and i > 0]
+def _cut_points(dialog: list[Entry], truncate: bool) -> list[int]:
+    """Where the rendered dialog may start: the beginning, then (with truncation) each later user turn."""
+    later = [i for i, entry in enumerate(dialog) if i > 0 and entry.message.role is Role.USER]
+    return [0, *later] if truncate else [0]
 
 
 def build_prompt(renderer: Renderer, spec: PromptSpec, budget_tokens: int, today: str | None = None) -> BuiltPrompt:
     """Render the prompt; it must leave `budget_tokens` > 0 for the answer or truncation must make room."""
     dialog = [*spec.history, *dialog_entries(spec.items, spec.history)]
     header = _header(spec, today or datetime.now(UTC).date().isoformat())
-    dropped = 0
-    while True:
+    tokens: list[int] = []
+    for dropped in _cut_points(dialog, spec.truncate):
         tokens = renderer.render_for_completion([*header, *(e.message for e in dialog[dropped:])])
         if len(tokens) < budget_tokens:
             return BuiltPrompt(dialog, tokens, dropped)
-        later_turns = [i for i in _turn_starts(dialog) if i > dropped]
-        if not spec.truncate or not later_turns:
-            raise ApiError(
-                400,
-                f"The input is {len(tokens)} tokens, which leaves no room for output in the model's context "
-                f"of {budget_tokens} tokens.",
-                param="input",
-                code="context_length_exceeded",
-            )
-        dropped = later_turns[0]
+    raise ApiError(
+        400,
+        f"The input is {len(tokens)} tokens, which leaves no room for output in the model's context "
+        f"of {budget_tokens} tokens.",
+        param="input",
+        code="context_length_exceeded",
+    )
