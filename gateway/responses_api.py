@@ -316,6 +316,7 @@ async def _stream(request: web.Request, job: Job) -> web.StreamResponse:
     try:
         await pump(response, _frames(run), job.services.settings.keepalive_s)
     except ClientGone:
+        run.log.detach()
         if not job.request.background and run.task is not None:
             run.task.cancel()  # nobody is listening: stop the generation
         return response

@@ -3,38 +3,45 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 
 class EventLog:
-    """The SSE payloads of one response, in order; listeners may join at any time and follow to the end."""
+    """The SSE payloads of one response, for its one listener: read events are dropped, so memory holds
+    only the unread backlog, and nothing once the listener has gone (`detach`)."""
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self._pending: deque[dict[str, Any]] = deque()
+        self._attached = True
         self.finished = False
         self._changed = asyncio.Event()
 
     def publish(self, payload: dict[str, Any]) -> None:
-        self.events.append(payload)
-        self._wake()
+        if self._attached:
+            self._pending.append(payload)
+            self._wake()
 
     def close(self) -> None:
         self.finished = True
         self._wake()
 
+    def detach(self) -> None:
+        """The listener left (a background response runs on): stop keeping events."""
+        self._attached = False
+        self._pending.clear()
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def follow(self, start: int = 0) -> AsyncIterator[dict[str, Any]]:
-        index = start
+    async def follow(self) -> AsyncIterator[dict[str, Any]]:
         while True:
             changed = self._changed
-            while index < len(self.events):
-                yield self.events[index]
-                index += 1
+            while self._pending:
+                yield self._pending.popleft()
             if self.finished:
                 return
             await changed.wait()

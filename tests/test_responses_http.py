@@ -261,3 +261,25 @@ def test_request_ids_are_echoed_when_well_formed(gateway):
         with urllib.request.urlopen(request, timeout=30) as response:
             header = response.headers["X-Request-ID"]
         assert (header == given) is echoed and header
+
+
+def test_a_background_stream_runs_on_after_the_client_leaves(gateway):
+    body = {"model": MODEL, "input": "answer slowly", "stream": True, "background": True}
+    with _open_stream(gateway.url + "/v1/responses", body) as response:
+        for line in response:
+            if line.startswith(b"data: ") and b"response.created" in line:
+                response_id = json.loads(line[6:])["response"]["id"]
+            if b"reasoning_text.delta" in line:
+                break
+    deadline = time.monotonic() + 10
+    status = None
+    while time.monotonic() < deadline:
+        status, payload = _request(f"{gateway.url}/v1/responses/{response_id}", method="GET")
+        if payload.get("status") == "completed":
+            break
+        time.sleep(0.1)
+    assert (
+        status == 200
+        and payload["status"] == "completed"
+        and payload["output"][-1]["content"][0]["text"] == "done slowly"
+    )
