@@ -45,6 +45,11 @@ class GenerateRequest:
 @dataclass(slots=True)
 class Chunk:
     tokens: list[int]
+    cached_tokens: int | None = None  # prompt tokens the backend served from its prefix cache, when it says
+
+
+class BackendError(RuntimeError):
+    """The backend could not finish the generation; the message is safe to show to API clients."""
 
 
 @dataclass(frozen=True, slots=True)

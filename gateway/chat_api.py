@@ -25,7 +25,11 @@ from .sse import DONE, ClientGone, frame, open_stream, pump
 from .stop_sequences import StopMatcher
 from .tenancy import request_id_of, tenant_of
 
-BACKEND_FAILED = ApiError(502, "The model backend failed.", code="backend_error", kind="server_error")
+
+def _backend_failure(choice: Choice) -> ApiError:
+    outcome = choice.turn.outcome
+    message = outcome.error_message if outcome and outcome.error_message else "The model backend failed."
+    return ApiError(502, message, code="backend_error", kind="server_error")
 
 
 def _refuse_unsupported(req: ChatRequest, logprobs: bool) -> None:
@@ -96,8 +100,9 @@ async def _respond(completion: Completion) -> web.Response:
         await completion.finish(choice)
 
     await asyncio.gather(*(run(choice) for choice in completion.choices))
-    if any(_failed(choice) for choice in completion.choices):
-        raise BACKEND_FAILED
+    failed = next((choice for choice in completion.choices if _failed(choice)), None)
+    if failed is not None:
+        raise _backend_failure(failed)
     body = completion.envelope("chat.completion")
     body["choices"] = [
         {"index": c.index, "message": c.message(), "logprobs": None, "finish_reason": c.finish_reason}
@@ -140,7 +145,7 @@ async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
             if isinstance(item, Choice):
                 open_choices -= 1
                 if _failed(item):
-                    yield frame({"error": BACKEND_FAILED.body()["error"]})
+                    yield frame({"error": _backend_failure(item).body()["error"]})
                     return
                 yield chunk(item.index, {}, item.finish_reason)
             else:

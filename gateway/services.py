@@ -9,7 +9,7 @@ import structlog
 from aiohttp import web
 
 from backends.base import Backend
-from backends.registry import UnknownBackend, create_backend
+from backends.registry import create_backend
 from harmony import HarmonyEncoding, Renderer
 from state import MemoryStore, ResponseStore
 from state.redis_store import RedisStore
@@ -78,7 +78,7 @@ def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backen
             options = copy.deepcopy(DEFAULT_MOCK_SCRIPT)
         try:
             backend = create_backend(config.kind, options, encoding)
-        except UnknownBackend as exc:
+        except ValueError as exc:  # UnknownBackend, or a factory refusing its options
             raise ConfigError(f"backends.{name}: {exc}") from exc
         for model in config.models:
             if model in by_model:

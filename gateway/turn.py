@@ -9,7 +9,7 @@ from typing import Literal
 
 import structlog
 
-from backends.base import Backend, Constraint, GenerateRequest, Sampling
+from backends.base import Backend, BackendError, Constraint, GenerateRequest, Sampling
 from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReason
 
 from .assembler import ItemEvent, OutputAssembler
@@ -62,12 +62,15 @@ class Turn:
         try:
             async with aclosing(self.backend.generate(self._request)) as chunks:
                 async for chunk in chunks:
+                    if chunk.cached_tokens is not None:
+                        self.cached_tokens = min(chunk.cached_tokens, self.prompt_tokens)
                     events = assembler.feed(chunk.tokens)
                     if events:
                         yield events
         except Exception as exc:  # a backend failure fails this response, never the process
             log.warning("backend_failed", request_id=self._request.request_id, error=type(exc).__name__)
-            self.outcome = Outcome("failed", error_code="server_error", error_message="The model backend failed.")
+            message = str(exc) if isinstance(exc, BackendError) else "The model backend failed."
+            self.outcome = Outcome("failed", error_code="server_error", error_message=message)
         tail = assembler.finish()
         if tail:
             yield tail

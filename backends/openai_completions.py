@@ -1,0 +1,70 @@
+"""OpenAI-compatible `/v1/completions` with token ids in and out: vLLM, and SGLang's OpenAI-compatible server.
+
+Request: `prompt` as a list of token ids, `stop_token_ids`, `return_token_ids: true` (each streamed choice
+then carries `token_ids`, the tokens new in that chunk), `stream_options.include_usage` (the last chunk
+carries `usage`, with `prompt_tokens_details.cached_tokens` when the server reports cache hits).
+A finished choice names the stop token it matched: `stop_reason` (vLLM) or `matched_stop` (SGLang).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harmony import HarmonyEncoding
+
+from .base import GenerateRequest
+from .remote import RemoteBackend
+from .wire import Step, UpstreamProtocolError, count, raise_reported, token_ids
+
+
+class OpenAICompletions:
+    name = "openai_completions"
+    path = "/v1/completions"
+
+    def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
+        sampling = request.sampling
+        body: dict[str, Any] = {
+            "prompt": request.prompt,
+            "max_tokens": request.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "stop_token_ids": list(request.stop_ids),
+            "skip_special_tokens": False,
+            "return_token_ids": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if model is not None:
+            body["model"] = model
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        return body
+
+    def step(self, payload: dict[str, Any], received: int) -> Step:
+        raise_reported(payload)
+        usage = payload.get("usage")
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        cached = count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        choices = payload.get("choices") or []
+        if not choices:
+            return Step([], cached_tokens=cached)
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            raise UpstreamProtocolError("a choice is not an object")
+        tokens = token_ids(choice.get("token_ids"), "token_ids")
+        if "token_ids" not in choice and choice.get("text"):
+            raise UpstreamProtocolError("text came without 'token_ids': the server does not support return_token_ids")
+        matched = choice.get("stop_reason", choice.get("matched_stop"))
+        return Step(
+            tokens,
+            finished=choice.get("finish_reason") is not None,
+            stop_token=matched if type(matched) is int else None,
+            cached_tokens=cached,
+        )
+
+
+DIALECT = OpenAICompletions()
+
+
+def from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> RemoteBackend:
+    return RemoteBackend.from_options(DIALECT, options)

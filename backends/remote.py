@@ -1,0 +1,307 @@
+"""A backend that streams tokens from remote token servers over HTTP, in one of several dialects.
+
+Connections are pooled (one aiohttp session per backend). A generation goes to the upstream with the
+fewest requests in flight; before its first token arrives, a failure (unreachable, 5xx, 429, silence,
+stream cut) moves it to another upstream, up to `retries` times; after it, a failure fails the
+generation. The gateway enforces the stop ids and the token limit itself: once either is reached no
+more tokens are read, and closing the generation closes the upstream connection, which every
+supported server treats as an abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from .base import BackendError, Capabilities, Chunk, GenerateRequest
+from .sse_reader import EventTooLarge, sse_events
+from .upstreams import Upstream, UpstreamPool
+from .wire import Dialect, UpstreamProtocolError, UpstreamReported, error_text
+
+log = structlog.get_logger("backends.remote")
+
+MAX_ERROR_BODY_BYTES = 64 * 1024
+
+
+class RemoteOptions(BaseModel):
+    """A remote backend's options (the `options` object of its entry in GATEWAY_BACKENDS)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    urls: list[str] = Field(min_length=1)  # base URLs of the upstream servers, e.g. http://vllm-0:8000
+    model: str | None = None  # the model name the server expects (OpenAI-compatible servers)
+    api_key: SecretStr | None = None  # sent as a Bearer token
+    context_length: int = Field(default=131_072, gt=0)  # the server's context (vLLM --max-model-len)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    first_token_timeout_s: float = Field(default=300.0, gt=0)  # queueing and prefill included
+    token_timeout_s: float = Field(default=60.0, gt=0)  # the longest silence between tokens
+    retries: int = Field(default=2, ge=0)  # further upstreams tried before the first token
+    max_connections: int = Field(default=256, gt=0)
+    eject_after: int = Field(default=3, gt=0)  # consecutive failures that eject an upstream
+    probe_interval_s: float = Field(default=5.0, gt=0)
+    health_path: str = "/health"
+    max_event_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+
+    @field_validator("urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+                raise ValueError(f"'{url}' is not an http(s) base URL")
+        if len(set(urls)) != len(urls):
+            raise ValueError("the same URL is listed twice")
+        return urls
+
+
+class _Failure(Exception):
+    """One attempt failed; `message` is for API clients, `reason` for logs."""
+
+    def __init__(self, message: str, reason: str, *, retryable: bool, upstream_fault: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.retryable = retryable
+        self.upstream_fault = upstream_fault
+
+
+def _http_failure(status: int, body: bytes) -> _Failure:
+    try:
+        parsed: Any = json.loads(body)
+    except ValueError:
+        parsed = body.decode("utf-8", "replace")
+    if isinstance(parsed, dict):
+        parsed = parsed.get("error") or parsed.get("message") or parsed.get("detail") or "no details"
+    detail = error_text(parsed)
+    if status >= 500:
+        return _Failure(
+            f"The model server failed (HTTP {status}).", f"http_{status}", retryable=True, upstream_fault=True
+        )
+    if status == 429:
+        return _Failure("The model server is overloaded (HTTP 429).", "http_429", retryable=True, upstream_fault=False)
+    message = f"The model server rejected the request (HTTP {status}): {detail}"
+    return _Failure(message, f"http_{status}", retryable=False, upstream_fault=False)
+
+
+CUT = _Failure(
+    "The model server closed the stream before the generation finished.",
+    "stream_cut",
+    retryable=True,
+    upstream_fault=True,
+)
+
+
+class RemoteBackend:
+    def __init__(self, dialect: Dialect, options: RemoteOptions) -> None:
+        self.dialect = dialect
+        self.options = options
+        self.capabilities = Capabilities(context_length=options.context_length)
+        self.pool = UpstreamPool(options.urls, options.eject_after, options.probe_interval_s, self._probe)
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_options(cls, dialect: Dialect, options: dict[str, Any]) -> RemoteBackend:
+        try:
+            return cls(dialect, RemoteOptions.model_validate(options))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"options.{'.'.join(str(p) for p in error['loc']) or '(root)'}: {error['msg']}"
+                for error in exc.errors()
+            )
+            raise ValueError(f"{dialect.name} backend: {problems}") from None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            headers = {"Content-Type": "application/json"}
+            if self.options.api_key is not None:
+                headers["Authorization"] = f"Bearer {self.options.api_key.get_secret_value()}"
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.options.max_connections, limit_per_host=0),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.options.connect_timeout_s),
+                headers=headers,
+            )
+        return self._session
+
+    async def _probe(self, url: str) -> bool:
+        try:
+            async with asyncio.timeout(self.options.connect_timeout_s * 2):
+                async with self._client().get(url + self.options.health_path) as response:
+                    return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+        if self._session is not None:
+            await self._session.close()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
+        body = json.dumps(self.dialect.body(request, self.options.model), separators=(",", ":")).encode()
+        tried: list[Upstream] = []
+        for attempt in range(self.options.retries + 1):
+            upstream = self.pool.pick(tried)
+            tried.append(upstream)
+            delivered = False
+            try:
+                async with aclosing(self._attempt(upstream, request, body)) as chunks:
+                    async for chunk in chunks:
+                        delivered = delivered or bool(chunk.tokens)
+                        yield chunk
+            except _Failure as failure:
+                if failure.upstream_fault:
+                    self.pool.failed(upstream, failure.reason)
+                last = delivered or not failure.retryable or attempt == self.options.retries
+                log.warning(
+                    "upstream_failed",
+                    backend=self.dialect.name,
+                    upstream=upstream.url,
+                    reason=failure.reason,
+                    request_id=request.request_id,
+                    attempt=attempt,
+                    retrying=not last,
+                )
+                if last:
+                    raise BackendError(failure.message) from None
+                continue
+            self.pool.succeeded(upstream)
+            return
+
+    async def _attempt(self, upstream: Upstream, request: GenerateRequest, body: bytes) -> AsyncIterator[Chunk]:
+        options = self.options
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + options.first_token_timeout_s
+        headers = {"X-Request-ID": f"{request.request_id}.{secrets.token_hex(4)}"}
+        with self.pool.lease(upstream):
+            try:
+                async with asyncio.timeout_at(deadline):
+                    response = await self._client().post(upstream.url + self.dialect.path, data=body, headers=headers)
+            except TimeoutError:
+                raise self._silence(first=True) from None
+            except aiohttp.ClientError:
+                raise _Failure(
+                    "The model server could not be reached.", "unreachable", retryable=True, upstream_fault=True
+                ) from None
+            clean = False
+            try:
+                if response.status != 200:
+                    async with asyncio.timeout(options.token_timeout_s):
+                        raise _http_failure(response.status, await response.content.read(MAX_ERROR_BODY_BYTES))
+                events = sse_events(response.content.iter_any(), options.max_event_bytes)
+                async for chunk in self._chunks(events, request, deadline):
+                    yield chunk
+                clean = True
+            except (aiohttp.ClientError, ConnectionError):
+                raise CUT from None
+            except EventTooLarge as exc:
+                raise _Failure(
+                    f"The model server's stream is malformed: {exc}.",
+                    "event_too_large",
+                    retryable=False,
+                    upstream_fault=False,
+                ) from None
+            finally:
+                if clean:
+                    response.release()  # the connection goes back to the pool when the body was read to its end
+                else:
+                    response.close()  # an abort: the server sees the connection close
+
+    async def _chunks(
+        self, events: AsyncIterator[Any], request: GenerateRequest, deadline: float
+    ) -> AsyncIterator[Chunk]:
+        """Chunks from the upstream's events, enforcing the stop ids, the token limit and the timeouts."""
+        loop = asyncio.get_running_loop()
+        stops = set(request.stop_ids)
+        received = delivered = 0
+        last_token: int | None = None
+        finished = stopped = False
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    event = await anext(events, None)
+            except TimeoutError:
+                if finished or stopped:
+                    return  # the output is whole; only the usage report is missing
+                raise self._silence(first=received == 0) from None
+            if event is None:
+                if finished or stopped:
+                    return
+                raise CUT
+            if event.field == "error":
+                raise self._reported(error_text(_json_or_text(event.value)))
+            if event.value.strip() == "[DONE]":
+                if finished or stopped:
+                    return
+                raise CUT
+            try:
+                payload = json.loads(event.value)
+                if not isinstance(payload, dict):
+                    raise UpstreamProtocolError("an event is not a JSON object")
+                step = self.dialect.step(payload, received)
+            except UpstreamReported as exc:
+                raise self._reported(str(exc)) from None
+            except (ValueError, UpstreamProtocolError) as exc:
+                raise _Failure(
+                    f"The model server's stream is malformed: {exc}.", "protocol", retryable=False, upstream_fault=False
+                ) from None
+            tokens = step.tokens
+            received += len(tokens)
+            if tokens:
+                last_token = tokens[-1]
+                deadline = loop.time() + self.options.token_timeout_s
+            if step.finished and step.stop_token in stops and last_token != step.stop_token:
+                tokens = [*tokens, step.stop_token]  # the server matched a stop token without sending it
+            if stopped and tokens:
+                return  # the server went on past a stop token: nothing more is read
+            out: list[int] = []
+            for token in tokens:
+                if delivered + len(out) == request.max_new_tokens:
+                    break
+                out.append(token)
+                if token in stops:
+                    stopped = True
+                    break
+            delivered += len(out)
+            if out or step.cached_tokens is not None:
+                yield Chunk(out, cached_tokens=step.cached_tokens)
+            if delivered == request.max_new_tokens and not stopped:
+                return  # the gateway's limit: the server is not read any further
+            finished = finished or step.finished
+            if finished or stopped:
+                deadline = loop.time() + self.options.token_timeout_s  # only the usage event may follow
+
+    def _silence(self, first: bool) -> _Failure:
+        if first:
+            seconds = self.options.first_token_timeout_s
+            return _Failure(
+                f"The model server sent no token within {seconds:g} s.",
+                "first_token_timeout",
+                retryable=True,
+                upstream_fault=True,
+            )
+        seconds = self.options.token_timeout_s
+        return _Failure(
+            f"The model server sent nothing for {seconds:g} s.", "token_timeout", retryable=True, upstream_fault=True
+        )
+
+    @staticmethod
+    def _reported(text: str) -> _Failure:
+        return _Failure(
+            f"The model server reported an error: {text}", "reported", retryable=False, upstream_fault=False
+        )
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    return parsed.get("error", parsed) if isinstance(parsed, dict) else parsed

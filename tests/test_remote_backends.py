@@ -1,0 +1,264 @@
+"""Remote token servers (vLLM, SGLang, llama.cpp dialects) behind the gateway, through the real openai SDK.
+
+Each test runs in-repo fake servers (tests/fake_upstreams.py) that speak the dialect as documented and
+record what they were sent and whether the gateway aborted them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import openai
+import pytest
+from fake_upstreams import FakeUpstream
+from gateway_fixtures import SCRIPT, WEATHER_TOOL
+from live_gateway import LiveGateway
+from redis_servers import free_port
+
+from gateway.config import Settings
+from gateway.services import ConfigError, build_services
+from harmony import Renderer, load_harmony_encoding
+
+MODEL = "gpt-oss-120b"
+DIALECTS = ["vllm", "sglang", "sglang_generate", "sglang_generate_incremental", "llamacpp"]
+OVERRUN_SCRIPT = {
+    "rules": [
+        {"emit": [{"raw": "<|channel|>final<|message|>done<|return|><|start|>assistant<|channel|>final<|message|>"}]},
+    ]
+}
+
+
+def _kind(dialect: str) -> str:
+    return "sglang_generate" if dialect.startswith("sglang_generate") else dialect
+
+
+def _fake(dialect: str, script: dict[str, Any] = SCRIPT, **behaviour: Any) -> FakeUpstream:
+    incremental = dialect.endswith("_incremental")
+    return FakeUpstream(_kind(dialect), script, incremental=incremental, **behaviour)
+
+
+def _settings(kind: str, urls: list[str], **options: Any) -> Settings:
+    backend = {"kind": kind, "options": {"urls": urls, "context_length": 8192, **options}, "models": [MODEL]}
+    return Settings(backends={"remote": backend}, keepalive_s=0.2)
+
+
+@contextmanager
+def _serving(kind: str, upstreams: list[FakeUpstream], urls: list[str] | None = None, **options: Any) -> Iterator:
+    for upstream in upstreams:
+        upstream.start()
+    gateway = LiveGateway(_settings(kind, urls or [u.url for u in upstreams], **options)).start()
+    try:
+        yield gateway, openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-test", max_retries=0)
+    finally:
+        gateway.stop()
+        for upstream in upstreams:
+            upstream.stop()
+
+
+def _pool(gateway: LiveGateway):
+    return gateway.services.backends[MODEL].pool
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_tool_loop_over_each_dialect(dialect):
+    fake = _fake(dialect)
+    with _serving(_kind(dialect), [fake]) as (_, client):
+        first = client.responses.create(model=MODEL, input="What is the weather in Paris?", tools=[WEATHER_TOOL])
+        call = next(item for item in first.output if item.type == "function_call")
+        assert (first.status, call.name, json.loads(call.arguments)) == ("completed", "get_weather", {"city": "Paris"})
+        assert first.usage.input_tokens_details.cached_tokens == fake.cached_tokens
+        second = client.responses.create(
+            model=MODEL,
+            previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}],
+            tools=[WEATHER_TOOL],
+        )
+        assert (second.status, second.output_text) == ("completed", "It is sunny in Paris.")
+    encoding = load_harmony_encoding()
+    prompt = fake.calls[-1].body.get("input_ids") or fake.calls[-1].body["prompt"]
+    assert "sunny, 21 C" in encoding.decode(prompt)
+    assert all(call.finished and call.aborted_at is None for call in fake.calls)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_chat_stream_over_each_dialect(dialect):
+    fake = _fake(dialect)
+    with _serving(_kind(dialect), [fake]) as (_, client):
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "thanks!"}],
+            stream=True,
+            stream_options={"include_usage": True},
+            seed=5,
+            temperature=0.5,
+        )
+        chunks = list(stream)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == "You are welcome."
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == fake.cached_tokens
+    body = fake.calls[0].body
+    sampling = body.get("sampling_params", body)
+    assert sampling["temperature"] == 0.5
+    assert sampling.get("seed", sampling.get("sampling_seed")) == 5
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "llamacpp"])
+def test_stop_token_enforced_when_the_server_runs_past_it(dialect):
+    fake = _fake(dialect, OVERRUN_SCRIPT, ignore_stops=True, token_delay_s=0.02)
+    with _serving(dialect, [fake]) as (_, client):
+        response = client.responses.create(model=MODEL, input="hi")
+        assert (response.status, response.output_text) == ("completed", "done")
+        assert fake.wait_for(lambda: fake.calls[0].aborted_at is not None), "the server was not told to stop"
+    assert not fake.calls[0].finished
+
+
+def test_token_limit_enforced_and_the_upstream_released():
+    fake = _fake("vllm")
+    with _serving("vllm", [fake]) as (_, client):
+        response = client.responses.create(model=MODEL, input="an essay please", max_output_tokens=16)
+    assert (response.status, response.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+    assert response.usage.output_tokens == 16
+    assert fake.calls[0].body["max_tokens"] == 16
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "sglang_generate", "llamacpp"])
+def test_client_disconnect_aborts_the_upstream_within_one_token(dialect):
+    fake = _fake(dialect, token_delay_s=0.05)
+    with _serving(dialect, [fake]) as (gateway, _):
+        connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+        body = {"model": MODEL, "input": "an essay please", "stream": True}
+        connection.request("POST", "/v1/responses", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        while b"reasoning_text.delta" not in response.readline():
+            pass
+        connection.sock.close()  # the client goes away mid-stream
+        connection.close()
+        gone_at = time.monotonic()
+        assert fake.wait_for(lambda: fake.calls[0].aborted_at is not None), "the upstream request was never aborted"
+        call = fake.calls[0]
+        after = [t for t in call.sent if t > gone_at]
+        assert len(after) <= 1, f"{len(after)} tokens were generated after the client left"
+        assert call.aborted_at - gone_at < 2 * fake.token_delay_s + 0.05
+        assert not call.finished
+
+
+def test_cancelling_a_background_response_aborts_the_upstream():
+    fake = _fake("sglang", token_delay_s=0.05)
+    with _serving("sglang", [fake]) as (_, client):
+        started = client.responses.create(model=MODEL, input="an essay please", background=True)
+        assert fake.wait_for(lambda: fake.calls and fake.calls[0].sent), "the generation did not start"
+        cancelled = client.responses.cancel(started.id)
+        assert cancelled.status == "cancelled"
+        assert fake.wait_for(lambda: fake.calls[0].aborted_at is not None)
+        sent = len(fake.calls[0].sent)
+        time.sleep(0.2)
+        assert len(fake.calls[0].sent) == sent
+
+
+def test_failover_to_the_live_upstream_then_probe_back():
+    dead_port = free_port()
+    live = _fake("vllm")
+    revived = _fake("vllm", port=dead_port)
+    urls = [f"http://127.0.0.1:{dead_port}", live.url]
+    with _serving("vllm", [live], urls=urls, eject_after=2, probe_interval_s=0.1, connect_timeout_s=1) as (gw, client):
+        for _ in range(6):
+            response = client.responses.create(model=MODEL, input="thanks")
+            assert response.output_text == "You are welcome."
+        dead = _pool(gw).upstreams[0]
+        assert not dead.healthy
+        revived.start()
+        try:
+            assert revived.wait_for(lambda: dead.healthy), "the revived upstream was not probed back"
+            assert revived.health_checks >= 1
+            for _ in range(4):
+                client.responses.create(model=MODEL, input="thanks")
+            assert revived.calls, "no request went to the upstream after it was taken back"
+        finally:
+            revived.stop()
+    assert len(live.calls) >= 6
+
+
+def test_5xx_before_the_first_token_moves_to_another_upstream():
+    failing = _fake("vllm", status=503)
+    healthy = _fake("vllm")
+    with _serving("vllm", [failing, healthy]) as (_, client):
+        for _ in range(3):
+            assert client.responses.create(model=MODEL, input="thanks").status == "completed"
+    assert len(failing.calls) >= 1 and len(healthy.calls) == 3
+
+
+def test_silence_before_the_first_token_moves_to_another_upstream():
+    stalled = _fake("llamacpp", stall_after=0)
+    healthy = _fake("llamacpp")
+    with _serving("llamacpp", [stalled, healthy], first_token_timeout_s=0.3) as (_, client):
+        for _ in range(2):
+            assert client.responses.create(model=MODEL, input="thanks").output_text == "You are welcome."
+    assert stalled.calls and all(call.aborted_at is not None for call in stalled.calls)
+
+
+def test_silence_after_tokens_fails_the_response_without_retry():
+    stalled = _fake("vllm", stall_after=5)
+    other = _fake("vllm")
+    with _serving("vllm", [stalled, other], token_timeout_s=0.3) as (gateway, client):
+        _pool(gateway).upstreams[1].outstanding = 1  # the stalling server is chosen first
+        response = client.responses.create(model=MODEL, input="thanks")
+        assert response.status == "failed"
+        assert response.error.message == "The model server sent nothing for 0.3 s."
+        assert stalled.wait_for(lambda: stalled.calls[0].aborted_at is not None)
+        _pool(gateway).upstreams[1].outstanding = 0
+    assert other.calls == []
+
+
+def test_an_upstream_400_fails_with_its_message_and_is_not_retried():
+    rejecting = _fake("vllm", status=400)
+    other = _fake("vllm")
+    with _serving("vllm", [rejecting, other]) as (gateway, client):
+        _pool(gateway).upstreams[1].outstanding = 1
+        response = client.responses.create(model=MODEL, input="thanks")
+        _pool(gateway).upstreams[1].outstanding = 0
+        with pytest.raises(openai.APIStatusError) as failure:
+            _pool(gateway).upstreams[1].outstanding = 1
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "thanks"}])
+        _pool(gateway).upstreams[1].outstanding = 0
+    assert response.status == "failed"
+    assert "HTTP 400" in response.error.message and "maximum context length" in response.error.message
+    assert failure.value.status_code == 502 and "maximum context length" in failure.value.message
+    assert other.calls == []
+
+
+def test_an_error_event_mid_stream_fails_the_response():
+    fake = _fake("sglang_generate", error_after=3)
+    with _serving("sglang_generate", [fake]) as (_, client):
+        events = list(client.responses.create(model=MODEL, input="thanks", stream=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.message == "The model server reported an error: CUDA out of memory (fake)"
+
+
+def test_all_upstreams_unreachable_fails_cleanly():
+    urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    with _serving("llamacpp", [], urls=urls) as (_, client):
+        response = client.responses.create(model=MODEL, input="thanks")
+    assert (response.status, response.error.message) == ("failed", "The model server could not be reached.")
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"urls": ["ftp://host"]}, "options.urls"),
+        ({"urls": []}, "options.urls"),
+        ({"urls": ["http://a:1"], "timeout": 3}, "options.timeout"),
+        ({"urls": ["http://a:1"], "token_timeout_s": 0}, "options.token_timeout_s"),
+        ({}, "options.urls"),
+    ],
+)
+def test_bad_remote_options_are_configuration_errors(options, named):
+    settings = Settings(backends={"edge": {"kind": "vllm", "options": options, "models": [MODEL]}})
+    with pytest.raises(ConfigError) as error:
+        build_services(settings, Renderer(load_harmony_encoding()))
+    assert str(error.value).startswith("backends.edge: openai_completions backend:") and named in str(error.value)
