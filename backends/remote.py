@@ -3,9 +3,9 @@
 Connections are pooled (one aiohttp session per backend). A generation goes to the upstream with the
 fewest requests in flight; before its first token arrives, a failure (unreachable, 5xx, 429, silence,
 stream cut) moves it to another upstream, up to `retries` times; after it, a failure fails the
-generation. The gateway enforces the stop ids and the token limit itself: once either is reached no
-more tokens are read, and closing the generation closes the upstream connection, which every
-supported server treats as an abort.
+generation. The gateway's Turn enforces the stop ids and the token limit on every backend: once either is
+reached it reads no more tokens, and closing the generation closes the upstream connection, which
+every supported server treats as an abort.
 """
 
 from __future__ import annotations
@@ -217,28 +217,28 @@ class RemoteBackend:
     async def _chunks(
         self, events: AsyncIterator[Any], request: GenerateRequest, deadline: float
     ) -> AsyncIterator[Chunk]:
-        """Chunks from the upstream's events, enforcing the stop ids, the token limit and the timeouts."""
+        """Chunks from the upstream's events, within the timeouts (the Turn enforces stop ids and the limit)."""
         loop = asyncio.get_running_loop()
         stops = set(request.stop_ids)
-        received = delivered = 0
+        received = 0
         last_token: int | None = None
-        finished = stopped = False
+        ended = False  # the server finished, or sent a stop token
         while True:
             try:
                 async with asyncio.timeout_at(deadline):
                     event = await anext(events, None)
             except TimeoutError:
-                if finished or stopped:
+                if ended:
                     return  # the output is whole; only the usage report is missing
                 raise self._silence(first=received == 0) from None
             if event is None:
-                if finished or stopped:
+                if ended:
                     return
                 raise CUT
             if event.field == "error":
                 raise self._reported(error_text(_json_or_text(event.value)))
             if event.value.strip() == "[DONE]":
-                if finished or stopped:
+                if ended:
                     return
                 raise CUT
             try:
@@ -259,24 +259,12 @@ class RemoteBackend:
                 deadline = loop.time() + self.options.token_timeout_s
             if step.finished and step.stop_token in stops and last_token != step.stop_token:
                 tokens = [*tokens, step.stop_token]  # the server matched a stop token without sending it
-            if stopped and tokens:
-                return  # the server went on past a stop token: nothing more is read
-            out: list[int] = []
-            for token in tokens:
-                if delivered + len(out) == request.max_new_tokens:
-                    break
-                out.append(token)
-                if token in stops:
-                    stopped = True
-                    break
-            delivered += len(out)
-            if out or step.cached_tokens is not None:
-                yield Chunk(out, cached_tokens=step.cached_tokens)
-            if delivered == request.max_new_tokens and not stopped:
-                return  # the gateway's limit: the server is not read any further
-            finished = finished or step.finished
-            if finished or stopped:
-                deadline = loop.time() + self.options.token_timeout_s  # only the usage event may follow
+                last_token = step.stop_token
+            if tokens or step.cached_tokens is not None:
+                yield Chunk(tokens, cached_tokens=step.cached_tokens)
+            ended = ended or step.finished or last_token in stops
+            if ended:
+                deadline = loop.time() + self.options.token_timeout_s  # only the usage report may follow
 
     def _silence(self, first: bool) -> _Failure:
         if first:

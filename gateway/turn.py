@@ -59,12 +59,18 @@ class Turn:
     async def events(self) -> AsyncIterator[list[ItemEvent]]:
         """Batches of item events as tokens arrive; closing the iterator cancels the generation."""
         assembler = self.assembler
+        ended = False  # a stop token or the token limit was reached; only a usage report may follow
         try:
             async with aclosing(self.backend.generate(self._request)) as chunks:
                 async for chunk in chunks:
                     if chunk.cached_tokens is not None:
                         self.cached_tokens = min(chunk.cached_tokens, self.prompt_tokens)
-                    events = assembler.feed(chunk.tokens)
+                    if ended:
+                        if chunk.tokens:
+                            break  # the backend runs past the end: closing it cancels the generation
+                        continue
+                    tokens, ended = self._accept(chunk.tokens)
+                    events = assembler.feed(tokens)
                     if events:
                         yield events
         except Exception as exc:  # a backend failure fails this response, never the process
@@ -76,6 +82,16 @@ class Turn:
             yield tail
         if self.outcome is None:
             self.outcome = self._judge()
+
+    def _accept(self, tokens: list[int]) -> tuple[list[int], bool]:
+        """The tokens up to the first stop id and within the limit, and whether the output ends there."""
+        request = self._request
+        room = request.max_new_tokens - self.assembler.output_tokens
+        for index, token in enumerate(tokens[:room]):
+            if token in request.stop_ids:
+                return tokens[: index + 1], True
+        accepted = tokens[:room]
+        return accepted, self.assembler.output_tokens + len(accepted) >= request.max_new_tokens
 
     def _judge(self) -> Outcome:
         assembler = self.assembler

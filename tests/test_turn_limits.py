@@ -1,0 +1,73 @@
+"""The Turn holds every backend to the stop tokens and the token limit, even one that runs past them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from backends.base import Capabilities, Chunk, Constraint, Sampling
+from gateway.turn import Turn
+
+ANSWER = "<|channel|>final<|message|>done<|return|>"
+RUN_ON = "<|start|>assistant<|channel|>final<|message|>" + " more" * 40
+
+
+class RunawayBackend:
+    """Ignores stop ids and limits; records how many chunks were taken and whether it was closed."""
+
+    def __init__(self, encoding, text: str, per_chunk: int) -> None:
+        self.capabilities = Capabilities(context_length=4096)
+        self._tokens = encoding.encode_marked(text)
+        self._per_chunk = per_chunk
+        self.taken = 0
+        self.closed = False
+
+    async def generate(self, request):
+        try:
+            for start in range(0, len(self._tokens), self._per_chunk):
+                self.taken += 1
+                yield Chunk(self._tokens[start : start + self._per_chunk])
+            yield Chunk([], cached_tokens=3)
+        finally:
+            self.closed = True
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _run(turn: Turn) -> None:
+    async def drain() -> None:
+        async for _ in turn.events():
+            pass
+
+    asyncio.run(drain())
+
+
+@pytest.mark.parametrize("per_chunk", [1, 3, 100])
+def test_output_ends_at_the_first_stop_token(encoding, per_chunk):
+    backend = RunawayBackend(encoding, ANSWER + RUN_ON, per_chunk)
+    prompt = encoding.encode_marked("<|start|>user<|message|>hi<|end|><|start|>assistant")
+    turn = Turn(backend, encoding, prompt, 500, Sampling(), Constraint(), "req")
+    _run(turn)
+    assert [item.text for item in turn.assembler.items] == ["done"]
+    assert turn.assembler.output_tokens == len(encoding.encode_marked(ANSWER))
+    assert turn.outcome.status == "completed"
+    assert backend.closed
+    assert backend.taken <= len(encoding.encode_marked(ANSWER)) // per_chunk + 2  # one chunk past the stop at most
+
+
+def test_output_is_cut_at_the_token_limit(encoding):
+    backend = RunawayBackend(encoding, RUN_ON, 4)
+    turn = Turn(backend, encoding, [1, 2, 3], 10, Sampling(), Constraint(), "req")
+    _run(turn)
+    assert turn.assembler.output_tokens == 10
+    assert (turn.outcome.status, turn.outcome.incomplete_reason) == ("incomplete", "max_output_tokens")
+    assert backend.closed and backend.taken <= 4
+
+
+def test_a_usage_report_after_the_stop_is_kept(encoding):
+    backend = RunawayBackend(encoding, ANSWER, 2)
+    turn = Turn(backend, encoding, [1, 2, 3, 4], 500, Sampling(), Constraint(), "req")
+    _run(turn)
+    assert turn.cached_tokens == 3
