@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     models: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["gpt-oss-120b", "gpt-oss-20b"])
     backend: str = "mock"  # the kind serving `models` when `backends` is not given
     mock_script: str | None = None  # a mock backend script (JSON); without one it says it is a mock
+    backend_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)  # remote `backend`: upstream URLs
+    backend_options: dict[str, Any] = Field(default_factory=dict)  # JSON: more options for `backend`
     backends: dict[str, BackendConfig] | None = None  # JSON: {"name": {"kind", "options", "models"}, ...}
     redis_url: str | None = None  # None: the bounded in-memory store
     store_ttl_s: int = Field(default=DEFAULT_TTL_S, gt=0)
@@ -39,7 +41,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)
     keepalive_s: float = Field(default=15.0, gt=0)
 
-    @field_validator("models", mode="before")
+    @field_validator("models", "backend_urls", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
@@ -48,5 +50,9 @@ class Settings(BaseSettings):
         """The configured backends; without `backends`, one of kind `backend` serving `models`."""
         if self.backends:
             return self.backends
-        options: dict[str, Any] = {"script": self.mock_script} if self.backend == "mock" and self.mock_script else {}
+        options = dict(self.backend_options)
+        if self.backend == "mock" and self.mock_script:
+            options["script"] = self.mock_script
+        if self.backend_urls:
+            options["urls"] = self.backend_urls
         return {"default": BackendConfig(kind=self.backend, options=options, models=self.models)}

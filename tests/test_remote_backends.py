@@ -17,7 +17,7 @@ import openai
 import pytest
 from fake_upstreams import FakeUpstream
 from gateway_fixtures import SCRIPT, WEATHER_TOOL
-from live_gateway import LiveGateway
+from live_gateway import GatewayProcess, LiveGateway
 from redis_servers import free_port
 
 from gateway.config import Settings
@@ -262,3 +262,24 @@ def test_bad_remote_options_are_configuration_errors(options, named):
     with pytest.raises(ConfigError) as error:
         build_services(settings, Renderer(load_harmony_encoding()))
     assert str(error.value).startswith("backends.edge: openai_completions backend:") and named in str(error.value)
+
+
+def test_serve_in_front_of_a_vllm_server_from_the_environment(tmp_path):
+    fake = _fake("vllm").start()
+    env = {
+        "GATEWAY_BACKEND": "vllm",
+        "GATEWAY_BACKEND_URLS": fake.url,
+        "GATEWAY_BACKEND_OPTIONS": '{"model": "openai/gpt-oss-120b", "context_length": 4096}',
+        "GATEWAY_MODELS": MODEL,
+    }
+    process = GatewayProcess(env, tmp_path / "gateway.log").start()
+    try:
+        client = openai.OpenAI(base_url=process.url + "/v1", api_key="sk-test", max_retries=0)
+        assert client.models.retrieve(MODEL).id == MODEL
+        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "thanks"}])
+        assert reply.choices[0].message.content == "You are welcome."
+    finally:
+        process.stop()
+        fake.stop()
+    assert fake.calls[0].body["model"] == "openai/gpt-oss-120b"
+    assert "You are welcome" not in process.log_text()
