@@ -13,7 +13,7 @@ from aiohttp import web
 from backends.base import Sampling
 
 from .assembler import new_id
-from .chat_input import constraint_for, prompt_spec
+from .chat_input import check_tenant_caps, constraint_for, prompt_spec
 from .chat_models import CHAT_UNION_TAGS, ChatRequest
 from .chat_output import Choice, usage
 from .constraints import NOT_ENFORCED
@@ -169,8 +169,18 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     backend = services.backend_for(req.model)
     _refuse_unsupported(req, backend.capabilities.logprobs)
     tenant = tenant_of(request)
+    limits = services.settings.limits.for_tenant(tenant)
+    check_tenant_caps(req, limits)
+    asked = req.max_completion_tokens or req.max_tokens
     constraint = constraint_for(req)
-    plan = await plan_turn(services, tenant, backend, prompt_spec(req), req.max_completion_tokens or req.max_tokens)
+    plan = await plan_turn(services, tenant, backend, prompt_spec(req), asked or limits.max_output_tokens)
+    ticket = await services.admission.admit(
+        tenant,
+        prompt_tokens=len(plan.built.tokens),
+        max_output_tokens=plan.max_new_tokens,
+        choices=req.n,
+        stream=req.stream,
+    )
     request_id = request_id_of(request, new_id("req_"))
     choices = []
     for index in range(req.n):
@@ -182,15 +192,18 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         turn = start_turn(services, plan, sampling, constraint, f"{request_id}/{index}")
         choices.append(Choice(index, turn, StopMatcher(req.stop_sequences)))
     completion = Completion(services, req, tenant, choices)
-    if not req.stream:
-        return await _respond(completion)
-    response = await open_stream(request, {"X-Request-ID": request_id})
     try:
-        await pump(response, _chunks(completion), services.settings.keepalive_s)
-    except ClientGone:
+        if not req.stream:
+            return await _respond(completion)
+        response = await open_stream(request, {"X-Request-ID": request_id})
+        try:
+            await pump(response, _chunks(completion), services.settings.keepalive_s)
+        except ClientGone:
+            return response
+        await response.write_eof()
         return response
-    await response.write_eof()
-    return response
+    finally:
+        await ticket.settle(len(plan.built.tokens) + sum(c.turn.assembler.output_tokens for c in choices))
 
 
 def add_routes(app: web.Application) -> None:

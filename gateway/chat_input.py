@@ -9,6 +9,7 @@ from .chat_models import AssistantMessage, ChatRequest, FormatJsonSchema, NamedT
 from .conversation import PromptSpec
 from .dialog import Call, CallResult, DialogItem, Said, Thought
 from .options import constraint, effort, output_format
+from .tenant_limits import TenantLimits, check_caps, json_size
 
 
 def _text(content: object) -> str:
@@ -69,4 +70,22 @@ def prompt_spec(request: ChatRequest) -> PromptSpec:
         tools=[ToolDescription(t.function.name, t.function.description or "", t.function.parameters) for t in offered],
         response_format=_format(request)[0],
         effort=effort(request.reasoning_effort),
+    )
+
+
+def check_tenant_caps(req: ChatRequest, limits: TenantLimits) -> None:
+    tools = req.tools or []
+    schemas = [
+        (f"tools[{i}].function.parameters", json_size(t.function.parameters))
+        for i, t in enumerate(tools)
+        if t.function.parameters
+    ]
+    if isinstance(req.response_format, FormatJsonSchema):
+        schemas.append(("response_format.json_schema.schema", json_size(req.response_format.json_schema.schema_)))
+    output = (
+        "max_completion_tokens" if req.max_completion_tokens else "max_tokens",
+        req.max_completion_tokens or req.max_tokens,
+    )
+    check_caps(
+        limits, output=output, items=("messages", len(req.messages)), tools=("tools", len(tools)), schemas=schemas
     )

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import inspect
+import json
 import sys
+from typing import Any
 
 from aiohttp import web
 
 from backends.mock import ScriptError
 from harmony import VocabularyError
+from state import StoreUnavailable
+from state.keys import FileKeys, KeyAdminError, RedisKeys, new_record
 
 from .app import create_app
 from .config import Settings
@@ -40,6 +46,49 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key_store(args: argparse.Namespace, settings: Settings) -> FileKeys | RedisKeys:
+    if args.file:
+        return FileKeys(args.file)
+    if settings.redis_url:
+        return RedisKeys.from_url(settings.redis_url)
+    raise ConfigError("keys live in Redis (set GATEWAY_REDIS_URL) or in a file (--file PATH)")
+
+
+async def _keys(args: argparse.Namespace) -> int:
+    settings = Settings()
+    store = _key_store(args, settings)
+    try:
+        if args.action == "create":
+            if settings.key_secret is None:
+                raise ConfigError("GATEWAY_KEY_SECRET must be set: keys are stored as HMACs made with it")
+            key, record = new_record(settings.key_secret.get_secret_value().encode(), args.tenant, args.name)
+            await _maybe(store.add(record))
+            print(json.dumps({**record.public(), "key": key}))
+        elif args.action == "list":
+            for record in await _maybe(store.records()):
+                print(json.dumps(record.public()))
+        elif not await _maybe(store.revoke(args.id)):
+            print(f"gpt-oss-gateway: no key with id {args.id}", file=sys.stderr)
+            return 1
+    finally:
+        if isinstance(store, RedisKeys):
+            await store.aclose()
+    return 0
+
+
+async def _maybe(value: Any) -> Any:
+    """File stores answer at once, Redis stores with a coroutine."""
+    return await value if inspect.isawaitable(value) else value
+
+
+def _run_keys(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_keys(args))
+    except (ConfigError, KeyAdminError, StoreUnavailable, ValueError) as exc:
+        print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpt-oss-gateway", description="OpenAI API gateway for gpt-oss models")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -47,6 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     for flag, dest, kind, text in _OPTIONS:
         serve.add_argument(flag, dest=dest, type=kind, help=text)
     serve.set_defaults(run=_serve)
+    keys = commands.add_parser("keys", help="manage API keys (in Redis, or in a keys file with --file)")
+    actions = keys.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="make a key for a tenant; the key is printed once")
+    create.add_argument("--tenant", required=True, help="tenant name ([A-Za-z0-9._-], 1-64 characters)")
+    create.add_argument("--name", default="", help="a label to recognise the key by")
+    actions.add_parser("list", help="list keys (ids, tenants, labels; never the keys)")
+    revoke = actions.add_parser("revoke", help="revoke a key by id")
+    revoke.add_argument("id")
+    for action in (create, actions.choices["list"], revoke):
+        action.add_argument("--file", help="a keys file (GATEWAY_KEYS_FILE) instead of Redis")
+    keys.set_defaults(run=_run_keys)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from state.store import DEFAULT_MAX_RECORD_BYTES, DEFAULT_TTL_S
 
 from .limits import MAX_BODY_BYTES
+from .tenant_limits import LimitsConfig
 
 
 class BackendConfig(BaseModel):
@@ -40,6 +41,11 @@ class Settings(BaseSettings):
     reasoning_keys: str | None = None  # `id:base64(32 bytes),...` for encrypted_content; None: per-process key
     max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)
     keepalive_s: float = Field(default=15.0, gt=0)
+    # auto: API keys when a key secret or keys file is set; none on a loopback address; else refuse to start
+    auth: Literal["auto", "off", "keys"] = "auto"
+    key_secret: SecretStr | None = None  # the HMAC secret API keys are hashed with (16+ characters)
+    keys_file: str | None = None  # a JSON file of hashed keys (`gpt-oss-gateway keys create --file`)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)  # JSON: per-tenant rate, concurrency and size limits
 
     @field_validator("models", "backend_urls", mode="before")
     @classmethod

@@ -14,13 +14,14 @@ from aiohttp import web
 from backends.base import Sampling
 from state import RecordTooLarge, StoredResponse, StoreUnavailable
 
+from .admission import Ticket
 from .assembler import ItemEvent, OutputItem, new_id
 from .cot_recovery import index_cot
 from .dialog import Entry
 from .errors import invalid, not_found, read_model, unavailable
 from .limits import MAX_HISTORY_MESSAGES
 from .pipeline import plan_turn, start_turn
-from .responses_input import constraint_for, prompt_spec
+from .responses_input import check_tenant_caps, constraint_for, prompt_spec
 from .responses_models import UNION_TAGS, ResponsesRequest
 from .responses_output import StreamEvents, item_json
 from .runs import EventLog, Run
@@ -48,6 +49,7 @@ class Job:
     input_items: list[dict[str, Any]]
     turn: Turn
     request_id: str
+    ticket: Ticket
     sealed: dict[str, str] = field(default_factory=dict)
     stored_ok: bool = True
 
@@ -182,10 +184,19 @@ async def prepare(request: web.Request) -> Job:
     if req.background and not req.store:
         raise invalid("background", "background responses need store: true.", "unsupported_parameter")
     tenant = tenant_of(request)
+    limits = services.settings.limits.for_tenant(tenant)
+    check_tenant_caps(req, limits)
     history = await _load_history(services, tenant, req)
     spec = prompt_spec(req, history, lambda blob: services.sealer.open(tenant, blob))
     constraint = constraint_for(req)
-    plan = await plan_turn(services, tenant, backend, spec, req.max_output_tokens)
+    plan = await plan_turn(services, tenant, backend, spec, req.max_output_tokens or limits.max_output_tokens)
+    ticket = await services.admission.admit(
+        tenant,
+        prompt_tokens=len(plan.built.tokens),
+        max_output_tokens=plan.max_new_tokens,
+        choices=1,
+        stream=req.stream,
+    )
     response_id = new_id("resp_")
     sampling = Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -194,7 +205,16 @@ async def prepare(request: web.Request) -> Job:
     request_id = request_id_of(request, response_id)
     turn = start_turn(services, plan, sampling, constraint, request_id)
     return Job(
-        services, req, tenant, response_id, int(time.time()), plan.built.dialog, _input_items(req), turn, request_id
+        services,
+        req,
+        tenant,
+        response_id,
+        int(time.time()),
+        plan.built.dialog,
+        _input_items(req),
+        turn,
+        request_id,
+        ticket,
     )
 
 
@@ -238,6 +258,13 @@ async def _watch_for_remote_cancel(job: Job, task: asyncio.Task[None]) -> None:
 
 async def _run(job: Job, feed: Feed) -> dict[str, Any]:
     """Generate to the end (or cancellation), feeding the stream events; return the final object."""
+    try:
+        return await _generate(job, feed)
+    finally:
+        await job.ticket.settle(job.turn.prompt_tokens + job.turn.assembler.output_tokens)
+
+
+async def _generate(job: Job, feed: Feed) -> dict[str, Any]:
     if job.request.background:
         if await _cancelled_elsewhere(job):  # cancelled while queued: keep the stored cancellation
             feed.cancelled()

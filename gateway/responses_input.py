@@ -23,6 +23,7 @@ from .responses_models import (
     TextFormatJsonSchema,
 )
 from .sealing import SealError
+from .tenant_limits import TenantLimits, check_caps, json_size
 
 Unseal = Callable[[str], str]  # encrypted_content → raw CoT text, raising SealError
 
@@ -98,3 +99,12 @@ def prompt_spec(request: ResponsesRequest, history: list[Entry], unseal: Unseal)
         effort=effort(request.reasoning.effort),
         truncate=request.truncation == "auto",
     )
+
+
+def check_tenant_caps(req: ResponsesRequest, limits: TenantLimits) -> None:
+    schemas = [(f"tools[{i}].parameters", json_size(t.parameters)) for i, t in enumerate(req.tools) if t.parameters]
+    if isinstance(req.text.format, TextFormatJsonSchema):
+        schemas.append(("text.format.schema", json_size(req.text.format.schema_)))
+    items = 1 if isinstance(req.input, str) else len(req.input)
+    output = ("max_output_tokens", req.max_output_tokens)
+    check_caps(limits, output=output, items=("input", items), tools=("tools", len(req.tools)), schemas=schemas)

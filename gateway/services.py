@@ -12,8 +12,12 @@ from backends.base import Backend
 from backends.registry import create_backend
 from harmony import HarmonyEncoding, Renderer
 from state import MemoryStore, ResponseStore
+from state.keys import FileKeys, KeyAdminError, KeySource, RedisKeys
+from state.limiter import RedisLimiter
 from state.redis_store import RedisStore
 
+from .admission import Admission
+from .auth import Authenticator
 from .config import Settings
 from .errors import ApiError
 from .runs import RunRegistry
@@ -44,6 +48,8 @@ class Services:
     store: ResponseStore
     backends: dict[str, Backend]
     sealer: ReasoningSealer
+    auth: Authenticator
+    admission: Admission
     runs: RunRegistry = field(default_factory=RunRegistry)
 
     @property
@@ -65,6 +71,8 @@ class Services:
         await self.runs.shutdown()
         for backend in {id(b): b for b in self.backends.values()}.values():
             await backend.aclose()
+        await self.admission.aclose()
+        await self.auth.aclose()
         await self.store.aclose()
 
 
@@ -105,6 +113,46 @@ def _sealer(settings: Settings) -> ReasoningSealer:
     return ReasoningSealer.ephemeral()
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+MIN_KEY_SECRET_CHARS = 16
+
+
+def _authenticator(settings: Settings) -> Authenticator:
+    mode = settings.auth
+    if mode == "auto":
+        if settings.key_secret is not None or settings.keys_file:
+            mode = "keys"
+        elif settings.host in LOOPBACK_HOSTS:
+            mode = "off"
+        else:
+            raise ConfigError(
+                f"serving on {settings.host} without API keys: set GATEWAY_KEY_SECRET and GATEWAY_KEYS_FILE or "
+                "GATEWAY_REDIS_URL (keys made with `gpt-oss-gateway keys create`), or GATEWAY_AUTH=off"
+            )
+    if mode == "off":
+        log.warning("auth_off", note="every caller is the one tenant 'default'")
+        return Authenticator.off()
+    secret = settings.key_secret.get_secret_value() if settings.key_secret is not None else ""
+    if len(secret) < MIN_KEY_SECRET_CHARS:
+        raise ConfigError(f"GATEWAY_KEY_SECRET: API keys need a secret of {MIN_KEY_SECRET_CHARS}+ characters")
+    sources: list[KeySource] = []
+    if settings.keys_file:
+        try:
+            sources.append(FileKeys(settings.keys_file))
+        except KeyAdminError as exc:
+            raise ConfigError(f"GATEWAY_KEYS_FILE: {exc}") from exc
+    if settings.redis_url:
+        sources.append(RedisKeys.from_url(settings.redis_url))
+    if not sources:
+        raise ConfigError("GATEWAY_AUTH=keys needs GATEWAY_KEYS_FILE or GATEWAY_REDIS_URL to find keys in")
+    return Authenticator(secret.encode(), sources)
+
+
+def _admission(settings: Settings) -> Admission:
+    shared = RedisLimiter.from_url(settings.redis_url) if settings.redis_url else None
+    return Admission(settings.limits, shared)
+
+
 def build_services(settings: Settings, renderer: Renderer) -> Services:
     return Services(
         settings=settings,
@@ -112,6 +160,8 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
         store=_store(settings),
         backends=_backends(settings, renderer.encoding),
         sealer=_sealer(settings),
+        auth=_authenticator(settings),
+        admission=_admission(settings),
     )
 
 

@@ -1,22 +1,18 @@
-"""Which tenant a request belongs to: the SHA-256 of its bearer key (keys are never kept in clear)."""
+"""Which tenant a request belongs to (resolved from its API key by the app's middleware), and its id."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 from aiohttp import web
 
-ANONYMOUS = "anonymous"
+from .auth import TENANT
+
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
 def tenant_of(request: web.Request) -> str:
-    header = request.headers.get("Authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return ANONYMOUS
-    return "key:" + hashlib.sha256(key.strip().encode()).hexdigest()
+    return request[TENANT]
 
 
 def request_id_of(request: web.Request, fallback: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from live_gateway import LiveGateway
 from redis_servers import RedisServer
 
 from gateway.config import Settings
+from state.keys import KeyRecord, hash_key
 
 ANALYSIS_WEATHER = "The user wants the weather in Paris, so I will call get_weather."
 ANALYSIS_AFTER_TOOL = "The tool reported sunny weather; I can answer now."
@@ -57,6 +59,31 @@ WEATHER_TOOL = {
 }
 
 
+KEY_SECRET = "test-key-secret-not-for-production"
+TEST_API_KEYS = {  # key → tenant, for the gateway fixture's keys file
+    "sk-tenant-a": "tenant-a",
+    "sk-tenant-b": "tenant-b",
+    "sk-chat-a": "chat-a",
+    "sk-chat-b": "chat-b",
+    "sk-agents": "agents",
+    "sk-test": "test",
+    "sk-x": "x",
+    "sk-http": "http",
+}
+HTTP_AUTH = {"Authorization": "Bearer sk-http"}
+
+
+def write_keys(directory: Path, keys: dict[str, str] | None = None) -> Path:
+    """A keys file as `gpt-oss-gateway keys create --file` writes it: hashes, never the keys."""
+    records = [
+        asdict(KeyRecord(f"key_{i}", tenant, "test", 0, hash_key(KEY_SECRET.encode(), key)))
+        for i, (key, tenant) in enumerate((keys or TEST_API_KEYS).items())
+    ]
+    path = directory / "keys.json"
+    path.write_text(json.dumps({"keys": records}))
+    return path
+
+
 def write_script(directory: Path, script: dict | None = None) -> Path:
     path = directory / "mock_script.json"
     path.write_text(json.dumps(script or SCRIPT))
@@ -77,7 +104,13 @@ def flush(server: RedisServer) -> None:
 @pytest.fixture(params=["memory", "redis"])
 def gateway(request, tmp_path):
     """A live gateway with the mock script, on the in-memory store and on a real redis-server."""
-    settings = Settings(mock_script=str(write_script(tmp_path)), reasoning_keys=TEST_KEYS, keepalive_s=0.2)
+    settings = Settings(
+        mock_script=str(write_script(tmp_path)),
+        reasoning_keys=TEST_KEYS,
+        keepalive_s=0.2,
+        key_secret=KEY_SECRET,
+        keys_file=str(write_keys(tmp_path)),
+    )
     if request.param == "redis":
         server = request.getfixturevalue("redis_server")
         flush(server)

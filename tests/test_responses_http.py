@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from gateway_fixtures import HTTP_AUTH
 from live_gateway import FailingBackend, LiveGateway
 from redis_servers import RedisServer
 
@@ -20,7 +21,9 @@ MODEL = "gpt-oss-120b"
 
 
 def _request(url: str, body: bytes | None = None, method: str = "POST") -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=body, method=method, headers={"Content-Type": "application/json", **HTTP_AUTH}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -29,7 +32,9 @@ def _request(url: str, body: bytes | None = None, method: str = "POST") -> tuple
 
 
 def _open_stream(url: str, body: dict):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **HTTP_AUTH}
+    )
     response = urllib.request.urlopen(request, timeout=30)
     assert response.headers["Content-Type"].startswith("text/event-stream")
     return response
@@ -117,7 +122,9 @@ def test_bad_requests_get_openai_errors_naming_the_parameter(gateway, body, stat
 def _post_raw(port: int, body: bytes) -> tuple[int, dict]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        connection.request("POST", "/v1/responses", body=body, headers={"Content-Type": "application/json"})
+        connection.request(
+            "POST", "/v1/responses", body=body, headers={"Content-Type": "application/json", **HTTP_AUTH}
+        )
         response = connection.getresponse()
         return response.status, json.loads(response.read())
     finally:
@@ -256,7 +263,7 @@ def test_request_ids_are_echoed_when_well_formed(gateway):
         request = urllib.request.Request(
             gateway.url + "/v1/responses",
             data=body,
-            headers={"Content-Type": "application/json", "X-Request-ID": given},
+            headers={"Content-Type": "application/json", "X-Request-ID": given, **HTTP_AUTH},
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             header = response.headers["X-Request-ID"]

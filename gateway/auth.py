@@ -1,0 +1,86 @@
+"""Who is calling: Bearer API keys mapped to tenants (or one default tenant when auth is off).
+
+Keys are looked up by their HMAC (the server secret is the pepper), first in the keys file, then in
+Redis; the stored hash is compared with `hmac.compare_digest`. Redis answers are cached for
+`KEY_CACHE_S`, so a revoked key stops working within that time on every replica. When the key store
+cannot be reached and the key is not cached, the request gets a 503: authentication fails closed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+import structlog
+from aiohttp import web
+
+from state import StoreUnavailable
+from state.keys import FileKeys, KeyRecord, KeySource, hash_key
+
+from .errors import ApiError, unavailable
+
+log = structlog.get_logger("gateway.auth")
+
+DEFAULT_TENANT = "default"
+KEY_CACHE_S = 5.0
+KEY_CACHE_SIZE = 10_000
+MAX_KEY_CHARS = 256
+TENANT = web.RequestKey("tenant", str)  # where the app's middleware leaves the request's tenant
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, code="invalid_api_key")
+
+
+class Authenticator:
+    def __init__(self, secret: bytes | None, sources: list[KeySource]) -> None:
+        self._secret = secret
+        self._sources = sources
+        self._cache: dict[str, tuple[float, KeyRecord]] = {}
+
+    @classmethod
+    def off(cls) -> Authenticator:
+        return cls(None, [])
+
+    @property
+    def enabled(self) -> bool:
+        return self._secret is not None
+
+    async def tenant_for(self, authorization: str | None) -> str:
+        if self._secret is None:
+            return DEFAULT_TENANT
+        scheme, _, key = (authorization or "").partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise _unauthorized("You didn't provide an API key: send it as 'Authorization: Bearer KEY'.")
+        if len(key) > MAX_KEY_CHARS:
+            raise _unauthorized("Incorrect API key provided.")
+        key_hash = hash_key(self._secret, key)
+        record = await self._find(key_hash)
+        if record is None or not hmac.compare_digest(record.hash, key_hash):
+            raise _unauthorized("Incorrect API key provided.")
+        return record.tenant
+
+    async def _find(self, key_hash: str) -> KeyRecord | None:
+        cached = self._cache.get(key_hash)
+        now = time.monotonic()
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        for source in self._sources:
+            try:
+                record = await source.find(key_hash)
+            except StoreUnavailable as exc:
+                raise unavailable("The API key store is unavailable; try again.") from exc
+            if record is not None:
+                if not isinstance(source, FileKeys):
+                    if len(self._cache) >= KEY_CACHE_SIZE:
+                        self._cache.clear()
+                    self._cache[key_hash] = (now + KEY_CACHE_S, record)
+                return record
+        return None
+
+    async def aclose(self) -> None:
+        for source in self._sources:
+            close = getattr(source, "aclose", None)
+            if close is not None:
+                await close()

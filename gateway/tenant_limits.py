@@ -1,0 +1,69 @@
+"""Per-tenant limits: defaults for every tenant and overrides by tenant name (GATEWAY_LIMITS, JSON)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import invalid
+
+
+class TenantLimits(BaseModel):
+    """Unset (null) means no limit of that kind; the static caps of gateway/limits.py always apply."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    tokens_per_minute: int | None = Field(default=None, gt=0)  # prompt + max output reserved, settled at the end
+    concurrent_requests: int | None = Field(default=None, gt=0)  # generations in flight, background included
+    concurrent_streams: int | None = Field(default=None, gt=0)  # streamed generations in flight
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    max_body_bytes: int | None = Field(default=None, gt=0)
+    max_input_items: int | None = Field(default=None, gt=0)  # Responses input items / Chat messages
+    max_tools: int | None = Field(default=None, ge=0)
+    max_schema_bytes: int | None = Field(default=None, gt=0)  # a JSON schema given for output or a tool
+
+
+class LimitsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    default: TenantLimits = Field(default_factory=TenantLimits)
+    tenants: dict[str, TenantLimits] = Field(default_factory=dict)
+    # when Redis cannot be reached: "local" counts in this process alone, "open" admits, "closed" refuses (503)
+    on_store_failure: Literal["local", "open", "closed"] = "local"
+    lease_ttl_s: float = Field(default=120.0, gt=1)  # a concurrency slot of a dead replica frees after this
+
+    def for_tenant(self, tenant: str) -> TenantLimits:
+        override = self.tenants.get(tenant)
+        if override is None:
+            return self.default
+        return self.default.model_copy(update=override.model_dump(exclude_unset=True))
+
+
+def check_caps(
+    limits: TenantLimits,
+    *,
+    output: tuple[str, int | None],
+    items: tuple[str, int],
+    tools: tuple[str, int],
+    schemas: list[tuple[str, int]],
+) -> None:
+    """A 400 naming the parameter that goes over one of the tenant's size caps."""
+    param, value = output
+    if limits.max_output_tokens is not None and value is not None and value > limits.max_output_tokens:
+        raise invalid(param, f"{param} is {value}; this API key allows at most {limits.max_output_tokens}.")
+    param, count = items
+    if limits.max_input_items is not None and count > limits.max_input_items:
+        raise invalid(param, f"{param} has {count} items; this API key allows at most {limits.max_input_items}.")
+    param, count = tools
+    if limits.max_tools is not None and count > limits.max_tools:
+        raise invalid(param, f"{param} has {count} tools; this API key allows at most {limits.max_tools}.")
+    for param, size in schemas:
+        if limits.max_schema_bytes is not None and size > limits.max_schema_bytes:
+            raise invalid(param, f"The schema is {size} bytes; this API key allows at most {limits.max_schema_bytes}.")
+
+
+def json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
