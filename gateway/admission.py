@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -66,9 +67,12 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, config: LimitsConfig, shared: Limiter | None) -> None:
+    def __init__(
+        self, config: LimitsConfig, shared: Limiter | None, on_refused: Callable[[str, str], None] | None = None
+    ) -> None:
         self.config = config
         self._shared = shared
+        self._on_refused = on_refused or (lambda tenant, limit: None)
         self._local = MemoryLimiter()
         self._active: dict[int, Ticket] = {}
         self._renewer: asyncio.Task[None] | None = None
@@ -118,8 +122,10 @@ class Admission:
                 await self._lease(ticket, "requests", limits.concurrent_requests, limiter)
             if stream and limits.concurrent_streams:
                 await self._lease(ticket, "streams", limits.concurrent_streams, limiter)
-        except BaseException:
+        except BaseException as exc:
             await ticket.settle(0)
+            if isinstance(exc, ApiError) and exc.status == 429:
+                self._on_refused(tenant, exc.kind if exc.code == "rate_limit_exceeded" else "concurrency")
             raise
         if ticket.leases:
             self._active[id(ticket)] = ticket

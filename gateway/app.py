@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
+import structlog
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from harmony import Renderer, load_harmony_encoding
 
@@ -10,10 +14,15 @@ from .auth import TENANT
 from .chat_api import add_routes as add_chat_routes
 from .config import Settings
 from .errors import ApiError, error_middleware
+from .metrics import STATS, RequestStats
 from .models_api import add_routes as add_models_routes
 from .openapi import serve_openapi
 from .responses_api import add_routes as add_responses_routes
 from .services import SERVICES, Services, build_services
+from .sse import STREAM_OPENED
+from .tenancy import valid_request_id
+
+access_log = structlog.get_logger("gateway.access")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -34,12 +43,76 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 @web.middleware
+async def observe_middleware(request: web.Request, handler):
+    """Per request: the metrics, one access log line (metadata only), and the request id in the log context."""
+    services = request.app[SERVICES]
+    metrics = services.metrics
+    started = time.perf_counter()
+    stats = request[STATS] = RequestStats()
+    given = valid_request_id(request.headers.get("X-Request-ID", ""))
+    response: web.StreamResponse | None = None
+    with structlog.contextvars.bound_contextvars(request_id=given):
+        try:
+            response = await handler(request)
+            return response
+        finally:
+            seconds = time.perf_counter() - started
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else "unmatched"
+            status = response.status if response is not None else 500
+            tenant = request.get(TENANT)
+            metrics.requests.labels(route, str(status), metrics.tenant_label(tenant)).inc()
+            metrics.request_seconds.labels(route).observe(seconds)
+            if request.get(STREAM_OPENED):
+                metrics.active_streams.dec()
+            access_log.info(
+                "request",
+                request_id=(response.headers.get("X-Request-ID") if response is not None else None) or given,
+                method=request.method,
+                route=route,
+                status=status,
+                tenant=tenant,
+                duration_ms=round(seconds * 1000, 2),
+                input_tokens=stats.input_tokens,
+                cached_tokens=stats.cached_tokens,
+                output_tokens=stats.output_tokens,
+                reasoning_tokens=stats.reasoning_tokens,
+            )
+
+
+async def serve_metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[SERVICES].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _metrics_listener(settings: Settings, services: Services):
+    """An on_startup/on_cleanup pair serving /metrics on its own port, away from the public API."""
+    runner: web.AppRunner | None = None
+
+    async def start(app: web.Application) -> None:
+        nonlocal runner
+        scrape = web.Application()
+        scrape[SERVICES] = services
+        scrape.router.add_get("/metrics", serve_metrics)
+        runner = web.AppRunner(scrape, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, settings.host, settings.metrics_port).start()
+
+    async def stop(app: web.Application) -> None:
+        if runner is not None:
+            await runner.cleanup()
+
+    return start, stop
+
+
+@web.middleware
 async def tenant_middleware(request: web.Request, handler):
     """Every /v1/ request gets its tenant from its API key (or a 401) before the route runs."""
     if request.path.startswith("/v1/"):
         services = request.app[SERVICES]
         tenant = await services.auth.tenant_for(request.headers.get("Authorization"))
         request[TENANT] = tenant
+        structlog.contextvars.bind_contextvars(tenant=tenant)
         cap = services.settings.limits.for_tenant(tenant).max_body_bytes
         if cap is not None and (request.content_length or 0) > cap:
             raise ApiError(413, f"The request body is over this API key's limit of {cap} bytes.", code="body_too_large")
@@ -48,9 +121,15 @@ async def tenant_middleware(request: web.Request, handler):
 
 def create_app(settings: Settings, services: Services | None = None) -> web.Application:
     """`services` lets tests inject a backend or store; by default they come from the settings."""
-    middlewares = [error_middleware, tenant_middleware]
+    middlewares = [observe_middleware, error_middleware, tenant_middleware]
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[SERVICES] = services or build_services(settings, Renderer(load_harmony_encoding(settings.vocab_path)))
+    if settings.metrics_public:
+        app.router.add_get("/metrics", serve_metrics)
+    if settings.metrics_port is not None:
+        start, stop = _metrics_listener(settings, app[SERVICES])
+        app.on_startup.append(start)
+        app.on_cleanup.append(stop)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", serve_openapi)

@@ -19,6 +19,7 @@ from .chat_output import Choice, usage
 from .constraints import NOT_ENFORCED
 from .cot_recovery import index_cot
 from .errors import ApiError, invalid, read_model
+from .metrics import STATS
 from .pipeline import plan_turn, start_turn
 from .services import SERVICES, Services
 from .sse import DONE, ClientGone, frame, open_stream, pump
@@ -189,7 +190,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=None if req.seed is None else req.seed + index,
         )
-        turn = start_turn(services, plan, sampling, constraint, f"{request_id}/{index}")
+        observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
+        turn = start_turn(services, plan, sampling, constraint, f"{request_id}/{index}", observer)
         choices.append(Choice(index, turn, StopMatcher(req.stop_sequences)))
     completion = Completion(services, req, tenant, choices)
     try:

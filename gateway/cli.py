@@ -42,7 +42,9 @@ def _serve(args: argparse.Namespace) -> int:
     except (VocabularyError, ConfigError, ScriptError, ValueError) as exc:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
         return 2
-    web.run_app(app, host=settings.host, port=settings.port, print=lambda line: print(line, flush=True))
+    web.run_app(
+        app, host=settings.host, port=settings.port, access_log=None, print=lambda line: print(line, flush=True)
+    )
     return 0
 
 

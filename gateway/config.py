@@ -46,8 +46,11 @@ class Settings(BaseSettings):
     key_secret: SecretStr | None = None  # the HMAC secret API keys are hashed with (16+ characters)
     keys_file: str | None = None  # a JSON file of hashed keys (`gpt-oss-gateway keys create --file`)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)  # JSON: per-tenant rate, concurrency and size limits
+    metrics_port: int | None = None  # a separate listener for /metrics (Prometheus); None: not served there
+    metrics_public: bool = False  # also serve /metrics on the API port (off: the API port does not expose it)
+    metrics_tenants: Annotated[list[str], NoDecode] = Field(default_factory=list)  # tenants with their own label
 
-    @field_validator("models", "backend_urls", mode="before")
+    @field_validator("models", "backend_urls", "metrics_tenants", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value

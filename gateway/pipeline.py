@@ -8,6 +8,7 @@ from backends.base import Backend, Constraint, Sampling
 
 from .conversation import BuiltPrompt, PromptSpec, build_prompt
 from .cot_recovery import recover_cot
+from .metrics import TurnObserver
 from .services import Services
 from .turn import Turn
 
@@ -30,7 +31,15 @@ async def plan_turn(
     return Plan(backend, built, room if max_output is None else min(max_output, room))
 
 
-def start_turn(services: Services, plan: Plan, sampling: Sampling, constraint: Constraint, request_id: str) -> Turn:
+def start_turn(
+    services: Services,
+    plan: Plan,
+    sampling: Sampling,
+    constraint: Constraint,
+    request_id: str,
+    observer: TurnObserver | None,
+) -> Turn:
+    tokens = plan.built.tokens
     return Turn(
-        plan.backend, services.encoding, plan.built.tokens, plan.max_new_tokens, sampling, constraint, request_id
+        plan.backend, services.encoding, tokens, plan.max_new_tokens, sampling, constraint, request_id, observer
     )

@@ -20,6 +20,7 @@ from .cot_recovery import index_cot
 from .dialog import Entry
 from .errors import invalid, not_found, read_model, unavailable
 from .limits import MAX_HISTORY_MESSAGES
+from .metrics import STATS
 from .pipeline import plan_turn, start_turn
 from .responses_input import check_tenant_caps, constraint_for, prompt_spec
 from .responses_models import UNION_TAGS, ResponsesRequest
@@ -203,7 +204,8 @@ async def prepare(request: web.Request) -> Job:
         top_p=1.0 if req.top_p is None else req.top_p,
     )
     request_id = request_id_of(request, response_id)
-    turn = start_turn(services, plan, sampling, constraint, request_id)
+    observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
+    turn = start_turn(services, plan, sampling, constraint, request_id, observer)
     return Job(
         services,
         req,

@@ -20,8 +20,10 @@ from .admission import Admission
 from .auth import Authenticator
 from .config import Settings
 from .errors import ApiError
+from .metrics import Metrics
 from .runs import RunRegistry
 from .sealing import ReasoningSealer, parse_keys
+from .timed_store import TimedStore
 
 log = structlog.get_logger("gateway.services")
 
@@ -50,6 +52,7 @@ class Services:
     sealer: ReasoningSealer
     auth: Authenticator
     admission: Admission
+    metrics: Metrics
     runs: RunRegistry = field(default_factory=RunRegistry)
 
     @property
@@ -148,20 +151,26 @@ def _authenticator(settings: Settings) -> Authenticator:
     return Authenticator(secret.encode(), sources)
 
 
-def _admission(settings: Settings) -> Admission:
+def _admission(settings: Settings, metrics: Metrics) -> Admission:
     shared = RedisLimiter.from_url(settings.redis_url) if settings.redis_url else None
-    return Admission(settings.limits, shared)
+
+    def refused(tenant: str, limit: str) -> None:
+        metrics.rate_limited.labels(limit, metrics.tenant_label(tenant)).inc()
+
+    return Admission(settings.limits, shared, refused)
 
 
 def build_services(settings: Settings, renderer: Renderer) -> Services:
+    metrics = Metrics(settings.metrics_tenants)
     return Services(
         settings=settings,
         renderer=renderer,
-        store=_store(settings),
+        store=TimedStore(_store(settings), metrics),
         backends=_backends(settings, renderer.encoding),
         sealer=_sealer(settings),
         auth=_authenticator(settings),
-        admission=_admission(settings),
+        admission=_admission(settings, metrics),
+        metrics=metrics,
     )
 
 

@@ -9,7 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
+from .services import SERVICES
+
 KEEPALIVE = b": keep-alive\n\n"
+STREAM_OPENED = web.RequestKey("stream_opened", bool)  # set when a request's SSE stream opens (for the gauge)
 DONE = b"data: [DONE]\n\n"  # the end of a Chat Completions stream
 
 
@@ -27,6 +30,8 @@ async def open_stream(request: web.Request, headers: dict[str, str] | None = Non
         }
     )
     await response.prepare(request)
+    request[STREAM_OPENED] = True
+    request.app[SERVICES].metrics.active_streams.inc()
     return response
 
 

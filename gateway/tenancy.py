@@ -15,7 +15,10 @@ def tenant_of(request: web.Request) -> str:
     return request[TENANT]
 
 
+def valid_request_id(given: str) -> str | None:
+    return given if _REQUEST_ID.match(given) else None
+
+
 def request_id_of(request: web.Request, fallback: str) -> str:
     """The client's X-Request-ID when it is well formed, else ours."""
-    given = request.headers.get("X-Request-ID", "")
-    return given if _REQUEST_ID.match(given) else fallback
+    return valid_request_id(request.headers.get("X-Request-ID", "")) or fallback

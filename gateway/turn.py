@@ -12,8 +12,9 @@ import structlog
 from backends.base import Backend, BackendError, Constraint, GenerateRequest, Sampling
 from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReason
 
-from .assembler import ItemEvent, OutputAssembler
+from .assembler import Delta, ItemEvent, Opened, OutputAssembler
 from .constraints import NOT_ENFORCED, violation
+from .metrics import TurnObserver
 
 log = structlog.get_logger("gateway.turn")
 
@@ -40,8 +41,10 @@ class Turn:
         sampling: Sampling,
         constraint: Constraint,
         request_id: str,
+        observer: TurnObserver | None = None,
     ) -> None:
         self.backend = backend
+        self._observer = observer
         self.assembler = OutputAssembler(encoding)
         self.prompt_tokens = len(prompt)
         self.cached_tokens = 0
@@ -58,6 +61,22 @@ class Turn:
 
     async def events(self) -> AsyncIterator[list[ItemEvent]]:
         """Batches of item events as tokens arrive; closing the iterator cancels the generation."""
+        try:
+            async for events in self._generate():
+                yield events
+        finally:
+            self._report()
+
+    def _report(self) -> None:
+        if self._observer is None:
+            return
+        outcome, assembler = self.outcome, self.assembler
+        failed = outcome is not None and outcome.status == "failed" and outcome.error_code != NOT_ENFORCED
+        self._observer.finished(
+            failed, self.prompt_tokens, self.cached_tokens, assembler.output_tokens, assembler.reasoning_tokens
+        )
+
+    async def _generate(self) -> AsyncIterator[list[ItemEvent]]:
         assembler = self.assembler
         ended = False  # a stop token or the token limit was reached; only a usage report may follow
         try:
@@ -71,6 +90,8 @@ class Turn:
                         continue
                     tokens, ended = self._accept(chunk.tokens)
                     events = assembler.feed(tokens)
+                    if tokens and self._observer is not None:
+                        self._observer.tokens(len(tokens), any(map(_is_content, events)))
                     if events:
                         yield events
         except Exception as exc:  # a backend failure fails this response, never the process
@@ -103,3 +124,10 @@ class Turn:
             if problem:
                 return Outcome("failed", error_code=NOT_ENFORCED, error_message=problem)
         return Outcome("completed")
+
+
+def _is_content(event: ItemEvent) -> bool:
+    """Answer text or a tool call, as opposed to reasoning: what the time to first content token measures."""
+    if isinstance(event, Delta):
+        return event.item.kind != "reasoning"
+    return isinstance(event, Opened) and event.item.kind == "function_call"

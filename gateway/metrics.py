@@ -1,0 +1,135 @@
+"""Prometheus metrics (prefix `gateway_`), one registry per application.
+
+Labels never carry keys, request ids or text. The tenant label is bounded: the tenants listed in
+GATEWAY_METRICS_TENANTS, or else the first `MAX_TENANT_LABELS` tenants seen; every other tenant is
+counted as `other`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+MAX_TENANT_LABELS = 20
+OTHER = "other"
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOKEN_GAP = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5)
+_STORE = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5)
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """Token counts of one HTTP request (all its generations), for its access log line."""
+
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+STATS = web.RequestKey("stats", RequestStats)  # where the app's middleware keeps a request's token counts
+
+
+class Metrics:
+    def __init__(self, tenant_allow_list: list[str] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._allowed = set(tenant_allow_list or [])
+        self._seen: set[str] = set()
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests", "HTTP requests by route, status and tenant", ["route", "status", "tenant"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "gateway_request_duration_seconds", "End-to-end request time (a stream: until it ends)", ["route"],
+            buckets=_LATENCY, registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds", "From admission to the first generated token", ["model"],
+            buckets=_LATENCY, registry=r,
+        )  # fmt: skip
+        self.ttfct = Histogram(
+            "gateway_time_to_first_content_token_seconds",
+            "From admission to the first token of answer text or a tool call (after any reasoning)", ["model"],
+            buckets=_LATENCY, registry=r,
+        )  # fmt: skip
+        self.inter_token = Histogram(
+            "gateway_inter_token_latency_seconds", "Time between generated tokens", ["model"],
+            buckets=_TOKEN_GAP, registry=r,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "gateway_tokens", "Tokens by type: input, cached, output, reasoning", ["type", "model", "tenant"],
+            registry=r,
+        )  # fmt: skip
+        self.active_streams = Gauge("gateway_active_streams", "SSE streams open to clients", registry=r)
+        self.rate_limited = Counter(
+            "gateway_rate_limited", "Requests refused by a limit", ["limit", "tenant"], registry=r
+        )
+        self.generation_seconds = Histogram(
+            "gateway_backend_generation_seconds", "One generation on a backend, start to end", ["model"],
+            buckets=_LATENCY, registry=r,
+        )  # fmt: skip
+        self.backend_errors = Counter(
+            "gateway_backend_errors", "Generations that failed in the backend", ["model"], registry=r
+        )
+        self.store_seconds = Histogram(
+            "gateway_store_operation_duration_seconds", "Response store operations", ["operation"],
+            buckets=_STORE, registry=r,
+        )  # fmt: skip
+        self.store_errors = Counter(
+            "gateway_store_errors", "Response store operations that failed", ["operation"], registry=r
+        )
+
+    def tenant_label(self, tenant: str | None) -> str:
+        if tenant is None:
+            return "none"
+        if self._allowed:
+            return tenant if tenant in self._allowed else OTHER
+        if tenant in self._seen:
+            return tenant
+        if len(self._seen) < MAX_TENANT_LABELS:
+            self._seen.add(tenant)
+            return tenant
+        return OTHER
+
+    def turn_observer(self, model: str, tenant: str, stats: RequestStats | None) -> TurnObserver:
+        return TurnObserver(self, model, self.tenant_label(tenant), stats or RequestStats())
+
+
+@dataclass(slots=True)
+class TurnObserver:
+    """Timings and token counts of one generation, reported by its Turn."""
+
+    metrics: Metrics
+    model: str
+    tenant: str
+    stats: RequestStats
+    started: float = field(default_factory=time.monotonic)
+    last_token: float | None = None
+    content_seen: bool = False
+
+    def tokens(self, count: int, content: bool) -> None:
+        now = time.monotonic()
+        if self.last_token is None:
+            self.metrics.ttft.labels(self.model).observe(now - self.started)
+        else:
+            self.metrics.inter_token.labels(self.model).observe((now - self.last_token) / count)
+        self.last_token = now
+        if content and not self.content_seen:
+            self.content_seen = True
+            self.metrics.ttfct.labels(self.model).observe(now - self.started)
+
+    def finished(self, failed: bool, prompt: int, cached: int, output: int, reasoning: int) -> None:
+        metrics, model, tenant = self.metrics, self.model, self.tenant
+        metrics.generation_seconds.labels(model).observe(time.monotonic() - self.started)
+        if failed:
+            metrics.backend_errors.labels(model).inc()
+        for kind, count in (("input", prompt), ("cached", cached), ("output", output), ("reasoning", reasoning)):
+            metrics.tokens.labels(kind, model, tenant).inc(count)
+        stats = self.stats
+        stats.input_tokens += prompt
+        stats.cached_tokens += cached
+        stats.output_tokens += output
+        stats.reasoning_tokens += reasoning
