@@ -23,6 +23,7 @@ from .sse import STREAM_OPENED
 from .tenancy import valid_request_id
 
 access_log = structlog.get_logger("gateway.access")
+QUIET_ROUTES = ("/healthz", "/readyz")  # probes: counted in the metrics, not logged every few seconds
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -65,19 +66,32 @@ async def observe_middleware(request: web.Request, handler):
             metrics.request_seconds.labels(route).observe(seconds)
             if request.get(STREAM_OPENED):
                 metrics.active_streams.dec()
-            access_log.info(
-                "request",
-                request_id=(response.headers.get("X-Request-ID") if response is not None else None) or given,
-                method=request.method,
-                route=route,
-                status=status,
-                tenant=tenant,
-                duration_ms=round(seconds * 1000, 2),
-                input_tokens=stats.input_tokens,
-                cached_tokens=stats.cached_tokens,
-                output_tokens=stats.output_tokens,
-                reasoning_tokens=stats.reasoning_tokens,
-            )
+            if route not in QUIET_ROUTES:
+                _log_access(request, response, route, status, seconds, given, stats)
+
+
+def _log_access(
+    request: web.Request,
+    response: web.StreamResponse | None,
+    route: str,
+    status: int,
+    seconds: float,
+    given: str | None,
+    stats: RequestStats,
+) -> None:
+    access_log.info(
+        "request",
+        request_id=(response.headers.get("X-Request-ID") if response is not None else None) or given,
+        method=request.method,
+        route=route,
+        status=status,
+        tenant=request.get(TENANT),
+        duration_ms=round(seconds * 1000, 2),
+        input_tokens=stats.input_tokens,
+        cached_tokens=stats.cached_tokens,
+        output_tokens=stats.output_tokens,
+        reasoning_tokens=stats.reasoning_tokens,
+    )
 
 
 async def serve_metrics(request: web.Request) -> web.Response:
