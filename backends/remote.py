@@ -193,8 +193,12 @@ class RemoteBackend:
             clean = False
             try:
                 if response.status != 200:
-                    async with asyncio.timeout(options.token_timeout_s):
-                        raise _http_failure(response.status, await response.content.read(MAX_ERROR_BODY_BYTES))
+                    try:
+                        async with asyncio.timeout(options.token_timeout_s):
+                            body = await response.content.read(MAX_ERROR_BODY_BYTES)
+                    except TimeoutError:
+                        body = b""  # the status alone says enough
+                    raise _http_failure(response.status, body)
                 events = sse_events(response.content.iter_any(), options.max_event_bytes)
                 async for chunk in self._chunks(events, request, deadline):
                     yield chunk
