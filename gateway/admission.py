@@ -77,8 +77,10 @@ class Admission:
         self._active: dict[int, Ticket] = {}
         self._renewer: asyncio.Task[None] | None = None
 
-    async def _guarded(self, call, limiter: Limiter):
-        """Runs `call(limiter)`; on a Redis failure, applies the configured policy."""
+    async def _counted(self, call):
+        """`call(limiter)` on the shared limiter (else the local one), and the limiter that counted it;
+        on a Redis failure the configured policy decides: count locally, admit uncounted (None, None), or 503."""
+        limiter = self._shared or self._local
         try:
             return await call(limiter), limiter
         except StoreUnavailable:
@@ -95,37 +97,35 @@ class Admission:
     ) -> Ticket:
         limits = self.config.for_tenant(tenant)
         ticket = Ticket(self, tenant)
-        limiter = self._shared or self._local
         try:
             if limits.requests_per_minute:
                 rpm = limits.requests_per_minute
-                decision, _ = await self._guarded(lambda lim: lim.charge(tenant, "rpm", rpm, rpm, 1), limiter)
+                decision, _ = await self._counted(lambda lim: lim.charge(tenant, "rpm", rpm, rpm, 1))
                 if decision is not None and not decision.admitted:
-                    raise _rate_limited("requests", rpm, decision)
+                    raise self._refused(tenant, "requests", _rate_limited("requests", rpm, decision))
             if limits.tokens_per_minute:
                 tpm = limits.tokens_per_minute
                 cost = prompt_tokens + choices * max_output_tokens
                 if cost > tpm:
-                    raise ApiError(
+                    too_large = ApiError(
                         429,
                         f"Request too large: it may use {cost} tokens (prompt and maximum output) and the limit is "
                         f"{tpm} tokens per minute. Lower max_output_tokens or the prompt.",
                         code="rate_limit_exceeded",
                         kind="tokens",
                     )
-                decision, used = await self._guarded(lambda lim: lim.charge(tenant, "tpm", tpm, tpm, cost), limiter)
+                    raise self._refused(tenant, "tokens", too_large)
+                decision, used = await self._counted(lambda lim: lim.charge(tenant, "tpm", tpm, tpm, cost))
                 if decision is not None and not decision.admitted:
-                    raise _rate_limited("tokens", tpm, decision)
+                    raise self._refused(tenant, "tokens", _rate_limited("tokens", tpm, decision))
                 if used is not None:
                     ticket.reserved_tokens, ticket.tokens_limiter = cost, used
             if limits.concurrent_requests:
-                await self._lease(ticket, "requests", limits.concurrent_requests, limiter)
+                await self._lease(ticket, "requests", limits.concurrent_requests)
             if stream and limits.concurrent_streams:
-                await self._lease(ticket, "streams", limits.concurrent_streams, limiter)
-        except BaseException as exc:
+                await self._lease(ticket, "streams", limits.concurrent_streams)
+        except BaseException:
             await ticket.settle(0)
-            if isinstance(exc, ApiError) and exc.status == 429:
-                self._on_refused(tenant, exc.kind if exc.code == "rate_limit_exceeded" else "concurrency")
             raise
         if ticket.leases:
             self._active[id(ticket)] = ticket
@@ -133,21 +133,26 @@ class Admission:
                 self._renewer = asyncio.get_running_loop().create_task(self._renew_leases())
         return ticket
 
-    async def _lease(self, ticket: Ticket, name: str, limit: int, limiter: Limiter) -> None:
+    def _refused(self, tenant: str, limit: str, error: ApiError) -> ApiError:
+        self._on_refused(tenant, limit)
+        return error
+
+    async def _lease(self, ticket: Ticket, name: str, limit: int) -> None:
         lease_id = secrets.token_hex(8)
         ttl = self.config.lease_ttl_s
-        granted, used = await self._guarded(lambda lim: lim.lease(ticket.tenant, name, limit, lease_id, ttl), limiter)
+        granted, used = await self._counted(lambda lim: lim.lease(ticket.tenant, name, limit, lease_id, ttl))
         if used is None:
             return
         if not granted:
             what = "generations" if name == "requests" else "streams"
-            raise ApiError(
+            busy = ApiError(
                 429,
                 f"Too many concurrent {what} for this API key (limit {limit}); wait for one to finish.",
                 code="concurrency_limit_exceeded",
                 kind="requests",
                 headers={"Retry-After": "1"},
             )
+            raise self._refused(ticket.tenant, "concurrency", busy)
         ticket.leases.append(_Lease(used, name, lease_id))
 
     async def settle(self, ticket: Ticket, used_tokens: int) -> None:

@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 
 from state import StoreUnavailable
-from state.keys import FileKeys, KeyRecord, KeySource, hash_key
+from state.keys import KeyRecord, KeySource, hash_key
 
 from .errors import ApiError, unavailable
 
@@ -72,15 +72,12 @@ class Authenticator:
             except StoreUnavailable as exc:
                 raise unavailable("The API key store is unavailable; try again.") from exc
             if record is not None:
-                if not isinstance(source, FileKeys):
-                    if len(self._cache) >= KEY_CACHE_SIZE:
-                        self._cache.clear()
-                    self._cache[key_hash] = (now + KEY_CACHE_S, record)
+                if len(self._cache) >= KEY_CACHE_SIZE:
+                    self._cache.clear()
+                self._cache[key_hash] = (now + KEY_CACHE_S, record)
                 return record
         return None
 
     async def aclose(self) -> None:
         for source in self._sources:
-            close = getattr(source, "aclose", None)
-            if close is not None:
-                await close()
+            await source.aclose()

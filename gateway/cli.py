@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import json
 import sys
-from typing import Any
 
 from aiohttp import web
 
@@ -64,23 +62,17 @@ async def _keys(args: argparse.Namespace) -> int:
             if settings.key_secret is None:
                 raise ConfigError("GATEWAY_KEY_SECRET must be set: keys are stored as HMACs made with it")
             key, record = new_record(settings.key_secret.get_secret_value().encode(), args.tenant, args.name)
-            await _maybe(store.add(record))
+            await store.add(record)
             print(json.dumps({**record.public(), "key": key}))
         elif args.action == "list":
-            for record in await _maybe(store.records()):
+            for record in await store.records():
                 print(json.dumps(record.public()))
-        elif not await _maybe(store.revoke(args.id)):
+        elif not await store.revoke(args.id):
             print(f"gpt-oss-gateway: no key with id {args.id}", file=sys.stderr)
             return 1
     finally:
-        if isinstance(store, RedisKeys):
-            await store.aclose()
+        await store.aclose()
     return 0
-
-
-async def _maybe(value: Any) -> Any:
-    """File stores answer at once, Redis stores with a coroutine."""
-    return await value if inspect.isawaitable(value) else value
 
 
 def _run_keys(args: argparse.Namespace) -> int:

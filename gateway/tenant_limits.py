@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from .errors import invalid
 
@@ -35,11 +35,17 @@ class LimitsConfig(BaseModel):
     on_store_failure: Literal["local", "open", "closed"] = "local"
     lease_ttl_s: float = Field(default=120.0, gt=1)  # a concurrency slot of a dead replica frees after this
 
+    _merged: dict[str, TenantLimits] = PrivateAttr(default_factory=dict)
+
+    def model_post_init(self, context: Any) -> None:
+        """Each override merged with the defaults once, not on every request."""
+        self._merged = {
+            tenant: self.default.model_copy(update=override.model_dump(exclude_unset=True))
+            for tenant, override in self.tenants.items()
+        }
+
     def for_tenant(self, tenant: str) -> TenantLimits:
-        override = self.tenants.get(tenant)
-        if override is None:
-            return self.default
-        return self.default.model_copy(update=override.model_dump(exclude_unset=True))
+        return self._merged.get(tenant, self.default)
 
 
 def check_caps(

@@ -63,15 +63,20 @@ def new_record(secret: bytes, tenant: str, name: str) -> tuple[str, KeyRecord]:
 class KeySource(Protocol):
     async def find(self, key_hash: str) -> KeyRecord | None: ...
 
+    async def aclose(self) -> None: ...
+
 
 class FileKeys:
-    """A JSON file `{"keys": [record, ...]}`: for operators who manage keys as configuration."""
+    """A JSON file `{"keys": [record, ...]}`: for operators who manage keys as configuration.
+
+    Its admin methods are coroutines like RedisKeys' so that the CLI treats both stores alike.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._by_hash = {record.hash: record for record in self.records()}
+        self._by_hash = {record.hash: record for record in self._read()}
 
-    def records(self) -> list[KeyRecord]:
+    def _read(self) -> list[KeyRecord]:
         if not self.path.exists():
             return []
         try:
@@ -90,15 +95,21 @@ class FileKeys:
         temporary.replace(self.path)
         self._by_hash = {record.hash: record for record in records}
 
-    def add(self, record: KeyRecord) -> None:
-        self._write([*self.records(), record])
+    async def records(self) -> list[KeyRecord]:
+        return self._read()
 
-    def revoke(self, key_id: str) -> bool:
-        records = self.records()
+    async def add(self, record: KeyRecord) -> None:
+        self._write([*self._read(), record])
+
+    async def revoke(self, key_id: str) -> bool:
+        records = self._read()
         kept = [r for r in records if r.id != key_id]
         if len(kept) != len(records):
             self._write(kept)
         return len(kept) != len(records)
+
+    async def aclose(self) -> None:
+        return None
 
 
 class RedisKeys:

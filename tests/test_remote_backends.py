@@ -219,11 +219,9 @@ def test_an_upstream_400_fails_with_its_message_and_is_not_retried():
     rejecting = _fake("vllm", status=400)
     other = _fake("vllm")
     with _serving("vllm", [rejecting, other]) as (gateway, client):
-        _pool(gateway).upstreams[1].outstanding = 1
+        _pool(gateway).upstreams[1].outstanding = 1  # the rejecting server is chosen first
         response = client.responses.create(model=MODEL, input="thanks")
-        _pool(gateway).upstreams[1].outstanding = 0
         with pytest.raises(openai.APIStatusError) as failure:
-            _pool(gateway).upstreams[1].outstanding = 1
             client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "thanks"}])
         _pool(gateway).upstreams[1].outstanding = 0
     assert response.status == "failed"
