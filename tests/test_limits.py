@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -218,3 +219,25 @@ def test_memory_and_redis_limiters_agree(redis_server):
             await redis_limiter.aclose()
 
     asyncio.run(both())
+
+
+def test_a_concurrency_slot_outlives_its_lease_ttl_while_the_generation_runs(tmp_path):
+    live = _gateway(tmp_path, {"tenants": {"small": {"concurrent_streams": 1}}, "lease_ttl_s": 1.2})
+    try:
+        api = _client(live)
+        started = threading.Event()
+
+        def slow_stream() -> None:
+            for _ in api.responses.create(model=MODEL, input="go slowly", stream=True):
+                started.set()
+
+        worker = threading.Thread(target=slow_stream)
+        worker.start()
+        assert started.wait(10)
+        time.sleep(1.5)  # past the lease's ttl: only its renewal keeps the slot taken
+        assert worker.is_alive()
+        with pytest.raises(openai.RateLimitError):
+            list(api.responses.create(model=MODEL, input="hi", stream=True))
+        worker.join(30)
+    finally:
+        live.stop()

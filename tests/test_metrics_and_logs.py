@@ -13,6 +13,8 @@ from live_gateway import GatewayProcess
 from prometheus_client.parser import text_string_to_metric_families
 from redis_servers import free_port
 
+from gateway.metrics import MAX_TENANT_LABELS, OTHER, Metrics
+
 MODEL = "gpt-oss-120b"
 KEYS = {"sk-metrics-acme": "acme", "sk-metrics-beta": "beta"}
 
@@ -135,3 +137,13 @@ def test_request_ids_are_bound_to_every_log_line_of_the_request(served):
     lines = [json.loads(line) for line in process.log_text().splitlines() if line.startswith("{")]
     access = [line for line in lines if line.get("event") == "request"]
     assert access[-1]["request_id"] == "trace-42" and access[-1]["tenant"] == "acme"
+
+
+def test_the_tenant_label_is_bounded():
+    seen = Metrics()
+    labels = [seen.tenant_label(f"t{i}") for i in range(MAX_TENANT_LABELS + 5)]
+    assert labels[:MAX_TENANT_LABELS] == [f"t{i}" for i in range(MAX_TENANT_LABELS)]
+    assert set(labels[MAX_TENANT_LABELS:]) == {OTHER}
+    assert seen.tenant_label("t0") == "t0" and seen.tenant_label(None) == "none"
+    listed = Metrics(["gold"])
+    assert [listed.tenant_label(t) for t in ("gold", "t0", "t1")] == ["gold", OTHER, OTHER]
