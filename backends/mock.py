@@ -116,6 +116,9 @@ class MockBackend:
             raise ScriptError(f"cannot read mock script {path}: {exc}") from exc
         return cls(script, encoding)
 
+    async def ready(self) -> bool:
+        return True
+
     async def aclose(self) -> None:
         return None
 

@@ -139,6 +139,10 @@ class RemoteBackend:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
+    async def ready(self) -> bool:
+        """Ready while some upstream is not ejected (ejected ones are probed back in the background)."""
+        return any(upstream.healthy for upstream in self.pool.upstreams)
+
     async def aclose(self) -> None:
         await self.pool.aclose()
         if self._session is not None:

@@ -14,6 +14,7 @@ from .auth import TENANT
 from .chat_api import add_routes as add_chat_routes
 from .config import Settings
 from .errors import ApiError, error_middleware
+from .lifecycle import SHUTTING_DOWN
 from .metrics import STATS, RequestStats
 from .models_api import add_routes as add_models_routes
 from .openapi import serve_openapi
@@ -32,15 +33,20 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: the vocabulary is loaded and the response store answers."""
+    """Readiness: not draining, the response store answers, and every backend can take requests."""
     services = request.app[SERVICES]
     store_ok = await services.store.ping()
+    backend_ready = {id(b): await b.ready() for b in services.backends.values()}
+    models = {model: "ready" if backend_ready[id(b)] else "unavailable" for model, b in services.backends.items()}
+    draining = services.lifecycle.draining
+    ready = store_ok and all(backend_ready.values()) and not draining
     body = {
-        "status": "ready" if store_ok else "unavailable",
+        "status": "draining" if draining else "ready" if ready else "unavailable",
         "vocab_size": services.encoding.vocab_size,
         "store": "ok" if store_ok else "unreachable",
+        "models": models,
     }
-    return web.json_response(body, status=200 if store_ok else 503)
+    return web.json_response(body, status=200 if ready else 503)
 
 
 @web.middleware
@@ -61,6 +67,8 @@ async def observe_middleware(request: web.Request, handler):
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else "unmatched"
             status = response.status if response is not None else 500
+            if services.lifecycle.draining and response is not None and not response.prepared:
+                response.force_close()  # "Connection: close": the client's next request goes to another replica
             tenant = request.get(TENANT)
             metrics.requests.labels(route, str(status), metrics.tenant_label(tenant)).inc()
             metrics.request_seconds.labels(route).observe(seconds)
@@ -120,6 +128,27 @@ def _metrics_listener(settings: Settings, services: Services):
 
 
 @web.middleware
+async def drain_middleware(request: web.Request, handler):
+    """API requests count as work in flight; while the gateway drains, new ones are refused with a 503."""
+    if not request.path.startswith("/v1/"):
+        return await handler(request)
+    lifecycle = request.app[SERVICES].lifecycle
+    if lifecycle.draining:
+        raise ApiError(
+            503,
+            "The gateway is shutting down; retry the request.",
+            code=SHUTTING_DOWN,
+            kind="server_error",
+            headers={"Retry-After": "1"},
+        )
+    lifecycle.enter()
+    try:
+        return await handler(request)
+    finally:
+        lifecycle.leave()
+
+
+@web.middleware
 async def tenant_middleware(request: web.Request, handler):
     """Every /v1/ request gets its tenant from its API key (or a 401) before the route runs."""
     if request.path.startswith("/v1/"):
@@ -135,7 +164,7 @@ async def tenant_middleware(request: web.Request, handler):
 
 def create_app(settings: Settings, services: Services | None = None) -> web.Application:
     """`services` lets tests inject a backend or store; by default they come from the settings."""
-    middlewares = [observe_middleware, error_middleware, tenant_middleware]
+    middlewares = [observe_middleware, error_middleware, drain_middleware, tenant_middleware]
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[SERVICES] = services or build_services(settings, Renderer(load_harmony_encoding(settings.vocab_path)))
     if settings.metrics_public:

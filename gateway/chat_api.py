@@ -19,6 +19,7 @@ from .chat_output import Choice, usage
 from .constraints import NOT_ENFORCED
 from .cot_recovery import index_cot
 from .errors import ApiError, invalid, read_model
+from .lifecycle import SHUTTING_DOWN
 from .metrics import STATS
 from .pipeline import plan_turn, start_turn
 from .services import SERVICES, Services
@@ -30,6 +31,8 @@ from .tenancy import request_id_of, tenant_of
 def _backend_failure(choice: Choice) -> ApiError:
     outcome = choice.turn.outcome
     message = outcome.error_message if outcome and outcome.error_message else "The model backend failed."
+    if outcome is not None and outcome.error_code == SHUTTING_DOWN:
+        return ApiError(503, message, code=SHUTTING_DOWN, kind="server_error")
     return ApiError(502, message, code="backend_error", kind="server_error")
 
 

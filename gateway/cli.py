@@ -7,8 +7,6 @@ import asyncio
 import json
 import sys
 
-from aiohttp import web
-
 from backends.mock import ScriptError
 from harmony import VocabularyError
 from state import StoreUnavailable
@@ -16,8 +14,9 @@ from state.keys import FileKeys, KeyAdminError, RedisKeys, new_record
 
 from .app import create_app
 from .config import Settings
+from .lifecycle import serve
 from .logs import configure_logging
-from .services import ConfigError
+from .services import SERVICES, ConfigError
 
 _OPTIONS = (
     ("--host", "host", str, "bind address (GATEWAY_HOST, default 127.0.0.1)"),
@@ -40,8 +39,9 @@ def _serve(args: argparse.Namespace) -> int:
     except (VocabularyError, ConfigError, ScriptError, ValueError) as exc:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
         return 2
-    web.run_app(
-        app, host=settings.host, port=settings.port, access_log=None, print=lambda line: print(line, flush=True)
+    lifecycle = app[SERVICES].lifecycle
+    asyncio.run(
+        serve(app, settings.host, settings.port, settings.drain_s, lifecycle, lambda line: print(line, flush=True))
     )
     return 0
 

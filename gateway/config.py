@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     reasoning_keys: str | None = None  # `id:base64(32 bytes),...` for encrypted_content; None: per-process key
     max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)
     keepalive_s: float = Field(default=15.0, gt=0)
+    drain_s: float = Field(default=30.0, ge=0)  # on SIGTERM: how long work in flight may finish before it is cut
     # auto: API keys when a key secret or keys file is set; none on a loopback address; else refuse to start
     auth: Literal["auto", "off", "keys"] = "auto"
     key_secret: SecretStr | None = None  # the HMAC secret API keys are hashed with (16+ characters)

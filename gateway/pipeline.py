@@ -41,5 +41,13 @@ def start_turn(
 ) -> Turn:
     tokens = plan.built.tokens
     return Turn(
-        plan.backend, services.encoding, tokens, plan.max_new_tokens, sampling, constraint, request_id, observer
+        plan.backend,
+        services.encoding,
+        tokens,
+        plan.max_new_tokens,
+        sampling,
+        constraint,
+        request_id,
+        observer,
+        services.lifecycle,
     )

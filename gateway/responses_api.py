@@ -329,7 +329,10 @@ def _start(job: Job, stream: bool) -> Run:
             run.log.close()
             job.services.runs.remove(job.response_id)
 
+    lifecycle = job.services.lifecycle
+    lifecycle.enter()  # counted from now (a drain cannot miss it) until the task is done, even if never started
     run.task = asyncio.ensure_future(main())
+    run.task.add_done_callback(lambda _: lifecycle.leave())
     job.services.runs.add(job.response_id, run)
     return run
 

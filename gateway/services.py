@@ -20,6 +20,7 @@ from .admission import Admission
 from .auth import Authenticator
 from .config import Settings
 from .errors import ApiError
+from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .runs import RunRegistry
 from .sealing import ReasoningSealer, parse_keys
@@ -54,6 +55,7 @@ class Services:
     admission: Admission
     metrics: Metrics
     runs: RunRegistry = field(default_factory=RunRegistry)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
 
     @property
     def encoding(self) -> HarmonyEncoding:

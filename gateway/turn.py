@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -9,11 +10,12 @@ from typing import Literal
 
 import structlog
 
-from backends.base import Backend, BackendError, Constraint, GenerateRequest, Sampling
+from backends.base import Backend, BackendError, Chunk, Constraint, GenerateRequest, Sampling
 from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReason
 
 from .assembler import Delta, ItemEvent, Opened, OutputAssembler
 from .constraints import NOT_ENFORCED, violation
+from .lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
 from .metrics import TurnObserver
 
 log = structlog.get_logger("gateway.turn")
@@ -42,9 +44,14 @@ class Turn:
         constraint: Constraint,
         request_id: str,
         observer: TurnObserver | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.backend = backend
         self._observer = observer
+        self._lifecycle = lifecycle
+        self._cut = False  # the gateway is shutting down: stop reading the backend, fail the answer
+        self._waiting: asyncio.Task[object] | None = None  # the task awaiting the backend's next chunk
+        self._cancelled_by_cut = False
         self.assembler = OutputAssembler(encoding)
         self.prompt_tokens = len(prompt)
         self.cached_tokens = 0
@@ -61,11 +68,22 @@ class Turn:
 
     async def events(self) -> AsyncIterator[list[ItemEvent]]:
         """Batches of item events as tokens arrive; closing the iterator cancels the generation."""
+        if self._lifecycle is not None:
+            self._lifecycle.generation_started(self)
         try:
             async for events in self._generate():
                 yield events
         finally:
+            if self._lifecycle is not None:
+                self._lifecycle.generation_ended(self)
             self._report()
+
+    def cut(self) -> None:
+        """End the generation now (the drain budget is spent): the answer fails with a shutting-down error."""
+        self._cut = True
+        if self._waiting is not None:
+            self._cancelled_by_cut = True
+            self._waiting.cancel()
 
     def _report(self) -> None:
         if self._observer is None:
@@ -81,7 +99,7 @@ class Turn:
         ended = False  # a stop token or the token limit was reached; only a usage report may follow
         try:
             async with aclosing(self.backend.generate(self._request)) as chunks:
-                async for chunk in chunks:
+                while (chunk := await self._next(chunks)) is not None:
                     if chunk.cached_tokens is not None:
                         self.cached_tokens = min(chunk.cached_tokens, self.prompt_tokens)
                     if ended:
@@ -94,15 +112,38 @@ class Turn:
                         self._observer.tokens(len(tokens), any(map(_is_content, events)))
                     if events:
                         yield events
+        except asyncio.CancelledError:
+            if not self._absorb_cut():
+                raise
         except Exception as exc:  # a backend failure fails this response, never the process
             log.warning("backend_failed", request_id=self._request.request_id, error=type(exc).__name__)
             message = str(exc) if isinstance(exc, BackendError) else "The model backend failed."
             self.outcome = Outcome("failed", error_code="server_error", error_message=message)
+        if self._cut and not ended:
+            self.outcome = Outcome("failed", error_code=SHUTTING_DOWN, error_message=CUT_MESSAGE)
         tail = assembler.finish()
         if tail:
             yield tail
         if self.outcome is None:
             self.outcome = self._judge()
+
+    async def _next(self, chunks: AsyncIterator[Chunk]) -> Chunk | None:
+        """The backend's next chunk; None at its end or once the generation is cut."""
+        if self._cut:
+            return None
+        self._waiting = asyncio.current_task()
+        try:
+            return await anext(chunks, None)
+        finally:
+            self._waiting = None
+
+    def _absorb_cut(self) -> bool:
+        """Whether a cancellation is the cut's alone (then it is taken back); any other cancellation stands."""
+        if not self._cancelled_by_cut:
+            return False
+        self._cancelled_by_cut = False
+        task = asyncio.current_task()
+        return task is not None and task.uncancel() == 0
 
     def _accept(self, tokens: list[int]) -> tuple[list[int], bool]:
         """The tokens up to the first stop id and within the limit, and whether the output ends there."""

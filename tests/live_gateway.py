@@ -129,5 +129,8 @@ class FailingBackend:
             yield Chunk([token])
         raise ConnectionError("upstream went away")
 
+    async def ready(self) -> bool:
+        return True
+
     async def aclose(self) -> None:
         return None

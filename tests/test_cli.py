@@ -39,7 +39,12 @@ def test_serve_answers_health_and_readiness():
         assert (status, body) == (200, {"status": "ok"})
         assert _get(f"http://127.0.0.1:{port}/readyz") == (
             200,
-            {"status": "ready", "vocab_size": 201089, "store": "ok"},
+            {
+                "status": "ready",
+                "vocab_size": 201089,
+                "store": "ok",
+                "models": {"gpt-oss-120b": "ready", "gpt-oss-20b": "ready"},
+            },
         )
     finally:
         proc.terminate()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import http.client
 import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -238,11 +240,22 @@ def test_an_error_event_mid_stream_fails_the_response():
     assert events[-1].response.error.message == "The model server reported an error: CUDA out of memory (fake)"
 
 
-def test_all_upstreams_unreachable_fails_cleanly():
+def _readiness(gateway: LiveGateway) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(gateway.url + "/readyz", timeout=5) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def test_all_upstreams_unreachable_fails_cleanly_and_the_replica_is_not_ready():
     urls = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
-    with _serving("llamacpp", [], urls=urls) as (_, client):
+    with _serving("llamacpp", [], urls=urls, eject_after=1, probe_interval_s=60) as (gateway, client):
+        assert _readiness(gateway)[0] == 200
         response = client.responses.create(model=MODEL, input="thanks")
+        status, body = _readiness(gateway)
     assert (response.status, response.error.message) == ("failed", "The model server could not be reached.")
+    assert (status, body["status"], body["models"], body["store"]) == (503, "unavailable", {MODEL: "unavailable"}, "ok")
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from backends.base import Capabilities, Chunk, Constraint, Sampling
+from gateway.lifecycle import Lifecycle
 from gateway.turn import Turn
 
 ANSWER = "<|channel|>final<|message|>done<|return|>"
@@ -32,16 +33,15 @@ class RunawayBackend:
         finally:
             self.closed = True
 
+    async def ready(self) -> bool:
+        return True
+
     async def aclose(self) -> None:
         return None
 
 
 def _run(turn: Turn) -> None:
-    async def drain() -> None:
-        async for _ in turn.events():
-            pass
-
-    asyncio.run(drain())
+    asyncio.run(_consume(turn))
 
 
 @pytest.mark.parametrize("per_chunk", [1, 3, 100])
@@ -71,3 +71,55 @@ def test_a_usage_report_after_the_stop_is_kept(encoding):
     turn = Turn(backend, encoding, [1, 2, 3, 4], 500, Sampling(), Constraint(), "req")
     _run(turn)
     assert turn.cached_tokens == 3
+
+
+class StallingBackend(RunawayBackend):
+    """Sends a few tokens of an answer, then waits for a token that never comes."""
+
+    async def generate(self, request):
+        try:
+            yield Chunk(self._tokens[:3])
+            await asyncio.sleep(3600)
+        finally:
+            self.closed = True
+
+
+def test_a_drain_cut_fails_the_generation_and_closes_the_backend(encoding):
+    backend = StallingBackend(encoding, ANSWER, 1)
+    lifecycle = Lifecycle()
+
+    async def scenario() -> Turn:
+        turn = Turn(backend, encoding, [1, 2], 500, Sampling(), Constraint(), "req", lifecycle=lifecycle)
+        consumer = asyncio.ensure_future(_consume(turn))
+        await asyncio.sleep(0.05)
+        lifecycle.enter()  # a request in flight, so that the drain waits, then cuts
+        drain = asyncio.ensure_future(lifecycle.drain(budget_s=0.05))
+        await consumer  # ends by itself once cut: the cut is not a cancellation of the consumer
+        lifecycle.leave()
+        await drain
+        return turn
+
+    turn = asyncio.run(scenario())
+    assert (turn.outcome.status, turn.outcome.error_code) == ("failed", "server_shutting_down")
+    assert backend.closed and lifecycle.cutting
+
+
+def test_a_cancellation_during_a_cut_still_cancels(encoding):
+    backend = StallingBackend(encoding, ANSWER, 1)
+
+    async def scenario() -> None:
+        turn = Turn(backend, encoding, [1, 2], 500, Sampling(), Constraint(), "req", lifecycle=Lifecycle())
+        consumer = asyncio.ensure_future(_consume(turn))
+        await asyncio.sleep(0.05)
+        consumer.cancel()  # the client left at the same moment
+        turn.cut()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+
+    asyncio.run(scenario())
+    assert backend.closed
+
+
+async def _consume(turn: Turn) -> None:
+    async for _ in turn.events():
+        pass
