@@ -1,0 +1,195 @@
+"""The Helm chart: lint, render with default and full values, validate the manifests offline, refuse bad
+values, and start a real gateway from the configuration the chart renders."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from helm_tool import helm_binary
+from live_gateway import GatewayProcess
+from redis_servers import free_port
+
+CHART = Path(__file__).resolve().parent.parent / "helm" / "gpt-oss-gateway"
+FULL_VALUES = CHART / "ci" / "full-values.yaml"
+KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the oldest and newest schemas this chart is checked against
+CRDS = {"ServiceMonitor"}  # not in the Kubernetes schemas; checked by hand below
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    return helm_binary()
+
+
+def _helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
+
+
+def _render(helm: str, *args: str) -> dict[str, dict]:
+    """`helm template` output by `Kind/name`."""
+    done = _helm(helm, "template", "gw", str(CHART), "--namespace", "ai", *args)
+    assert done.returncode == 0, done.stderr
+    documents = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return {f"{doc['kind']}/{doc['metadata']['name']}": doc for doc in documents}
+
+
+@pytest.fixture(scope="module")
+def default_manifests(helm):
+    return _render(helm)
+
+
+@pytest.fixture(scope="module")
+def full_manifests(helm):
+    return _render(helm, "-f", str(FULL_VALUES))
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(FULL_VALUES)]], ids=["default", "full"])
+def test_lint_passes_strictly(helm, values):
+    done = _helm(helm, "lint", "--strict", str(CHART), *values)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_default_values_render_a_single_secure_replica(default_manifests):
+    assert sorted(default_manifests) == [
+        "ConfigMap/gw-gpt-oss-gateway",
+        "ConfigMap/gw-gpt-oss-gateway-dashboard",
+        "Deployment/gw-gpt-oss-gateway",
+        "PodDisruptionBudget/gw-gpt-oss-gateway",
+        "Secret/gw-gpt-oss-gateway",
+        "Service/gw-gpt-oss-gateway",
+        "Service/gw-gpt-oss-gateway-metrics",
+        "ServiceAccount/gw-gpt-oss-gateway",
+    ]
+    pod = default_manifests["Deployment/gw-gpt-oss-gateway"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["automountServiceAccountToken"] is False
+    container = pod["containers"][0]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["image"] == "ghcr.io/gpt-oss-gateway/gpt-oss-gateway:0.1.0"
+    config = default_manifests["ConfigMap/gw-gpt-oss-gateway"]["data"]
+    assert config["GATEWAY_AUTH"] == "keys" and "GATEWAY_METRICS_PUBLIC" not in config
+    api_ports = default_manifests["Service/gw-gpt-oss-gateway"]["spec"]["ports"]
+    assert [port["name"] for port in api_ports] == ["http"]  # /metrics is not on the API Service
+    dashboard = default_manifests["ConfigMap/gw-gpt-oss-gateway-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART / "dashboards" / "gpt-oss-gateway.json").read_text())
+    assert json.loads(dashboard["data"]["gpt-oss-gateway.json"]) == shipped
+
+
+def test_full_values_render_every_part(full_manifests):
+    kinds = sorted({key.split("/")[0] for key in full_manifests})
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "Ingress",
+        "PodDisruptionBudget",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
+    pod = full_manifests["Deployment/gw-gpt-oss-gateway"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    config = full_manifests["ConfigMap/gw-gpt-oss-gateway"]["data"]
+    assert pod["terminationGracePeriodSeconds"] == 10 + 120 + 10  # preStop pause + drain budget + last events
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    assert config["GATEWAY_DRAIN_S"] == "120"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true" and pod["runtimeClassName"] == "nvidia"
+    assert {t["key"] for t in pod["tolerations"]} == {"dedicated", "nvidia.com/gpu"}
+    assert json.loads(config["GATEWAY_BACKENDS"])["big"]["options"]["retries"] == 2
+    monitor = full_manifests["ServiceMonitor/gw-gpt-oss-gateway"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
+    metrics_service = full_manifests["Service/gw-gpt-oss-gateway-metrics"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics_service["metadata"]["labels"].items()
+    hpa = full_manifests["HorizontalPodAutoscaler/gw-gpt-oss-gateway"]["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (3, 12) and "replicas" not in pod
+    redis_url = base64.b64decode(full_manifests["Secret/gw-gpt-oss-gateway-redis"]["data"]["redis-url"]).decode()
+    assert redis_url.startswith("rediss://") and redis_url not in json.dumps(config)  # the URL holds a password
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_rendered_manifests_validate_against_the_kubernetes_schemas(default_manifests, full_manifests, version):
+    checked = 0
+    for manifests in (default_manifests, full_manifests):
+        for key, document in manifests.items():
+            if document["kind"] in CRDS:
+                continue
+            try:
+                kubernetes_validate.validate(document, version, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                pytest.fail(f"{key} is not valid Kubernetes {version}: {error.message} at {list(error.path)}")
+            checked += 1
+    assert checked >= 15
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        (["--set", "auth.mode=open"], "auth.mode"),
+        (["--set", "redis.url=http://redis:6379"], "redis.url"),
+        (["--set", "auth.keySecret=short"], "auth.keySecret"),
+        (["--set", "replicaCount=3"], "more than one replica needs redis.url"),
+        (["--set", "autoscaling.enabled=true"], "more than one replica needs redis.url"),
+        (["--set", "drain.seconds=-1"], "drain.seconds"),
+        (["--set", "modelVolume.enabled=true"], "existingClaim"),
+        (["--set", "gateway.unknown=1"], "unknown"),
+    ],
+)
+def test_bad_values_are_refused_with_the_reason(helm, values, complaint):
+    done = _helm(helm, "template", "gw", str(CHART), *values)
+    assert done.returncode != 0 and complaint in done.stderr, done.stderr
+
+
+def _gateway_env(manifests: dict[str, dict], tmp_path: Path, redis_url: str | None) -> dict[str, str]:
+    """The environment the chart gives the container, with paths and addresses mapped onto this machine."""
+    pod = manifests["Deployment/gw-gpt-oss-gateway"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = dict(manifests[f"ConfigMap/{container['envFrom'][0]['configMapRef']['name']}"]["data"])
+    for entry in container["env"]:
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+            continue
+        ref = entry["valueFrom"]["secretKeyRef"]
+        secret = manifests[f"Secret/{ref['name']}"]["data"]
+        env[entry["name"]] = base64.b64decode(secret[ref["key"]]).decode()
+    keys_secret = manifests[f"Secret/{pod['volumes'][1]['secret']['secretName']}"]["data"]["keys.json"]
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_bytes(base64.b64decode(keys_secret))
+    env.update(GATEWAY_HOST="127.0.0.1", GATEWAY_KEYS_FILE=str(keys_file), GATEWAY_METRICS_PORT=str(free_port()))
+    env.pop("HOME")
+    if redis_url is not None:
+        env["GATEWAY_REDIS_URL"] = redis_url
+    return env
+
+
+@pytest.mark.parametrize("values", ["default", "full"])
+def test_the_rendered_configuration_starts_a_working_gateway(
+    values, default_manifests, full_manifests, tmp_path, request
+):
+    manifests = default_manifests if values == "default" else full_manifests
+    redis_url = request.getfixturevalue("redis_server").url if values == "full" else None
+    env = _gateway_env(manifests, tmp_path, redis_url)
+    gateway = GatewayProcess(env, tmp_path / "gateway.log").start()  # start() waits for /readyz to answer 200
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{env['GATEWAY_METRICS_PORT']}/metrics", timeout=5) as scrape:
+            assert b"gateway_requests_total" in scrape.read()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(gateway.url + "/v1/models", timeout=5)
+        assert refused.value.code == 401  # keys are on, and the chart's default keys file holds none
+    finally:
+        gateway.stop()
