@@ -76,8 +76,9 @@ class LiveGateway:
 class GatewayProcess:
     """`python -m gateway.cli serve` with the given environment, as an operator runs it."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, cwd: Path | None = None) -> None:
         self.port = free_port()
+        self._cwd = cwd
         self._env = {**os.environ, vocab.DOWNLOAD_ENV: "0", **env, "GATEWAY_PORT": str(self.port)}
         self._log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
@@ -89,7 +90,11 @@ class GatewayProcess:
     def start(self, timeout_s: float = 30) -> GatewayProcess:
         with self._log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve"], env=self._env, stdout=log, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "gateway.cli", "serve"],
+                env=self._env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self._cwd,
             )
         deadline = time.monotonic() + timeout_s
         while True:

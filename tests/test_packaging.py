@@ -1,0 +1,83 @@
+"""What the container image is made of: the wheel alone serves (no source tree), and the Dockerfile copies
+every package, installs extras that exist and runs as a non-root user."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from live_gateway import GatewayProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def _stages() -> dict[str, list[str]]:
+    """Dockerfile instructions (continuation lines joined) by stage name."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    stages: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        found = re.match(r"FROM \S+ AS (\S+)$", line)
+        if found:
+            current = stages.setdefault(found.group(1), [])
+        current.append(line)
+    return stages
+
+
+def test_the_dockerfile_builds_both_variants_from_every_package_as_non_root():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {name.rstrip("*") for name in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    extras = set(project["project"]["optional-dependencies"])
+    stages = _stages()
+    assert {"build-cpu", "cpu", "build-cuda", "cuda"} <= stages.keys()
+    for build in ("build-cpu", "build-cuda"):
+        copied = {line.split()[1] for line in stages[build] if line.startswith("COPY ") and "--from" not in line}
+        assert packages <= copied, f"{build} does not copy {packages - copied}"
+        assert all((ROOT / path).exists() for path in copied)
+        for extra in re.findall(r"'\.\[([a-z,]+)\]'", " ".join(stages[build])):
+            assert set(extra.split(",")) <= extras
+    for runtime in ("cpu", "cuda"):
+        instructions = stages[runtime]
+        user = next(line.split()[1] for line in instructions if line.startswith("USER "))
+        assert user == "10001:10001"
+        assert any(line.startswith("COPY --from=build-") for line in instructions)
+        assert instructions[-2:] == ['ENTRYPOINT ["gpt-oss-gateway"]', 'CMD ["serve"]']
+
+
+def test_the_wheel_alone_serves(tmp_path):
+    """The image installs the wheel, not the source tree: everything the gateway reads must be in it."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    site = tmp_path / "site"
+    wheel = next(wheels.glob("gpt_oss_gateway-*.whl"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    env = {"PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
+    where = subprocess.run(
+        [sys.executable, "-c", "import gateway, harmony; print(gateway.__file__, harmony.__file__)"],
+        env={**os.environ, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert all(path.startswith(str(site)) for path in where), where
+    gateway = GatewayProcess(env, tmp_path / "gateway.log", cwd=tmp_path).start()  # waits for /readyz: 200
+    gateway.stop()
