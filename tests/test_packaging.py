@@ -37,19 +37,20 @@ def test_the_dockerfile_builds_both_variants_from_every_package_as_non_root():
     packages = {name.rstrip("*") for name in project["tool"]["setuptools"]["packages"]["find"]["include"]}
     extras = set(project["project"]["optional-dependencies"])
     stages = _stages()
-    assert {"build-cpu", "cpu", "build-cuda", "cuda"} <= stages.keys()
-    for build in ("build-cpu", "build-cuda"):
-        copied = {line.split()[1] for line in stages[build] if line.startswith("COPY ") and "--from" not in line}
-        assert packages <= copied, f"{build} does not copy {packages - copied}"
-        assert all((ROOT / path).exists() for path in copied)
-        for extra in re.findall(r"'\.\[([a-z,]+)\]'", " ".join(stages[build])):
-            assert set(extra.split(",")) <= extras
-    for runtime in ("cpu", "cuda"):
-        instructions = stages[runtime]
-        user = next(line.split()[1] for line in instructions if line.startswith("USER "))
-        assert user == "10001:10001"
-        assert any(line.startswith("COPY --from=build-") for line in instructions)
-        assert instructions[-2:] == ['ENTRYPOINT ["gpt-oss-gateway"]', 'CMD ["serve"]']
+    assert {"build-cpu", "build-cuda", "runtime", "cpu", "cuda"} <= stages.keys()
+    copied = {line.split()[1] for line in stages["build-cpu"] if line.startswith("COPY ")}
+    assert packages <= copied, f"the build does not copy {packages - copied}"
+    assert all((ROOT / path).exists() for path in copied)
+    installs = " ".join(stages["build-cpu"] + stages["build-cuda"])
+    for extra in re.findall(r"'\.\[([a-z,]+)\]'", installs):
+        assert set(extra.split(",")) <= extras
+    runtime = stages["runtime"]
+    assert next(line.split()[1] for line in runtime if line.startswith("USER ")) == "10001:10001"
+    assert runtime[-2:] == ['ENTRYPOINT ["gpt-oss-gateway"]', 'CMD ["serve"]']
+    for image, build in (("cpu", "build-cpu"), ("cuda", "build-cuda")):
+        assert stages[image][0] == f"FROM runtime AS {image}"
+        assert f"COPY --from={build} /opt/gateway /opt/gateway" in stages[image]
+        assert not any(line.startswith("USER ") for line in stages[image])  # stays 10001
 
 
 def test_the_wheel_alone_serves(tmp_path):

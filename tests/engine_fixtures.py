@@ -1,0 +1,35 @@
+"""Small random-weight gpt-oss checkpoints for the engine tests, built once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from backends.engine.checkpoint import Checkpoint
+from backends.engine.config import ModelConfig
+from backends.engine.graph import GraphOptions
+from backends.engine.make_checkpoint import write_random_checkpoint
+from backends.engine.model_cache import compiled_model
+
+
+def tiny_config(experts: int = 8, top_k: int = 4, layers: int = 2, vocab: int = 201088) -> ModelConfig:
+    """gpt-oss in miniature: real vocabulary, window, rotary and MXFP4 experts; small widths."""
+    return ModelConfig(
+        num_hidden_layers=layers,
+        num_experts=experts,
+        experts_per_token=top_k,
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=64,
+        head_dim=16,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    )
+
+
+def make_checkpoint(directory: Path, config: ModelConfig, layout: str, seed: int = 7, **kwargs) -> Path:
+    return write_random_checkpoint(directory, config, layout, seed=seed, **kwargs)  # type: ignore[arg-type]
+
+
+def export_model(checkpoint_dir: Path, max_positions: int) -> str:
+    """The decoder graph of a checkpoint, built into a cache next to it; the .onnx path."""
+    return str(compiled_model(Checkpoint(checkpoint_dir), GraphOptions(max_positions), checkpoint_dir / "graphs"))
