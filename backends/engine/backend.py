@@ -1,0 +1,152 @@
+"""The `onnx` backend: gpt-oss run in-process on ONNX Runtime, with continuous batching.
+
+Options: `checkpoint` (a gpt-oss checkpoint directory, either layout; unset: a small random-weight model
+generated once and cached, whose output is noise), `max_batch` (sequences decoded together, each with
+its own KV slot), `max_positions` (KV capacity per sequence: prompt + output), `threads`, `cache_dir`.
+The model loads in the background; readiness says when it is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from backends.base import BackendError, Capabilities, Chunk, GenerateRequest
+from harmony import HarmonyEncoding
+
+from .batcher import Batcher, Sequence
+from .checkpoint import Checkpoint
+from .config import CheckpointError, ModelConfig
+from .graph import GraphOptions
+from .make_checkpoint import write_random_checkpoint
+from .model_cache import compiled_model, default_cache_dir
+from .runtime import DecoderRuntime
+
+log = structlog.get_logger("backends.engine")
+
+DEMO_CONFIG = ModelConfig(
+    num_hidden_layers=2,
+    num_experts=8,
+    experts_per_token=4,
+    hidden_size=64,
+    intermediate_size=64,
+    head_dim=16,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+)
+
+
+RANDOM_MODEL_WARNING = "gpt-oss-gateway: no engine checkpoint configured; serving a RANDOM model: its output is noise"
+
+
+class EngineOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str | None = None
+    max_batch: int = Field(default=8, ge=1, le=256)
+    max_positions: int = Field(default=4096, ge=16, le=131072)
+    threads: int = Field(default=0, ge=0)
+    cache_dir: str | None = None
+
+
+def _demo_checkpoint(cache: Path) -> Path:
+    """The random-weight demo model, written once under the cache directory."""
+    directory = cache / "random-demo-model"
+    if not (directory / "config.json").is_file():
+        write_random_checkpoint(directory.with_suffix(".partial"), DEMO_CONFIG, "original", seed=0)
+        directory.with_suffix(".partial").rename(directory)
+    return directory
+
+
+def _progress(step: int, total: int) -> None:
+    log.info("engine_graph_build", done=step, total=total)
+
+
+class EngineBackend:
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.capabilities = Capabilities(context_length=options.max_positions)
+        self._batcher: Batcher | None = None
+        self._failure: str | None = None
+        self._loaded = threading.Event()
+        threading.Thread(target=self._load, name="gpt-oss-engine-load", daemon=True).start()
+
+    def _load(self) -> None:
+        options = self.options
+        cache = Path(options.cache_dir) if options.cache_dir else default_cache_dir()
+        try:
+            if options.checkpoint is None:
+                path = _demo_checkpoint(cache)
+                log.warning("engine_random_model", checkpoint=str(path), note="NO MODEL CONFIGURED: output is noise")
+                print(RANDOM_MODEL_WARNING, file=sys.stderr)
+            else:
+                path = Path(options.checkpoint)
+            checkpoint = Checkpoint(path)
+            model = compiled_model(checkpoint, GraphOptions(options.max_positions), cache, _progress)
+            runtime = DecoderRuntime(
+                str(model), checkpoint.config, options.max_batch, options.max_positions, options.threads
+            )
+            self._batcher = Batcher(runtime)
+            log.info("engine_ready", layout=checkpoint.layout, kv_bytes=runtime.kv_bytes, slots=options.max_batch)
+        except (CheckpointError, OSError, RuntimeError, ValueError) as exc:
+            self._failure = str(exc)
+            log.error("engine_load_failed", error=str(exc))
+        finally:
+            self._loaded.set()
+
+    async def ready(self) -> bool:
+        return self._batcher is not None
+
+    async def _runtime(self) -> Batcher:
+        if not self._loaded.is_set():
+            await asyncio.get_running_loop().run_in_executor(None, self._loaded.wait)
+        if self._batcher is None:
+            raise BackendError(f"The model could not be loaded: {self._failure}")
+        return self._batcher
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
+        batcher = await self._runtime()
+        if len(request.prompt) >= self.options.max_positions:
+            raise BackendError(f"The prompt ({len(request.prompt)} tokens) exceeds the model's context.")
+        loop = asyncio.get_running_loop()
+        arrivals: asyncio.Queue[list[int] | BaseException | None] = asyncio.Queue()
+        seed = request.sampling.seed
+        sequence = Sequence(
+            request,
+            lambda item: loop.call_soon_threadsafe(arrivals.put_nowait, item),
+            np.random.default_rng(seed),
+        )
+        batcher.submit(sequence)
+        try:
+            while True:
+                item = await arrivals.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise BackendError(f"The engine failed: {item}")
+                yield Chunk(item)
+        finally:
+            sequence.cancelled.set()  # frees the slot before the next step, or drops it from the queue
+
+    async def aclose(self) -> None:
+        if self._batcher is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._batcher.close)
+
+
+def from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> EngineBackend:
+    try:
+        parsed = EngineOptions.model_validate(options)
+    except ValidationError as exc:
+        problems = "; ".join(f"options.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"onnx backend: {problems}") from None
+    if parsed.checkpoint is not None and not Path(parsed.checkpoint).is_dir():
+        raise ValueError(f"onnx backend: options.checkpoint: {parsed.checkpoint} is not a directory")
+    return EngineBackend(parsed)

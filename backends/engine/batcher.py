@@ -1,0 +1,138 @@
+"""Continuous batching on one engine thread: sequences join between decode steps (their prompt is
+prefilled into a free KV slot), every active sequence advances by one token per step, and a finished
+or cancelled sequence frees its slot at once."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import structlog
+
+from backends.base import GenerateRequest
+
+from .runtime import DecoderRuntime
+from .sampler import next_token
+
+log = structlog.get_logger("backends.engine")
+
+Emit = Callable[[list[int] | BaseException | None], None]  # a token, a failure, or None at the end
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: GenerateRequest
+    emit: Emit
+    rng: np.random.Generator
+    slot: int = -1
+    position: int = 0
+    generated: int = 0
+    token: int = 0  # the last sampled token, fed at the next decode step
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class Batcher:
+    def __init__(self, runtime: DecoderRuntime) -> None:
+        self.runtime = runtime
+        self._incoming: queue.Queue[Sequence | None] = queue.Queue()
+        self._active: dict[int, Sequence] = {}
+        self._free = list(range(runtime.slots))
+        self._thread = threading.Thread(target=self._loop, name="gpt-oss-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    @property
+    def queued(self) -> int:
+        return self._incoming.qsize()
+
+    def kv_positions_used(self) -> int:
+        return sum(sequence.position for sequence in list(self._active.values()))
+
+    def submit(self, sequence: Sequence) -> None:
+        self._incoming.put(sequence)
+
+    def close(self) -> None:
+        self._incoming.put(None)
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            if not self._admit():
+                return
+            if self._active:
+                self._step()
+
+    def _admit(self) -> bool:
+        """Prefill waiting sequences into free slots (blocking while idle); False once closed."""
+        while self._free:
+            try:
+                sequence = self._incoming.get(block=not self._active)
+            except queue.Empty:
+                return True
+            if sequence is None:
+                self._fail_all(RuntimeError("the engine stopped"))
+                return False
+            if sequence.cancelled.is_set():
+                continue
+            self._prefill(sequence)
+        return True
+
+    def _prefill(self, sequence: Sequence) -> None:
+        sequence.slot = min(self._free)
+        self._free.remove(sequence.slot)
+        self._active[sequence.slot] = sequence
+        try:
+            logits = self.runtime.prefill(sequence.slot, sequence.request.prompt)
+        except Exception as exc:  # a bad prompt fails its own sequence only
+            self._finish(sequence, exc)
+            return
+        sequence.position = len(sequence.request.prompt)
+        self._accept(sequence, logits)
+
+    def _step(self) -> None:
+        for sequence in [s for s in self._active.values() if s.cancelled.is_set()]:
+            self._release(sequence)
+        if not self._active:
+            return
+        rows = [(s.slot, s.token, s.position) for s in self._active.values()]
+        try:
+            logits = self.runtime.decode(rows)
+        except Exception as exc:
+            log.exception("engine_step_failed")
+            self._fail_all(exc)
+            return
+        for sequence in list(self._active.values()):
+            sequence.position += 1
+            self._accept(sequence, logits[sequence.slot])
+
+    def _accept(self, sequence: Sequence, logits: np.ndarray) -> None:
+        request = sequence.request
+        token = next_token(logits, request.sampling, sequence.rng)
+        sequence.token = token
+        sequence.generated += 1
+        sequence.emit([token])
+        done = (
+            token in request.stop_ids
+            or sequence.generated >= request.max_new_tokens
+            or sequence.position + 1 >= self.runtime.max_positions
+        )
+        if done:
+            self._finish(sequence, None)
+
+    def _finish(self, sequence: Sequence, failure: BaseException | None) -> None:
+        sequence.emit(failure)
+        self._release(sequence)
+
+    def _release(self, sequence: Sequence) -> None:
+        if self._active.pop(sequence.slot, None) is not None:
+            self._free.append(sequence.slot)
+
+    def _fail_all(self, failure: BaseException) -> None:
+        for sequence in list(self._active.values()):
+            self._finish(sequence, failure)

@@ -1,0 +1,137 @@
+"""The `onnx` backend through its public interface: continuous batching gives each request the tokens it
+gets alone, cancellation frees the slot, seeds repeat, and the gateway serves it to the openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+from engine_fixtures import make_checkpoint, tiny_config
+from live_gateway import LiveGateway
+
+from backends.base import GenerateRequest, Sampling
+from backends.engine.backend import EngineBackend, EngineOptions, from_options
+from gateway.config import Settings
+from gateway.services import ConfigError, build_services
+from harmony import Renderer, load_harmony_encoding
+
+MODEL = "gpt-oss-20b"
+PROMPTS = [[200006, 17360, 200008, 3575, 553], [1000, 2000, 3000], list(range(5, 60)), [42], [7, 7, 7, 7]]
+NO_STOPS: tuple[int, ...] = ()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("engine") / "model", tiny_config(), "hf")
+
+
+def _options(checkpoint: Path, **extra) -> EngineOptions:
+    return EngineOptions(
+        checkpoint=str(checkpoint), max_positions=256, cache_dir=str(checkpoint.parent / "graphs"), **extra
+    )
+
+
+async def _collect(backend: EngineBackend, prompt: list[int], count: int, sampling: Sampling) -> list[int]:
+    tokens: list[int] = []
+    request = GenerateRequest(prompt, count, NO_STOPS, "test", sampling)
+    async for chunk in backend.generate(request):
+        tokens += chunk.tokens
+    return tokens
+
+
+def test_concurrent_greedy_requests_get_exactly_their_solo_tokens(checkpoint):
+    async def scenario() -> tuple[list[list[int]], list[list[int]], int]:
+        backend = EngineBackend(_options(checkpoint, max_batch=3))  # 5 requests, 3 slots: some wait
+        greedy = Sampling(temperature=0)
+        alone = [await _collect(backend, prompt, 30, greedy) for prompt in PROMPTS]
+        together = await asyncio.gather(*(_collect(backend, prompt, 30, greedy) for prompt in PROMPTS))
+        largest_batch = backend._batcher.runtime.slots
+        await backend.aclose()
+        return alone, list(together), largest_batch
+
+    alone, together, slots = asyncio.run(scenario())
+    assert slots == 3
+    assert together == alone
+    assert all(len(tokens) == 30 for tokens in alone)
+
+
+def test_a_seed_repeats_a_sampled_answer_and_closing_frees_the_slot(checkpoint):
+    async def scenario() -> None:
+        backend = EngineBackend(_options(checkpoint, max_batch=2))
+        seeded = Sampling(temperature=1.0, top_p=0.9, seed=11)
+        first = await _collect(backend, PROMPTS[0], 25, seeded)
+        assert first == await _collect(backend, PROMPTS[0], 25, seeded)
+        assert first != await _collect(backend, PROMPTS[0], 25, Sampling(temperature=1.0, top_p=0.9, seed=12))
+        stream = backend.generate(GenerateRequest(PROMPTS[1], 200, NO_STOPS, "cancel", Sampling(temperature=0)))
+        for _ in range(3):
+            await anext(stream)
+        batcher = backend._batcher
+        assert batcher.active == 1
+        await stream.aclose()
+        deadline = time.monotonic() + 5
+        while batcher.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert batcher.active == 0
+        await backend.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_the_gateway_serves_the_engine_to_the_sdk(checkpoint):
+    options = {"checkpoint": str(checkpoint), "max_positions": 1024, "cache_dir": str(checkpoint.parent / "graphs")}
+    settings = Settings(backends={"engine": {"kind": "onnx", "options": options, "models": [MODEL]}})
+    live = LiveGateway(settings).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not live.call(live.services.backends[MODEL].ready()):
+            assert time.monotonic() < deadline, "the engine did not load"
+            time.sleep(0.05)
+        with urllib.request.urlopen(live.url + "/readyz", timeout=5) as ready:
+            assert ready.status == 200
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="sk-x", max_retries=0)
+        response = client.responses.create(model=MODEL, input="Hello", max_output_tokens=24, temperature=0)
+        assert response.status in ("completed", "incomplete")
+        assert 0 < response.usage.output_tokens <= 24 and response.usage.input_tokens > 10
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=16, stream=True
+            )
+        )
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        assert client.models.retrieve(MODEL).id == MODEL
+    finally:
+        live.stop()
+
+
+def test_bad_engine_options_stop_the_gateway_at_start(tmp_path):
+    encoding = load_harmony_encoding()
+    for options, named in (
+        ({"checkpoint": str(tmp_path / "absent")}, "options.checkpoint"),
+        ({"max_batch": 0}, "options.max_batch"),
+        ({"weights": "x"}, "options.weights"),
+    ):
+        settings = Settings(backends={"engine": {"kind": "onnx", "options": options, "models": [MODEL]}})
+        with pytest.raises(ConfigError) as error:
+            build_services(settings, Renderer(encoding))
+        assert named in str(error.value)
+    assert from_options({"checkpoint": str(tmp_path)}, encoding) is not None  # exists: checked when loading
+
+
+def test_a_checkpoint_that_fails_to_load_fails_requests_cleanly(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+
+    async def scenario() -> str:
+        backend = EngineBackend(EngineOptions(checkpoint=str(tmp_path), cache_dir=str(tmp_path / "graphs")))
+        try:
+            await _collect(backend, [1, 2, 3], 5, Sampling())
+        except Exception as exc:  # the type and message are what is checked
+            assert not await backend.ready()
+            return f"{type(exc).__name__}: {exc}"
+        raise AssertionError("a request on an unloadable checkpoint succeeded")
+
+    message = asyncio.run(scenario())
+    assert message.startswith("BackendError: The model could not be loaded:") and "missing or bad field" in message
