@@ -23,7 +23,7 @@ _OPTIONS = (
     ("--port", "port", int, "port (GATEWAY_PORT, default 8000)"),
     ("--vocab-path", "vocab_path", str, "local o200k_base.tiktoken (GATEWAY_VOCAB_PATH)"),
     ("--models", "models", str, "comma-separated model ids to serve (GATEWAY_MODELS)"),
-    ("--backend", "backend", str, "backend kind: mock, vllm, sglang, sglang_generate, llamacpp (GATEWAY_BACKEND)"),
+    ("--backend", "backend", str, "mock, vllm, sglang, sglang_generate, llamacpp or onnx (GATEWAY_BACKEND)"),
     ("--backend-urls", "backend_urls", str, "comma-separated upstream server URLs (GATEWAY_BACKEND_URLS)"),
     ("--mock-script", "mock_script", str, "mock backend script, JSON (GATEWAY_MOCK_SCRIPT)"),
     ("--redis-url", "redis_url", str, "Redis URL for shared state (GATEWAY_REDIS_URL; default in-memory)"),
