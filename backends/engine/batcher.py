@@ -47,13 +47,6 @@ class Batcher:
     def active(self) -> int:
         return len(self._active)
 
-    @property
-    def queued(self) -> int:
-        return self._incoming.qsize()
-
-    def kv_positions_used(self) -> int:
-        return sum(sequence.position for sequence in list(self._active.values()))
-
     def submit(self, sequence: Sequence) -> None:
         self._incoming.put(sequence)
 
