@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ValidationError
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +76,14 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+def parse_options(model: type[OptionsT], options: dict[str, Any], backend: str) -> OptionsT:
+    """A backend's options, validated; a ValueError naming each bad option stops the gateway at start."""
+    try:
+        return model.model_validate(options)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"options.{'.'.join(str(p) for p in error['loc']) or '(root)'}: {error['msg']}" for error in exc.errors()
+        )
+        raise ValueError(f"{backend} backend: {problems}") from None

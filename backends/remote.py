@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from .base import BackendError, Capabilities, Chunk, GenerateRequest
+from .base import BackendError, Capabilities, Chunk, GenerateRequest, parse_options
 from .sse_reader import EventTooLarge, sse_events
 from .upstreams import Upstream, UpstreamPool
 from .wire import Dialect, UpstreamProtocolError, UpstreamReported, error_text
@@ -110,14 +110,7 @@ class RemoteBackend:
 
     @classmethod
     def from_options(cls, dialect: Dialect, options: dict[str, Any]) -> RemoteBackend:
-        try:
-            return cls(dialect, RemoteOptions.model_validate(options))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"options.{'.'.join(str(p) for p in error['loc']) or '(root)'}: {error['msg']}"
-                for error in exc.errors()
-            )
-            raise ValueError(f"{dialect.name} backend: {problems}") from None
+        return cls(dialect, parse_options(RemoteOptions, options, dialect.name))
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:

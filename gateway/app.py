@@ -36,7 +36,8 @@ async def readyz(request: web.Request) -> web.Response:
     """Readiness: not draining, the response store answers, and every backend can take requests."""
     services = request.app[SERVICES]
     store_ok = await services.store.ping()
-    backend_ready = {id(b): await b.ready() for b in services.backends.values()}
+    distinct = {id(b): b for b in services.backends.values()}
+    backend_ready = {key: await backend.ready() for key, backend in distinct.items()}
     models = {model: "ready" if backend_ready[id(b)] else "unavailable" for model, b in services.backends.items()}
     draining = services.lifecycle.draining
     ready = store_ok and all(backend_ready.values()) and not draining

@@ -167,7 +167,8 @@ def _gateway_env(manifests: dict[str, dict], tmp_path: Path, redis_url: str | No
         ref = entry["valueFrom"]["secretKeyRef"]
         secret = manifests[f"Secret/{ref['name']}"]["data"]
         env[entry["name"]] = base64.b64decode(secret[ref["key"]]).decode()
-    keys_secret = manifests[f"Secret/{pod['volumes'][1]['secret']['secretName']}"]["data"]["keys.json"]
+    keys_volume = next(volume for volume in pod["volumes"] if volume["name"] == "keys")
+    keys_secret = manifests[f"Secret/{keys_volume['secret']['secretName']}"]["data"]["keys.json"]
     keys_file = tmp_path / "keys.json"
     keys_file.write_bytes(base64.b64decode(keys_secret))
     env.update(GATEWAY_HOST="127.0.0.1", GATEWAY_KEYS_FILE=str(keys_file), GATEWAY_METRICS_PORT=str(free_port()))

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from backends.base import BackendError, Capabilities, Chunk, GenerateRequest
+from backends.base import BackendError, Capabilities, Chunk, GenerateRequest, parse_options
 from harmony import HarmonyEncoding
 
 from .batcher import Batcher, Sequence
@@ -142,11 +142,7 @@ class EngineBackend:
 
 
 def from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> EngineBackend:
-    try:
-        parsed = EngineOptions.model_validate(options)
-    except ValidationError as exc:
-        problems = "; ".join(f"options.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"onnx backend: {problems}") from None
+    parsed = parse_options(EngineOptions, options, "onnx")
     if parsed.checkpoint is not None and not Path(parsed.checkpoint).is_dir():
         raise ValueError(f"onnx backend: options.checkpoint: {parsed.checkpoint} is not a directory")
     return EngineBackend(parsed)

@@ -23,7 +23,7 @@ E2M1_RMS = math.sqrt(sum(v * v for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)) / 8)  # of
 DEFAULT_SHARD_BYTES = 2 * 1024**3
 
 
-def _values(name: str, spec: Spec, config: ModelConfig, rng: np.random.Generator) -> np.ndarray:
+def _values(name: str, spec: Spec, rng: np.random.Generator) -> np.ndarray:
     shape = spec.shape
     if name.endswith(".blocks"):
         return rng.integers(0, 256, size=shape, dtype=np.uint8)
@@ -46,7 +46,7 @@ def _tensors(config: ModelConfig, layout: Layout, seed: int) -> Iterator[tuple[s
     """(stored name, array) in checkpoint order; q/k/v are split out of qkv for the HF layout."""
     rng = np.random.default_rng(seed)
     for name, spec in expected(config).items():
-        array = _values(name, spec, config, rng)
+        array = _values(name, spec, rng)
         names = hf_names(name) if layout == "hf" else [name]
         if len(names) == 1:
             yield names[0], array

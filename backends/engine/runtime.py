@@ -25,28 +25,37 @@ class DecoderRuntime:
         shape = (slots, config.num_key_value_heads, max_positions, config.head_dim)
         self._cache = [np.zeros(shape, np.float32) for _ in range(2 * config.num_hidden_layers)]
         self._logits = np.zeros((slots, config.vocab_size), np.float32)
+        self._bindings: dict[tuple[int, int], tuple[ort.IOBinding, np.ndarray]] = {}
 
     @property
     def kv_bytes(self) -> int:
         return sum(buffer.nbytes for buffer in self._cache)
 
+    def _binding(self, first_slot: int, rows: int) -> tuple[ort.IOBinding, np.ndarray]:
+        """The IO binding of a window of slots, its KV and logits bound in place; made once per window."""
+        key = (first_slot, rows)
+        if key not in self._bindings:
+            binding = self.session.io_binding()
+            window = slice(first_slot, first_slot + rows)
+            for layer in range(self.config.num_hidden_layers):
+                past_k, past_v, present_k, present_v = kv_names(layer)
+                for past, present, buffer in (
+                    (past_k, present_k, self._cache[2 * layer]),
+                    (past_v, present_v, self._cache[2 * layer + 1]),
+                ):
+                    value = ort.OrtValue.ortvalue_from_numpy(buffer[window])  # a view: updated in place
+                    binding.bind_ortvalue_input(past, value)
+                    binding.bind_ortvalue_output(present, value)
+            logits = self._logits[window]
+            binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
+            self._bindings[key] = (binding, logits)
+        return self._bindings[key]
+
     def _run(self, first_slot: int, rows: int, ids: np.ndarray, seqlens: np.ndarray, total: int) -> np.ndarray:
-        binding = self.session.io_binding()
+        binding, logits = self._binding(first_slot, rows)
         binding.bind_cpu_input("input_ids", ids)
         binding.bind_cpu_input("seqlens_k", seqlens)
         binding.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
-        window = slice(first_slot, first_slot + rows)
-        for layer in range(self.config.num_hidden_layers):
-            past_k, past_v, present_k, present_v = kv_names(layer)
-            for past, present, buffer in (
-                (past_k, present_k, self._cache[2 * layer]),
-                (past_v, present_v, self._cache[2 * layer + 1]),
-            ):
-                value = ort.OrtValue.ortvalue_from_numpy(buffer[window])  # a view: updated in place
-                binding.bind_ortvalue_input(past, value)
-                binding.bind_ortvalue_output(present, value)
-        logits = self._logits[window]
-        binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
         self.session.run_with_iobinding(binding)
         return logits
 
