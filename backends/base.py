@@ -24,12 +24,14 @@ class Constraint:
 
     `tools`: "any" (free choice), "none" (no tool call), "required" (end in a call to one of `tool_names`).
     `final_json_schema`: the final channel must be JSON valid against this schema ({} = any JSON value).
+    `tool_parameters`: each offered function's parameters schema (None: any JSON object), for its arguments.
     The analysis channel is never constrained.
     """
 
     tools: Literal["any", "none", "required"] = "any"
     tool_names: tuple[str, ...] = ()
     final_json_schema: dict[str, Any] | None = None
+    tool_parameters: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
     @property
     def is_free(self) -> bool:

@@ -57,8 +57,8 @@ def constraint_for(request: ChatRequest) -> Constraint:
     choice = request.tool_choice
     named = choice.function["name"] if isinstance(choice, NamedToolChoice) else None
     plain = None if isinstance(choice, NamedToolChoice) else choice
-    names = tuple(tool.function.name for tool in request.tools or [])
-    return constraint(names, plain, named, _format(request)[1])
+    parameters = {tool.function.name: tool.function.parameters for tool in request.tools or []}
+    return constraint(parameters, plain, named, _format(request)[1])
 
 
 def prompt_spec(request: ChatRequest) -> PromptSpec:

@@ -42,10 +42,14 @@ def output_format(
 
 
 def constraint(
-    names: tuple[str, ...], choice: Choice | None, named: str | None, schema: dict[str, Any] | None
+    parameters: dict[str, dict[str, Any] | None],
+    choice: Choice | None,
+    named: str | None,
+    schema: dict[str, Any] | None,
 ) -> Constraint:
-    tools, allowed = tool_constraint(names, choice, named)
-    return Constraint(tools, allowed, schema)  # type: ignore[arg-type]
+    """`parameters`: each function tool's name → its parameters schema."""
+    tools, allowed = tool_constraint(tuple(parameters), choice, named)
+    return Constraint(tools, allowed, schema, parameters)  # type: ignore[arg-type]
 
 
 def effort(value: str | None) -> ReasoningEffort:

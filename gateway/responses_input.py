@@ -83,7 +83,7 @@ def constraint_for(request: ResponsesRequest) -> Constraint:
     choice = request.tool_choice
     named = choice.name if isinstance(choice, NamedFunction) else None
     plain = None if isinstance(choice, NamedFunction) else choice
-    return constraint(tuple(tool.name for tool in request.tools), plain, named, _format(request)[1])
+    return constraint({tool.name: tool.parameters for tool in request.tools}, plain, named, _format(request)[1])
 
 
 def prompt_spec(request: ResponsesRequest, history: list[Entry], unseal: Unseal) -> PromptSpec:

@@ -46,6 +46,8 @@ class HarmonyEncoding:
         for token, text in SPECIAL_TEXT.items():
             table[token] = text.encode()
         self.token_bytes: list[bytes] = table  # index = token id; specials hold their text
+        self.mergeable_ranks = mergeable_ranks
+        self.pattern = O200K_PATTERN
         self.encode_ordinary = self._tiktoken.encode_ordinary
 
     @property

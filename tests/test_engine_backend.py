@@ -22,6 +22,7 @@ from harmony import Renderer, load_harmony_encoding
 MODEL = "gpt-oss-20b"
 PROMPTS = [[200006, 17360, 200008, 3575, 553], [1000, 2000, 3000], list(range(5, 60)), [42], [7, 7, 7, 7]]
 NO_STOPS: tuple[int, ...] = ()
+ENCODING = load_harmony_encoding()
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ async def _collect(backend: EngineBackend, prompt: list[int], count: int, sampli
 
 def test_concurrent_greedy_requests_get_exactly_their_solo_tokens(checkpoint):
     async def scenario() -> tuple[list[list[int]], list[list[int]], int]:
-        backend = EngineBackend(_options(checkpoint, max_batch=3))  # 5 requests, 3 slots: some wait
+        backend = EngineBackend(_options(checkpoint, max_batch=3), ENCODING)  # 5 requests, 3 slots: some wait
         greedy = Sampling(temperature=0)
         alone = [await _collect(backend, prompt, 30, greedy) for prompt in PROMPTS]
         together = await asyncio.gather(*(_collect(backend, prompt, 30, greedy) for prompt in PROMPTS))
@@ -61,7 +62,7 @@ def test_concurrent_greedy_requests_get_exactly_their_solo_tokens(checkpoint):
 
 def test_a_seed_repeats_a_sampled_answer_and_closing_frees_the_slot(checkpoint):
     async def scenario() -> None:
-        backend = EngineBackend(_options(checkpoint, max_batch=2))
+        backend = EngineBackend(_options(checkpoint, max_batch=2), ENCODING)
         seeded = Sampling(temperature=1.0, top_p=0.9, seed=11)
         first = await _collect(backend, PROMPTS[0], 25, seeded)
         assert first == await _collect(backend, PROMPTS[0], 25, seeded)
@@ -108,7 +109,7 @@ def test_the_gateway_serves_the_engine_to_the_sdk(checkpoint):
 
 
 def test_bad_engine_options_stop_the_gateway_at_start(tmp_path):
-    encoding = load_harmony_encoding()
+    encoding = ENCODING
     for options, named in (
         ({"checkpoint": str(tmp_path / "absent")}, "options.checkpoint"),
         ({"max_batch": 0}, "options.max_batch"),
@@ -125,7 +126,7 @@ def test_a_checkpoint_that_fails_to_load_fails_requests_cleanly(tmp_path):
     (tmp_path / "config.json").write_text("{}")
 
     async def scenario() -> str:
-        backend = EngineBackend(EngineOptions(checkpoint=str(tmp_path), cache_dir=str(tmp_path / "graphs")))
+        backend = EngineBackend(EngineOptions(checkpoint=str(tmp_path), cache_dir=str(tmp_path / "graphs")), ENCODING)
         try:
             await _collect(backend, [1, 2, 3], 5, Sampling())
         except Exception as exc:  # the type and message are what is checked

@@ -21,10 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import BackendError, Capabilities, Chunk, GenerateRequest, parse_options
 from harmony import HarmonyEncoding
+from harmony.tokens import LAST_SPECIAL
 
 from .batcher import Batcher, Sequence
 from .checkpoint import Checkpoint
 from .config import CheckpointError, ModelConfig
+from .grammar import GrammarCompiler
 from .graph import GraphOptions
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
@@ -71,10 +73,12 @@ def _progress(step: int, total: int) -> None:
 
 
 class EngineBackend:
-    def __init__(self, options: EngineOptions) -> None:
+    def __init__(self, options: EngineOptions, encoding: HarmonyEncoding) -> None:
         self.options = options
-        self.capabilities = Capabilities(context_length=options.max_positions)
+        self.capabilities = Capabilities(context_length=options.max_positions, constraints=True)
+        self._encoding = encoding
         self._batcher: Batcher | None = None
+        self._grammars: GrammarCompiler | None = None
         self._failure: str | None = None
         self._loaded = threading.Event()
         threading.Thread(target=self._load, name="gpt-oss-engine-load", daemon=True).start()
@@ -90,6 +94,12 @@ class EngineBackend:
             else:
                 path = Path(options.checkpoint)
             checkpoint = Checkpoint(path)
+            if checkpoint.config.vocab_size < LAST_SPECIAL:
+                raise CheckpointError(
+                    f"{path}: vocab_size {checkpoint.config.vocab_size} cannot hold the Harmony special tokens "
+                    f"(gpt-oss has {LAST_SPECIAL})"
+                )
+            self._grammars = GrammarCompiler(self._encoding, checkpoint.config.vocab_size)
             model = compiled_model(checkpoint, GraphOptions(options.max_positions), cache, _progress)
             runtime = DecoderRuntime(
                 str(model), checkpoint.config, options.max_batch, options.max_positions, options.threads
@@ -105,24 +115,28 @@ class EngineBackend:
     async def ready(self) -> bool:
         return self._batcher is not None
 
-    async def _runtime(self) -> Batcher:
+    async def _runtime(self) -> tuple[Batcher, GrammarCompiler]:
         if not self._loaded.is_set():
             await asyncio.get_running_loop().run_in_executor(None, self._loaded.wait)
-        if self._batcher is None:
+        if self._batcher is None or self._grammars is None:
             raise BackendError(f"The model could not be loaded: {self._failure}")
-        return self._batcher
+        return self._batcher, self._grammars
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
-        batcher = await self._runtime()
+        batcher, grammars = await self._runtime()
         if len(request.prompt) >= self.options.max_positions:
             raise BackendError(f"The prompt ({len(request.prompt)} tokens) exceeds the model's context.")
         loop = asyncio.get_running_loop()
+        guide = None
+        if not request.constraint.is_free:
+            guide = await loop.run_in_executor(None, grammars.guide, request.constraint, request.max_new_tokens)
         arrivals: asyncio.Queue[list[int] | BaseException | None] = asyncio.Queue()
         seed = request.sampling.seed
         sequence = Sequence(
             request,
             lambda item: loop.call_soon_threadsafe(arrivals.put_nowait, item),
             np.random.default_rng(seed),
+            guide=guide,
         )
         batcher.submit(sequence)
         try:
@@ -145,4 +159,4 @@ def from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> EngineBa
     parsed = parse_options(EngineOptions, options, "onnx")
     if parsed.checkpoint is not None and not Path(parsed.checkpoint).is_dir():
         raise ValueError(f"onnx backend: options.checkpoint: {parsed.checkpoint} is not a directory")
-    return EngineBackend(parsed)
+    return EngineBackend(parsed, encoding)

@@ -14,6 +14,7 @@ import structlog
 
 from backends.base import GenerateRequest
 
+from .grammar import TokenGuide
 from .runtime import DecoderRuntime
 from .sampler import next_token
 
@@ -31,6 +32,7 @@ class Sequence:
     position: int = 0
     generated: int = 0
     token: int = 0  # the last sampled token, fed at the next decode step
+    guide: TokenGuide | None = None  # the output constraint's grammar, when the request has one
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
@@ -106,7 +108,16 @@ class Batcher:
 
     def _accept(self, sequence: Sequence, logits: np.ndarray) -> None:
         request = sequence.request
+        guide = sequence.guide
+        if guide is not None:
+            logits = guide.mask(logits)
         token = next_token(logits, request.sampling, sequence.rng)
+        if guide is not None:
+            try:
+                guide.accept(token)
+            except RuntimeError as exc:
+                self._finish(sequence, exc)
+                return
         sequence.token = token
         sequence.generated += 1
         sequence.emit([token])

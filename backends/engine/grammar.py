@@ -1,0 +1,116 @@
+"""Constrained decoding: the backend Constraint as an llguidance grammar over Harmony output, applied as
+a token mask at every step.
+
+The grammar covers what follows the prompt's `<|start|>assistant`: at most one analysis message, then the
+answer the constraint allows: a function call (`<|channel|>commentary to=functions.NAME <|constrain|>json
+<|message|>ARGS<|call|>`, ARGS valid against the function's parameters) and/or a final message (JSON valid
+against the text format's schema when there is one). The analysis may take at most half of the request's
+token budget, so that the constrained answer always has room to come out.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+import numpy as np
+
+from backends.base import BackendError, Constraint
+from harmony import HarmonyEncoding
+from harmony.tokens import RETURN, SPECIAL_TOKENS
+
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# compact JSON as the model writes it; llguidance's default would let whitespace run on without bound
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _json(schema: dict[str, Any]) -> str:
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_LAYOUT})
+
+
+def _string(text: str) -> str:
+    return json.dumps(text)  # a lark string literal: JSON escaping is a subset of what lark accepts
+
+
+def harmony_grammar(
+    constraint: Constraint, reasoning_tokens: int, parameters: dict[str, dict[str, Any]] | None = None
+) -> str:
+    """The lark grammar of a generation that keeps `constraint`; `parameters` overrides the argument schemas."""
+    if parameters is None:
+        parameters = {name: schema or ANY_OBJECT for name, schema in constraint.tool_parameters.items()}
+    callable_names = constraint.tool_names if constraint.tools == "required" else tuple(parameters)
+    answers = []
+    rules = []
+    if constraint.tools != "none":
+        for index, name in enumerate(callable_names):
+            header = _string(f"commentary to=functions.{name} ")
+            rules.append(f'call_{index}: <|channel|> {header} <|constrain|> "json" <|message|> args_{index} <|call|>')
+            rules.append(f"args_{index}: {_json(parameters.get(name) or ANY_OBJECT)}")
+            answers.append(f"call_{index}")
+    if constraint.tools != "required":
+        schema = constraint.final_json_schema
+        body = "text" if schema is None else "answer_json"
+        rules.append(f'final: <|channel|> "final" <|message|> {body} <|return|>')
+        if schema is not None:
+            rules.append(f"answer_json: {_json(schema)}")
+        answers.append("final")
+    if not answers:
+        raise BackendError("tool_choice requires a function call, and no functions were offered.")
+    analysis = (
+        f'analysis: <|channel|> "analysis" <|message|> reasoning <|end|> <|start|> "assistant"\n'
+        f"reasoning[max_tokens={reasoning_tokens}]: /(.|\\n)*/\n"
+        if reasoning_tokens > 0
+        else ""
+    )
+    start = ("start: analysis? answer\n" if analysis else "start: answer\n") + f"answer: {' | '.join(answers)}\n"
+    return start + analysis + "text: /(.|\\n)*/\n" + "\n".join(rules) + "\n"
+
+
+class GrammarCompiler:
+    """The engine's tokenizer for llguidance (built once: about a second) and per-request matchers."""
+
+    def __init__(self, encoding: HarmonyEncoding, vocab_size: int) -> None:
+        specials = {text: token for text, token in SPECIAL_TOKENS.items() if token < vocab_size}
+        self.vocab_size = vocab_size
+        self._tokenizer = llguidance.LLTokenizer.from_tiktoken(
+            encoder=encoding.mergeable_ranks,
+            special_tokens=specials,
+            pattern=encoding.pattern,
+            eos_token=RETURN,
+            n_vocab=vocab_size,
+        )
+
+    def guide(self, constraint: Constraint, max_new_tokens: int) -> TokenGuide:
+        """A matcher for one generation; BackendError when the constraint cannot be compiled."""
+        reasoning = max_new_tokens // 2
+        matcher = self._matcher(harmony_grammar(constraint, reasoning))
+        if matcher.is_error() and constraint.tool_parameters:
+            # a parameters schema llguidance cannot compile: the arguments are still held to a JSON object
+            loose = {name: ANY_OBJECT for name in constraint.tool_parameters}
+            matcher = self._matcher(harmony_grammar(constraint, reasoning, loose))
+        if matcher.is_error():
+            raise BackendError(f"The output constraint cannot be enforced by this engine: {matcher.get_error()}")
+        return TokenGuide(matcher, self.vocab_size)
+
+    def _matcher(self, lark: str) -> llguidance.LLMatcher:
+        return llguidance.LLMatcher(self._tokenizer, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+
+
+class TokenGuide:
+    """One generation's grammar state: masks logits before sampling, then takes the sampled token."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._vocab_size = vocab_size
+        self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """The logits with every token the grammar forbids here at -inf."""
+        self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab_size].view(bool)
+        return np.where(allowed, logits[: self._vocab_size], -np.inf)
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.consume_token(token):
+            raise RuntimeError(f"the grammar rejected token {token}: {self._matcher.get_error()}")

@@ -1,0 +1,159 @@
+"""Constrained decoding in the onnx engine: from a random-weight model (whose unconstrained output is noise),
+forced function calls and JSON-schema answers come out valid through both APIs and the openai SDK."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+from engine_fixtures import make_checkpoint, tiny_config
+from jsonschema import Draft202012Validator
+from live_gateway import LiveGateway
+from reference import harmony_module, reference_encoding
+
+from backends.base import Constraint
+from backends.engine.grammar import GrammarCompiler, harmony_grammar
+from gateway.config import Settings
+from harmony import load_harmony_encoding
+
+MODEL = "gpt-oss-20b"
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+VERDICT = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "maxLength": 10},
+        "score": {"type": "integer", "minimum": 0, "maximum": 100},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["answer", "score", "tags"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "name": "get_weather", "parameters": WEATHER},
+    {"type": "function", "name": "get_time", "parameters": {"type": "object", "additionalProperties": False}},
+]
+SEEDS = (1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    directory: Path = tmp_path_factory.mktemp("constrained")
+    checkpoint = make_checkpoint(directory / "model", tiny_config(), "original")
+    options = {"checkpoint": str(checkpoint), "max_positions": 2048, "cache_dir": str(directory / "graphs")}
+    settings = Settings(backends={"engine": {"kind": "onnx", "options": options, "models": [MODEL]}})
+    live = LiveGateway(settings).start()
+    deadline = time.monotonic() + 120
+    while not live.call(live.services.backends[MODEL].ready()):
+        assert time.monotonic() < deadline, "the engine did not load"
+        time.sleep(0.05)
+    yield openai.OpenAI(base_url=live.url + "/v1", api_key="sk-x", max_retries=0)
+    live.stop()
+
+
+def test_required_tool_choice_gives_a_call_whose_arguments_match_the_schema(gateway):
+    for _ in SEEDS:  # the Responses API has no seed: each run samples afresh
+        response = gateway.responses.create(
+            model=MODEL,
+            input="What is the weather in Oslo?",
+            tools=TOOLS,
+            tool_choice="required",
+            max_output_tokens=160,
+            temperature=1.0,
+        )
+        assert response.status == "completed", response.error
+        calls = [item for item in response.output if item.type == "function_call"]
+        assert len(calls) == 1 and calls[0].name in ("get_weather", "get_time")
+        schema = WEATHER if calls[0].name == "get_weather" else TOOLS[1]["parameters"]
+        Draft202012Validator(schema).validate(json.loads(calls[0].arguments))
+
+
+def test_a_named_function_through_chat_completions_is_the_one_called(gateway):
+    tools = [{"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in TOOLS]
+    for seed in SEEDS:
+        completion = gateway.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Weather in Lima?"}],
+            tools=tools,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            max_tokens=160,
+            temperature=1.0,
+            seed=seed,
+        )
+        choice = completion.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_weather"
+        Draft202012Validator(WEATHER).validate(json.loads(call.function.arguments))
+
+
+def test_a_json_schema_answer_is_valid_json_of_that_schema_in_both_apis(gateway):
+    text_format = {"type": "json_schema", "name": "verdict", "schema": VERDICT, "strict": True}
+    for seed in SEEDS:
+        response = gateway.responses.create(
+            model=MODEL,
+            input="Judge this.",
+            text={"format": text_format},
+            max_output_tokens=160,
+            temperature=1.0,
+        )
+        assert response.status == "completed", response.error
+        Draft202012Validator(VERDICT).validate(json.loads(response.output_text))
+        streamed = gateway.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Judge this."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}},
+            max_tokens=160,
+            temperature=1.0,
+            seed=seed,
+            stream=True,
+        )
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
+        Draft202012Validator(VERDICT).validate(json.loads(text))
+
+
+def test_constrained_outputs_are_harmony_the_reference_parser_reads():
+    """Sampled uniformly among allowed tokens, every grammar's output parses with openai-harmony."""
+    compiler = GrammarCompiler(load_harmony_encoding(), 201088)
+    reference = reference_encoding()
+    assistant = harmony_module().Role.ASSISTANT
+    rng = np.random.default_rng(0)
+    constraints = [
+        Constraint("required", ("get_weather",), None, {"get_weather": WEATHER}),
+        Constraint("none", (), VERDICT, {"get_weather": WEATHER}),
+        Constraint("any", (), VERDICT, {"get_weather": WEATHER}),
+    ]
+    for constraint in constraints:
+        for _ in range(4):
+            guide = compiler.guide(constraint, 40)
+            tokens: list[int] = []
+            while not tokens or tokens[-1] not in (200002, 200012):
+                logits = guide.mask(rng.standard_normal(201088).astype(np.float32))
+                token = int(np.argmax(logits))
+                guide.accept(token)
+                tokens.append(token)
+                assert len(tokens) < 200
+            messages = reference.parse_messages_from_completion_tokens(tokens, assistant)
+            answer = messages[-1]
+            body = json.loads(answer.content[0].text)
+            if answer.recipient is not None:
+                assert constraint.tools != "none" and answer.recipient == "functions.get_weather"
+                Draft202012Validator(WEATHER).validate(body)
+            else:
+                assert constraint.tools != "required" and answer.channel == "final"
+                Draft202012Validator(VERDICT).validate(body)
+            assert all(message.channel == "analysis" for message in messages[:-1]) and len(messages) <= 2
+
+
+def test_a_grammar_lists_only_the_allowed_functions_and_bounds_the_reasoning():
+    grammar = harmony_grammar(Constraint("required", ("b",), None, {"a": None, "b": None}), 7)
+    assert "functions.b " in grammar and "functions.a" not in grammar and "max_tokens=7" in grammar
+    assert "analysis" not in harmony_grammar(Constraint("none", (), {}), 0)
