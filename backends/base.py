@@ -80,6 +80,29 @@ class Backend(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of an in-process engine's load (the gateway exports it as `gateway_engine_*` metrics)."""
+
+    running: int  # sequences holding a KV slot
+    waiting: int  # sequences queued for a slot
+    slots: int
+    kv_tokens: int  # positions filled in the slots in use
+    kv_capacity_tokens: int
+    decode_steps: int  # since start
+    prefill_tokens: int
+    decode_tokens: int
+
+
+@runtime_checkable
+class ReportsEngineStats(Protocol):
+    """Optional for backends: those that run the model in-process say how loaded they are."""
+
+    def engine_stats(self) -> EngineStats | None:
+        """None until the engine is loaded."""
+        ...
+
+
 def parse_options(model: type[OptionsT], options: dict[str, Any], backend: str) -> OptionsT:
     """A backend's options, validated; a ValueError naming each bad option stops the gateway at start."""
     try:

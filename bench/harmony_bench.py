@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from reference import harmony_module, reference_encoding, to_reference  # noqa: E402
+from report import markers, write_section  # noqa: E402
 
 from harmony import (  # noqa: E402
     DeveloperContent,
@@ -34,8 +35,7 @@ from harmony import (  # noqa: E402
 )
 from harmony.parser import StreamParser  # noqa: E402
 
-SECTION_START = "<!-- harmony_bench:start -->"
-SECTION_END = "<!-- harmony_bench:end -->"
+SECTION_START, SECTION_END = markers("harmony_bench")
 PARSE_TOKENS = 100_000
 FINAL_TEXT = "Your order has shipped — 到着予定は明日です. " * 5
 
@@ -233,17 +233,6 @@ def report(r: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n\nFigures written by the scripts in `bench/`.\n"
-    if SECTION_START in text:
-        head, rest = text.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1]
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -252,7 +241,7 @@ def main() -> None:
     section = report(run(args.repeats))
     print(section)
     if args.write:
-        write_section(args.write, section)
+        write_section(args.write, "harmony_bench", section)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 
+from backends.engine.commands import add_commands as add_engine_commands
 from backends.mock import ScriptError
 from harmony import VocabularyError
 from state import StoreUnavailable
@@ -23,7 +24,7 @@ _OPTIONS = (
     ("--port", "port", int, "port (GATEWAY_PORT, default 8000)"),
     ("--vocab-path", "vocab_path", str, "local o200k_base.tiktoken (GATEWAY_VOCAB_PATH)"),
     ("--models", "models", str, "comma-separated model ids to serve (GATEWAY_MODELS)"),
-    ("--backend", "backend", str, "mock, vllm, sglang, sglang_generate, llamacpp or onnx (GATEWAY_BACKEND)"),
+    ("--backend", "backend", str, "onnx (default), vllm, sglang, sglang_generate, llamacpp or mock (GATEWAY_BACKEND)"),
     ("--backend-urls", "backend_urls", str, "comma-separated upstream server URLs (GATEWAY_BACKEND_URLS)"),
     ("--mock-script", "mock_script", str, "mock backend script, JSON (GATEWAY_MOCK_SCRIPT)"),
     ("--redis-url", "redis_url", str, "Redis URL for shared state (GATEWAY_REDIS_URL; default in-memory)"),
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     for action in (create, actions.choices["list"], revoke):
         action.add_argument("--file", help="a keys file (GATEWAY_KEYS_FILE) instead of Redis")
     keys.set_defaults(run=_run_keys)
+    add_engine_commands(commands)
     args = parser.parse_args(argv)
     return args.run(args)
 

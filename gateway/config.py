@@ -30,8 +30,10 @@ class Settings(BaseSettings):
     port: int = 8000
     vocab_path: str | None = None  # a local o200k_base.tiktoken; see harmony.vocab for the search order
     models: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["gpt-oss-120b", "gpt-oss-20b"])
-    backend: str = "mock"  # the kind serving `models` when `backends` is not given
-    mock_script: str | None = None  # a mock backend script (JSON); without one it says it is a mock
+    # the kind serving `models` when `backends` is not given: the built-in engine (with no checkpoint
+    # configured, a random demo model that warns its output is noise)
+    backend: str = "onnx"
+    mock_script: str | None = None  # a mock backend script (JSON); set alone, it selects the mock backend
     backend_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)  # remote `backend`: upstream URLs
     backend_options: dict[str, Any] = Field(default_factory=dict)  # JSON: more options for `backend`
     backends: dict[str, BackendConfig] | None = None  # JSON: {"name": {"kind", "options", "models"}, ...}
@@ -61,8 +63,11 @@ class Settings(BaseSettings):
         if self.backends:
             return self.backends
         options = dict(self.backend_options)
-        if self.backend == "mock" and self.mock_script:
+        kind = self.backend
+        if self.mock_script and "backend" not in self.model_fields_set:
+            kind = "mock"  # a mock script alone means the mock, as the README's CI recipe runs it
+        if kind == "mock" and self.mock_script:
             options["script"] = self.mock_script
         if self.backend_urls:
             options["urls"] = self.backend_urls
-        return {"default": BackendConfig(kind=self.backend, options=options, models=self.models)}
+        return {"default": BackendConfig(kind=kind, options=options, models=self.models)}

@@ -8,10 +8,15 @@ counted as `other`.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from backends.base import Backend, ReportsEngineStats
 
 MAX_TENANT_LABELS = 20
 OTHER = "other"
@@ -82,6 +87,12 @@ class Metrics:
             "gateway_store_errors", "Response store operations that failed", ["operation"], registry=r
         )
 
+    def watch_engines(self, backends: dict[str, Backend]) -> None:
+        """Export `gateway_engine_*` for the named backends that run a model in-process."""
+        engines = {name: b for name, b in backends.items() if isinstance(b, ReportsEngineStats)}
+        if engines:
+            self.registry.register(EngineCollector(engines))
+
     def tenant_label(self, tenant: str | None) -> str:
         if tenant is None:
             return "none"
@@ -133,3 +144,39 @@ class TurnObserver:
         stats.cached_tokens += cached
         stats.output_tokens += output
         stats.reasoning_tokens += reasoning
+
+
+class EngineCollector(Collector):
+    """In-process engines' load, read at scrape time; the `backend` label is the configured backend name."""
+
+    def __init__(self, engines: dict[str, ReportsEngineStats]) -> None:
+        self._engines = engines
+
+    def collect(self) -> Iterator[Metric]:
+        sequences = GaugeMetricFamily(
+            "gateway_engine_sequences",
+            "Sequences running (in a KV slot) or waiting for one",
+            labels=["backend", "state"],
+        )
+        slots = GaugeMetricFamily("gateway_engine_slots", "KV slots (the largest decode batch)", labels=["backend"])
+        kv = GaugeMetricFamily(
+            "gateway_engine_kv_tokens", "KV cache positions: used by running sequences, and capacity",
+            labels=["backend", "state"],
+        )  # fmt: skip
+        steps = CounterMetricFamily("gateway_engine_decode_steps", "Decode steps run", labels=["backend"])
+        tokens = CounterMetricFamily(
+            "gateway_engine_tokens", "Tokens run: prompt tokens prefilled, tokens decoded", labels=["backend", "phase"]
+        )
+        for name, engine in self._engines.items():
+            stats = engine.engine_stats()
+            if stats is None:
+                continue
+            sequences.add_metric([name, "running"], stats.running)
+            sequences.add_metric([name, "waiting"], stats.waiting)
+            slots.add_metric([name], stats.slots)
+            kv.add_metric([name, "used"], stats.kv_tokens)
+            kv.add_metric([name, "capacity"], stats.kv_capacity_tokens)
+            steps.add_metric([name], stats.decode_steps)
+            tokens.add_metric([name, "prefill"], stats.prefill_tokens)
+            tokens.add_metric([name, "decode"], stats.decode_tokens)
+        yield from (sequences, slots, kv, steps, tokens)

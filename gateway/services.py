@@ -164,11 +164,14 @@ def _admission(settings: Settings, metrics: Metrics) -> Admission:
 
 def build_services(settings: Settings, renderer: Renderer) -> Services:
     metrics = Metrics(settings.metrics_tenants)
+    backends = _backends(settings, renderer.encoding)
+    configs = settings.backend_configs()
+    metrics.watch_engines({name: backends[c.models[0]] for name, c in configs.items() if c.models})
     return Services(
         settings=settings,
         renderer=renderer,
         store=TimedStore(_store(settings), metrics),
-        backends=_backends(settings, renderer.encoding),
+        backends=backends,
         sealer=_sealer(settings),
         auth=_authenticator(settings),
         admission=_admission(settings, metrics),

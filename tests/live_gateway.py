@@ -76,10 +76,14 @@ class LiveGateway:
 class GatewayProcess:
     """`python -m gateway.cli serve` with the given environment, as an operator runs it."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, cwd: Path | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str], log_path: Path, cwd: Path | None = None, unset: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
         self._cwd = cwd
         self._env = {**os.environ, vocab.DOWNLOAD_ENV: "0", **env, "GATEWAY_PORT": str(self.port)}
+        for name in unset:
+            self._env.pop(name, None)
         self._log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
+from engine_fixtures import make_checkpoint, tiny_config
 from gateway_fixtures import KEY_SECRET, write_keys, write_script
 from live_gateway import FailingBackend, LiveGateway
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,6 +23,7 @@ from gateway.config import Settings
 DASHBOARD = Path(__file__).resolve().parent.parent / "helm" / "gpt-oss-gateway" / "dashboards" / "gpt-oss-gateway.json"
 MODEL = "gpt-oss-120b"
 BROKEN_MODEL = "gpt-oss-broken"
+ENGINE_MODEL = "gpt-oss-20b"
 KEYS = {"sk-dash-acme": "acme", "sk-dash-beta": "beta"}
 TARGET_LABELS = {"pod", "instance", "job", "namespace"}  # added by Prometheus when it scrapes
 METRIC = re.compile(r"\b(gateway_[a-z0-9_]+)(\{[^}]*\})?")
@@ -41,23 +44,32 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
     """Sample name → label names, scraped from a gateway after traffic that touches every series."""
     directory = tmp_path_factory.mktemp("dashboard")
     redis = RedisServer(directory / "redis").start()
+    engine = {"checkpoint": str(make_checkpoint(directory / "model", tiny_config(), "original"))}
     settings = Settings(
-        mock_script=str(write_script(directory)),
+        backends={
+            "scripted": {"kind": "mock", "options": {"script": str(write_script(directory))}, "models": [MODEL]},
+            "broken": {"kind": "mock", "models": [BROKEN_MODEL]},
+            "engine": {"kind": "onnx", "options": {**engine, "cache_dir": str(directory)}, "models": [ENGINE_MODEL]},
+        },
         key_secret=KEY_SECRET,
         keys_file=str(write_keys(directory, KEYS)),
         redis_url=redis.url,
         metrics_public=True,
         limits={"tenants": {"beta": {"requests_per_minute": 1}}},
-        models=[MODEL, BROKEN_MODEL],
     )
     live = LiveGateway(settings).start()
     try:
         live.services.backends[BROKEN_MODEL] = FailingBackend(live.services.encoding)
+        deadline = time.monotonic() + 120
+        while not live.call(live.services.backends[ENGINE_MODEL].ready()):
+            assert time.monotonic() < deadline, "the engine did not load"
+            time.sleep(0.05)
         acme = openai.OpenAI(base_url=live.url + "/v1", api_key="sk-dash-acme", max_retries=0)
         beta = openai.OpenAI(base_url=live.url + "/v1", api_key="sk-dash-beta", max_retries=0)
         list(acme.responses.create(model=MODEL, input="thanks", stream=True))
         acme.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "thanks"}])
         acme.responses.create(model=BROKEN_MODEL, input="thanks")
+        acme.responses.create(model=ENGINE_MODEL, input="thanks", max_output_tokens=16)
         beta.responses.create(model=MODEL, input="thanks")
         with pytest.raises(openai.RateLimitError):
             beta.responses.create(model=MODEL, input="thanks")
@@ -79,7 +91,7 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
 def test_every_queried_series_and_label_is_exported(exported):
     dashboard = json.loads(DASHBOARD.read_text())
     queries = _queries(dashboard)
-    assert len(queries) >= 25
+    assert len(queries) >= 30
     for query in queries:
         names = [match.group(1) for match in METRIC.finditer(query)]
         assert names, f"a query on no gateway series: {query}"
@@ -101,6 +113,6 @@ def test_every_exported_series_has_a_panel(exported):
     text = json.dumps(_queries(json.loads(DASHBOARD.read_text())))
     families = {re.sub(r"_(bucket|count|sum|created|total)$", "", name) for name in exported}
     families = {name for name in families if name.startswith("gateway_")}
-    assert len(families) == 12
+    assert len(families) == 17
     unused = [name for name in sorted(families) if name not in text]
     assert not unused, f"exported but on no panel: {unused}"

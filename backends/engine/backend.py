@@ -19,13 +19,13 @@ import numpy as np
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from backends.base import BackendError, Capabilities, Chunk, GenerateRequest, parse_options
+from backends.base import BackendError, Capabilities, Chunk, EngineStats, GenerateRequest, parse_options
 from harmony import HarmonyEncoding
 from harmony.tokens import LAST_SPECIAL
 
 from .batcher import Batcher, Sequence
 from .checkpoint import Checkpoint
-from .config import CheckpointError, ModelConfig
+from .config import DEMO_CONFIG, CheckpointError
 from .grammar import GrammarCompiler
 from .graph import GraphOptions
 from .make_checkpoint import write_random_checkpoint
@@ -34,19 +34,10 @@ from .runtime import DecoderRuntime
 
 log = structlog.get_logger("backends.engine")
 
-DEMO_CONFIG = ModelConfig(
-    num_hidden_layers=2,
-    num_experts=8,
-    experts_per_token=4,
-    hidden_size=64,
-    intermediate_size=64,
-    head_dim=16,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-)
-
-
 RANDOM_MODEL_WARNING = "gpt-oss-gateway: no engine checkpoint configured; serving a RANDOM model: its output is noise"
+
+
+MAX_POSITIONS = 131072  # gpt-oss's context
 
 
 class EngineOptions(BaseModel):
@@ -54,7 +45,7 @@ class EngineOptions(BaseModel):
 
     checkpoint: str | None = None
     max_batch: int = Field(default=8, ge=1, le=256)
-    max_positions: int = Field(default=4096, ge=16, le=131072)
+    max_positions: int = Field(default=4096, ge=16, le=MAX_POSITIONS)
     threads: int = Field(default=0, ge=0)
     cache_dir: str | None = None
 
@@ -114,6 +105,9 @@ class EngineBackend:
 
     async def ready(self) -> bool:
         return self._batcher is not None
+
+    def engine_stats(self) -> EngineStats | None:
+        return None if self._batcher is None else self._batcher.stats()
 
     async def _runtime(self) -> tuple[Batcher, GrammarCompiler]:
         if not self._loaded.is_set():

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from backends.base import GenerateRequest
+from backends.base import EngineStats, GenerateRequest
 
 from .grammar import TokenGuide
 from .runtime import DecoderRuntime
@@ -42,12 +42,30 @@ class Batcher:
         self._incoming: queue.Queue[Sequence | None] = queue.Queue()
         self._active: dict[int, Sequence] = {}
         self._free = list(range(runtime.slots))
+        self._kv_tokens = 0  # positions filled in active slots, as of the last step
+        self._decode_steps = 0
+        self._prefill_tokens = 0
+        self._decode_tokens = 0
         self._thread = threading.Thread(target=self._loop, name="gpt-oss-engine", daemon=True)
         self._thread.start()
 
     @property
     def active(self) -> int:
         return len(self._active)
+
+    def stats(self) -> EngineStats:
+        """Read from other threads: each figure is one the engine thread last wrote."""
+        runtime = self.runtime
+        return EngineStats(
+            running=len(self._active),
+            waiting=self._incoming.qsize(),
+            slots=runtime.slots,
+            kv_tokens=self._kv_tokens,
+            kv_capacity_tokens=runtime.slots * runtime.max_positions,
+            decode_steps=self._decode_steps,
+            prefill_tokens=self._prefill_tokens,
+            decode_tokens=self._decode_tokens,
+        )
 
     def submit(self, sequence: Sequence) -> None:
         self._incoming.put(sequence)
@@ -62,6 +80,7 @@ class Batcher:
                 return
             if self._active:
                 self._step()
+            self._kv_tokens = sum(sequence.position for sequence in self._active.values())
 
     def _admit(self) -> bool:
         """Prefill waiting sequences into free slots (blocking while idle); False once closed."""
@@ -88,6 +107,7 @@ class Batcher:
             self._finish(sequence, exc)
             return
         sequence.position = len(sequence.request.prompt)
+        self._prefill_tokens += sequence.position
         self._accept(sequence, logits)
 
     def _step(self) -> None:
@@ -102,6 +122,8 @@ class Batcher:
             log.exception("engine_step_failed")
             self._fail_all(exc)
             return
+        self._decode_steps += 1
+        self._decode_tokens += len(rows)
         for sequence in list(self._active.values()):
             sequence.position += 1
             self._accept(sequence, logits[sequence.slot])

@@ -137,3 +137,15 @@ class ModelConfig:
 
 GPT_OSS_20B = ModelConfig(num_hidden_layers=24, num_experts=32)
 GPT_OSS_120B = ModelConfig()
+# the random-weight model served when no checkpoint is configured: real vocabulary, tiny widths
+DEMO_CONFIG = ModelConfig(
+    num_hidden_layers=2,
+    num_experts=8,
+    experts_per_token=4,
+    hidden_size=64,
+    intermediate_size=64,
+    head_dim=16,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+)
+SHAPES = {"gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B, "demo": DEMO_CONFIG}

@@ -5,8 +5,8 @@ KV cache is a [B, kv_heads, max_positions, head_dim] buffer bound as both past a
 place). Attention is GroupQueryAttention with the sinks as `head_sink`, a 128-token window on even
 layers and YaRN rotary tables. Each MoE is one node of the custom-domain op `MXFP4MoE`, a model-local
 function whose body is this provider's realization (on CPU: exact MXFP4 dequantization by
-GatherBlockQuantized, folded into constants at load, then the contrib MoE with the interleaved
-clamped SwiGLU).
+GatherBlockQuantized of the experts the step's tokens route to, at every run, then the contrib MoE
+with the interleaved clamped SwiGLU).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .rope import cos_sin
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 OPSET = 23  # RMSNormalization
 IR_VERSION = 11  # FLOAT4E2M1 needs 11; onnxruntime 1.31 loads up to 13
 ENGINE_DOMAIN = "gptoss.engine"
@@ -42,18 +42,29 @@ def kv_names(layer: int) -> tuple[str, str, str, str]:
 
 
 def _moe_function(config: ModelConfig) -> onnx.FunctionProto:
-    """`MXFP4MoE(x [T,H], router_logits [T,E], w1, s1, b1, w2, s2, b2) -> [T,H]`, realized for CPU."""
-    experts = helper.make_node(
-        "Constant", [], ["experts"], value=numpy_helper.from_array(np.arange(config.num_experts, dtype=np.int64))
-    )
+    """`MXFP4MoE(x [T,H], router_logits [T,E], w1, s1, b1, w2, s2, b2) -> [T,H]`, realized for CPU.
+
+    Only the experts some token routes to are dequantized (at decode, k per sequence instead of all E):
+    their weights, biases and router columns are gathered, and each token's top-k among them is its
+    top-k among all experts, so the result is the same.
+    """
+    top_k = numpy_helper.from_array(np.array([config.experts_per_token], dtype=np.int64))
+    flat = numpy_helper.from_array(np.array([-1], dtype=np.int64))
     dequant = {"domain": MS_DOMAIN, "gather_axis": 0, "quantize_axis": 2, "block_size": 32}
     nodes = [
-        experts,
-        helper.make_node("GatherBlockQuantized", ["w1", "experts", "s1"], ["fc1"], **dequant),
-        helper.make_node("GatherBlockQuantized", ["w2", "experts", "s2"], ["fc2"], **dequant),
+        helper.make_node("Constant", [], ["k"], value=top_k),
+        helper.make_node("Constant", [], ["flat"], value=flat),
+        helper.make_node("TopK", ["router_logits", "k"], ["top_values", "top_experts"], axis=-1),
+        helper.make_node("Reshape", ["top_experts", "flat"], ["routed"]),
+        helper.make_node("Unique", ["routed"], ["used"], sorted=1),
+        helper.make_node("GatherBlockQuantized", ["w1", "used", "s1"], ["fc1"], **dequant),
+        helper.make_node("GatherBlockQuantized", ["w2", "used", "s2"], ["fc2"], **dequant),
+        helper.make_node("Gather", ["b1", "used"], ["fc1_bias"], axis=0),
+        helper.make_node("Gather", ["b2", "used"], ["fc2_bias"], axis=0),
+        helper.make_node("Gather", ["router_logits", "used"], ["used_logits"], axis=1),
         helper.make_node(
             "MoE",
-            ["x", "router_logits", "fc1", "b1", "fc2", "b2"],
+            ["x", "used_logits", "fc1", "fc1_bias", "fc2", "fc2_bias"],
             ["y"],
             domain=MS_DOMAIN,
             k=config.experts_per_token,
