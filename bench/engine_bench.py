@@ -137,7 +137,8 @@ def report(rates: dict[int, tuple[float, float]], batched: float, sequential: fl
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"onnxruntime {onnxruntime.__version__}, intra-op threads {threads or 'one per core'}. fp32.",
-        f"Model (random weights): {c.num_hidden_layers} layers, {c.num_experts} MXFP4 experts top-{c.experts_per_token}, "
+        f"Model (random weights): {c.num_hidden_layers} layers, "
+        f"{c.num_experts} MXFP4 experts top-{c.experts_per_token}, "
         f"hidden {c.hidden_size}, {c.num_attention_heads} heads / {c.num_key_value_heads} KV heads of {c.head_dim}, "
         f"vocabulary {c.vocab_size:,}. Prompts of {sizes.prompt} tokens.",
         "",

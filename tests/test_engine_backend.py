@@ -13,7 +13,7 @@ import pytest
 from engine_fixtures import make_checkpoint, tiny_config
 from live_gateway import LiveGateway
 
-from backends.base import GenerateRequest, Sampling
+from backends.base import EngineStats, GenerateRequest, Sampling
 from backends.engine.backend import EngineBackend, EngineOptions, from_options
 from gateway.config import Settings
 from gateway.services import ConfigError, build_services
@@ -45,19 +45,25 @@ async def _collect(backend: EngineBackend, prompt: list[int], count: int, sampli
 
 
 def test_concurrent_greedy_requests_get_exactly_their_solo_tokens(checkpoint):
-    async def scenario() -> tuple[list[list[int]], list[list[int]], int]:
+    async def scenario() -> tuple[list[list[int]], list[list[int]], EngineStats]:
         backend = EngineBackend(_options(checkpoint, max_batch=3), ENCODING)  # 5 requests, 3 slots: some wait
         greedy = Sampling(temperature=0)
         alone = [await _collect(backend, prompt, 30, greedy) for prompt in PROMPTS]
         together = await asyncio.gather(*(_collect(backend, prompt, 30, greedy) for prompt in PROMPTS))
-        largest_batch = backend._batcher.runtime.slots
+        await asyncio.sleep(0.05)  # the engine thread's bookkeeping after the last token
+        stats = backend.engine_stats()
         await backend.aclose()
-        return alone, list(together), largest_batch
+        return alone, list(together), stats
 
-    alone, together, slots = asyncio.run(scenario())
-    assert slots == 3
+    alone, together, stats = asyncio.run(scenario())
+    assert stats.slots == 3
     assert together == alone
     assert all(len(tokens) == 30 for tokens in alone)
+    # what the metrics export: each request's first token comes from its prefill, the other 29 from decode steps
+    assert stats.prefill_tokens == 2 * sum(len(prompt) for prompt in PROMPTS)
+    assert stats.decode_tokens == 2 * len(PROMPTS) * 29 and stats.decode_steps < stats.decode_tokens
+    assert (stats.running, stats.waiting, stats.kv_tokens) == (0, 0, 0)
+    assert stats.kv_capacity_tokens == 3 * 256
 
 
 def test_a_seed_repeats_a_sampled_answer_and_closing_frees_the_slot(checkpoint):
@@ -104,6 +110,12 @@ def test_the_gateway_serves_the_engine_to_the_sdk(checkpoint):
         )
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
         assert client.models.retrieve(MODEL).id == MODEL
+        with pytest.raises(openai.BadRequestError) as overflow:  # past max_positions: refused, naming the input
+            client.responses.create(model=MODEL, input="word " * 1100)
+        assert overflow.value.code == "context_length_exceeded" and overflow.value.param == "input"
+        filled = client.responses.create(model=MODEL, input="Hello", temperature=0)  # the answer gets what is left
+        assert filled.usage.input_tokens + filled.usage.output_tokens <= 1024
+        assert filled.status == "incomplete" and filled.incomplete_details.reason == "max_output_tokens"
     finally:
         live.stop()
 
