@@ -31,8 +31,13 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 def _options(checkpoint: Path, **extra) -> EngineOptions:
+    """Prompts longer than 16 tokens are prefilled in chunks, between other sequences' decode steps."""
     return EngineOptions(
-        checkpoint=str(checkpoint), max_positions=256, cache_dir=str(checkpoint.parent / "graphs"), **extra
+        checkpoint=str(checkpoint),
+        max_positions=256,
+        cache_dir=str(checkpoint.parent / "graphs"),
+        prefill_chunk=16,
+        **extra,
     )
 
 
@@ -64,6 +69,60 @@ def test_concurrent_greedy_requests_get_exactly_their_solo_tokens(checkpoint):
     assert stats.decode_tokens == 2 * len(PROMPTS) * 29 and stats.decode_steps < stats.decode_tokens
     assert (stats.running, stats.waiting, stats.kv_tokens) == (0, 0, 0)
     assert stats.kv_capacity_tokens == 3 * 256
+
+
+class RecordingRuntime:
+    """The engine's runtime, with the order of its prefill chunks and decode steps written down."""
+
+    def __init__(self, runtime) -> None:
+        self.inner = runtime
+        self.calls: list[tuple[str, int]] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def prefill(self, slot: int, tokens: list[int], start: int = 0):
+        self.calls.append(("prefill", slot))
+        return self.inner.prefill(slot, tokens, start)
+
+    def decode(self, rows, parked=None):
+        self.calls.append(("decode", len(rows)))
+        return self.inner.decode(rows, parked)
+
+
+def test_a_long_prompt_is_prefilled_between_the_decode_steps_of_others(checkpoint):
+    long_prompt = list(range(1000, 1150))  # 150 tokens: 10 chunks of 16
+
+    async def scenario() -> tuple[list[list[int]], list[list[int]], list[tuple[str, int]]]:
+        backend = EngineBackend(_options(checkpoint, max_batch=2), ENCODING)
+        greedy = Sampling(temperature=0)
+        alone = [await _collect(backend, PROMPTS[1], 60, greedy), await _collect(backend, long_prompt, 10, greedy)]
+        batcher = backend._batcher
+        recorder = RecordingRuntime(batcher.runtime)
+        batcher.runtime = recorder
+        placeholder = backend.generate(GenerateRequest(PROMPTS[0], 200, NO_STOPS, "slot-0", greedy))
+        await anext(placeholder)
+        short = backend.generate(GenerateRequest(PROMPTS[1], 60, NO_STOPS, "short", greedy))  # slot 1
+        first = [(await anext(short)).tokens[0] for _ in range(3)]  # decoding before the long one arrives
+        await placeholder.aclose()  # slot 0 frees: the long prompt takes it, inside the decode batch's span
+        while batcher.active != 1:
+            await asyncio.sleep(0.001)
+        rest = asyncio.create_task(_drain(short))
+        long_tokens = await _collect(backend, long_prompt, 10, greedy)
+        together = [first + await rest, long_tokens]
+        await backend.aclose()
+        return alone, together, recorder.calls
+
+    alone, together, calls = asyncio.run(scenario())
+    assert together == alone
+    long_chunks = [index for index, (kind, slot) in enumerate(calls) if kind == "prefill" and slot == 0][1:]
+    assert len(long_chunks) == 10
+    decodes_meanwhile = [c for c in calls[long_chunks[0] : long_chunks[-1]] if c == ("decode", 1)]
+    assert len(decodes_meanwhile) >= 9  # the short sequence kept decoding while the long prompt went in
+
+
+async def _drain(stream) -> list[int]:
+    return [token async for chunk in stream for token in chunk.tokens]
 
 
 def test_a_seed_repeats_a_sampled_answer_and_closing_frees_the_slot(checkpoint):

@@ -49,6 +49,26 @@ def test_logits_match_the_reference_over_a_long_greedy_run(tmp_path, experts, to
     assert len(set(engine_tokens)) > 10  # a real run, not one token repeated
 
 
+def test_a_prompt_prefilled_in_chunks_matches_the_reference(tmp_path):
+    """Chunks continue the slot's cache (past the 128 window here), as the batcher feeds long prompts."""
+    config = tiny_config()
+    directory = make_checkpoint(tmp_path, config, "original")
+    runtime = DecoderRuntime(export_model(directory, 512), config, slots=1, max_positions=512)
+    reference = ReferenceModel(directory)
+    prompt = np.random.default_rng(3).integers(0, 199_000, size=200).tolist()
+    for start in range(0, len(prompt), 64):
+        logits = runtime.prefill(0, prompt[start : start + 64], start)
+    for position, token in enumerate(prompt):
+        expected = reference.step(token, position)
+    worst = float(np.abs(logits - expected).max())
+    for position in range(len(prompt), len(prompt) + 20):
+        token = int(np.argmax(expected))
+        logits = runtime.decode([(0, token, position)])[0]
+        expected = reference.step(token, position)
+        worst = max(worst, float(np.abs(logits - expected).max()))
+    assert worst < TOLERANCE, f"largest logit difference {worst:.2e}"
+
+
 def _greedy_alone(runtime: DecoderRuntime, prompt: list[int], count: int) -> list[int]:
     logits, position, out = runtime.prefill(0, prompt), len(prompt), []
     for _ in range(count):

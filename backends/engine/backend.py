@@ -46,6 +46,7 @@ class EngineOptions(BaseModel):
     checkpoint: str | None = None
     max_batch: int = Field(default=8, ge=1, le=256)
     max_positions: int = Field(default=4096, ge=16, le=MAX_POSITIONS)
+    prefill_chunk: int = Field(default=512, ge=16)  # prompt tokens per step while others decode
     threads: int = Field(default=0, ge=0)
     cache_dir: str | None = None
 
@@ -95,7 +96,7 @@ class EngineBackend:
             runtime = DecoderRuntime(
                 str(model), checkpoint.config, options.max_batch, options.max_positions, options.threads
             )
-            self._batcher = Batcher(runtime)
+            self._batcher = Batcher(runtime, options.prefill_chunk)
             log.info("engine_ready", layout=checkpoint.layout, kv_bytes=runtime.kv_bytes, slots=options.max_batch)
         except (CheckpointError, OSError, RuntimeError, ValueError) as exc:
             self._failure = str(exc)

@@ -1,6 +1,7 @@
 """Continuous batching on one engine thread: sequences join between decode steps (their prompt is
-prefilled into a free KV slot), every active sequence advances by one token per step, and a finished
-or cancelled sequence frees its slot at once."""
+prefilled into a free KV slot, one chunk per step, so that a long prompt does not stall the others),
+every decoding sequence advances by one token per step, and a finished or cancelled sequence frees its
+slot at once."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class Sequence:
     emit: Emit
     rng: np.random.Generator
     slot: int = -1
-    position: int = 0
+    position: int = 0  # positions filled in the slot's KV cache
+    decoding: bool = False  # the prompt is all in; each step feeds `token`
     generated: int = 0
     token: int = 0  # the last sampled token, fed at the next decode step
     guide: TokenGuide | None = None  # the output constraint's grammar, when the request has one
@@ -37,10 +39,12 @@ class Sequence:
 
 
 class Batcher:
-    def __init__(self, runtime: DecoderRuntime) -> None:
+    def __init__(self, runtime: DecoderRuntime, prefill_chunk: int = 512) -> None:
         self.runtime = runtime
+        self.prefill_chunk = prefill_chunk
         self._incoming: queue.Queue[Sequence | None] = queue.Queue()
-        self._active: dict[int, Sequence] = {}
+        self._active: dict[int, Sequence] = {}  # slot → the sequence holding it (prefilling or decoding)
+        self._prefilling: list[Sequence] = []  # in arrival order
         self._free = list(range(runtime.slots))
         self._kv_tokens = 0  # positions filled in active slots, as of the last step
         self._decode_steps = 0
@@ -78,12 +82,16 @@ class Batcher:
         while True:
             if not self._admit():
                 return
-            if self._active:
+            for sequence in [s for s in self._active.values() if s.cancelled.is_set()]:
+                self._release(sequence)
+            if self._prefilling:
+                self._prefill_chunk(self._prefilling[0])
+            if any(sequence.decoding for sequence in self._active.values()):
                 self._step()
             self._kv_tokens = sum(sequence.position for sequence in self._active.values())
 
     def _admit(self) -> bool:
-        """Prefill waiting sequences into free slots (blocking while idle); False once closed."""
+        """Give waiting sequences free slots (blocking while idle); False once closed."""
         while self._free:
             try:
                 sequence = self._incoming.get(block=not self._active)
@@ -94,37 +102,41 @@ class Batcher:
                 return False
             if sequence.cancelled.is_set():
                 continue
-            self._prefill(sequence)
+            sequence.slot = min(self._free)
+            self._free.remove(sequence.slot)
+            self._active[sequence.slot] = sequence
+            self._prefilling.append(sequence)
         return True
 
-    def _prefill(self, sequence: Sequence) -> None:
-        sequence.slot = min(self._free)
-        self._free.remove(sequence.slot)
-        self._active[sequence.slot] = sequence
+    def _prefill_chunk(self, sequence: Sequence) -> None:
+        """Run the next chunk of the prompt; after the last one the sequence samples its first token."""
+        prompt = sequence.request.prompt
+        chunk = prompt[sequence.position : sequence.position + self.prefill_chunk]
         try:
-            logits = self.runtime.prefill(sequence.slot, sequence.request.prompt)
+            logits = self.runtime.prefill(sequence.slot, chunk, sequence.position)
         except Exception as exc:  # a bad prompt fails its own sequence only
             self._finish(sequence, exc)
             return
-        sequence.position = len(sequence.request.prompt)
-        self._prefill_tokens += sequence.position
-        self._accept(sequence, logits)
+        sequence.position += len(chunk)
+        self._prefill_tokens += len(chunk)
+        if sequence.position == len(prompt):
+            self._prefilling.remove(sequence)
+            sequence.decoding = True
+            self._accept(sequence, logits)
 
     def _step(self) -> None:
-        for sequence in [s for s in self._active.values() if s.cancelled.is_set()]:
-            self._release(sequence)
-        if not self._active:
-            return
-        rows = [(s.slot, s.token, s.position) for s in self._active.values()]
+        decoding = [s for s in self._active.values() if s.decoding]
+        rows = [(s.slot, s.token, s.position) for s in decoding]
+        parked = {s.slot: s.position for s in self._prefilling}  # their next chunk rewrites that position
         try:
-            logits = self.runtime.decode(rows)
+            logits = self.runtime.decode(rows, parked)
         except Exception as exc:
             log.exception("engine_step_failed")
             self._fail_all(exc)
             return
         self._decode_steps += 1
         self._decode_tokens += len(rows)
-        for sequence in list(self._active.values()):
+        for sequence in decoding:
             sequence.position += 1
             self._accept(sequence, logits[sequence.slot])
 
@@ -158,6 +170,8 @@ class Batcher:
     def _release(self, sequence: Sequence) -> None:
         if self._active.pop(sequence.slot, None) is not None:
             self._free.append(sequence.slot)
+        if sequence in self._prefilling:
+            self._prefilling.remove(sequence)
 
     def _fail_all(self, failure: BaseException) -> None:
         for sequence in list(self._active.values()):

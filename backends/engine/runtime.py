@@ -59,22 +59,26 @@ class DecoderRuntime:
         self.session.run_with_iobinding(binding)
         return logits
 
-    def prefill(self, slot: int, tokens: list[int]) -> np.ndarray:
-        """Run the prompt into `slot` (its cache restarts at position 0); the next-token logits [V]."""
+    def prefill(self, slot: int, tokens: list[int], start: int = 0) -> np.ndarray:
+        """Run prompt tokens into `slot` from position `start` (0 restarts its cache); the next-token logits [V]."""
         count = len(tokens)
-        if not 0 < count <= self.max_positions:
-            raise ValueError(f"a prompt of {count} tokens does not fit {self.max_positions} positions")
+        if not 0 < count or start + count > self.max_positions:
+            raise ValueError(f"a prompt of {start + count} tokens does not fit {self.max_positions} positions")
         ids = np.array([tokens], np.int64)
-        return self._run(slot, 1, ids, np.array([count - 1], np.int32), count)[0]
+        return self._run(slot, 1, ids, np.array([start + count - 1], np.int32), start + count)[0]
 
-    def decode(self, rows: list[tuple[int, int, int]]) -> dict[int, np.ndarray]:
+    def decode(self, rows: list[tuple[int, int, int]], parked: dict[int, int] | None = None) -> dict[int, np.ndarray]:
         """`rows`: (slot, token, position) each; the next-token logits per slot.
 
-        The batch spans slots 0..max(slot); idle slots in between get a throwaway token at position 0.
+        The batch spans slots 0..max(slot); the other slots in it get a throwaway token, written at the
+        position `parked` gives for the slot (one a later prefill overwrites) or else at position 0.
         """
         span = max(slot for slot, _, _ in rows) + 1
         ids = np.zeros((span, 1), np.int64)
         seqlens = np.zeros(span, np.int32)
+        for slot, position in (parked or {}).items():
+            if slot < span:
+                seqlens[slot] = position
         for slot, token, position in rows:
             if position >= self.max_positions:
                 raise ValueError(f"position {position} is past the cache of {self.max_positions}")
