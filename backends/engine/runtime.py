@@ -62,7 +62,7 @@ class DecoderRuntime:
     def prefill(self, slot: int, tokens: list[int], start: int = 0) -> np.ndarray:
         """Run prompt tokens into `slot` from position `start` (0 restarts its cache); the next-token logits [V]."""
         count = len(tokens)
-        if not 0 < count or start + count > self.max_positions:
+        if not count > 0 or start + count > self.max_positions:
             raise ValueError(f"a prompt of {start + count} tokens does not fit {self.max_positions} positions")
         ids = np.array([tokens], np.int64)
         return self._run(slot, 1, ids, np.array([start + count - 1], np.int32), start + count)[0]
