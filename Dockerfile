@@ -9,6 +9,8 @@ ARG PYTHON_VERSION=3.11
 # ---- build stages: a virtual environment holding the gateway and its dependencies, nothing else ----
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build-cpu
 WORKDIR /src
+# g++ compiles the engine's MXFP4 MoE kernels here; the runtime images carry the library, not the compiler
+RUN apt-get update && apt-get install --yes --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/gateway
 COPY pyproject.toml README.md ./
 COPY gateway gateway
@@ -17,12 +19,16 @@ COPY harmony harmony
 COPY state state
 RUN /opt/gateway/bin/pip install --no-cache-dir . \
     && /opt/gateway/bin/pip uninstall --yes pip
+# x86-64-v3 (AVX2, FMA): any server CPU of the last decade, not only the one building the image
+RUN HOME=/tmp /opt/gateway/bin/gpt-oss-gateway build-kernels --march x86-64-v3 --output /opt/gateway/kernels
 
 # the same, plus CUDA 13 and cuDNN 9 as the NVIDIA wheels onnxruntime-gpu is built against
 FROM build-cpu AS build-cuda
 RUN /opt/gateway/bin/python -m ensurepip \
     && /opt/gateway/bin/python -m pip install --no-cache-dir '.[cuda]' \
     && /opt/gateway/bin/python -m pip uninstall --yes pip
+# again, now with nvcc (from the cuda extra's wheels): the library gains the CUDA kernel (sm_80, sm_90)
+RUN HOME=/tmp /opt/gateway/bin/gpt-oss-gateway build-kernels --march x86-64-v3 --output /opt/gateway/kernels
 
 # ---- runtime: what both images share ----
 FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
@@ -33,7 +39,8 @@ ENV PATH=/opt/gateway/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
     GATEWAY_HOST=0.0.0.0 \
-    GATEWAY_VOCAB_DOWNLOAD=0
+    GATEWAY_VOCAB_DOWNLOAD=0 \
+    GATEWAY_ENGINE_KERNELS=/opt/gateway/kernels/libgptoss_engine_kernels.so
 USER 10001:10001
 EXPOSE 8000 9464
 STOPSIGNAL SIGTERM

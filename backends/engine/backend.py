@@ -28,6 +28,7 @@ from .checkpoint import Checkpoint
 from .config import DEMO_CONFIG, CheckpointError
 from .grammar import GrammarCompiler
 from .graph import GraphOptions
+from .kernels.build import kernel_library
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
 from .runtime import DecoderRuntime
@@ -47,6 +48,7 @@ class EngineOptions(BaseModel):
     max_batch: int = Field(default=8, ge=1, le=256)
     max_positions: int = Field(default=4096, ge=16, le=MAX_POSITIONS)
     prefill_chunk: int = Field(default=512, ge=16)  # prompt tokens per step while others decode
+    kernels: bool = True  # build and use the compiled MXFP4 MoE kernels (else the pure-ONNX realization)
     threads: int = Field(default=0, ge=0)
     cache_dir: str | None = None
 
@@ -93,11 +95,18 @@ class EngineBackend:
                 )
             self._grammars = GrammarCompiler(self._encoding, checkpoint.config.vocab_size)
             model = compiled_model(checkpoint, GraphOptions(options.max_positions), cache, _progress)
+            kernels = kernel_library() if options.kernels else None
             runtime = DecoderRuntime(
-                str(model), checkpoint.config, options.max_batch, options.max_positions, options.threads
+                str(model), checkpoint.config, options.max_batch, options.max_positions, options.threads, kernels
             )
             self._batcher = Batcher(runtime, options.prefill_chunk)
-            log.info("engine_ready", layout=checkpoint.layout, kv_bytes=runtime.kv_bytes, slots=options.max_batch)
+            log.info(
+                "engine_ready",
+                layout=checkpoint.layout,
+                kv_bytes=runtime.kv_bytes,
+                slots=options.max_batch,
+                moe="compiled kernel" if kernels else "pure ONNX",
+            )
         except (CheckpointError, OSError, RuntimeError, ValueError) as exc:
             self._failure = str(exc)
             log.error("engine_load_failed", error=str(exc))

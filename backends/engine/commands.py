@@ -1,8 +1,10 @@
-"""The engine's command-line tools: write a random-weight checkpoint, convert a checkpoint into its graph."""
+"""The engine's command-line tools: write a random-weight checkpoint, convert a checkpoint into its graph,
+build the compiled kernels."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +14,7 @@ from .backend import MAX_POSITIONS
 from .checkpoint import Checkpoint
 from .config import SHAPES, CheckpointError
 from .graph import GraphOptions
+from .kernels.build import MANIFEST, KernelBuildError, build_library
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
 
@@ -66,6 +69,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     convert.add_argument("--max-positions", type=int, default=4096, help="KV capacity per sequence")
     convert.add_argument("--cache-dir", help=f"graph cache (default {default_cache_dir()})")
     convert.set_defaults(run=_convert)
+    kernels = commands.add_parser("build-kernels", help="compile the engine's MXFP4 MoE kernels (CUDA too with nvcc)")
+    kernels.add_argument("--march", default="native", help="instruction set, e.g. x86-64-v3 for portable images")
+    kernels.add_argument("--output", help="also copy the library (and build.json) into this directory")
+    kernels.set_defaults(run=_build_kernels)
 
 
 def _make_checkpoint(args: argparse.Namespace) -> int:
@@ -97,4 +104,19 @@ def _convert(args: argparse.Namespace) -> int:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
         return 2
     print(model)
+    return 0
+
+
+def _build_kernels(args: argparse.Namespace) -> int:
+    try:
+        library = build_library(march=args.march)
+        if args.output:
+            target = Path(args.output)
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(library.parent / MANIFEST, target / MANIFEST)
+            library = Path(shutil.copy2(library, target / library.name))
+    except (KernelBuildError, OSError) as exc:
+        print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
+        return 2
+    print(library)
     return 0

@@ -23,7 +23,7 @@ from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .rope import cos_sin
 
-BUILDER_VERSION = "2"
+BUILDER_VERSION = "3"
 OPSET = 23  # RMSNormalization
 IR_VERSION = 11  # FLOAT4E2M1 needs 11; onnxruntime 1.31 loads up to 13
 ENGINE_DOMAIN = "gptoss.engine"
@@ -83,7 +83,13 @@ def _moe_function(config: ModelConfig) -> onnx.FunctionProto:
         ["y"],
         nodes,
         [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)],
+        attributes=list(moe_attributes(config)),  # read by compiled kernels; the body has them built in
     )
+
+
+def moe_attributes(config: ModelConfig) -> dict[str, float | int]:
+    """What a compiled MXFP4MoE kernel reads from its node."""
+    return {"k": config.experts_per_token, "swiglu_limit": config.swiglu_limit, "activation_alpha": SWIGLU_ALPHA}
 
 
 class _Builder:
@@ -103,16 +109,11 @@ class _Builder:
         return self.weight(name, array.T if transpose else array)
 
     def mxfp4(self, name: str) -> tuple[str, str]:
-        """The packed 4-bit codes as a FLOAT4E2M1 tensor [E, N, K] and their scales as float [E, N, K/32]."""
-        blocks = self.checkpoint.tensor(name + ".blocks")
-        scales = self.checkpoint.tensor(name + ".scales")
-        experts, rows, groups, _ = blocks.shape
-        packed = helper.make_tensor(
-            name + ".fp4", TensorProto.FLOAT4E2M1, [experts, rows, groups * 32], blocks.tobytes(), raw=True
+        codes, scales = mxfp4_initializers(
+            name, self.checkpoint.tensor(name + ".blocks"), self.checkpoint.tensor(name + ".scales")
         )
-        self.initializers.append(packed)
-        exponents = scales.astype(np.int32) - 127
-        return name + ".fp4", self.weight(name + ".scale_f32", np.ldexp(np.float32(1), exponents).astype(np.float32))
+        self.initializers += [codes, scales]
+        return codes.name, scales.name
 
     def node(self, op: str, inputs: list[str], outputs: list[str], **attributes: object) -> str:
         domain = attributes.pop("domain", "")
@@ -172,6 +173,7 @@ class _Builder:
             [rows, logits, w1, s1, self.fp32(b + "mlp.mlp1_bias"), w2, s2, self.fp32(b + "mlp.mlp2_bias")],
             [f"l{n}_moe_rows"],
             domain=ENGINE_DOMAIN,
+            **moe_attributes(self.config),
         )
         moe = self.node("Reshape", [moe, "hidden_shape"], [f"l{n}_moe"])
         return self.node("Add", [x, moe], [f"l{n}_out"])
@@ -223,16 +225,51 @@ class _Builder:
                 helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape) for name in (present_k, present_v)
             ]
         graph = helper.make_graph(self.nodes, "gpt_oss", inputs, outputs, self.initializers)
-        opsets = [
-            helper.make_opsetid("", OPSET),
-            helper.make_opsetid(MS_DOMAIN, 1),
-            helper.make_opsetid(ENGINE_DOMAIN, 1),
-        ]
-        model = helper.make_model(
-            graph, opset_imports=opsets, functions=[_moe_function(c)], producer_name="gpt-oss-gateway"
-        )
-        model.ir_version = IR_VERSION
-        return model
+        return _model(graph, c)
+
+
+def _model(graph: onnx.GraphProto, config: ModelConfig) -> onnx.ModelProto:
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1), helper.make_opsetid(ENGINE_DOMAIN, 1)]
+    model = helper.make_model(
+        graph, opset_imports=opsets, functions=[_moe_function(config)], producer_name="gpt-oss-gateway"
+    )
+    model.ir_version = IR_VERSION
+    return model
+
+
+def mxfp4_initializers(name: str, blocks: np.ndarray, scales: np.ndarray) -> tuple[TensorProto, TensorProto]:
+    """Checkpoint MXFP4 (blocks [E, N, K/32, 16] uint8, E8M0 scales [E, N, K/32]) as the MXFP4MoE inputs:
+    the packed codes as a FLOAT4E2M1 tensor [E, N, K] and the scales as float [E, N, K/32]."""
+    experts, rows, groups, _ = blocks.shape
+    codes = helper.make_tensor(
+        name + ".fp4", TensorProto.FLOAT4E2M1, [experts, rows, groups * 32], blocks.tobytes(), raw=True
+    )
+    factors = np.ldexp(np.float32(1), scales.astype(np.int32) - 127).astype(np.float32)
+    return codes, numpy_helper.from_array(factors, name + ".scale_f32")
+
+
+def moe_layer_model(config: ModelConfig, tensors: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """One MXFP4MoE node (x [T, H], router_logits [T, E] in; y out) over one layer's checkpoint tensors
+    (`mlp1_weight.blocks`/`.scales`, `mlp1_bias`, the same for mlp2): to check and time realizations."""
+    initializers: list[TensorProto] = []
+    inputs = ["x", "router_logits"]
+    for fc in ("mlp1", "mlp2"):
+        codes, scales = mxfp4_initializers(fc, tensors[f"{fc}_weight.blocks"], tensors[f"{fc}_weight.scales"])
+        bias = numpy_helper.from_array(tensors[f"{fc}_bias"].astype(np.float32), fc + ".bias")
+        initializers += [codes, scales, bias]
+        inputs += [codes.name, scales.name, bias.name]
+    node = helper.make_node("MXFP4MoE", inputs, ["y"], domain=ENGINE_DOMAIN, **moe_attributes(config))
+    graph = helper.make_graph(
+        [node],
+        "mxfp4_moe",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", config.hidden_size]),
+            helper.make_tensor_value_info("router_logits", TensorProto.FLOAT, ["tokens", config.num_experts]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["tokens", config.hidden_size])],
+        initializers,
+    )
+    return _model(graph, config)
 
 
 def build_model(

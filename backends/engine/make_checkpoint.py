@@ -57,6 +57,17 @@ def _tensors(config: ModelConfig, layout: Layout, seed: int) -> Iterator[tuple[s
             yield part, np.ascontiguousarray(piece)
 
 
+def random_moe_layer(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """One layer's expert tensors (`mlp1_weight.blocks`, ..., `mlp2_bias`), drawn as in a random checkpoint."""
+    rng = np.random.default_rng(seed)
+    prefix = "block.0.mlp."
+    return {
+        name.removeprefix(prefix): _values(name, spec, rng)
+        for name, spec in expected(config).items()
+        if name.startswith(prefix + "mlp")
+    }
+
+
 def write_random_checkpoint(
     directory: str | Path,
     config: ModelConfig,

@@ -3,6 +3,8 @@ sequence slots, bound in place through IO binding (no per-step copies of the cac
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 
@@ -13,11 +15,22 @@ from .graph import kv_names
 class DecoderRuntime:
     """`prefill` fills one slot from position 0; `decode` advances any set of slots by one token each."""
 
-    def __init__(self, model_path: str, config: ModelConfig, slots: int, max_positions: int, threads: int = 0) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        config: ModelConfig,
+        slots: int,
+        max_positions: int,
+        threads: int = 0,
+        kernels: Path | None = None,
+    ) -> None:
+        """`kernels`: a compiled kernel library; its MXFP4MoE replaces the graph's pure-ONNX realization."""
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
+        if kernels is not None:
+            options.register_custom_ops_library(str(kernels))
         self.session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
         self.config = config
         self.slots = slots

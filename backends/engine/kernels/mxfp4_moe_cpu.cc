@@ -1,0 +1,245 @@
+// gptoss.engine::MXFP4MoE on the CPU execution provider.
+//
+// y[t] = sum over the top-k experts e of token t (softmax over those k router logits) of
+//        W2[e] . swiglu(W1[e] . x[t] + b1[e]) + b2[e]
+// with W1 [E, 2I, H] and W2 [E, H, I] in MXFP4: FLOAT4E2M1 codes (two per byte, the first in the low
+// nibble) and one power-of-two float scale per 32 values along the row. swiglu takes the interleaved
+// gate/linear rows of gpt-oss: gate = min(g, limit), lin = clamp(l, -limit, limit),
+// out = gate * sigmoid(alpha * gate) * (lin + 1).
+//
+// Each weight row is decoded once into a row buffer (a lookup and a multiply per value) and then used
+// for every token routed to that expert, so the packed bytes are read once per step; the work is split
+// over (expert, block of rows) on ONNX Runtime's intra-op thread pool.
+
+#include "mxfp4_moe_op.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace gptoss {
+namespace {
+
+constexpr int kBlock = 32;
+constexpr int64_t kRowsPerTask = 16;
+// Dot products of one MXFP4 row (cols / 2 code bytes, cols / 32 scales) with `count` vectors:
+// out[t] = row . xs[t]. Each block of 32 codes is decoded once and used for every vector.
+#if defined(__AVX2__) && defined(__FMA__)
+void RowDots(const uint8_t* codes, const float* scales, int64_t cols, const float* const* xs, int64_t count,
+             float* out, std::vector<float>& acc) {
+  // twice each E2M1 value, as int8 (exact): scaled back by half the block scale
+  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i low_nibble = _mm_set1_epi8(0x0F);
+  acc.assign(static_cast<size_t>(count) * 8, 0.0f);
+  for (int64_t block = 0; block < cols / kBlock; ++block) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * (kBlock / 2)));
+    const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibble));
+    const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble));
+    const __m128i first = _mm_unpacklo_epi8(even, odd), second = _mm_unpackhi_epi8(even, odd);
+    const __m256 v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first));
+    const __m256 v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(first, 8)));
+    const __m256 v2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second));
+    const __m256 v3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(second, 8)));
+    const __m256 scale = _mm256_set1_ps(scales[block] * 0.5f);
+    for (int64_t t = 0; t < count; ++t) {
+      const float* x = xs[t] + block * kBlock;
+      __m256 sum = _mm256_mul_ps(v0, _mm256_loadu_ps(x));
+      sum = _mm256_fmadd_ps(v1, _mm256_loadu_ps(x + 8), sum);
+      sum = _mm256_fmadd_ps(v2, _mm256_loadu_ps(x + 16), sum);
+      sum = _mm256_fmadd_ps(v3, _mm256_loadu_ps(x + 24), sum);
+      float* a = acc.data() + t * 8;
+      _mm256_storeu_ps(a, _mm256_fmadd_ps(sum, scale, _mm256_loadu_ps(a)));
+    }
+  }
+  for (int64_t t = 0; t < count; ++t) {
+    const float* a = acc.data() + t * 8;
+    out[t] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+  }
+}
+#else
+constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+void RowDots(const uint8_t* codes, const float* scales, int64_t cols, const float* const* xs, int64_t count,
+             float* out, std::vector<float>& acc) {
+  acc.assign(static_cast<size_t>(count), 0.0f);
+  float values[kBlock];
+  for (int64_t block = 0; block < cols / kBlock; ++block) {
+    const uint8_t* bytes = codes + block * (kBlock / 2);
+    for (int i = 0; i < kBlock / 2; ++i) {
+      values[2 * i] = kE2M1[bytes[i] & 0x0F];
+      values[2 * i + 1] = kE2M1[bytes[i] >> 4];
+    }
+    for (int64_t t = 0; t < count; ++t) {
+      const float* x = xs[t] + block * kBlock;
+      float sum = 0.0f;
+      for (int j = 0; j < kBlock; ++j) sum += values[j] * x[j];
+      acc[t] += sum * scales[block];
+    }
+  }
+  std::copy(acc.begin(), acc.end(), out);
+}
+#endif
+
+// One expert's tokens: which rows of the input they are, and their routing weights.
+struct Route {
+  std::vector<int64_t> tokens;
+  std::vector<float> weights;
+  std::vector<int64_t> slots;  // token's position among its k choices, for a fixed summation order
+};
+
+// The layer's inputs, and how this step's tokens are spread over the experts.
+struct Problem : MoeArgs {
+  std::vector<Route> routes;
+  std::vector<int64_t> active;   // experts with at least one token
+  std::vector<float> activated;  // [active index][its tokens][inter]
+  std::vector<int64_t> offsets;  // start of each active expert's rows in `activated` / `expert_out`
+  std::vector<float> expert_out;  // [active index][its tokens][hidden]
+};
+
+void RouteTokens(Problem& p) {
+  p.routes.assign(p.experts, Route{});
+  std::vector<int64_t> order(p.experts);
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const float* row = p.logits + t * p.experts;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + p.k, order.end(),
+                      [row](int64_t a, int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    const float top = row[order[0]];
+    float total = 0.0f;
+    std::vector<float> weights(p.k);
+    for (int64_t j = 0; j < p.k; ++j) total += weights[j] = std::exp(row[order[j]] - top);
+    for (int64_t j = 0; j < p.k; ++j) {
+      Route& route = p.routes[order[j]];
+      route.tokens.push_back(t);
+      route.weights.push_back(weights[j] / total);
+      route.slots.push_back(j);
+    }
+  }
+  p.active.clear();
+  p.offsets.clear();
+  int64_t rows = 0;
+  for (int64_t e = 0; e < p.experts; ++e) {
+    if (p.routes[e].tokens.empty()) continue;
+    p.active.push_back(e);
+    p.offsets.push_back(rows);
+    rows += static_cast<int64_t>(p.routes[e].tokens.size());
+  }
+  p.activated.assign(rows * p.inter, 0.0f);
+  p.expert_out.assign(rows * p.hidden, 0.0f);
+}
+
+// Scratch of one task: the vectors a row meets, and two rows of dot products.
+struct Scratch {
+  std::vector<const float*> xs;
+  std::vector<float> first, second, acc;
+};
+
+// fc1 and swiglu for the gate/linear row pairs [first_pair, first_pair + pairs): activation columns.
+void Fc1(Problem& p, size_t active_index, int64_t first_pair, int64_t pairs, Scratch& scratch) {
+  const int64_t e = p.active[active_index];
+  const Route& route = p.routes[e];
+  const int64_t h = p.hidden, count = static_cast<int64_t>(route.tokens.size());
+  scratch.xs.resize(count);
+  for (int64_t i = 0; i < count; ++i) scratch.xs[i] = p.x + route.tokens[i] * h;
+  scratch.first.resize(count);
+  scratch.second.resize(count);
+  float* out = p.activated.data() + p.offsets[active_index] * p.inter;
+  for (int64_t pair = first_pair; pair < first_pair + pairs; ++pair) {
+    const int64_t gate_row = e * 2 * p.inter + 2 * pair, lin_row = gate_row + 1;
+    RowDots(p.w1 + gate_row * (h / 2), p.s1 + gate_row * (h / kBlock), h, scratch.xs.data(), count,
+            scratch.first.data(), scratch.acc);
+    RowDots(p.w1 + lin_row * (h / 2), p.s1 + lin_row * (h / kBlock), h, scratch.xs.data(), count,
+            scratch.second.data(), scratch.acc);
+    for (int64_t i = 0; i < count; ++i) {
+      const float g = std::min(scratch.first[i] + p.b1[gate_row], p.limit);
+      const float l = std::max(std::min(scratch.second[i] + p.b1[lin_row], p.limit), -p.limit);
+      out[i * p.inter + pair] = g / (1.0f + std::exp(-p.alpha * g)) * (l + 1.0f);
+    }
+  }
+}
+
+// fc2 for the output rows [first_row, first_row + rows).
+void Fc2(Problem& p, size_t active_index, int64_t first_row, int64_t rows, Scratch& scratch) {
+  const int64_t e = p.active[active_index];
+  const int64_t inter = p.inter, count = static_cast<int64_t>(p.routes[e].tokens.size());
+  const float* act = p.activated.data() + p.offsets[active_index] * inter;
+  scratch.xs.resize(count);
+  for (int64_t i = 0; i < count; ++i) scratch.xs[i] = act + i * inter;
+  scratch.first.resize(count);
+  float* out = p.expert_out.data() + p.offsets[active_index] * p.hidden;
+  for (int64_t row = first_row; row < first_row + rows; ++row) {
+    const int64_t flat = e * p.hidden + row;
+    RowDots(p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), inter, scratch.xs.data(), count,
+            scratch.first.data(), scratch.acc);
+    for (int64_t i = 0; i < count; ++i) out[i * p.hidden + row] = scratch.first[i] + p.b2[flat];
+  }
+}
+
+// Tasks of one phase: (active expert, block of rows).
+struct Phase {
+  Problem* problem;
+  int64_t blocks_per_expert;
+  int64_t rows;  // rows (fc2) or gate/linear pairs (fc1) per expert
+  bool first;
+};
+
+void RunTask(void* data, size_t task) {
+  Phase& phase = *static_cast<Phase*>(data);
+  const size_t active_index = task / phase.blocks_per_expert;
+  const int64_t start = static_cast<int64_t>(task % phase.blocks_per_expert) * kRowsPerTask;
+  const int64_t count = std::min(kRowsPerTask, phase.rows - start);
+  Problem& p = *phase.problem;  // tasks write disjoint rows
+  thread_local Scratch scratch;
+  if (phase.first) {
+    Fc1(p, active_index, start, count, scratch);
+  } else {
+    Fc2(p, active_index, start, count, scratch);
+  }
+}
+
+void Combine(const Problem& p) {
+  // y[t] = sum of its k experts' outputs in the order of its choices (a fixed order: deterministic).
+  std::vector<const float*> parts(p.tokens * p.k);
+  std::vector<float> weights(p.tokens * p.k);
+  for (size_t a = 0; a < p.active.size(); ++a) {
+    const Route& route = p.routes[p.active[a]];
+    for (size_t i = 0; i < route.tokens.size(); ++i) {
+      const int64_t slot = route.tokens[i] * p.k + route.slots[i];
+      parts[slot] = p.expert_out.data() + (p.offsets[a] + static_cast<int64_t>(i)) * p.hidden;
+      weights[slot] = route.weights[i];
+    }
+  }
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    float* out = p.y + t * p.hidden;
+    std::fill(out, out + p.hidden, 0.0f);
+    for (int64_t j = 0; j < p.k; ++j) {
+      const float* part = parts[t * p.k + j];
+      const float w = weights[t * p.k + j];
+      for (int64_t c = 0; c < p.hidden; ++c) out[c] += w * part[c];
+    }
+  }
+}
+
+}  // namespace
+
+void MoeKernel::Compute(OrtKernelContext* raw_context) {
+  Ort::KernelContext context(raw_context);
+  Problem p{};
+  static_cast<MoeArgs&>(p) = ReadMoeArgs(context, attributes_);
+  if (p.tokens == 0) return;
+  RouteTokens(p);
+  Phase fc1{&p, (p.inter + kRowsPerTask - 1) / kRowsPerTask, p.inter, true};
+  context.ParallelFor(RunTask, p.active.size() * fc1.blocks_per_expert, 0, &fc1);
+  Phase fc2{&p, (p.hidden + kRowsPerTask - 1) / kRowsPerTask, p.hidden, false};
+  context.ParallelFor(RunTask, p.active.size() * fc2.blocks_per_expert, 0, &fc2);
+  Combine(p);
+}
+
+}  // namespace gptoss

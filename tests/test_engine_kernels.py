@@ -1,0 +1,122 @@
+"""The compiled MXFP4 MoE kernel (C++, CPU) equals the pure-ONNX realization on random layers of several
+shapes, a 20b-shaped one included, in its vectorized and its portable build; the engine uses it in
+place of the pure-ONNX MoE with the same results; and without it the engine falls back."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from engine_fixtures import export_model, make_checkpoint, tiny_config
+
+from backends.engine.config import GPT_OSS_20B, ModelConfig
+from backends.engine.graph import moe_layer_model
+from backends.engine.kernels import build
+from backends.engine.make_checkpoint import random_moe_layer
+from backends.engine.runtime import DecoderRuntime
+from gateway.cli import main
+
+RELATIVE = 1e-5  # fp32 sums in another order: measured below 1e-6 of the output's magnitude
+SHAPES = [
+    (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=64, intermediate_size=64), 5),
+    (ModelConfig(num_experts=8, experts_per_token=4, hidden_size=128, intermediate_size=96), 17),
+    (ModelConfig(num_experts=16, experts_per_token=4, hidden_size=256, intermediate_size=256), 64),
+    (GPT_OSS_20B, 1),
+    (GPT_OSS_20B, 3),
+]
+
+
+@pytest.fixture(scope="module")
+def libraries() -> dict[str, str]:
+    """The kernels built for this machine, and (on x86-64) a portable build without AVX2."""
+    built = {"native": str(build.build_library())}
+    if platform.machine() in ("x86_64", "AMD64"):
+        built["portable"] = str(build.build_library(march="x86-64"))
+    return built
+
+
+def _session(model: bytes, library: str | None) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    if library is not None:
+        options.register_custom_ops_library(library)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize(("config", "tokens"), SHAPES, ids=lambda v: getattr(v, "hidden_size", v))
+def test_the_kernel_equals_the_pure_onnx_realization(libraries, config, tokens):
+    model = moe_layer_model(config, random_moe_layer(config, seed=tokens)).SerializeToString()
+    rng = np.random.default_rng(tokens)
+    feeds = {
+        "x": rng.standard_normal((tokens, config.hidden_size)).astype(np.float32),
+        "router_logits": rng.standard_normal((tokens, config.num_experts)).astype(np.float32),
+    }
+    expected = _session(model, None).run(None, feeds)[0]
+    assert np.abs(expected).max() > 0.1
+    for name, library in libraries.items():
+        got = _session(model, library).run(None, feeds)[0]
+        worst = float(np.abs(got - expected).max())
+        assert worst <= RELATIVE * float(np.abs(expected).max()), f"{name}: largest difference {worst:.2e}"
+
+
+def test_the_engine_with_the_kernel_decodes_as_without_it(libraries, tmp_path):
+    config = tiny_config()
+    model = export_model(make_checkpoint(tmp_path, config, "hf"), 256)
+    plain = DecoderRuntime(model, config, 1, 256)
+    compiled = DecoderRuntime(model, config, 1, 256, kernels=libraries["native"])
+    prompt = list(range(3000, 3040))
+    a, b = plain.prefill(0, prompt), compiled.prefill(0, prompt)
+    worst, tokens = float(np.abs(a - b).max()), []
+    for position in range(len(prompt), len(prompt) + 60):
+        assert int(np.argmax(a)) == int(np.argmax(b))
+        tokens.append(int(np.argmax(a)))
+        a, b = plain.decode([(0, tokens[-1], position)])[0], compiled.decode([(0, tokens[-1], position)])[0]
+        worst = max(worst, float(np.abs(a - b).max()))
+    assert worst < 1e-4 and len(set(tokens)) > 5
+
+
+def test_the_cuda_kernel_is_compiled_into_the_library(libraries):
+    """No GPU here: the CUDA op is compiled for sm_80 and sm_90 and registers; sessions use the CPU op."""
+    library = Path(libraries["native"])
+    manifest = json.loads((library.parent / build.MANIFEST).read_text())
+    assert manifest["cuda"] and manifest["cuda_archs"] == ["sm_80", "sm_90"]
+    assert b".nv_fatbin" in library.read_bytes()
+    assert any(tool.startswith("nvcc 13.") for tool in manifest["tools"])
+
+
+def test_without_the_kernels_the_engine_says_why_and_falls_back(monkeypatch, tmp_path):
+    build.kernel_library.cache_clear()
+    monkeypatch.setenv(build.KERNELS_ENV, "0")
+    assert build.kernel_library() is None
+    build.kernel_library.cache_clear()
+    monkeypatch.setenv(build.KERNELS_ENV, str(tmp_path / "absent.so"))
+    assert build.kernel_library() is None
+    build.kernel_library.cache_clear()
+    prebuilt = build.build_library()
+    monkeypatch.setenv(build.KERNELS_ENV, str(prebuilt))  # as the container images set it
+    assert build.kernel_library() == prebuilt
+    monkeypatch.delenv(build.KERNELS_ENV)
+    monkeypatch.setenv(build.HEADERS_ENV, str(build.headers_dir(build.default_cache_dir())))  # no new download
+    monkeypatch.setenv("CXX", "/bin/false")
+    with pytest.raises(build.KernelBuildError, match="the kernel build failed"):
+        build.build_library(tmp_path)
+    build.kernel_library.cache_clear()
+    assert build.kernel_library(tmp_path) is None  # logged once as engine_kernels_unavailable
+    monkeypatch.delenv("CXX")
+    monkeypatch.setenv(build.HEADERS_ENV, str(tmp_path))
+    with pytest.raises(build.KernelBuildError, match=build.HEADERS_ENV):
+        build.build_library(tmp_path / "other")
+    build.kernel_library.cache_clear()
+
+
+def test_build_kernels_copies_a_library_that_registers(tmp_path, capsys):
+    assert main(["build-kernels", "--output", str(tmp_path / "kernels")]) == 0
+    library = Path(capsys.readouterr().out.strip())
+    assert library.parent == tmp_path / "kernels" and (library.parent / build.MANIFEST).is_file()
+    config = ModelConfig(num_experts=4, experts_per_token=2, hidden_size=64, intermediate_size=64)
+    model = moe_layer_model(config, random_moe_layer(config)).SerializeToString()
+    feeds = {"x": np.ones((2, 64), np.float32), "router_logits": np.zeros((2, 4), np.float32)}
+    assert _session(model, str(library)).run(None, feeds)[0].shape == (2, 64)
