@@ -108,7 +108,9 @@ def headers_dir(cache: Path) -> Path:
             _download_headers(target)
         except OSError as exc:
             if not (target / "onnxruntime_cxx_api.h").is_file():  # not another process winning the rename
-                raise KernelBuildError(f"the ONNX Runtime headers could not be fetched ({exc}); set {HEADERS_ENV}")
+                raise KernelBuildError(
+                    f"the ONNX Runtime headers could not be fetched ({exc}); set {HEADERS_ENV}"
+                ) from exc
     return target
 
 
