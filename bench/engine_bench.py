@@ -33,6 +33,7 @@ from backends.engine.backend import EngineBackend, EngineOptions  # noqa: E402
 from backends.engine.checkpoint import Checkpoint  # noqa: E402
 from backends.engine.config import ModelConfig  # noqa: E402
 from backends.engine.graph import GraphOptions  # noqa: E402
+from backends.engine.kernels.build import kernel_library  # noqa: E402
 from backends.engine.make_checkpoint import write_random_checkpoint  # noqa: E402
 from backends.engine.model_cache import compiled_model  # noqa: E402
 from backends.engine.runtime import DecoderRuntime  # noqa: E402
@@ -71,7 +72,7 @@ def _prompt(rng: np.random.Generator, length: int) -> list[int]:
 
 def runtime_rates(model: str, threads: int, sizes: Sizes) -> dict[int, tuple[float, float]]:
     """Batch → (prefill tok/s, decode tok/s) through DecoderRuntime; prompts are prefilled one slot at a time."""
-    runtime = DecoderRuntime(model, CONFIG, max(BATCHES), MAX_POSITIONS, threads)
+    runtime = DecoderRuntime(model, CONFIG, max(BATCHES), MAX_POSITIONS, threads, kernel_library())
     rng = np.random.default_rng(0)
     runtime.prefill(0, _prompt(rng, sizes.prompt))  # warm-up
     runtime.decode([(0, 1, sizes.prompt)])
@@ -136,7 +137,8 @@ def report(rates: dict[int, tuple[float, float]], batched: float, sequential: fl
         "## Built-in engine, CPU execution provider (`bench/engine_bench.py`)",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"onnxruntime {onnxruntime.__version__}, intra-op threads {threads or 'one per core'}. fp32.",
+        f"onnxruntime {onnxruntime.__version__}, intra-op threads {threads or 'one per core'}. fp32; MoE by "
+        f"{'the compiled kernel' if kernel_library() else 'the pure-ONNX realization'} (as the engine runs it).",
         f"Model (random weights): {c.num_hidden_layers} layers, "
         f"{c.num_experts} MXFP4 experts top-{c.experts_per_token}, "
         f"hidden {c.hidden_size}, {c.num_attention_heads} heads / {c.num_key_value_heads} KV heads of {c.head_dim}, "
