@@ -62,6 +62,74 @@ void RowDots(const uint8_t* codes, const float* scales, int64_t cols, const floa
     out[t] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
   }
 }
+
+// Rows decoded to floats (scales applied), then dot products tiled 4 rows x 3 vectors so that every load
+// feeds several multiply-adds: the path for experts with many tokens (prefill).
+constexpr int64_t kTileRows = 4, kTileVectors = 3, kTiledFrom = 4;
+
+void DecodeRows(const uint8_t* codes, const float* scales, int64_t cols, float* out) {
+  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i low_nibble = _mm_set1_epi8(0x0F);
+  for (int64_t block = 0; block < kTileRows * cols / kBlock; ++block) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * (kBlock / 2)));
+    const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibble));
+    const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble));
+    const __m128i first = _mm_unpacklo_epi8(even, odd), second = _mm_unpackhi_epi8(even, odd);
+    const __m256 scale = _mm256_set1_ps(scales[block] * 0.5f);
+    float* dst = out + block * kBlock;
+    _mm256_storeu_ps(dst, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first))));
+    _mm256_storeu_ps(dst + 8,
+                     _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(first, 8)))));
+    _mm256_storeu_ps(dst + 16, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second))));
+    _mm256_storeu_ps(dst + 24,
+                     _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(second, 8)))));
+  }
+}
+
+inline float Sum8(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+
+// out[r * stride + t] = rows[r] . xs[t] for the kTileRows decoded rows and `vectors` (<= kTileVectors) vectors.
+template <int Vectors>
+void Tile(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride) {
+  __m256 acc[kTileRows][Vectors];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (int64_t c = 0; c < cols; c += 8) {
+    __m256 x[Vectors];
+    for (int v = 0; v < Vectors; ++v) x[v] = _mm256_loadu_ps(xs[v] + c);
+    for (int r = 0; r < kTileRows; ++r) {
+      const __m256 w = _mm256_loadu_ps(rows + r * cols + c);
+      for (int v = 0; v < Vectors; ++v) acc[r][v] = _mm256_fmadd_ps(w, x[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < kTileRows; ++r)
+    for (int v = 0; v < Vectors; ++v) out[r * stride + v] = Sum8(acc[r][v]);
+}
+
+// out[r * count + t] = row (first_row + r) . xs[t], for `rows` consecutive rows of one matrix.
+void ConsecutiveRowDots(const uint8_t* codes, const float* scales, int64_t rows, int64_t cols,
+                        const float* const* xs, int64_t count, float* out, std::vector<float>& scratch) {
+  int64_t row = 0;
+  if (count >= kTiledFrom) {
+    scratch.resize(static_cast<size_t>(kTileRows * cols));
+    for (; row + kTileRows <= rows; row += kTileRows) {
+      DecodeRows(codes + row * cols / 2, scales + row * cols / kBlock, cols, scratch.data());
+      int64_t t = 0;
+      for (; t + kTileVectors <= count; t += kTileVectors)
+        Tile<kTileVectors>(scratch.data(), cols, xs + t, out + row * count + t, count);
+      if (count - t == 2) Tile<2>(scratch.data(), cols, xs + t, out + row * count + t, count);
+      if (count - t == 1) Tile<1>(scratch.data(), cols, xs + t, out + row * count + t, count);
+    }
+  }
+  std::vector<float> acc;
+  for (; row < rows; ++row) {
+    RowDots(codes + row * cols / 2, scales + row * cols / kBlock, cols, xs, count, out + row * count, acc);
+  }
+}
 #else
 constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -84,6 +152,13 @@ void RowDots(const uint8_t* codes, const float* scales, int64_t cols, const floa
     }
   }
   std::copy(acc.begin(), acc.end(), out);
+}
+
+void ConsecutiveRowDots(const uint8_t* codes, const float* scales, int64_t rows, int64_t cols,
+                        const float* const* xs, int64_t count, float* out, std::vector<float>& scratch) {
+  for (int64_t row = 0; row < rows; ++row) {
+    RowDots(codes + row * cols / 2, scales + row * cols / kBlock, cols, xs, count, out + row * count, scratch);
+  }
 }
 #endif
 
@@ -135,10 +210,10 @@ void RouteTokens(Problem& p) {
   p.expert_out.assign(rows * p.hidden, 0.0f);
 }
 
-// Scratch of one task: the vectors a row meets, and two rows of dot products.
+// Scratch of one task: the vectors its rows meet, their dot products, and decoding space.
 struct Scratch {
   std::vector<const float*> xs;
-  std::vector<float> first, second, acc;
+  std::vector<float> dots, decoded;
 };
 
 // fc1 and swiglu for the gate/linear row pairs [first_pair, first_pair + pairs): activation columns.
@@ -148,19 +223,19 @@ void Fc1(Problem& p, size_t active_index, int64_t first_pair, int64_t pairs, Scr
   const int64_t h = p.hidden, count = static_cast<int64_t>(route.tokens.size());
   scratch.xs.resize(count);
   for (int64_t i = 0; i < count; ++i) scratch.xs[i] = p.x + route.tokens[i] * h;
-  scratch.first.resize(count);
-  scratch.second.resize(count);
+  scratch.dots.resize(2 * pairs * count);
+  const int64_t first_row = e * 2 * p.inter + 2 * first_pair;
+  ConsecutiveRowDots(p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h, scratch.xs.data(),
+                     count, scratch.dots.data(), scratch.decoded);
   float* out = p.activated.data() + p.offsets[active_index] * p.inter;
-  for (int64_t pair = first_pair; pair < first_pair + pairs; ++pair) {
-    const int64_t gate_row = e * 2 * p.inter + 2 * pair, lin_row = gate_row + 1;
-    RowDots(p.w1 + gate_row * (h / 2), p.s1 + gate_row * (h / kBlock), h, scratch.xs.data(), count,
-            scratch.first.data(), scratch.acc);
-    RowDots(p.w1 + lin_row * (h / 2), p.s1 + lin_row * (h / kBlock), h, scratch.xs.data(), count,
-            scratch.second.data(), scratch.acc);
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t gate_row = first_row + 2 * pair, lin_row = gate_row + 1;
+    const float* gates = scratch.dots.data() + 2 * pair * count;
+    const float* lins = gates + count;
     for (int64_t i = 0; i < count; ++i) {
-      const float g = std::min(scratch.first[i] + p.b1[gate_row], p.limit);
-      const float l = std::max(std::min(scratch.second[i] + p.b1[lin_row], p.limit), -p.limit);
-      out[i * p.inter + pair] = g / (1.0f + std::exp(-p.alpha * g)) * (l + 1.0f);
+      const float g = std::min(gates[i] + p.b1[gate_row], p.limit);
+      const float l = std::max(std::min(lins[i] + p.b1[lin_row], p.limit), -p.limit);
+      out[i * p.inter + first_pair + pair] = g / (1.0f + std::exp(-p.alpha * g)) * (l + 1.0f);
     }
   }
 }
@@ -172,13 +247,13 @@ void Fc2(Problem& p, size_t active_index, int64_t first_row, int64_t rows, Scrat
   const float* act = p.activated.data() + p.offsets[active_index] * inter;
   scratch.xs.resize(count);
   for (int64_t i = 0; i < count; ++i) scratch.xs[i] = act + i * inter;
-  scratch.first.resize(count);
+  scratch.dots.resize(rows * count);
+  const int64_t flat = e * p.hidden + first_row;
+  ConsecutiveRowDots(p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), rows, inter, scratch.xs.data(),
+                     count, scratch.dots.data(), scratch.decoded);
   float* out = p.expert_out.data() + p.offsets[active_index] * p.hidden;
-  for (int64_t row = first_row; row < first_row + rows; ++row) {
-    const int64_t flat = e * p.hidden + row;
-    RowDots(p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), inter, scratch.xs.data(), count,
-            scratch.first.data(), scratch.acc);
-    for (int64_t i = 0; i < count; ++i) out[i * p.hidden + row] = scratch.first[i] + p.b2[flat];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < count; ++i) out[i * p.hidden + first_row + r] = scratch.dots[r * count + i] + p.b2[flat + r];
   }
 }
 
