@@ -120,13 +120,15 @@ class TurnObserver:
     started: float = field(default_factory=time.monotonic)
     last_token: float | None = None
     content_seen: bool = False
+    inter_token: Histogram | None = None  # this model's child, looked up once rather than per token
 
     def tokens(self, count: int, content: bool) -> None:
         now = time.monotonic()
         if self.last_token is None:
             self.metrics.ttft.labels(self.model).observe(now - self.started)
-        else:
-            self.metrics.inter_token.labels(self.model).observe((now - self.last_token) / count)
+            self.inter_token = self.metrics.inter_token.labels(self.model)
+        elif self.inter_token is not None:
+            self.inter_token.observe((now - self.last_token) / count)
         self.last_token = now
         if content and not self.content_seen:
             self.content_seen = True

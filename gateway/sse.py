@@ -49,28 +49,44 @@ def frame(payload: dict[str, Any], event: str | None = None) -> bytes:
 
 
 async def pump(response: web.StreamResponse, frames: AsyncIterator[bytes], keepalive_s: float) -> None:
-    """Write frames as they come; a comment line whenever `keepalive_s` pass without one."""
-    iterator = aiter(frames)
-    pending: asyncio.Task[bytes] | None = None
-    try:
+    """Write frames as they come; a comment line whenever `keepalive_s` pass without one.
+
+    Frames are awaited directly (nothing per frame but the write); a side task writes the comments, and
+    when such a write finds the client gone it interrupts the wait for the next frame with ClientGone.
+    """
+    loop = asyncio.get_running_loop()
+    writer = asyncio.current_task()
+    assert writer is not None
+    last_write = loop.time()
+    client_gone = False
+
+    async def keep_alive() -> None:
+        nonlocal last_write, client_gone
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(iterator))
-            done, _ = await asyncio.wait({pending}, timeout=keepalive_s)
-            if not done:
-                await _write(response, KEEPALIVE)
+            await asyncio.sleep(max(0.0, last_write + keepalive_s - loop.time()))
+            if loop.time() - last_write < keepalive_s:
                 continue
+            last_write = loop.time()
             try:
-                data = pending.result()
-            except StopAsyncIteration:
+                await _write(response, KEEPALIVE)
+            except ClientGone:
+                client_gone = True
+                writer.cancel()
                 return
-            finally:
-                pending = None
+
+    ticker = asyncio.create_task(keep_alive())
+    iterator = aiter(frames)
+    try:
+        async for data in iterator:
+            last_write = loop.time()
             await _write(response, data)
+    except asyncio.CancelledError:
+        if client_gone and writer.uncancel() == 0:
+            raise ClientGone from None
+        raise
     finally:
-        if pending is not None:
-            pending.cancel()
-            await asyncio.gather(pending, return_exceptions=True)
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
         close = getattr(iterator, "aclose", None)
         if close is not None:
             await close()  # the producer's own cleanup (e.g. cancelling generations) runs now, not at GC
