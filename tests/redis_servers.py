@@ -77,6 +77,13 @@ class RedisServer:
             self.process.wait(timeout=10)
         self.process = None
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill would end it: no shutdown save."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
 
 class SentinelServer(RedisServer):
     """A sentinel watching `master` under the service name `gateway`."""

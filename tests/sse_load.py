@@ -21,6 +21,7 @@ class StreamTiming:
     deltas: int = 0
     completed: bool = False
     error: str | None = None
+    response: dict | None = None  # the response object of response.completed
 
 
 @dataclass
@@ -62,8 +63,12 @@ async def _one_stream(session: aiohttp.ClientSession, url: str, body: bytes, sta
             if response.status != 200:
                 timing.error = f"HTTP {response.status}: {(await response.text())[:200]}"
                 return timing
+            completing = False
             async for line in response.content:
-                if line.startswith(DELTA):
+                if completing and line.startswith(b"data: "):
+                    timing.response = json.loads(line[6:])["response"]
+                    completing = False
+                elif line.startswith(DELTA):
                     now = time.perf_counter()
                     if last is None:
                         timing.first_token_s = now - sent
@@ -72,7 +77,7 @@ async def _one_stream(session: aiohttp.ClientSession, url: str, body: bytes, sta
                     last = now
                     timing.deltas += 1
                 elif line.startswith(COMPLETED):
-                    timing.completed = True
+                    timing.completed = completing = True
     except (TimeoutError, aiohttp.ClientError) as exc:
         timing.error = f"{type(exc).__name__}: {exc}"
     return timing
