@@ -1,4 +1,5 @@
-"""Hypothesis strategies: JSON Schemas with every keyword the renderer reads, and conversations."""
+"""Hypothesis strategies: JSON Schemas with every keyword the renderer reads, conversations, and hostile
+model output."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from harmony import (
     ToolDescription,
     ToolNamespace,
 )
+from harmony.tokens import FIRST_SPECIAL, LAST_SPECIAL
 
 texts = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=24)
 short_words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.-0123456789", min_size=1, max_size=12)
@@ -125,4 +127,18 @@ conversations = st.builds(
     st.none() | system_contents.map(lambda c: Message.of(Role.SYSTEM, c)),
     st.none() | developer_contents.map(lambda c: Message.of(Role.DEVELOPER, c)),
     st.lists(chat_messages, max_size=8),
+)
+
+
+# model output at its most hostile: ordinary tokens, Harmony's special tokens (often), reserved specials,
+# ids outside the vocabulary, and the tokens of header words
+special_heavy_tokens = st.lists(
+    st.one_of(
+        st.integers(min_value=0, max_value=FIRST_SPECIAL - 1),
+        st.sampled_from([200002, 200003, 200005, 200006, 200007, 200008, 200012, 199998, 199999, 200013]),
+        st.integers(min_value=FIRST_SPECIAL, max_value=LAST_SPECIAL),
+        st.integers(min_value=-5, max_value=10**6),
+        st.sampled_from([173781, 35644, 17196, 12606, 26, 220, 28, 2]),  # assistant, analysis, final, to, =, ...
+    ),
+    max_size=80,
 )

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import texts
+from strategies import special_heavy_tokens, texts
 
 from harmony import CotPolicy, Message, Role
 from harmony.events import ContentDelta, MessageEnd, MessageStart, Repair
 from harmony.parser import StreamParser, parse_completion
-from harmony.tokens import FIRST_SPECIAL, LAST_SPECIAL
 
 ROLE_NAMES = {r.value for r in Role}
 header_words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.-0123456789", min_size=1, max_size=12).filter(
@@ -69,18 +68,6 @@ def _header(renderer) -> list[int]:
     from harmony.tokens import CHANNEL, MESSAGE
 
     return [CHANNEL, *renderer.encoding.encode_ordinary("final"), MESSAGE]
-
-
-special_heavy_tokens = st.lists(
-    st.one_of(
-        st.integers(min_value=0, max_value=FIRST_SPECIAL - 1),
-        st.sampled_from([200002, 200003, 200005, 200006, 200007, 200008, 200012, 199998, 199999, 200013]),
-        st.integers(min_value=FIRST_SPECIAL, max_value=LAST_SPECIAL),
-        st.integers(min_value=-5, max_value=10**6),
-        st.sampled_from([173781, 35644, 17196, 12606, 26, 220, 28, 2]),  # assistant, analysis, final, to, =, ...
-    ),
-    max_size=80,
-)
 
 
 @given(special_heavy_tokens, st.sampled_from([Role.ASSISTANT, None]))
