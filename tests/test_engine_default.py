@@ -15,12 +15,14 @@ from live_gateway import GatewayProcess
 from backends.engine.backend import RANDOM_MODEL_WARNING
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.config import DEMO_CONFIG
+from backends.engine.kernels.build import KERNELS_ENV, build_library
 from gateway.cli import main
 from gateway.config import Settings
 
 
 def _serve_default(tmp_path, name: str) -> GatewayProcess:
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    # a fresh cache for the model and graph; the kernels built once for the whole suite, not again here
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), KERNELS_ENV: str(build_library())}
     return GatewayProcess(env, tmp_path / f"{name}.log", unset=("GATEWAY_BACKEND",)).start(timeout_s=180)
 
 
