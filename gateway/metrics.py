@@ -106,7 +106,9 @@ class Metrics:
         return OTHER
 
     def turn_observer(self, model: str, tenant: str, stats: RequestStats | None) -> TurnObserver:
-        return TurnObserver(self, model, self.tenant_label(tenant), stats or RequestStats())
+        return TurnObserver(
+            self, model, self.tenant_label(tenant), stats or RequestStats(), self.inter_token.labels(model)
+        )
 
 
 @dataclass(slots=True)
@@ -117,17 +119,16 @@ class TurnObserver:
     model: str
     tenant: str
     stats: RequestStats
+    inter_token: Histogram  # this model's child, looked up once per generation rather than per token
     started: float = field(default_factory=time.monotonic)
     last_token: float | None = None
     content_seen: bool = False
-    inter_token: Histogram | None = None  # this model's child, looked up once rather than per token
 
     def tokens(self, count: int, content: bool) -> None:
         now = time.monotonic()
         if self.last_token is None:
             self.metrics.ttft.labels(self.model).observe(now - self.started)
-            self.inter_token = self.metrics.inter_token.labels(self.model)
-        elif self.inter_token is not None:
+        else:
             self.inter_token.observe((now - self.last_token) / count)
         self.last_token = now
         if content and not self.content_seen:

@@ -28,6 +28,13 @@ namespace {
 
 constexpr int kBlock = 32;
 constexpr int64_t kRowsPerTask = 16;
+
+// Scratch of one task, kept per thread: the vectors its rows meet, their dot products, decoded rows and
+// per-vector accumulators (nothing is allocated per row or per step once it has grown).
+struct Scratch {
+  std::vector<const float*> xs;
+  std::vector<float> dots, decoded, acc;
+};
 // Dot products of one MXFP4 row (cols / 2 code bytes, cols / 32 scales) with `count` vectors:
 // out[t] = row . xs[t]. Each block of 32 codes is decoded once and used for every vector.
 #if defined(__AVX2__) && defined(__FMA__)
@@ -112,22 +119,22 @@ void Tile(const float* rows, int64_t cols, const float* const* xs, float* out, i
 
 // out[r * count + t] = row (first_row + r) . xs[t], for `rows` consecutive rows of one matrix.
 void ConsecutiveRowDots(const uint8_t* codes, const float* scales, int64_t rows, int64_t cols,
-                        const float* const* xs, int64_t count, float* out, std::vector<float>& scratch) {
+                        const float* const* xs, int64_t count, float* out, Scratch& scratch) {
   int64_t row = 0;
   if (count >= kTiledFrom) {
-    scratch.resize(static_cast<size_t>(kTileRows * cols));
+    std::vector<float>& decoded = scratch.decoded;
+    decoded.resize(static_cast<size_t>(kTileRows * cols));
     for (; row + kTileRows <= rows; row += kTileRows) {
-      DecodeRows(codes + row * cols / 2, scales + row * cols / kBlock, cols, scratch.data());
+      DecodeRows(codes + row * cols / 2, scales + row * cols / kBlock, cols, decoded.data());
       int64_t t = 0;
       for (; t + kTileVectors <= count; t += kTileVectors)
-        Tile<kTileVectors>(scratch.data(), cols, xs + t, out + row * count + t, count);
-      if (count - t == 2) Tile<2>(scratch.data(), cols, xs + t, out + row * count + t, count);
-      if (count - t == 1) Tile<1>(scratch.data(), cols, xs + t, out + row * count + t, count);
+        Tile<kTileVectors>(decoded.data(), cols, xs + t, out + row * count + t, count);
+      if (count - t == 2) Tile<2>(decoded.data(), cols, xs + t, out + row * count + t, count);
+      if (count - t == 1) Tile<1>(decoded.data(), cols, xs + t, out + row * count + t, count);
     }
   }
-  std::vector<float> acc;
   for (; row < rows; ++row) {
-    RowDots(codes + row * cols / 2, scales + row * cols / kBlock, cols, xs, count, out + row * count, acc);
+    RowDots(codes + row * cols / 2, scales + row * cols / kBlock, cols, xs, count, out + row * count, scratch.acc);
   }
 }
 #else
@@ -155,9 +162,9 @@ void RowDots(const uint8_t* codes, const float* scales, int64_t cols, const floa
 }
 
 void ConsecutiveRowDots(const uint8_t* codes, const float* scales, int64_t rows, int64_t cols,
-                        const float* const* xs, int64_t count, float* out, std::vector<float>& scratch) {
+                        const float* const* xs, int64_t count, float* out, Scratch& scratch) {
   for (int64_t row = 0; row < rows; ++row) {
-    RowDots(codes + row * cols / 2, scales + row * cols / kBlock, cols, xs, count, out + row * count, scratch);
+    RowDots(codes + row * cols / 2, scales + row * cols / kBlock, cols, xs, count, out + row * count, scratch.acc);
   }
 }
 #endif
@@ -210,12 +217,6 @@ void RouteTokens(Problem& p) {
   p.expert_out.assign(rows * p.hidden, 0.0f);
 }
 
-// Scratch of one task: the vectors its rows meet, their dot products, and decoding space.
-struct Scratch {
-  std::vector<const float*> xs;
-  std::vector<float> dots, decoded;
-};
-
 // fc1 and swiglu for the gate/linear row pairs [first_pair, first_pair + pairs): activation columns.
 void Fc1(Problem& p, size_t active_index, int64_t first_pair, int64_t pairs, Scratch& scratch) {
   const int64_t e = p.active[active_index];
@@ -226,7 +227,7 @@ void Fc1(Problem& p, size_t active_index, int64_t first_pair, int64_t pairs, Scr
   scratch.dots.resize(2 * pairs * count);
   const int64_t first_row = e * 2 * p.inter + 2 * first_pair;
   ConsecutiveRowDots(p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h, scratch.xs.data(),
-                     count, scratch.dots.data(), scratch.decoded);
+                     count, scratch.dots.data(), scratch);
   float* out = p.activated.data() + p.offsets[active_index] * p.inter;
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t gate_row = first_row + 2 * pair, lin_row = gate_row + 1;
@@ -250,7 +251,7 @@ void Fc2(Problem& p, size_t active_index, int64_t first_row, int64_t rows, Scrat
   scratch.dots.resize(rows * count);
   const int64_t flat = e * p.hidden + first_row;
   ConsecutiveRowDots(p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), rows, inter, scratch.xs.data(),
-                     count, scratch.dots.data(), scratch.decoded);
+                     count, scratch.dots.data(), scratch);
   float* out = p.expert_out.data() + p.offsets[active_index] * p.hidden;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < count; ++i) out[i * p.hidden + first_row + r] = scratch.dots[r * count + i] + p.b2[flat + r];
