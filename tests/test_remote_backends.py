@@ -130,7 +130,9 @@ def test_token_limit_enforced_and_the_upstream_released():
 
 
 @pytest.mark.parametrize("dialect", ["vllm", "sglang_generate", "llamacpp"])
-def test_client_disconnect_aborts_the_upstream_within_one_token(dialect):
+def test_client_disconnect_aborts_the_upstream_within_two_tokens(dialect):
+    """The gateway learns of the close when a write fails; on a loaded machine the first write after the
+    close can still succeed (the peer's reset is not back yet), so one more token may be generated."""
     fake = _fake(dialect, token_delay_s=0.05)
     with _serving(dialect, [fake]) as (gateway, _):
         connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
@@ -145,8 +147,8 @@ def test_client_disconnect_aborts_the_upstream_within_one_token(dialect):
         assert fake.wait_for(lambda: fake.calls[0].aborted_at is not None), "the upstream request was never aborted"
         call = fake.calls[0]
         after = [t for t in call.sent if t > gone_at]
-        assert len(after) <= 1, f"{len(after)} tokens were generated after the client left"
-        assert call.aborted_at - gone_at < 2 * fake.token_delay_s + 0.05
+        assert len(after) <= 2, f"{len(after)} tokens were generated after the client left"
+        assert call.aborted_at - gone_at < 3 * fake.token_delay_s + 0.1
         assert not call.finished
 
 
