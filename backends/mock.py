@@ -7,10 +7,11 @@ always applies) and `emit`, a list of steps:
 `{"analysis": TEXT}`, `{"commentary": TEXT}` (a preamble), `{"final": TEXT}`,
 `{"tool_call": {"name": NAME, "arguments": OBJECT_OR_STRING}}`, or `{"raw": TEXT}` where
 `<|name|>` marks stand for special tokens (to script malformed output). A rule's own
-`token_delay_ms` overrides the script's. Instead of `emit`, a rule may give `alternatives`, a list
-of step lists: one is emitted, chosen by the request's seed (at random without one), so that `n`
-and `seed` behave as with a sampling model. The first matching rule wins. The backend records the
-prompts it receives (most recent last).
+`token_delay_ms` overrides the script's; so does its `first_token_delay_ms`, a wait before the first
+token (as a prefill takes), which the script can also set for every rule. Instead of `emit`, a rule
+may give `alternatives`, a list of step lists: one is emitted, chosen by the request's seed (at
+random without one), so that `n` and `seed` behave as with a sampling model. The first matching rule
+wins. The backend records the prompts it receives (most recent last).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ RECORDED_PROMPTS = 64
 _STEP_KINDS = ("analysis", "commentary", "final", "tool_call", "raw")
 _SOURCES = ("user", "tool", "prompt")
 _UNSEEDED = random.SystemRandom()
+_DELAY_KEYS = ("token_delay_ms", "first_token_delay_ms")
 
 
 class ScriptError(ValueError):
@@ -46,6 +48,7 @@ class _Rule:
     pattern: re.Pattern[str] | None
     alternatives: tuple[tuple[dict[str, Any], ...], ...]  # one is emitted: chosen by the seed, else at random
     delay_s: float | None
+    first_delay_s: float | None
 
 
 def _delay_s(value: Any, where: str) -> float:
@@ -90,8 +93,8 @@ def _parse_rule(index: int, raw: Any) -> _Rule:
             pattern = re.compile(regex)
         except (re.error, TypeError) as exc:
             raise ScriptError(f"{where}.match.{source}: invalid regex ({exc})") from exc
-    delay = raw.get("token_delay_ms")
-    return _Rule(source, pattern, alternatives, None if delay is None else _delay_s(delay, f"{where}.token_delay_ms"))
+    delays = [None if raw.get(k) is None else _delay_s(raw[k], f"{where}.{k}") for k in _DELAY_KEYS]
+    return _Rule(source, pattern, alternatives, *delays)
 
 
 class MockBackend:
@@ -102,8 +105,10 @@ class MockBackend:
             raise ScriptError("a mock script is an object with a 'rules' list")
         self._rules = [_parse_rule(i, rule) for i, rule in enumerate(script["rules"])]
         self._matches_prompt = any(rule.source == "prompt" for rule in self._rules)
-        self._delay_s = _delay_s(script.get("token_delay_ms", 0), "token_delay_ms")
+        self._delay_s, self._first_delay_s = (_delay_s(script.get(k, 0), k) for k in _DELAY_KEYS)
         self._encoding = encoding or load_harmony_encoding()
+        # each rule's alternatives as tokens, encoded once
+        self._completions = [[self._completion(steps) for steps in rule.alternatives] for rule in self._rules]
         self.capabilities = Capabilities(context_length=131_072)
         self.prompts: deque[list[int]] = deque(maxlen=RECORDED_PROMPTS)
         self.active = 0  # generations in flight (tests check that cancellation reaches the backend)
@@ -128,14 +133,18 @@ class MockBackend:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
         self.prompts.append(list(request.prompt))
-        rule = self._rule_for(request.prompt)
+        index = self._rule_for(request.prompt)
+        rule, completions = self._rules[index], self._completions[index]
         seed = request.sampling.seed
         chooser = random.Random(seed) if seed is not None else _UNSEEDED
-        tokens = self._completion(rule.alternatives[chooser.randrange(len(rule.alternatives))])
+        tokens = completions[chooser.randrange(len(completions))]
         delay_s = self._delay_s if rule.delay_s is None else rule.delay_s
+        first_delay_s = self._first_delay_s if rule.first_delay_s is None else rule.first_delay_s
         stops = set(request.stop_ids)
         self.active += 1
         try:
+            if first_delay_s:
+                await asyncio.sleep(first_delay_s)
             for token in tokens[: request.max_new_tokens]:
                 if delay_s:
                     await asyncio.sleep(delay_s)
@@ -145,22 +154,30 @@ class MockBackend:
         finally:
             self.active -= 1
 
-    def _rule_for(self, prompt: list[int]) -> _Rule:
+    def _rule_for(self, prompt: list[int]) -> int:
+        """The index of the first rule that matches; the prompt is parsed only when a rule looks at it."""
+        latest: dict[str, str] | None = None
+        for index, rule in enumerate(self._rules):
+            if rule.source is None:
+                return index
+            if latest is None:
+                latest = self._latest(prompt)
+            text = latest.get(rule.source)
+            if text is not None and rule.pattern is not None and rule.pattern.search(text):
+                return index
+        raise ScriptError("no mock rule matches the prompt; add a rule without 'match' as a fallback")
+
+    def _latest(self, prompt: list[int]) -> dict[str, str]:
+        """The latest user message or tool output of the prompt, and with a `prompt` rule the whole text."""
         latest: dict[str, str] = {}
         for message in parse_completion(prompt, role=None, encoding=self._encoding).messages:
             if message.role is Role.USER:
                 latest = {"user": message.text}
             elif message.role is Role.TOOL:
                 latest = {"tool": message.text}
-        if self._matches_prompt:  # decoding the whole prompt only when a rule looks at it
+        if self._matches_prompt:
             latest["prompt"] = self._encoding.decode(prompt)
-        for rule in self._rules:
-            if rule.source is None:
-                return rule
-            text = latest.get(rule.source)
-            if text is not None and rule.pattern is not None and rule.pattern.search(text):
-                return rule
-        raise ScriptError("no mock rule matches the prompt; add a rule without 'match' as a fallback")
+        return latest
 
     def _completion(self, steps: tuple[dict[str, Any], ...]) -> list[int]:
         encode = self._encoding.encode_ordinary

@@ -358,7 +358,8 @@ async def _stream(request: web.Request, job: Job) -> web.StreamResponse:
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     job = await prepare(request)
-    await job.save(job.response(job.first_status))  # GET finds it while it runs
+    if job.request.stream or job.request.background:  # the client knows the id before the end: GET finds it
+        await job.save(job.response(job.first_status))
     if job.request.stream:
         return await _stream(request, job)
     if job.request.background:

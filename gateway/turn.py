@@ -50,7 +50,8 @@ class Turn:
         self._observer = observer
         self._lifecycle = lifecycle
         self._cut = False  # the gateway is shutting down: stop reading the backend, fail the answer
-        self._waiting: asyncio.Task[object] | None = None  # the task awaiting the backend's next chunk
+        self._task: asyncio.Task[object] | None = None  # the task generating, found once when it starts
+        self._awaiting_backend = False  # that task is waiting for the backend's next chunk
         self._cancelled_by_cut = False
         self.assembler = OutputAssembler(encoding)
         self.prompt_tokens = len(prompt)
@@ -81,9 +82,9 @@ class Turn:
     def cut(self) -> None:
         """End the generation now (the drain budget is spent): the answer fails with a shutting-down error."""
         self._cut = True
-        if self._waiting is not None:
+        if self._awaiting_backend and self._task is not None:
             self._cancelled_by_cut = True
-            self._waiting.cancel()
+            self._task.cancel()
 
     def _report(self) -> None:
         if self._observer is None:
@@ -97,6 +98,7 @@ class Turn:
     async def _generate(self) -> AsyncIterator[list[ItemEvent]]:
         assembler = self.assembler
         ended = False  # a stop token or the token limit was reached; only a usage report may follow
+        self._task = asyncio.current_task()
         try:
             async with aclosing(self.backend.generate(self._request)) as chunks:
                 while (chunk := await self._next(chunks)) is not None:
@@ -131,11 +133,11 @@ class Turn:
         """The backend's next chunk; None at its end or once the generation is cut."""
         if self._cut:
             return None
-        self._waiting = asyncio.current_task()
+        self._awaiting_backend = True
         try:
             return await anext(chunks, None)
         finally:
-            self._waiting = None
+            self._awaiting_backend = False
 
     def _absorb_cut(self) -> bool:
         """Whether a cancellation is the cut's alone (then it is taken back); any other cancellation stands."""

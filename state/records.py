@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 COMPRESS_ABOVE_BYTES = 4096
@@ -40,7 +40,8 @@ class StoredCot:
 
 def encode(record: StoredResponse | StoredCot, max_bytes: int) -> bytes:
     """JSON, zlib-compressed above a few KiB, with a one-byte format prefix."""
-    raw = json.dumps(asdict(record), ensure_ascii=False, separators=(",", ":")).encode()
+    fields = {name: getattr(record, name) for name in record.__slots__}  # already plain data: no deep copy
+    raw = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
     blob = _ZLIB + zlib.compress(raw, 6) if len(raw) > COMPRESS_ABOVE_BYTES else _PLAIN + raw
     if len(blob) > max_bytes:
         raise RecordTooLarge(f"stored record is {len(blob)} bytes; the cap is {max_bytes}")

@@ -112,10 +112,31 @@ def test_token_delay_and_cancellation(renderer):
     assert count == 3 and elapsed >= 0.055
 
 
+def test_first_token_delay_waits_once_and_a_rule_overrides_it(renderer):
+    rules = [{"match": {"user": "fast"}, "first_token_delay_ms": 0, "emit": [{"final": "quick"}]}, *SCRIPT["rules"]]
+    backend = MockBackend({"rules": rules, "first_token_delay_ms": 150}, renderer.encoding)
+
+    async def timed(text: str) -> tuple[float, float]:
+        start = time.perf_counter()
+        stream = backend.generate(_request(_prompt(renderer, Message.of(Role.USER, text))))
+        await anext(stream)
+        first = time.perf_counter() - start
+        async for _ in stream:
+            pass
+        return first, time.perf_counter() - start
+
+    first, whole = asyncio.run(timed("hi"))
+    assert first >= 0.15 and whole - first < 0.1  # one wait, then the rest at once
+    first, _ = asyncio.run(timed("fast"))
+    assert first < 0.1
+
+
 @pytest.mark.parametrize(
     ("script", "message"),
     [
         ({}, "'rules' list"),
+        ({"rules": [], "first_token_delay_ms": "1"}, "first_token_delay_ms: must be a number"),
+        ({"rules": [{"emit": [{"final": "x"}], "first_token_delay_ms": -2}]}, "rules[0].first_token_delay_ms"),
         ({"rules": [{"emit": []}]}, "rules[0].emit: must be a non-empty list of steps"),
         ({"rules": [{"match": {"user": "x"}}]}, "rules[0]: needs either 'emit'"),
         ({"rules": [{"alternatives": [[{"final": "x"}], []]}]}, "rules[0].alternatives[1]: must be a non-empty"),
