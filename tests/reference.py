@@ -11,7 +11,7 @@ from harmony import cot, types
 from harmony.vocab import packaged_copy
 
 
-def _offline_vocab_dir() -> str:
+def offline_vocab_dir() -> str:
     directory = os.path.join(tempfile.gettempdir(), "gpt-oss-gateway-test-vocab")
     target = os.path.join(directory, "o200k_base.tiktoken")
     if not os.path.exists(target):
@@ -25,7 +25,7 @@ def _offline_vocab_dir() -> str:
 
 @lru_cache(maxsize=1)
 def harmony_module() -> Any:
-    os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", _offline_vocab_dir())
+    os.environ.setdefault("TIKTOKEN_ENCODINGS_BASE", offline_vocab_dir())
     import openai_harmony
 
     return openai_harmony
