@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 DELTA = b"event: response.output_text.delta"
-COMPLETED = b"event: response.completed"
+TERMINAL = (b"event: response.completed", b"event: response.incomplete", b"event: response.failed")
 
 
 @dataclass
@@ -19,9 +19,13 @@ class StreamTiming:
     first_token_s: float | None = None
     gaps_s: list[float] = field(default_factory=list)
     deltas: int = 0
-    completed: bool = False
+    terminal: str | None = None  # the stream's last lifecycle event: response.completed, .incomplete or .failed
     error: str | None = None
-    response: dict | None = None  # the response object of response.completed
+    response: dict | None = None  # the response object of that event
+
+    @property
+    def completed(self) -> bool:
+        return self.terminal == "response.completed"
 
 
 @dataclass
@@ -31,7 +35,7 @@ class LoadResult:
 
     @property
     def errors(self) -> list[str]:
-        return [s.error or "stream ended before response.completed" for s in self.streams if not s.completed]
+        return [s.error or f"stream ended with {s.terminal}" for s in self.streams if not s.completed]
 
     def percentiles(self, values: list[float]) -> dict[str, float]:
         ordered = sorted(values)
@@ -63,11 +67,11 @@ async def _one_stream(session: aiohttp.ClientSession, url: str, body: bytes, sta
             if response.status != 200:
                 timing.error = f"HTTP {response.status}: {(await response.text())[:200]}"
                 return timing
-            completing = False
+            ending = False
             async for line in response.content:
-                if completing and line.startswith(b"data: "):
+                if ending and line.startswith(b"data: "):
                     timing.response = json.loads(line[6:])["response"]
-                    completing = False
+                    ending = False
                 elif line.startswith(DELTA):
                     now = time.perf_counter()
                     if last is None:
@@ -76,8 +80,8 @@ async def _one_stream(session: aiohttp.ClientSession, url: str, body: bytes, sta
                         timing.gaps_s.append(now - last)
                     last = now
                     timing.deltas += 1
-                elif line.startswith(COMPLETED):
-                    timing.completed = completing = True
+                elif line.startswith(TERMINAL):
+                    timing.terminal, ending = line[7:].strip().decode(), True
     except (TimeoutError, aiohttp.ClientError) as exc:
         timing.error = f"{type(exc).__name__}: {exc}"
     return timing

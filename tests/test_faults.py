@@ -1,6 +1,8 @@
-"""Redis killed under load and restarted: streams in flight finish, reads answer a clean 503 and creates
-still answer (store: false) while it is down, the gateway recovers without a restart, and every response
-acknowledged as stored is there afterwards."""
+"""Faults under load. Redis killed and restarted: streams in flight finish, reads answer a clean 503 and
+creates still answer (store: false) while it is down, the gateway recovers without a restart, and every
+response acknowledged as stored is there afterwards. A model server that stalls mid-stream: every stream
+ends failed at the silence limit with the reason, the upstream requests are aborted, and the gateway
+answers whole once the server recovers."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ import urllib.error
 import urllib.request
 
 import openai
+from fake_upstreams import FakeUpstream
 from live_gateway import GatewayProcess
 from redis_servers import RedisServer
 from sse_load import LoadResult, run_load
+from test_load import active_streams
 
 MODEL = "gpt-oss-120b"
 SLOW_ANSWER = " ".join(f"word{i}" for i in range(40))
@@ -77,3 +81,32 @@ def test_redis_killed_under_load_then_restarted(tmp_path):
     finally:
         gateway.stop()
         redis.stop()
+
+
+def test_an_upstream_that_stalls_mid_stream_under_load(tmp_path):
+    stalling = FakeUpstream("vllm", {"rules": [{"emit": [{"final": SLOW_ANSWER}]}]}, stall_after=8, token_delay_s=0.01)
+    stalling.start()
+    backend = {"kind": "vllm", "options": {"urls": [stalling.url], "token_timeout_s": 0.5}, "models": [MODEL]}
+    env = {"GATEWAY_BACKENDS": json.dumps({"remote": backend}), "GATEWAY_METRICS_PUBLIC": "true"}
+    gateway = GatewayProcess(env, tmp_path / "gateway.log").start()
+    try:
+        began = time.monotonic()
+        result = asyncio.run(run_load(gateway.url, 40, MODEL, "hello", timeout_s=60))
+        assert time.monotonic() - began < 5  # each stream ends at the silence limit, none hangs
+        # every stream answered 200, streamed the tokens that came, then ended failed with the reason
+        assert {s.terminal for s in result.streams} == {"response.failed"} and all(
+            s.error is None for s in result.streams
+        )
+        assert all(s.deltas >= 1 for s in result.streams)
+        assert {s.response["error"]["message"] for s in result.streams} == {"The model server sent nothing for 0.5 s."}
+        # the gateway hung up on every stalled generation, and holds no stream open
+        assert stalling.wait_for(lambda: all(call.aborted_at is not None for call in stalling.calls))
+        assert len(stalling.calls) == 40
+        assert active_streams(gateway.url) == 0
+
+        stalling.stall_after = None  # the model server recovers: the same process answers whole again
+        recovered = asyncio.run(run_load(gateway.url, 5, MODEL, "hello", timeout_s=60))
+        assert recovered.errors == [] and {s.deltas for s in recovered.streams} == {80}  # the whole answer
+    finally:
+        gateway.stop()
+        stalling.stop()

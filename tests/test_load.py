@@ -15,7 +15,7 @@ from sse_load import mock_script, run_load
 ANSWER = " ".join(f"word{i}" for i in range(40))
 
 
-def _active_streams(url: str) -> float:
+def active_streams(url: str) -> float:
     with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
         text = response.read().decode()
     return float(re.search(r"^gateway_active_streams (\S+)$", text, re.M).group(1))
@@ -33,7 +33,7 @@ def test_a_hundred_concurrent_streams_complete_without_errors(tmp_path):
         assert len(counts) == 1 and counts.pop() >= 40  # every stream got the whole answer
         assert result.ttft["p99"] < 10 and result.inter_token["p50"] < 1
         deadline = time.monotonic() + 5
-        while _active_streams(gateway.url) != 0:
+        while active_streams(gateway.url) != 0:
             assert time.monotonic() < deadline, "the streams gauge did not return to 0"
             time.sleep(0.05)
     finally:
