@@ -22,6 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +66,7 @@ class Server:
     name: str
     url: str
     pid: int
-    stop: object  # () -> None
+    stop: Callable[[], None]
 
 
 def _spawn(name: str, command: list[str], env: dict[str, str], url: str, log: Path, timeout_s: float = 60) -> Server:
