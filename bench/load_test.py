@@ -22,16 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from closed_loop import cpu_seconds  # noqa: E402
 from live_gateway import GatewayProcess  # noqa: E402
 from report import markers, write_section  # noqa: E402
 from sse_load import LoadResult, mock_script, run_load  # noqa: E402
 
 NAME = "load_test"
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(streams: int, tokens: int, delay_ms: int) -> tuple[LoadResult, LoadResult, float]:
@@ -45,9 +41,9 @@ def run(streams: int, tokens: int, delay_ms: int) -> tuple[LoadResult, LoadResul
         try:
             assert gateway.process is not None
             alone = asyncio.run(run_load(gateway.url, 1, "gpt-oss-120b"))
-            cpu_before = _cpu_seconds(gateway.process.pid)
+            cpu_before = cpu_seconds(gateway.process.pid)
             result = asyncio.run(run_load(gateway.url, streams, "gpt-oss-120b"))
-            return alone, result, _cpu_seconds(gateway.process.pid) - cpu_before
+            return alone, result, cpu_seconds(gateway.process.pid) - cpu_before
         finally:
             gateway.stop()
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -106,3 +108,10 @@ async def run_load(base_url: str, streams: int, model: str, text: str = "hello",
 def mock_script(tokens_text: str, delay_ms: int) -> dict:
     """A mock backend script whose every answer is a final message of `tokens_text`, one token per `delay_ms`."""
     return {"token_delay_ms": delay_ms, "rules": [{"emit": [{"final": tokens_text}]}]}
+
+
+def active_streams(base_url: str) -> float:
+    """The gateway's `gateway_active_streams` gauge, scraped from /metrics (served on the API port)."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return float(re.search(r"^gateway_active_streams (\S+)$", text, re.M).group(1))

@@ -17,8 +17,7 @@ import openai
 from fake_upstreams import FakeUpstream
 from live_gateway import GatewayProcess
 from redis_servers import RedisServer
-from sse_load import LoadResult, run_load
-from test_load import active_streams
+from sse_load import LoadResult, active_streams, run_load
 
 MODEL = "gpt-oss-120b"
 SLOW_ANSWER = " ".join(f"word{i}" for i in range(40))

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
-import urllib.request
 
 from live_gateway import GatewayProcess
-from sse_load import mock_script, run_load
+from sse_load import active_streams, mock_script, run_load
 
 ANSWER = " ".join(f"word{i}" for i in range(40))
-
-
-def active_streams(url: str) -> float:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return float(re.search(r"^gateway_active_streams (\S+)$", text, re.M).group(1))
 
 
 def test_a_hundred_concurrent_streams_complete_without_errors(tmp_path):
