@@ -13,6 +13,7 @@ import argparse
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,13 +34,13 @@ NAME = "moe_bench"
 STEPS = {"decode (1 token)": 1, "prefill (512 tokens)": 512}
 
 
-def _session(model: bytes, threads: int, library: Path | None) -> ort.InferenceSession:
+def _session(model: Path, threads: int, library: Path | None) -> ort.InferenceSession:
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
     if library is not None:
         options.register_custom_ops_library(str(library))
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
 
 
 def _best(session: ort.InferenceSession, feeds: dict[str, np.ndarray], repeats: int) -> tuple[float, np.ndarray]:
@@ -55,7 +56,7 @@ def _best(session: ort.InferenceSession, feeds: dict[str, np.ndarray], repeats: 
 def run(shape: str, threads: int, repeats: int) -> list[tuple[str, float, float, float]]:
     """(step, pure-ONNX seconds, kernel seconds, largest relative difference) per step."""
     config = SHAPES[shape]
-    model = moe_layer_model(config, random_moe_layer(config, seed=0)).SerializeToString()
+    model = moe_layer_model(config, random_moe_layer(config, seed=0), Path(tempfile.mkdtemp(prefix="moe-bench-")))
     pure = _session(model, threads, None)
     compiled = _session(model, threads, build_library())
     rng = np.random.default_rng(0)

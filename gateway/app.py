@@ -47,6 +47,9 @@ async def readyz(request: web.Request) -> web.Response:
         "store": "ok" if store_ok else "unreachable",
         "models": models,
     }
+    described = {model: b.describe() for model, b in services.backends.items() if hasattr(b, "describe")}
+    if described:
+        body["engines"] = described  # where each built-in engine runs, or why it did not load
     return web.json_response(body, status=200 if ready else 503)
 
 

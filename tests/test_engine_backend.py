@@ -4,6 +4,7 @@ gets alone, cancellation frees the slot, seeds repeat, and the gateway serves it
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.request
 from pathlib import Path
@@ -13,8 +14,9 @@ import pytest
 from engine_fixtures import make_checkpoint, tiny_config
 from live_gateway import LiveGateway
 
-from backends.base import EngineStats, GenerateRequest, Sampling
+from backends.base import BackendError, EngineStats, GenerateRequest, Sampling
 from backends.engine.backend import EngineBackend, EngineOptions, from_options
+from backends.engine.runtime import cuda_unavailable_reason
 from gateway.config import Settings
 from gateway.services import ConfigError, build_services
 from harmony import Renderer, load_harmony_encoding
@@ -158,6 +160,9 @@ def test_the_gateway_serves_the_engine_to_the_sdk(checkpoint):
             time.sleep(0.05)
         with urllib.request.urlopen(live.url + "/readyz", timeout=5) as ready:
             assert ready.status == 200
+            engine = json.loads(ready.read())["engines"][MODEL]
+            assert engine["status"] == "ready" and engine["device"] in ("cpu", "cuda")
+            assert engine["dtype"] == ("bfloat16" if engine["device"] == "cuda" else "float32")
         client = openai.OpenAI(base_url=live.url + "/v1", api_key="sk-x", max_retries=0)
         response = client.responses.create(model=MODEL, input="Hello", max_output_tokens=24, temperature=0)
         assert response.status in ("completed", "incomplete")
@@ -207,3 +212,46 @@ def test_a_checkpoint_that_fails_to_load_fails_requests_cleanly(tmp_path):
 
     message = asyncio.run(scenario())
     assert message.startswith("BackendError: The model could not be loaded:") and "missing or bad field" in message
+
+
+def _loaded(backend: EngineBackend) -> dict[str, str]:
+    deadline = time.monotonic() + 120
+    while backend.describe()["status"] == "loading":
+        assert time.monotonic() < deadline, "the engine did not load"
+        time.sleep(0.05)
+    return backend.describe()
+
+
+def test_a_float16_engine_on_the_cpu_generates_what_the_float32_engine_does(checkpoint):
+    greedy = Sampling(temperature=0)
+
+    async def run(dtype: str) -> tuple[dict[str, str], list[int]]:
+        backend = EngineBackend(_options(checkpoint, device="cpu", dtype=dtype), ENCODING)
+        described = await asyncio.get_running_loop().run_in_executor(None, _loaded, backend)
+        tokens = await _collect(backend, PROMPTS[2], 40, greedy)
+        await backend.aclose()
+        return described, tokens
+
+    (wide, wide_tokens), (narrow, narrow_tokens) = asyncio.run(run("float32")), asyncio.run(run("float16"))
+    assert wide == {"status": "ready", "device": "cpu", "dtype": "float32"}
+    assert narrow == {"status": "ready", "device": "cpu", "dtype": "float16"}
+    assert narrow_tokens == wide_tokens and len(set(wide_tokens)) > 3
+
+
+def test_an_engine_that_cannot_run_says_why(checkpoint):
+    """bf16 on the CPU, and CUDA asked for where it does not load: unready, the reason in describe() and in
+    every request's error, never None."""
+    cases = [({"device": "cpu", "dtype": "bfloat16"}, "bfloat16 needs the cuda device")]
+    if cuda_unavailable_reason(0) is not None:
+        cases.append(({"device": "cuda"}, "device cuda was asked for, but"))
+    for extra, reason in cases:
+        backend = EngineBackend(_options(checkpoint, **extra), ENCODING)
+        described = _loaded(backend)
+        assert described["status"] == "failed" and reason in described["error"]
+
+        async def ask(backend: EngineBackend = backend, reason: str = reason) -> None:
+            assert not await backend.ready()
+            with pytest.raises(BackendError, match=reason):
+                await _collect(backend, PROMPTS[0], 4, Sampling(temperature=0))
+
+        asyncio.run(ask())

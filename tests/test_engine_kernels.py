@@ -14,7 +14,7 @@ import pytest
 from engine_fixtures import export_model, make_checkpoint, tiny_config
 
 from backends.engine.config import GPT_OSS_20B, ModelConfig
-from backends.engine.graph import moe_layer_model
+from backends.engine.graph import GraphOptions, moe_layer_model
 from backends.engine.kernels import build
 from backends.engine.make_checkpoint import random_moe_layer
 from backends.engine.runtime import DecoderRuntime
@@ -39,16 +39,16 @@ def libraries() -> dict[str, str]:
     return built
 
 
-def _session(model: bytes, library: str | None) -> ort.InferenceSession:
+def _session(model: Path | str, library: str | None) -> ort.InferenceSession:
     options = ort.SessionOptions()
     if library is not None:
         options.register_custom_ops_library(library)
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize(("config", "tokens"), SHAPES, ids=lambda v: getattr(v, "hidden_size", v))
-def test_the_kernel_equals_the_pure_onnx_realization(libraries, config, tokens):
-    model = moe_layer_model(config, random_moe_layer(config, seed=tokens)).SerializeToString()
+def test_the_kernel_equals_the_pure_onnx_realization(libraries, config, tokens, tmp_path):
+    model = moe_layer_model(config, random_moe_layer(config, seed=tokens), tmp_path)
     rng = np.random.default_rng(tokens)
     feeds = {
         "x": rng.standard_normal((tokens, config.hidden_size)).astype(np.float32),
@@ -60,6 +60,41 @@ def test_the_kernel_equals_the_pure_onnx_realization(libraries, config, tokens):
         got = _session(model, library).run(None, feeds)[0]
         worst = float(np.abs(got - expected).max())
         assert worst <= RELATIVE * float(np.abs(expected).max()), f"{name}: largest difference {worst:.2e}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_kernel_in_16_bit_activations_equals_its_float32_result_rounded(libraries, dtype, tmp_path):
+    """fp16/bf16 inputs are widened exactly, the sums are float32, the output is rounded once."""
+    config, tokens = ModelConfig(num_experts=8, experts_per_token=4, hidden_size=128, intermediate_size=96), 9
+    layer = random_moe_layer(config, seed=3)
+    wide = moe_layer_model(config, layer, tmp_path, "float32")
+    narrow = moe_layer_model(config, layer, tmp_path, dtype)
+    numpy_type = GraphOptions(16, dtype).numpy_type
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((tokens, config.hidden_size)).astype(numpy_type)
+    logits = rng.standard_normal((tokens, config.num_experts)).astype(numpy_type)
+    biases = {name: layer[name].astype(np.float32).astype(numpy_type) for name in ("mlp1_bias", "mlp2_bias")}
+    assert (
+        all(np.array_equal(biases[n].astype(np.float32), layer[n].astype(np.float32)) for n in biases)
+        or dtype == "float16"
+    )
+    expected = _session(wide, libraries["native"]).run(
+        None, {"x": x.astype(np.float32), "router_logits": logits.astype(np.float32)}
+    )[0]
+    onnx_type = GraphOptions(16, dtype).onnx_type
+    session = _session(narrow, libraries["native"])
+    binding = session.io_binding()  # 16-bit values as raw bits (NumPy has no bfloat16 ONNX Runtime knows)
+    for name, array in (("x", x), ("router_logits", logits)):
+        binding.bind_ortvalue_input(
+            name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), onnx_type)
+        )
+    out = np.zeros((tokens, config.hidden_size), np.uint16)
+    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, onnx_type))
+    session.run_with_iobinding(binding)
+    got = out.view(numpy_type)
+    # one rounding of the float32 result (fp16 biases are rounded too: allow their effect)
+    tolerance = (2**-8 if dtype == "bfloat16" else 2**-10) * np.abs(expected) + (0.0 if dtype == "bfloat16" else 1e-3)
+    assert np.all(np.abs(got.astype(np.float32) - expected) <= tolerance + 1e-6)
 
 
 def test_the_engine_with_the_kernel_decodes_as_without_it(libraries, tmp_path):
@@ -117,6 +152,6 @@ def test_build_kernels_copies_a_library_that_registers(tmp_path, capsys):
     library = Path(capsys.readouterr().out.strip())
     assert library.parent == tmp_path / "kernels" and (library.parent / build.MANIFEST).is_file()
     config = ModelConfig(num_experts=4, experts_per_token=2, hidden_size=64, intermediate_size=64)
-    model = moe_layer_model(config, random_moe_layer(config)).SerializeToString()
+    model = moe_layer_model(config, random_moe_layer(config), tmp_path)
     feeds = {"x": np.ones((2, 64), np.float32), "router_logits": np.zeros((2, 4), np.float32)}
     assert _session(model, str(library)).run(None, feeds)[0].shape == (2, 64)

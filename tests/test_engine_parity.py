@@ -105,3 +105,12 @@ def test_batched_decoding_gives_each_sequence_its_own_tokens(tmp_path: Path):
                 together[index].append(chosen)
                 state[index] = (chosen, position + 1)
     assert together == dict(enumerate(alone))
+
+
+def test_logits_returned_by_a_step_are_not_overwritten_by_the_next(tmp_path: Path):
+    config = tiny_config()
+    runtime = DecoderRuntime(export_model(make_checkpoint(tmp_path, config, "original"), 64), config, 1, 64)
+    first = runtime.prefill(0, [5, 6, 7])
+    kept = first.copy()
+    runtime.decode([(0, int(np.argmax(first)), 3)])
+    assert np.array_equal(first, kept)

@@ -2,7 +2,11 @@
 
 Options: `checkpoint` (a gpt-oss checkpoint directory, either layout; unset: a small random-weight model
 generated once and cached, whose output is noise), `max_batch` (sequences decoded together, each with
-its own KV slot), `max_positions` (KV capacity per sequence: prompt + output), `threads`, `cache_dir`.
+its own KV slot), `max_positions` (KV capacity per sequence: prompt + output), `device` (`auto`: CUDA
+when onnxruntime's CUDA provider loads here, else the CPU; `cuda`: fail at load if it cannot; `cpu`),
+`device_id`, `dtype` (activations, non-expert weights, KV cache: `float32`, `float16`, `bfloat16`;
+default bfloat16 on CUDA, float32 on the CPU), `cuda_graph` (decode steps replayed as CUDA graphs),
+`threads`, `cache_dir`.
 The model loads in the background; readiness says when it is there.
 """
 
@@ -13,7 +17,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import structlog
@@ -31,7 +35,7 @@ from .graph import GraphOptions
 from .kernels.build import kernel_library
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
-from .runtime import DecoderRuntime
+from .runtime import DecoderRuntime, EngineDeviceError, resolve_device
 
 log = structlog.get_logger("backends.engine")
 
@@ -49,6 +53,10 @@ class EngineOptions(BaseModel):
     max_positions: int = Field(default=4096, ge=16, le=MAX_POSITIONS)
     prefill_chunk: int = Field(default=512, ge=16)  # prompt tokens per step while others decode
     kernels: bool = True  # build and use the compiled MXFP4 MoE kernels (else the pure-ONNX realization)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device_id: int = Field(default=0, ge=0)
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None  # None: by device
+    cuda_graph: bool = False
     threads: int = Field(default=0, ge=0)
     cache_dir: str | None = None
 
@@ -74,6 +82,7 @@ class EngineBackend:
         self._batcher: Batcher | None = None
         self._grammars: GrammarCompiler | None = None
         self._failure: str | None = None
+        self._placement: dict[str, str] = {}
         self._loaded = threading.Event()
         threading.Thread(target=self._load, name="gpt-oss-engine-load", daemon=True).start()
 
@@ -94,10 +103,25 @@ class EngineBackend:
                     f"(gpt-oss has {LAST_SPECIAL})"
                 )
             self._grammars = GrammarCompiler(self._encoding, checkpoint.config.vocab_size)
-            model = compiled_model(checkpoint, GraphOptions(options.max_positions), cache, _progress)
+            device = resolve_device(options.device, options.device_id)
+            dtype = options.dtype or ("bfloat16" if device == "cuda" else "float32")
+            if device == "cpu" and dtype == "bfloat16":
+                raise EngineDeviceError("dtype bfloat16 needs the cuda device (ONNX Runtime has no CPU bf16 attention)")
+            self._placement = {"device": device, "dtype": dtype}
+            log.info("engine_device", device=device, dtype=dtype, asked=options.device)
+            model = compiled_model(checkpoint, GraphOptions(options.max_positions, dtype), cache, _progress)
             kernels = kernel_library() if options.kernels else None
             runtime = DecoderRuntime(
-                str(model), checkpoint.config, options.max_batch, options.max_positions, options.threads, kernels
+                str(model),
+                checkpoint.config,
+                options.max_batch,
+                options.max_positions,
+                options.threads,
+                kernels,
+                device=device,
+                device_id=options.device_id,
+                dtype=dtype,
+                cuda_graph=options.cuda_graph,
             )
             self._batcher = Batcher(runtime, options.prefill_chunk)
             log.info(
@@ -106,15 +130,23 @@ class EngineBackend:
                 kv_bytes=runtime.kv_bytes,
                 slots=options.max_batch,
                 moe="compiled kernel" if kernels else "pure ONNX",
+                device=device,
+                dtype=dtype,
             )
         except (CheckpointError, OSError, RuntimeError, ValueError) as exc:
-            self._failure = str(exc)
+            self._failure = str(exc) or type(exc).__name__
             log.error("engine_load_failed", error=str(exc))
         finally:
             self._loaded.set()
 
     async def ready(self) -> bool:
         return self._batcher is not None
+
+    def describe(self) -> dict[str, str]:
+        """Where the engine runs (device, dtype), or why it could not load; for /readyz."""
+        if self._failure is not None:
+            return {"status": "failed", "error": self._failure}
+        return {"status": "ready" if self._batcher is not None else "loading", **self._placement}
 
     def engine_stats(self) -> EngineStats | None:
         return None if self._batcher is None else self._batcher.stats()

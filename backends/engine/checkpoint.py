@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, which safetensors' numpy reader needs)
 import numpy as np
 from safetensors import SafetensorError, safe_open
 

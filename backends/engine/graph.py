@@ -1,12 +1,18 @@
-"""The gpt-oss decoder as an ONNX graph, built from a checkpoint.
+"""The gpt-oss decoder as an ONNX graph, built from a checkpoint and written tensor by tensor to disk.
 
-One graph serves prefill and decode: token ids [B, S] in, last-position logits [B, V] out. Each layer's
-KV cache is a [B, kv_heads, max_positions, head_dim] buffer bound as both past and present (updated in
-place). Attention is GroupQueryAttention with the sinks as `head_sink`, a 128-token window on even
-layers and YaRN rotary tables. Each MoE is one node of the custom-domain op `MXFP4MoE`, a model-local
-function whose body is this provider's realization (on CPU: exact MXFP4 dequantization by
-GatherBlockQuantized of the experts the step's tokens route to, at every run, then the contrib MoE
-with the interleaved clamped SwiGLU).
+One graph serves prefill and decode: token ids [B, S] in, last-position logits [B, V] (float32) out. Each
+layer's KV cache is a [B, kv_heads, max_positions, head_dim] buffer bound as both past and present
+(updated in place). Attention is GroupQueryAttention on the packed qkv, with the sinks as `head_sink`, a
+128-token window on even layers and YaRN rotary tables; each residual add is fused with the next RMSNorm
+(SkipSimplifiedLayerNormalization). Activations, non-expert weights and the KV cache are in the graph's
+dtype (float32, float16 or bfloat16). Each MoE is one node of the custom-domain op `MXFP4MoE` over the
+checkpoint's own bytes (FLOAT4E2M1 codes, 1-byte E8M0 scales): a model-local function whose body is the
+portable realization (exact MXFP4 dequantization by GatherBlockQuantized of the experts the step's tokens
+route to, then the contrib MoE with the interleaved clamped SwiGLU, in float32); a compiled kernel
+registered for the domain takes precedence.
+
+Initializers never sit in one protobuf message: each is written to the external data file as it is
+made (and dropped), so neither protobuf's 2 GiB limit nor the host's memory caps the model.
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -23,49 +32,127 @@ from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .rope import cos_sin
 
-BUILDER_VERSION = "3"
-OPSET = 23  # RMSNormalization
+BUILDER_VERSION = "4"
+OPSET = 23
 IR_VERSION = 11  # FLOAT4E2M1 needs 11; onnxruntime 1.31 loads up to 13
 ENGINE_DOMAIN = "gptoss.engine"
 MS_DOMAIN = "com.microsoft"
 RMS_EPSILON = 1e-5
 SWIGLU_ALPHA = 1.702
+INLINE_BYTES = 1024
+DATA_ALIGNMENT = 4096  # each tensor's offset in the data file (page-aligned: ONNX Runtime can map it)
+
+Dtype = Literal["float32", "float16", "bfloat16"]
+DTYPES: dict[str, tuple[int, np.dtype]] = {
+    "float32": (TensorProto.FLOAT, np.dtype(np.float32)),
+    "float16": (TensorProto.FLOAT16, np.dtype(np.float16)),
+    "bfloat16": (TensorProto.BFLOAT16, np.dtype(ml_dtypes.bfloat16)),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class GraphOptions:
     max_positions: int  # KV capacity per sequence (and the rotary table length)
+    dtype: Dtype = "float32"  # activations, non-expert weights, KV cache
+
+    @property
+    def onnx_type(self) -> int:
+        return DTYPES[self.dtype][0]
+
+    @property
+    def numpy_type(self) -> np.dtype:
+        return DTYPES[self.dtype][1]
 
 
 def kv_names(layer: int) -> tuple[str, str, str, str]:
     return f"past_key_{layer}", f"past_value_{layer}", f"present_key_{layer}", f"present_value_{layer}"
 
 
-def _moe_function(config: ModelConfig) -> onnx.FunctionProto:
-    """`MXFP4MoE(x [T,H], router_logits [T,E], w1, s1, b1, w2, s2, b2) -> [T,H]`, realized for CPU.
+class TensorWriter:
+    """Initializers written straight to an external data file; each TensorProto keeps only the reference."""
+
+    def __init__(self, data_path: Path) -> None:
+        self.location = data_path.name
+        self._file: BinaryIO = data_path.open("wb")
+        self._offset = 0
+
+    def tensor(self, name: str, onnx_type: int, shape: tuple[int, ...] | list[int], data: np.ndarray) -> TensorProto:
+        """`data`'s bytes as tensor `name` (of `onnx_type` and `shape`), appended at an aligned offset."""
+        payload = memoryview(np.ascontiguousarray(data).view(np.uint8).reshape(-1))
+        padding = -self._offset % DATA_ALIGNMENT
+        self._file.write(b"\0" * padding)
+        self._offset += padding
+        proto = TensorProto(name=name, data_type=onnx_type, dims=list(shape))
+        proto.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", self._offset), ("length", payload.nbytes)):
+            entry = proto.external_data.add()
+            entry.key, entry.value = key, str(value)
+        self._file.write(payload)
+        self._offset += payload.nbytes
+        return proto
+
+    def array(self, name: str, array: np.ndarray) -> TensorProto:
+        """A NumPy array as tensor `name`; small ones (shapes, indices: shape inference reads them) inline."""
+        if array.nbytes <= INLINE_BYTES:
+            return numpy_helper.from_array(np.ascontiguousarray(array), name)
+        onnx_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        return self.tensor(name, onnx_type, array.shape, array)
+
+    @property
+    def size(self) -> int:
+        return self._offset
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _moe_function(config: ModelConfig, options: GraphOptions) -> onnx.FunctionProto:
+    """`MXFP4MoE(x [..., H], router_logits [..., E], w1, s1, b1, w2, s2, b2) -> [..., H]`, portable realization.
 
     Only the experts some token routes to are dequantized (at decode, k per sequence instead of all E):
     their weights, biases and router columns are gathered, and each token's top-k among them is its
-    top-k among all experts, so the result is the same.
+    top-k among all experts, so the result is the same. The arithmetic is float32 whatever the dtype.
     """
-    top_k = numpy_helper.from_array(np.array([config.experts_per_token], dtype=np.int64))
-    flat = numpy_helper.from_array(np.array([-1], dtype=np.int64))
+    constant = helper.make_tensor
     dequant = {"domain": MS_DOMAIN, "gather_axis": 0, "quantize_axis": 2, "block_size": 32}
+    float32 = TensorProto.FLOAT
     nodes = [
-        helper.make_node("Constant", [], ["k"], value=top_k),
-        helper.make_node("Constant", [], ["flat"], value=flat),
-        helper.make_node("TopK", ["router_logits", "k"], ["top_values", "top_experts"], axis=-1),
+        helper.make_node(
+            "Constant", [], ["k"], value=constant("k", TensorProto.INT64, [1], [config.experts_per_token])
+        ),
+        helper.make_node("Constant", [], ["flat"], value=constant("flat", TensorProto.INT64, [1], [-1])),
+        helper.make_node("Constant", [], ["two"], value=constant("two", float32, [], [2.0])),
+        helper.make_node("Constant", [], ["bias"], value=constant("bias", float32, [], [127.0])),
+        helper.make_node(
+            "Constant", [], ["rows"], value=constant("rows", TensorProto.INT64, [2], [-1, config.hidden_size])
+        ),
+        helper.make_node(
+            "Constant", [], ["logit_rows"], value=constant("lr", TensorProto.INT64, [2], [-1, config.num_experts])
+        ),
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node("Reshape", ["x", "rows"], ["x_rows"]),
+        helper.make_node("Cast", ["x_rows"], ["x32"], to=float32),
+        helper.make_node("Reshape", ["router_logits", "logit_rows"], ["logit_rows_t"]),
+        helper.make_node("Cast", ["logit_rows_t"], ["logits32"], to=float32),
+        helper.make_node("TopK", ["logits32", "k"], ["top_values", "top_experts"], axis=-1),
         helper.make_node("Reshape", ["top_experts", "flat"], ["routed"]),
         helper.make_node("Unique", ["routed"], ["used"], sorted=1),
-        helper.make_node("GatherBlockQuantized", ["w1", "used", "s1"], ["fc1"], **dequant),
-        helper.make_node("GatherBlockQuantized", ["w2", "used", "s2"], ["fc2"], **dequant),
-        helper.make_node("Gather", ["b1", "used"], ["fc1_bias"], axis=0),
-        helper.make_node("Gather", ["b2", "used"], ["fc2_bias"], axis=0),
-        helper.make_node("Gather", ["router_logits", "used"], ["used_logits"], axis=1),
+    ]
+    for fc in ("1", "2"):  # E8M0 exponents to float factors, then the gathered experts dequantized
+        nodes += [
+            helper.make_node("Cast", [f"s{fc}"], [f"s{fc}_f"], to=float32),
+            helper.make_node("Sub", [f"s{fc}_f", "bias"], [f"s{fc}_exp"]),
+            helper.make_node("Pow", ["two", f"s{fc}_exp"], [f"s{fc}_scale"]),
+            helper.make_node("GatherBlockQuantized", [f"w{fc}", "used", f"s{fc}_scale"], [f"fc{fc}"], **dequant),
+            helper.make_node("Cast", [f"b{fc}"], [f"b{fc}_f"], to=float32),
+            helper.make_node("Gather", [f"b{fc}_f", "used"], [f"fc{fc}_bias"], axis=0),
+        ]
+    nodes += [
+        helper.make_node("Gather", ["logits32", "used"], ["used_logits"], axis=1),
         helper.make_node(
             "MoE",
-            ["x", "used_logits", "fc1", "fc1_bias", "fc2", "fc2_bias"],
-            ["y"],
+            ["x32", "used_logits", "fc1", "fc1_bias", "fc2", "fc2_bias"],
+            ["y32"],
             domain=MS_DOMAIN,
             k=config.experts_per_token,
             activation_type="swiglu",
@@ -75,6 +162,8 @@ def _moe_function(config: ModelConfig) -> onnx.FunctionProto:
             activation_beta=1.0,
             normalize_routing_weights=1,  # softmax over the top-k logits only
         ),
+        helper.make_node("Cast", ["y32"], ["y_rows"], to=options.onnx_type),
+        helper.make_node("Reshape", ["y_rows", "x_shape"], ["y"]),
     ]
     return helper.make_function(
         ENGINE_DOMAIN,
@@ -93,24 +182,28 @@ def moe_attributes(config: ModelConfig) -> dict[str, float | int]:
 
 
 class _Builder:
-    def __init__(self, checkpoint: Checkpoint, options: GraphOptions) -> None:
+    def __init__(self, checkpoint: Checkpoint, options: GraphOptions, writer: TensorWriter) -> None:
         self.checkpoint = checkpoint
         self.config = checkpoint.config
         self.options = options
+        self.writer = writer
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
 
     def weight(self, name: str, array: np.ndarray) -> str:
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        self.initializers.append(self.writer.array(name, array))
         return name
 
-    def fp32(self, name: str, transpose: bool = False) -> str:
-        array = self.checkpoint.float32(name)
+    def stored(self, name: str, transpose: bool = False) -> str:
+        """A checkpoint tensor in the graph's dtype (bf16 → float32 and float16 exactly or rounded once)."""
+        array = self.checkpoint.tensor(name)
+        if array.dtype != self.options.numpy_type:
+            array = array.astype(np.float32).astype(self.options.numpy_type)
         return self.weight(name, array.T if transpose else array)
 
     def mxfp4(self, name: str) -> tuple[str, str]:
         codes, scales = mxfp4_initializers(
-            name, self.checkpoint.tensor(name + ".blocks"), self.checkpoint.tensor(name + ".scales")
+            self.writer, name, self.checkpoint.tensor(name + ".blocks"), self.checkpoint.tensor(name + ".scales")
         )
         self.initializers += [codes, scales]
         return codes.name, scales.name
@@ -120,25 +213,39 @@ class _Builder:
         self.nodes.append(helper.make_node(op, inputs, outputs, domain=domain, **attributes))
         return outputs[0]
 
-    def rms_norm(self, x: str, scale_name: str, out: str) -> str:
-        return self.node("RMSNormalization", [x, self.fp32(scale_name)], [out], axis=-1, epsilon=RMS_EPSILON)
+    def norm(self, x: str, scale_name: str, out: str, residual: str | None = None) -> tuple[str, str]:
+        """RMSNorm of x (+ residual when given, fused): (normed, the residual stream after the add)."""
+        scale = self.stored(scale_name)
+        if residual is None:
+            self.node("SimplifiedLayerNormalization", [x, scale], [out], axis=-1, epsilon=RMS_EPSILON, stash_type=1)
+            return out, x
+        total = out + "_residual"
+        self.node(
+            "SkipSimplifiedLayerNormalization",
+            [x, residual, scale],
+            [out, "", "", total],
+            domain=MS_DOMAIN,
+            epsilon=RMS_EPSILON,
+        )
+        return out, total
 
-    def layer(self, n: int, x: str) -> str:
+    def linear(self, x: str, name: str, out: str) -> str:
+        product = self.node("MatMul", [x, self.stored(name + ".weight", transpose=True)], [out + "_mm"])
+        return self.node("Add", [product, self.stored(name + ".bias")], [out])
+
+    def layer(self, n: int, x: str, residual: str | None) -> tuple[str, str]:
+        """One block: (its MoE output, the residual stream it is to be added to)."""
         c = self.config
         b = f"block.{n}."
-        h = self.rms_norm(x, b + "attn.norm.scale", f"l{n}_attn_in")
-        qkv = self.node("MatMul", [h, self.fp32(b + "attn.qkv.weight", transpose=True)], [f"l{n}_qkv_mm"])
-        qkv = self.node("Add", [qkv, self.fp32(b + "attn.qkv.bias")], [f"l{n}_qkv"])
-        q_width, kv_width = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        split = self.weight(f"l{n}_split", np.array([q_width, kv_width, kv_width], dtype=np.int64))
-        self.node("Split", [qkv, split], [f"l{n}_q", f"l{n}_k", f"l{n}_v"], axis=-1)
+        h, residual = self.norm(x, b + "attn.norm.scale", f"l{n}_attn_in", residual)
+        qkv = self.linear(h, b + "attn.qkv", f"l{n}_qkv")
         past_k, past_v, present_k, present_v = kv_names(n)
         attention = self.node(
             "GroupQueryAttention",
             [
-                f"l{n}_q",
-                f"l{n}_k",
-                f"l{n}_v",
+                qkv,
+                "",
+                "",
                 past_k,
                 past_v,
                 "seqlens_k",
@@ -147,7 +254,7 @@ class _Builder:
                 "sin_cache",
                 "",
                 "",
-                self.fp32(b + "attn.sinks"),
+                self.stored(b + "attn.sinks"),
             ],
             [f"l{n}_attn", present_k, present_v],
             domain=MS_DOMAIN,
@@ -158,59 +265,53 @@ class _Builder:
             do_rotary=1,
             rotary_interleaved=0,
         )
-        out = self.node("MatMul", [attention, self.fp32(b + "attn.out.weight", transpose=True)], [f"l{n}_o_mm"])
-        out = self.node("Add", [out, self.fp32(b + "attn.out.bias")], [f"l{n}_o"])
-        x = self.node("Add", [x, out], [f"l{n}_after_attn"])
-
-        h = self.rms_norm(x, b + "mlp.norm.scale", f"l{n}_mlp_in")
-        rows = self.node("Reshape", [h, "flat_hidden"], [f"l{n}_rows"])
-        logits = self.node("MatMul", [rows, self.fp32(b + "mlp.gate.weight", transpose=True)], [f"l{n}_gate_mm"])
-        logits = self.node("Add", [logits, self.fp32(b + "mlp.gate.bias")], [f"l{n}_router"])
+        out = self.linear(attention, b + "attn.out", f"l{n}_o")
+        h, residual = self.norm(out, b + "mlp.norm.scale", f"l{n}_mlp_in", residual)
+        logits = self.linear(h, b + "mlp.gate", f"l{n}_router")
         w1, s1 = self.mxfp4(b + "mlp.mlp1_weight")
         w2, s2 = self.mxfp4(b + "mlp.mlp2_weight")
         moe = self.node(
             "MXFP4MoE",
-            [rows, logits, w1, s1, self.fp32(b + "mlp.mlp1_bias"), w2, s2, self.fp32(b + "mlp.mlp2_bias")],
-            [f"l{n}_moe_rows"],
+            [h, logits, w1, s1, self.stored(b + "mlp.mlp1_bias"), w2, s2, self.stored(b + "mlp.mlp2_bias")],
+            [f"l{n}_moe"],
             domain=ENGINE_DOMAIN,
             **moe_attributes(self.config),
         )
-        moe = self.node("Reshape", [moe, "hidden_shape"], [f"l{n}_moe"])
-        return self.node("Add", [x, moe], [f"l{n}_out"])
+        return moe, residual
 
     def build(self, progress: Callable[[int, int], None] | None) -> onnx.ModelProto:
         c, layers = self.config, self.config.num_hidden_layers
         cos, sin = cos_sin(c, self.options.max_positions)
-        self.weight("cos_cache", cos)
-        self.weight("sin_cache", sin)
-        self.weight("flat_hidden", np.array([-1, c.hidden_size], dtype=np.int64))
-        self.node("Shape", ["input_ids"], ["ids_shape"])
-        self.weight("hidden_dim", np.array([c.hidden_size], dtype=np.int64))
-        self.node("Concat", ["ids_shape", "hidden_dim"], ["hidden_shape"], axis=0)
-        x = self.node("Gather", [self.fp32("embedding.weight"), "input_ids"], ["embedded"], axis=0)
+        self.weight("cos_cache", cos.astype(self.options.numpy_type))
+        self.weight("sin_cache", sin.astype(self.options.numpy_type))
+        x = self.node("Gather", [self.stored("embedding.weight"), "input_ids"], ["embedded"], axis=0)
+        residual: str | None = None
         for n in range(layers):
-            x = self.layer(n, x)
+            x, residual = self.layer(n, x, residual)
             if progress is not None:
                 progress(n + 1, layers + 1)
-        last = self.node(
-            "Slice",
-            [
-                x,
-                self.weight("last_start", np.array([-1], np.int64)),
-                self.weight("last_end", np.array([2**62], np.int64)),
-                self.weight("seq_axis", np.array([1], np.int64)),
-            ],
-            ["last_hidden"],
-        )
-        last = self.node("Squeeze", [last, "seq_axis"], ["last_squeezed"])
-        normed = self.rms_norm(last, "norm.scale", "final_norm")
-        self.node("MatMul", [normed, self.fp32("unembedding.weight", transpose=True)], ["logits"])
+        assert residual is not None
+        last = [
+            self.weight("last_start", np.array([-1], np.int64)),
+            self.weight("last_end", np.array([2**62], np.int64)),
+            self.weight("seq_axis", np.array([1], np.int64)),
+        ]
+        last_moe = self.node("Slice", [x, *last], ["last_moe"])
+        last_residual = self.node("Slice", [residual, *last], ["last_residual"])
+        normed, _ = self.norm(last_moe, "norm.scale", "final_norm", last_residual)
+        squeezed = self.node("Squeeze", [normed, "seq_axis"], ["final_rows"])
+        logits = self.node("MatMul", [squeezed, self.stored("unembedding.weight", transpose=True)], ["logits_t"])
+        if self.options.dtype == "float32":
+            self.node("Identity", [logits], ["logits"])
+        else:
+            self.node("Cast", [logits], ["logits"], to=TensorProto.FLOAT)
         if progress is not None:
             progress(layers + 1, layers + 1)
         return self._model()
 
     def _model(self) -> onnx.ModelProto:
         c = self.config
+        kv_type = self.options.onnx_type
         kv_shape = ["batch", c.num_key_value_heads, self.options.max_positions, c.head_dim]
         inputs = [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
@@ -220,59 +321,80 @@ class _Builder:
         outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", c.vocab_size])]
         for n in range(c.num_hidden_layers):
             past_k, past_v, present_k, present_v = kv_names(n)
-            inputs += [helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape) for name in (past_k, past_v)]
-            outputs += [
-                helper.make_tensor_value_info(name, TensorProto.FLOAT, kv_shape) for name in (present_k, present_v)
-            ]
+            inputs += [helper.make_tensor_value_info(name, kv_type, kv_shape) for name in (past_k, past_v)]
+            outputs += [helper.make_tensor_value_info(name, kv_type, kv_shape) for name in (present_k, present_v)]
         graph = helper.make_graph(self.nodes, "gpt_oss", inputs, outputs, self.initializers)
-        return _model(graph, c)
+        return _model(graph, c, self.options)
 
 
-def _model(graph: onnx.GraphProto, config: ModelConfig) -> onnx.ModelProto:
+def _model(graph: onnx.GraphProto, config: ModelConfig, options: GraphOptions) -> onnx.ModelProto:
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1), helper.make_opsetid(ENGINE_DOMAIN, 1)]
     model = helper.make_model(
-        graph, opset_imports=opsets, functions=[_moe_function(config)], producer_name="gpt-oss-gateway"
+        graph, opset_imports=opsets, functions=[_moe_function(config, options)], producer_name="gpt-oss-gateway"
     )
     model.ir_version = IR_VERSION
     return model
 
 
-def mxfp4_initializers(name: str, blocks: np.ndarray, scales: np.ndarray) -> tuple[TensorProto, TensorProto]:
-    """Checkpoint MXFP4 (blocks [E, N, K/32, 16] uint8, E8M0 scales [E, N, K/32]) as the MXFP4MoE inputs:
-    the packed codes as a FLOAT4E2M1 tensor [E, N, K] and the scales as float [E, N, K/32]."""
+def mxfp4_initializers(
+    writer: TensorWriter, name: str, blocks: np.ndarray, scales: np.ndarray
+) -> tuple[TensorProto, TensorProto]:
+    """Checkpoint MXFP4 (blocks [E, N, K/32, 16] uint8, E8M0 scales [E, N, K/32] uint8) as the MXFP4MoE
+    inputs, byte for byte: the packed codes as a FLOAT4E2M1 tensor [E, N, K] and the scales as uint8."""
     experts, rows, groups, _ = blocks.shape
-    codes = helper.make_tensor(
-        name + ".fp4", TensorProto.FLOAT4E2M1, [experts, rows, groups * 32], blocks.tobytes(), raw=True
-    )
-    factors = np.ldexp(np.float32(1), scales.astype(np.int32) - 127).astype(np.float32)
-    return codes, numpy_helper.from_array(factors, name + ".scale_f32")
+    codes = writer.tensor(name + ".fp4", TensorProto.FLOAT4E2M1, [experts, rows, groups * 32], blocks)
+    return codes, writer.tensor(name + ".e8m0", TensorProto.UINT8, scales.shape, scales)
 
 
-def moe_layer_model(config: ModelConfig, tensors: dict[str, np.ndarray]) -> onnx.ModelProto:
+def moe_layer_model(
+    config: ModelConfig, tensors: dict[str, np.ndarray], directory: Path, dtype: Dtype = "float32"
+) -> Path:
     """One MXFP4MoE node (x [T, H], router_logits [T, E] in; y out) over one layer's checkpoint tensors
-    (`mlp1_weight.blocks`/`.scales`, `mlp1_bias`, the same for mlp2): to check and time realizations."""
+    (`mlp1_weight.blocks`/`.scales`, `mlp1_bias`, the same for mlp2), written under `directory`: to check
+    and time realizations. The .onnx path."""
+    options = GraphOptions(16, dtype)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"moe-{dtype}.onnx"
+    writer = TensorWriter(path.with_suffix(".onnx.data"))
     initializers: list[TensorProto] = []
     inputs = ["x", "router_logits"]
-    for fc in ("mlp1", "mlp2"):
-        codes, scales = mxfp4_initializers(fc, tensors[f"{fc}_weight.blocks"], tensors[f"{fc}_weight.scales"])
-        bias = numpy_helper.from_array(tensors[f"{fc}_bias"].astype(np.float32), fc + ".bias")
-        initializers += [codes, scales, bias]
-        inputs += [codes.name, scales.name, bias.name]
+    try:
+        for fc in ("mlp1", "mlp2"):
+            codes, scales = mxfp4_initializers(
+                writer, fc, tensors[f"{fc}_weight.blocks"], tensors[f"{fc}_weight.scales"]
+            )
+            bias = writer.array(fc + ".bias", tensors[f"{fc}_bias"].astype(np.float32).astype(options.numpy_type))
+            initializers += [codes, scales, bias]
+            inputs += [codes.name, scales.name, bias.name]
+    finally:
+        writer.close()
     node = helper.make_node("MXFP4MoE", inputs, ["y"], domain=ENGINE_DOMAIN, **moe_attributes(config))
+    act = options.onnx_type
     graph = helper.make_graph(
         [node],
         "mxfp4_moe",
         [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", config.hidden_size]),
-            helper.make_tensor_value_info("router_logits", TensorProto.FLOAT, ["tokens", config.num_experts]),
+            helper.make_tensor_value_info("x", act, ["tokens", config.hidden_size]),
+            helper.make_tensor_value_info("router_logits", act, ["tokens", config.num_experts]),
         ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["tokens", config.hidden_size])],
+        [helper.make_tensor_value_info("y", act, ["tokens", config.hidden_size])],
         initializers,
     )
-    return _model(graph, config)
+    path.write_bytes(_model(graph, config, options).SerializeToString())
+    return path
 
 
-def build_model(
-    checkpoint: Checkpoint, options: GraphOptions, progress: Callable[[int, int], None] | None = None
-) -> onnx.ModelProto:
-    return _Builder(checkpoint, options).build(progress)
+def write_model(
+    checkpoint: Checkpoint,
+    options: GraphOptions,
+    path: Path,
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """The decoder graph at `path`, its weights in `path`.data; the data file's size in bytes."""
+    writer = TensorWriter(path.with_name(path.name + ".data"))
+    try:
+        model = _Builder(checkpoint, options, writer).build(progress)
+    finally:
+        writer.close()
+    path.write_bytes(model.SerializeToString())
+    return writer.size

@@ -9,13 +9,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import onnx
-
 from .checkpoint import Checkpoint
-from .graph import BUILDER_VERSION, GraphOptions, build_model
+from .graph import BUILDER_VERSION, GraphOptions, write_model
 
 MODEL_FILE = "decoder.onnx"
-DATA_FILE = "decoder.onnx.data"
 
 
 def default_cache_dir() -> Path:
@@ -29,22 +26,15 @@ def compiled_model(
     cache_dir: Path,
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
-    """The .onnx file for this checkpoint and these options, built (with external weights) if not cached."""
-    key = f"{checkpoint.fingerprint}-b{BUILDER_VERSION}-p{options.max_positions}-cpu-fp32"
+    """The .onnx file for this checkpoint and these options, built (weights streamed to disk) if not cached."""
+    key = f"{checkpoint.fingerprint}-b{BUILDER_VERSION}-p{options.max_positions}-{options.dtype}"
     target = cache_dir / key
     if (target / MODEL_FILE).is_file():
         return target / MODEL_FILE
     cache_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
     try:
-        model = build_model(checkpoint, options, progress)
-        onnx.save_model(
-            model,
-            str(scratch / MODEL_FILE),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=DATA_FILE,
-        )
+        write_model(checkpoint, options, scratch / MODEL_FILE, progress)
         try:
             scratch.rename(target)
         except OSError:  # another process built it first

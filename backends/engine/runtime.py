@@ -1,15 +1,74 @@
-"""One ONNX Runtime session over the decoder graph, with preallocated KV caches for a fixed number of
-sequence slots, bound in place through IO binding (no per-step copies of the cache)."""
+"""One ONNX Runtime session over the decoder graph, on the CPU or a CUDA device, with preallocated KV
+caches for a fixed number of sequence slots, bound in place through IO binding (no per-step copies of
+the cache). On CUDA the caches and logits live on the device; only the step's logits rows come back.
+With `cuda_graph`, each decode batch size is captured once as a CUDA graph and replayed: its token and
+length inputs sit in fixed device buffers, updated in place."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+from onnx import helper
 
 from .config import ModelConfig
-from .graph import kv_names
+from .graph import DTYPES, Dtype, kv_names
+
+Device = Literal["auto", "cpu", "cuda"]
+CUDA = "CUDAExecutionProvider"
+
+
+class EngineDeviceError(RuntimeError):
+    """The requested device cannot run the engine; the message says why."""
+
+
+@functools.cache
+def cuda_unavailable_reason(device_id: int = 0) -> str | None:
+    """None when onnxruntime's CUDA provider runs a node on `device_id`; else why it does not."""
+    if CUDA not in ort.get_available_providers():
+        return f"this onnxruntime ({ort.__version__}) has no CUDA provider: install onnxruntime-gpu"
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        with contextlib.suppress(Exception):  # a missing library is reported by the probe below
+            preload()  # CUDA and cuDNN from the nvidia-* wheels, when they are installed
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    graph = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["y"])],
+        "probe",
+        [x],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(
+            model.SerializeToString(), options, providers=[(CUDA, {"device_id": device_id}), "CPUExecutionProvider"]
+        )
+        session.run(None, {"x": np.zeros(1, np.float32)})
+    except Exception as exc:
+        return f"the CUDA provider failed on device {device_id}: {exc}"
+    if session.get_providers()[0] != CUDA:
+        return f"the CUDA provider did not load for device {device_id} (no GPU, or CUDA 13 / cuDNN 9 libraries missing)"
+    return None
+
+
+def resolve_device(device: Device, device_id: int = 0) -> Literal["cpu", "cuda"]:
+    """`auto`: CUDA when its provider loads here, else the CPU; `cuda`: CUDA or EngineDeviceError."""
+    if device == "cpu":
+        return "cpu"
+    reason = cuda_unavailable_reason(device_id)
+    if reason is None:
+        return "cuda"
+    if device == "cuda":
+        raise EngineDeviceError(f"device cuda was asked for, but {reason}")
+    return "cpu"
 
 
 class DecoderRuntime:
@@ -23,54 +82,116 @@ class DecoderRuntime:
         max_positions: int,
         threads: int = 0,
         kernels: Path | None = None,
+        device: Literal["cpu", "cuda"] = "cpu",
+        device_id: int = 0,
+        dtype: Dtype = "float32",
+        cuda_graph: bool = False,
     ) -> None:
-        """`kernels`: a compiled kernel library; its MXFP4MoE replaces the graph's pure-ONNX realization."""
+        """`kernels`: a compiled kernel library; its MXFP4MoE replaces the graph's pure-ONNX realization.
+        `dtype`: the graph's activation and KV dtype."""
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
         if kernels is not None:
             options.register_custom_ops_library(str(kernels))
-        self.session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+        if device == "cuda":
+            cuda_options = {
+                "device_id": device_id,
+                "enable_cuda_graph": "1" if cuda_graph else "0",
+                "arena_extend_strategy": "kSameAsRequested",  # the arena grows by what is asked, not doubling
+            }
+            providers: list = [(CUDA, cuda_options), "CPUExecutionProvider"]
+        else:
+            providers = ["CPUExecutionProvider"]
+        self.session = ort.InferenceSession(model_path, options, providers=providers)
+        if device == "cuda" and self.session.get_providers()[0] != CUDA:
+            raise EngineDeviceError("the CUDA provider did not load for the decoder graph")
         self.config = config
         self.slots = slots
         self.max_positions = max_positions
-        shape = (slots, config.num_key_value_heads, max_positions, config.head_dim)
-        self._cache = [np.zeros(shape, np.float32) for _ in range(2 * config.num_hidden_layers)]
-        self._logits = np.zeros((slots, config.vocab_size), np.float32)
-        self._bindings: dict[tuple[int, int], tuple[ort.IOBinding, np.ndarray]] = {}
+        self.device = device
+        self.dtype = dtype
+        self.cuda_graph = cuda_graph and device == "cuda"
+        self._place = ("cuda", device_id) if device == "cuda" else ("cpu", 0)
+        self._kv_type = DTYPES[dtype][0]
+        self._kv_shape = (config.num_key_value_heads, max_positions, config.head_dim)
+        self._cache = [
+            self._zeros((slots, *self._kv_shape), DTYPES[dtype][1]) for _ in range(2 * config.num_hidden_layers)
+        ]
+        self._logits = self._zeros((slots, config.vocab_size), np.dtype(np.float32))
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._graph_inputs: dict[int, tuple[ort.OrtValue, ort.OrtValue]] = {}
+
+    def _zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> ort.OrtValue:
+        """A zeroed buffer in this runtime's memory, bound by address with its real type (host memory is
+        shared with a NumPy array; device memory is copied from zero pages: a fresh allocation holds
+        whatever was there, and attention must not meet it)."""
+        storage = np.zeros(shape, np.uint16 if dtype.itemsize == 2 else dtype)  # zero bits: zero in any float
+        if self.device == "cpu":
+            return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(storage, helper.np_dtype_to_tensor_dtype(dtype))
+        return ort.OrtValue.ortvalue_from_numpy(storage, *self._place)
 
     @property
     def kv_bytes(self) -> int:
-        return sum(buffer.nbytes for buffer in self._cache)
+        return sum(value.tensor_size_in_bytes() for value in self._cache)
 
-    def _binding(self, first_slot: int, rows: int) -> tuple[ort.IOBinding, np.ndarray]:
+    def _binding(self, first_slot: int, rows: int) -> ort.IOBinding:
         """The IO binding of a window of slots, its KV and logits bound in place; made once per window."""
         key = (first_slot, rows)
         if key not in self._bindings:
             binding = self.session.io_binding()
-            window = slice(first_slot, first_slot + rows)
+            place, device_id = self._place
+            vocab = self.config.vocab_size
+            pointer = self._logits.data_ptr() + first_slot * vocab * 4
+            binding.bind_output("logits", place, device_id, np.float32, [rows, vocab], pointer)  # output 0
+            kv_bytes = self._cache[0].tensor_size_in_bytes() // self.slots
+            shape = [rows, *self._kv_shape]
             for layer in range(self.config.num_hidden_layers):
-                past_k, past_v, present_k, present_v = kv_names(layer)
-                for past, present, buffer in (
-                    (past_k, present_k, self._cache[2 * layer]),
-                    (past_v, present_v, self._cache[2 * layer + 1]),
-                ):
-                    value = ort.OrtValue.ortvalue_from_numpy(buffer[window])  # a view: updated in place
-                    binding.bind_ortvalue_input(past, value)
-                    binding.bind_ortvalue_output(present, value)
-            logits = self._logits[window]
-            binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
-            self._bindings[key] = (binding, logits)
+                for pair, buffer in zip(((0, 2), (1, 3)), self._cache[2 * layer : 2 * layer + 2], strict=True):
+                    names = kv_names(layer)
+                    pointer = buffer.data_ptr() + first_slot * kv_bytes
+                    binding.bind_input(names[pair[0]], place, device_id, self._kv_type, shape, pointer)
+                    binding.bind_output(names[pair[1]], place, device_id, self._kv_type, shape, pointer)
+            self._bindings[key] = binding
         return self._bindings[key]
 
     def _run(self, first_slot: int, rows: int, ids: np.ndarray, seqlens: np.ndarray, total: int) -> np.ndarray:
-        binding, logits = self._binding(first_slot, rows)
-        binding.bind_cpu_input("input_ids", ids)
-        binding.bind_cpu_input("seqlens_k", seqlens)
-        binding.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
-        self.session.run_with_iobinding(binding)
-        return logits
+        binding = self._binding(first_slot, rows)
+        run_options = None
+        if self.cuda_graph and ids.shape[1] == 1 and first_slot == 0:
+            ids_value, seqlens_value = self._graph_input_buffers(rows)
+            ids_value.update_inplace(ids)
+            seqlens_value.update_inplace(seqlens)
+            binding.bind_ortvalue_input("input_ids", ids_value)
+            binding.bind_ortvalue_input("seqlens_k", seqlens_value)
+            # a replayed graph keeps the values it was captured with: attend up to the cache's end, the
+            # device-side sequence lengths bound each row
+            binding.bind_cpu_input("total_sequence_length", np.array(self.max_positions, np.int32))
+            run_options = ort.RunOptions()
+            run_options.add_run_config_entry("gpu_graph_id", str(rows))
+        else:
+            binding.bind_cpu_input("input_ids", ids)
+            binding.bind_cpu_input("seqlens_k", seqlens)
+            binding.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
+            if self.cuda_graph:
+                run_options = ort.RunOptions()
+                run_options.add_run_config_entry("gpu_graph_id", "-1")
+        self.session.run_with_iobinding(binding, run_options)
+        if self.device == "cuda":
+            binding.synchronize_outputs()  # ORT's stream, not the one the copy below uses, computed them
+        # a copy: on the CPU the output array is the bound buffer, which the next step overwrites
+        return np.array(binding.get_outputs()[0].numpy(), copy=True)
+
+    def _graph_input_buffers(self, rows: int) -> tuple[ort.OrtValue, ort.OrtValue]:
+        """Fixed device buffers for the token ids and lengths of a decode batch of `rows`."""
+        if rows not in self._graph_inputs:
+            place, device_id = self._place
+            self._graph_inputs[rows] = (
+                ort.OrtValue.ortvalue_from_shape_and_type([rows, 1], np.int64, place, device_id),
+                ort.OrtValue.ortvalue_from_shape_and_type([rows], np.int32, place, device_id),
+            )
+        return self._graph_inputs[rows]
 
     def prefill(self, slot: int, tokens: list[int], start: int = 0) -> np.ndarray:
         """Run prompt tokens into `slot` from position `start` (0 restarts its cache); the next-token logits [V]."""

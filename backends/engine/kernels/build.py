@@ -53,6 +53,9 @@ CUDA_FLAGS = (
     "-Xcompiler",
     "-fPIC",
     *(flag for arch in CUDA_ARCHS for flag in ("-gencode", f"arch=compute_{arch[3:]},code={arch}")),
+    # PTX of the newest architecture too, so that newer GPUs compile it at load (forward compatibility)
+    "-gencode",
+    f"arch=compute_{CUDA_ARCHS[-1][3:]},code=compute_{CUDA_ARCHS[-1][3:]}",
 )
 MANIFEST = "build.json"
 DEFINES = ("-DORT_API_MANUAL_INIT",)

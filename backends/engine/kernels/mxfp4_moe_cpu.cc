@@ -3,7 +3,8 @@
 // y[t] = sum over the top-k experts e of token t (softmax over those k router logits) of
 //        W2[e] . swiglu(W1[e] . x[t] + b1[e]) + b2[e]
 // with W1 [E, 2I, H] and W2 [E, H, I] in MXFP4: FLOAT4E2M1 codes (two per byte, the first in the low
-// nibble) and one power-of-two float scale per 32 values along the row. swiglu takes the interleaved
+// nibble) and one E8M0 scale byte (2^(e-127)) per 32 values along the row. fp16/bf16 activations are
+// widened to float on the way in and rounded (to nearest even) on the way out; the arithmetic is float. swiglu takes the interleaved
 // gate/linear rows of gpt-oss: gate = min(g, limit), lin = clamp(l, -limit, limit),
 // out = gate * sigmoid(alpha * gate) * (lin + 1).
 //
@@ -29,6 +30,15 @@ namespace {
 constexpr int kBlock = 32;
 constexpr int64_t kRowsPerTask = 16;
 
+// 2^(e-127) for every E8M0 byte (0 is 2^-127, a float subnormal; 255, NaN in the format, reads as infinity).
+struct E8M0Table {
+  float values[256];
+  E8M0Table() {
+    for (int e = 0; e < 256; ++e) values[e] = std::ldexp(1.0f, e - 127);
+  }
+};
+const E8M0Table kE8M0;
+
 // Scratch of one task, kept per thread: the vectors its rows meet, their dot products, decoded rows and
 // per-vector accumulators (nothing is allocated per row or per step once it has grown).
 struct Scratch {
@@ -38,7 +48,7 @@ struct Scratch {
 // Dot products of one MXFP4 row (cols / 2 code bytes, cols / 32 scales) with `count` vectors:
 // out[t] = row . xs[t]. Each block of 32 codes is decoded once and used for every vector.
 #if defined(__AVX2__) && defined(__FMA__)
-void RowDots(const uint8_t* codes, const float* scales, int64_t cols, const float* const* xs, int64_t count,
+void RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* xs, int64_t count,
              float* out, std::vector<float>& acc) {
   // twice each E2M1 value, as int8 (exact): scaled back by half the block scale
   const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
@@ -53,7 +63,7 @@ void RowDots(const uint8_t* codes, const float* scales, int64_t cols, const floa
     const __m256 v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(first, 8)));
     const __m256 v2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second));
     const __m256 v3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(second, 8)));
-    const __m256 scale = _mm256_set1_ps(scales[block] * 0.5f);
+    const __m256 scale = _mm256_set1_ps(kE8M0.values[scales[block]] * 0.5f);
     for (int64_t t = 0; t < count; ++t) {
       const float* x = xs[t] + block * kBlock;
       __m256 sum = _mm256_mul_ps(v0, _mm256_loadu_ps(x));
@@ -74,7 +84,7 @@ void RowDots(const uint8_t* codes, const float* scales, int64_t cols, const floa
 // feeds several multiply-adds: the path for experts with many tokens (prefill).
 constexpr int64_t kTileRows = 4, kTileVectors = 3, kTiledFrom = 4;
 
-void DecodeRows(const uint8_t* codes, const float* scales, int64_t cols, float* out) {
+void DecodeRows(const uint8_t* codes, const uint8_t* scales, int64_t cols, float* out) {
   const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   const __m128i low_nibble = _mm_set1_epi8(0x0F);
   for (int64_t block = 0; block < kTileRows * cols / kBlock; ++block) {
@@ -82,7 +92,7 @@ void DecodeRows(const uint8_t* codes, const float* scales, int64_t cols, float* 
     const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibble));
     const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble));
     const __m128i first = _mm_unpacklo_epi8(even, odd), second = _mm_unpackhi_epi8(even, odd);
-    const __m256 scale = _mm256_set1_ps(scales[block] * 0.5f);
+    const __m256 scale = _mm256_set1_ps(kE8M0.values[scales[block]] * 0.5f);
     float* dst = out + block * kBlock;
     _mm256_storeu_ps(dst, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first))));
     _mm256_storeu_ps(dst + 8,
@@ -118,7 +128,7 @@ void Tile(const float* rows, int64_t cols, const float* const* xs, float* out, i
 }
 
 // out[r * count + t] = row (first_row + r) . xs[t], for `rows` consecutive rows of one matrix.
-void ConsecutiveRowDots(const uint8_t* codes, const float* scales, int64_t rows, int64_t cols,
+void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                         const float* const* xs, int64_t count, float* out, Scratch& scratch) {
   int64_t row = 0;
   if (count >= kTiledFrom) {
@@ -141,7 +151,7 @@ void ConsecutiveRowDots(const uint8_t* codes, const float* scales, int64_t rows,
 constexpr float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-void RowDots(const uint8_t* codes, const float* scales, int64_t cols, const float* const* xs, int64_t count,
+void RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* xs, int64_t count,
              float* out, std::vector<float>& acc) {
   acc.assign(static_cast<size_t>(count), 0.0f);
   float values[kBlock];
@@ -155,13 +165,13 @@ void RowDots(const uint8_t* codes, const float* scales, int64_t cols, const floa
       const float* x = xs[t] + block * kBlock;
       float sum = 0.0f;
       for (int j = 0; j < kBlock; ++j) sum += values[j] * x[j];
-      acc[t] += sum * scales[block];
+      acc[t] += sum * kE8M0.values[scales[block]];
     }
   }
   std::copy(acc.begin(), acc.end(), out);
 }
 
-void ConsecutiveRowDots(const uint8_t* codes, const float* scales, int64_t rows, int64_t cols,
+void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                         const float* const* xs, int64_t count, float* out, Scratch& scratch) {
   for (int64_t row = 0; row < rows; ++row) {
     RowDots(codes + row * cols / 2, scales + row * cols / kBlock, cols, xs, count, out + row * count, scratch.acc);
@@ -178,6 +188,12 @@ struct Route {
 
 // The layer's inputs, and how this step's tokens are spread over the experts.
 struct Problem : MoeArgs {
+  const float* xf;  // x, router logits and biases as floats (the inputs themselves when float)
+  const float* logitsf;
+  const float* b1f;
+  const float* b2f;
+  float* yf;
+  std::vector<float> widened[4], narrow_out;
   std::vector<Route> routes;
   std::vector<int64_t> active;   // experts with at least one token
   std::vector<float> activated;  // [active index][its tokens][inter]
@@ -189,7 +205,7 @@ void RouteTokens(Problem& p) {
   p.routes.assign(p.experts, Route{});
   std::vector<int64_t> order(p.experts);
   for (int64_t t = 0; t < p.tokens; ++t) {
-    const float* row = p.logits + t * p.experts;
+    const float* row = p.logitsf + t * p.experts;
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + p.k, order.end(),
                       [row](int64_t a, int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
@@ -223,7 +239,7 @@ void Fc1(Problem& p, size_t active_index, int64_t first_pair, int64_t pairs, Scr
   const Route& route = p.routes[e];
   const int64_t h = p.hidden, count = static_cast<int64_t>(route.tokens.size());
   scratch.xs.resize(count);
-  for (int64_t i = 0; i < count; ++i) scratch.xs[i] = p.x + route.tokens[i] * h;
+  for (int64_t i = 0; i < count; ++i) scratch.xs[i] = p.xf + route.tokens[i] * h;
   scratch.dots.resize(2 * pairs * count);
   const int64_t first_row = e * 2 * p.inter + 2 * first_pair;
   ConsecutiveRowDots(p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h, scratch.xs.data(),
@@ -234,8 +250,8 @@ void Fc1(Problem& p, size_t active_index, int64_t first_pair, int64_t pairs, Scr
     const float* gates = scratch.dots.data() + 2 * pair * count;
     const float* lins = gates + count;
     for (int64_t i = 0; i < count; ++i) {
-      const float g = std::min(gates[i] + p.b1[gate_row], p.limit);
-      const float l = std::max(std::min(lins[i] + p.b1[lin_row], p.limit), -p.limit);
+      const float g = std::min(gates[i] + p.b1f[gate_row], p.limit);
+      const float l = std::max(std::min(lins[i] + p.b1f[lin_row], p.limit), -p.limit);
       out[i * p.inter + first_pair + pair] = g / (1.0f + std::exp(-p.alpha * g)) * (l + 1.0f);
     }
   }
@@ -254,7 +270,7 @@ void Fc2(Problem& p, size_t active_index, int64_t first_row, int64_t rows, Scrat
                      count, scratch.dots.data(), scratch);
   float* out = p.expert_out.data() + p.offsets[active_index] * p.hidden;
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < count; ++i) out[i * p.hidden + first_row + r] = scratch.dots[r * count + i] + p.b2[flat + r];
+    for (int64_t i = 0; i < count; ++i) out[i * p.hidden + first_row + r] = scratch.dots[r * count + i] + p.b2f[flat + r];
   }
 }
 
@@ -293,13 +309,34 @@ void Combine(const Problem& p) {
     }
   }
   for (int64_t t = 0; t < p.tokens; ++t) {
-    float* out = p.y + t * p.hidden;
+    float* out = p.yf + t * p.hidden;
     std::fill(out, out + p.hidden, 0.0f);
     for (int64_t j = 0; j < p.k; ++j) {
       const float* part = parts[t * p.k + j];
       const float w = weights[t * p.k + j];
       for (int64_t c = 0; c < p.hidden; ++c) out[c] += w * part[c];
     }
+  }
+}
+
+float Widen(Dtype dtype, const void* data, int64_t i) {
+  const uint16_t bits = static_cast<const uint16_t*>(data)[i];
+  return dtype == Dtype::kFloat16 ? Ort::Float16_t::FromBits(bits).ToFloat() : Ort::BFloat16_t::FromBits(bits).ToFloat();
+}
+
+// `data` as floats: itself when the dtype is float, else widened into `buffer`.
+const float* AsFloat(Dtype dtype, const void* data, int64_t count, std::vector<float>& buffer) {
+  if (dtype == Dtype::kFloat32) return static_cast<const float*>(data);
+  buffer.resize(count);
+  for (int64_t i = 0; i < count; ++i) buffer[i] = Widen(dtype, data, i);
+  return buffer.data();
+}
+
+void Narrow(const Problem& p) {
+  if (p.dtype == Dtype::kFloat32) return;
+  uint16_t* out = static_cast<uint16_t*>(p.y);
+  for (int64_t i = 0; i < p.tokens * p.hidden; ++i) {
+    out[i] = p.dtype == Dtype::kFloat16 ? Ort::Float16_t(p.yf[i]).val : Ort::BFloat16_t(p.yf[i]).val;
   }
 }
 
@@ -310,12 +347,23 @@ void MoeKernel::Compute(OrtKernelContext* raw_context) {
   Problem p{};
   static_cast<MoeArgs&>(p) = ReadMoeArgs(context, attributes_);
   if (p.tokens == 0) return;
+  p.xf = AsFloat(p.dtype, p.x, p.tokens * p.hidden, p.widened[0]);
+  p.logitsf = AsFloat(p.dtype, p.logits, p.tokens * p.experts, p.widened[1]);
+  p.b1f = AsFloat(p.dtype, p.b1, p.experts * 2 * p.inter, p.widened[2]);
+  p.b2f = AsFloat(p.dtype, p.b2, p.experts * p.hidden, p.widened[3]);
+  if (p.dtype == Dtype::kFloat32) {
+    p.yf = static_cast<float*>(p.y);
+  } else {
+    p.narrow_out.resize(p.tokens * p.hidden);
+    p.yf = p.narrow_out.data();
+  }
   RouteTokens(p);
   Phase fc1{&p, (p.inter + kRowsPerTask - 1) / kRowsPerTask, p.inter, true};
   context.ParallelFor(RunTask, p.active.size() * fc1.blocks_per_expert, 0, &fc1);
   Phase fc2{&p, (p.hidden + kRowsPerTask - 1) / kRowsPerTask, p.hidden, false};
   context.ParallelFor(RunTask, p.active.size() * fc2.blocks_per_expert, 0, &fc2);
   Combine(p);
+  Narrow(p);
 }
 
 }  // namespace gptoss

@@ -1,143 +1,379 @@
-// gptoss.engine::MXFP4MoE on the CUDA execution provider (fp32 activations), same contract as the CPU
-// kernel: a warp per output row reads the row's packed MXFP4 bytes once (16 bytes per lane per block of
-// 32 values), decodes them in registers and reduces the dot product across the warp.
+// gptoss.engine::MXFP4MoE on the CUDA execution provider, in the activation dtype (float, fp16, bf16):
+//
+// 1. Route (one block): each token's top-k experts, softmax over those k logits, and the step's tokens
+//    grouped by expert (per-expert offsets into one list of (token, choice) indices).
+// 2. Fc1 / Fc2: a block per (routed expert, 8 output rows), a warp per row (a gate/linear pair for fc1).
+//    Each lane decodes 4 bytes of MXFP4 codes (8 values) at a time in registers and uses them for up to
+//    kChunk of the expert's tokens, so an expert's weights are read once per step for all its tokens.
+// 3. Combine: y[t] = the routing-weighted sum of its k choices, in choice order (deterministic).
+//
+// The file is also compiled as host C++ with a warp-emulation shim (tests/kernel_emulation), so it keeps
+// to threadIdx/blockIdx, __shfl_down_sync, __syncthreads, atomicAdd and GPTOSS_LAUNCH.
 
+#ifndef GPTOSS_HOST_EMULATION
 #include <cuda_runtime.h>
+#endif
 
 #include <cfloat>
+#include <cmath>
 
 #include "mxfp4_moe_launch.h"
+
+#ifndef GPTOSS_LAUNCH
+#define GPTOSS_LAUNCH(kernel, grid, block, stream, ...) kernel<<<grid, block, 0, stream>>>(__VA_ARGS__)
+#endif
 
 namespace gptoss {
 namespace {
 
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
-constexpr int kBlock = 32;
+constexpr int kBlock = 32;       // MXFP4 values per scale
+constexpr int kChunk = 8;        // tokens sharing one decoded weight block
+constexpr int kRouteThreads = 256;
 
-__constant__ float kE2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+// Storage of the 16-bit activation dtypes (bit patterns; converted with round-to-nearest-even).
+struct Half {
+  uint16_t bits;
+};
+struct BFloat {
+  uint16_t bits;
+};
 
-__device__ float WarpSum(float value) {
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(BFloat v) { return __uint_as_float(static_cast<uint32_t>(v.bits) << 16); }
+__device__ __forceinline__ float ToFloat(Half v) {
+  const uint32_t sign = (static_cast<uint32_t>(v.bits) & 0x8000u) << 16;
+  const uint32_t exponent = (v.bits >> 10) & 0x1Fu, mantissa = v.bits & 0x3FFu;
+  if (exponent == 0x1F) return __uint_as_float(sign | 0x7F800000u | (mantissa << 13));
+  if (exponent == 0) {
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;  // 2^-24
+    return sign ? -magnitude : magnitude;
+  }
+  return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ BFloat FromFloat<BFloat>(float v) {
+  uint32_t u = __float_as_uint(v);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return BFloat{0x7FC0};
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return BFloat{static_cast<uint16_t>(u >> 16)};
+}
+template <>
+__device__ __forceinline__ Half FromFloat<Half>(float v) {
+  uint32_t f = __float_as_uint(v);
+  const uint32_t sign = f & 0x80000000u;
+  f ^= sign;
+  uint32_t out;
+  if (f >= (143u << 23)) {  // overflow to infinity, or NaN
+    out = f > 0x7F800000u ? 0x7E00u : 0x7C00u;
+  } else if (f < (113u << 23)) {  // subnormal or zero: let the float adder round
+    const uint32_t magic = 126u << 23;
+    out = __float_as_uint(__uint_as_float(f) + __uint_as_float(magic)) - magic;
+  } else {
+    const uint32_t odd = (f >> 13) & 1u;
+    f += (static_cast<uint32_t>(15 - 127) << 23) + 0xFFFu + odd;
+    out = f >> 13;
+  }
+  return Half{static_cast<uint16_t>(out | (sign >> 16))};
+}
+
+// E2M1 code (sign in bit 3) as a float, built from its bits: no table.
+__device__ __forceinline__ float E2M1(uint32_t code) {
+  const uint32_t magnitude = code & 7u, exponent = magnitude >> 1, mantissa = magnitude & 1u;
+  const uint32_t bits = exponent ? ((exponent + 126u) << 23) | (mantissa << 22) : (mantissa ? 0x3F000000u : 0u);
+  return __uint_as_float(bits | ((code & 8u) << 28));
+}
+
+// E8M0 exponent as a float: 2^(e - 127).
+__device__ __forceinline__ float E8M0(uint8_t e) { return __uint_as_float(e ? static_cast<uint32_t>(e) << 23 : 0x00400000u); }
+
+__device__ __forceinline__ float WarpSum(float value) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
   return value;
 }
 
-// Row (cols values: cols / 2 bytes, cols / 32 scales) . vector, by one warp; the sum lands in lane 0.
-__device__ float RowDot(const uint8_t* codes, const float* scales, int64_t cols, const float* vector, int lane) {
-  float total = 0.0f;
-  for (int64_t block = lane; block < cols / kBlock; block += kWarp) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(codes + block * (kBlock / 2));
-    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-    const float* v = vector + block * kBlock;
-    float sum = 0.0f;
+// A warp walks a row 8 values per lane (4 code bytes, one uint32), 256 values per step, so that the codes
+// (128 bytes) and each token's activations (8 values per lane, one or two 16-byte loads) are read by the
+// warp as contiguous, coalesced runs; the E8M0 scale of those 8 values multiplies their partial sum.
+constexpr int kLaneValues = 8;
+
+__device__ __forceinline__ void Codes8(uint32_t word, float* out) {
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const uint32_t byte = (words[w] >> (8 * b)) & 0xFFu;
-        const int index = 8 * w + 2 * b;
-        sum += kE2M1[byte & 0x0Fu] * v[index] + kE2M1[byte >> 4] * v[index + 1];
-      }
-    }
-    total += sum * scales[block];
-  }
-  return WarpSum(total);
+  for (int j = 0; j < kLaneValues; ++j) out[j] = E2M1((word >> (4 * j)) & 0xFu);  // low nibble first
 }
 
-__global__ void Route(const float* logits, int64_t tokens, int64_t experts, int64_t k, int* chosen, float* weights) {
-  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (t >= tokens) return;
-  const float* row = logits + t * experts;
-  int picked[kMaxCudaTopK];
-  float values[kMaxCudaTopK];
-  for (int64_t j = 0; j < k; ++j) {
-    int best = -1;
-    float best_value = -FLT_MAX;
-    for (int64_t e = 0; e < experts; ++e) {
-      bool taken = false;
-      for (int64_t i = 0; i < j; ++i) taken |= picked[i] == e;
-      if (!taken && (best < 0 || row[e] > best_value)) {
-        best = static_cast<int>(e);
-        best_value = row[e];
-      }
-    }
-    picked[j] = best;
-    values[j] = best_value;
-  }
-  float total = 0.0f;
-  for (int64_t j = 0; j < k; ++j) total += values[j] = expf(values[j] - values[0]);
-  for (int64_t j = 0; j < k; ++j) {
-    chosen[t * k + j] = picked[j];
-    weights[t * k + j] = values[j] / total;
+__device__ __forceinline__ void Load8(const float* p, float* out) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+template <typename T>
+__device__ __forceinline__ void Load8(const T* p, float* out) {  // 16-bit: one 16-byte load
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = ToFloat(T{static_cast<uint16_t>(words[i] & 0xFFFFu)});
+    out[2 * i + 1] = ToFloat(T{static_cast<uint16_t>(words[i] >> 16)});
   }
 }
 
-// One warp per (token choice, gate/linear row pair): the clamped SwiGLU of fc1.
-__global__ void Fc1(MoeArgs a, const int* chosen, float* activated) {
+__device__ __forceinline__ float Dot8(const float* a, const float* b) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kLaneValues; ++j) sum += a[j] * b[j];
+  return sum;
+}
+
+// The step's routing, and its tokens grouped by expert (all device pointers into the workspace).
+struct Plan {
+  int* chosen;       // [T*k] expert of each (token, choice)
+  float* weights;    // [T*k] its routing weight
+  int* list;         // [T*k] (token, choice) indices grouped by expert
+  int* offsets;      // [E+1] each expert's start in `list`
+  int* active;       // [E] experts with tokens, ascending
+  int* active_count; // [1]
+  float* activated;  // [T*k, I] swiglu(fc1) per choice
+  float* partial;    // [T*k, H] fc2 + bias per choice
+};
+
+template <typename T>
+__global__ void Route(MoeArgs a, Plan plan) {
+  __shared__ int counts[kMaxExperts];
+  __shared__ int cursor[kMaxExperts];
+  const T* logits = static_cast<const T*>(a.logits);
+  for (int64_t e = threadIdx.x; e < a.experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int64_t t = threadIdx.x; t < a.tokens; t += blockDim.x) {
+    const T* row = logits + t * a.experts;
+    int picked[kMaxTopK];
+    float values[kMaxTopK];
+    for (int64_t j = 0; j < a.k; ++j) {
+      int best = -1;
+      float best_value = -FLT_MAX;
+      for (int64_t e = 0; e < a.experts; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken |= picked[i] == e;
+        const float value = ToFloat(row[e]);
+        if (!taken && (best < 0 || value > best_value)) {  // ties: the lower index first
+          best = static_cast<int>(e);
+          best_value = value;
+        }
+      }
+      picked[j] = best;
+      values[j] = best_value;
+    }
+    float exps[kMaxTopK];
+    float total = 0.0f;
+    for (int64_t j = 0; j < a.k; ++j) total += exps[j] = expf(values[j] - values[0]);
+    for (int64_t j = 0; j < a.k; ++j) {
+      plan.chosen[t * a.k + j] = picked[j];
+      plan.weights[t * a.k + j] = exps[j] / total;
+      atomicAdd(&counts[picked[j]], 1);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int running = 0, active = 0;
+    for (int64_t e = 0; e < a.experts; ++e) {
+      plan.offsets[e] = running;
+      cursor[e] = running;
+      if (counts[e]) plan.active[active++] = static_cast<int>(e);
+      running += counts[e];
+    }
+    plan.offsets[a.experts] = running;
+    *plan.active_count = active;
+  }
+  __syncthreads();
+  for (int64_t c = threadIdx.x; c < a.tokens * a.k; c += blockDim.x) {
+    plan.list[atomicAdd(&cursor[plan.chosen[c]], 1)] = static_cast<int>(c);
+  }
+}
+
+// A warp per gate/linear row pair of one routed expert: activated[c] = swiglu(W1 x + b1) per choice c.
+template <typename T>
+__global__ void Fc1(MoeArgs a, Plan plan) {
+  if (static_cast<int>(blockIdx.x) >= *plan.active_count) return;
   const int lane = threadIdx.x % kWarp;
-  const int64_t choice = blockIdx.x;
   const int64_t pair = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (pair >= a.inter) return;
-  const int64_t expert = chosen[choice], token = choice / a.k;
+  const int expert = plan.active[blockIdx.x];
+  const int first = plan.offsets[expert], count = plan.offsets[expert + 1] - first;
   const int64_t gate_row = expert * 2 * a.inter + 2 * pair, lin_row = gate_row + 1;
-  const float* x = a.x + token * a.hidden;
   const int64_t bytes = a.hidden / 2, groups = a.hidden / kBlock;
-  const float gate = RowDot(a.w1 + gate_row * bytes, a.s1 + gate_row * groups, a.hidden, x, lane);
-  const float lin = RowDot(a.w1 + lin_row * bytes, a.s1 + lin_row * groups, a.hidden, x, lane);
-  if (lane == 0) {
-    const float g = fminf(gate + a.b1[gate_row], a.limit);
-    const float l = fmaxf(fminf(lin + a.b1[lin_row], a.limit), -a.limit);
-    activated[choice * a.inter + pair] = g / (1.0f + expf(-a.alpha * g)) * (l + 1.0f);
+  const T* x = static_cast<const T*>(a.x);
+  const T* b1 = static_cast<const T*>(a.b1);
+  const float gate_bias = ToFloat(b1[gate_row]), lin_bias = ToFloat(b1[lin_row]);
+  for (int start = 0; start < count; start += kChunk) {
+    const int n = count - start < kChunk ? count - start : kChunk;
+    int choices[kChunk];
+    const T* inputs[kChunk];  // each token's activations (the division by k kept out of the inner loop)
+    for (int t = 0; t < kChunk; ++t) {
+      choices[t] = t < n ? plan.list[first + start + t] : 0;
+      inputs[t] = x + static_cast<int64_t>(choices[t] / static_cast<int>(a.k)) * a.hidden;
+    }
+    float gate[kChunk], lin[kChunk];
+    for (int t = 0; t < kChunk; ++t) gate[t] = lin[t] = 0.0f;
+    for (int64_t col = lane * kLaneValues; col < a.hidden; col += kWarp * kLaneValues) {
+      float g[kLaneValues], l[kLaneValues];
+      Codes8(*reinterpret_cast<const uint32_t*>(a.w1 + gate_row * bytes + col / 2), g);
+      Codes8(*reinterpret_cast<const uint32_t*>(a.w1 + lin_row * bytes + col / 2), l);
+      const float gate_scale = E8M0(a.s1[gate_row * groups + col / kBlock]);
+      const float lin_scale = E8M0(a.s1[lin_row * groups + col / kBlock]);
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) {
+        if (t < n) {
+          float v[kLaneValues];
+          Load8(inputs[t] + col, v);
+          gate[t] += gate_scale * Dot8(g, v);
+          lin[t] += lin_scale * Dot8(l, v);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) {
+      gate[t] = WarpSum(gate[t]);
+      lin[t] = WarpSum(lin[t]);
+    }
+    if (lane == 0) {
+      for (int t = 0; t < n; ++t) {
+        const float g = fminf(gate[t] + gate_bias, a.limit);
+        const float l = fmaxf(fminf(lin[t] + lin_bias, a.limit), -a.limit);
+        plan.activated[choices[t] * a.inter + pair] = g / (1.0f + expf(-a.alpha * g)) * (l + 1.0f);
+      }
+    }
   }
 }
 
-// One warp per (token choice, output row) of fc2.
-__global__ void Fc2(MoeArgs a, const int* chosen, const float* activated, float* partial) {
+// A warp per output row of one routed expert: partial[c] = W2 activated[c] + b2 per choice c.
+template <typename T>
+__global__ void Fc2(MoeArgs a, Plan plan) {
+  if (static_cast<int>(blockIdx.x) >= *plan.active_count) return;
   const int lane = threadIdx.x % kWarp;
-  const int64_t choice = blockIdx.x;
   const int64_t row = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (row >= a.hidden) return;
-  const int64_t flat = chosen[choice] * a.hidden + row;
-  const float sum = RowDot(a.w2 + flat * (a.inter / 2), a.s2 + flat * (a.inter / kBlock), a.inter,
-                           activated + choice * a.inter, lane);
-  if (lane == 0) partial[choice * a.hidden + row] = sum + a.b2[flat];
+  const int expert = plan.active[blockIdx.x];
+  const int first = plan.offsets[expert], count = plan.offsets[expert + 1] - first;
+  const int64_t flat = expert * a.hidden + row, bytes = a.inter / 2, groups = a.inter / kBlock;
+  const float bias = ToFloat(static_cast<const T*>(a.b2)[flat]);
+  for (int start = 0; start < count; start += kChunk) {
+    const int n = count - start < kChunk ? count - start : kChunk;
+    int choices[kChunk];
+    const float* inputs[kChunk];
+    for (int t = 0; t < kChunk; ++t) {
+      choices[t] = t < n ? plan.list[first + start + t] : 0;
+      inputs[t] = plan.activated + static_cast<int64_t>(choices[t]) * a.inter;
+    }
+    float sum[kChunk];
+    for (int t = 0; t < kChunk; ++t) sum[t] = 0.0f;
+    for (int64_t col = lane * kLaneValues; col < a.inter; col += kWarp * kLaneValues) {
+      float w[kLaneValues];
+      Codes8(*reinterpret_cast<const uint32_t*>(a.w2 + flat * bytes + col / 2), w);
+      const float scale = E8M0(a.s2[flat * groups + col / kBlock]);
+#pragma unroll
+      for (int t = 0; t < kChunk; ++t) {
+        if (t < n) {
+          float v[kLaneValues];
+          Load8(inputs[t] + col, v);
+          sum[t] += scale * Dot8(w, v);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kChunk; ++t) sum[t] = WarpSum(sum[t]);
+    if (lane == 0) {
+      for (int t = 0; t < n; ++t) plan.partial[choices[t] * a.hidden + row] = sum[t] + bias;
+    }
+  }
 }
 
-// y[t] = the routing-weighted sum of its k choices, in choice order.
-__global__ void Combine(MoeArgs a, const float* weights, const float* partial) {
+template <typename T>
+__global__ void Combine(MoeArgs a, Plan plan) {
   const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (index >= a.tokens * a.hidden) return;
   const int64_t token = index / a.hidden, column = index % a.hidden;
   float sum = 0.0f;
-  for (int64_t j = 0; j < a.k; ++j) sum += weights[token * a.k + j] * partial[(token * a.k + j) * a.hidden + column];
-  a.y[index] = sum;
+  for (int64_t j = 0; j < a.k; ++j) {
+    const int64_t choice = token * a.k + j;
+    sum += plan.weights[choice] * plan.partial[choice * a.hidden + column];
+  }
+  static_cast<T*>(a.y)[index] = FromFloat<T>(sum);
+}
+
+constexpr size_t kAlign = 256;
+
+size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// The workspace's parts in order; `base` null: only the total.
+size_t Layout(const MoeArgs& a, char* base, Plan* plan) {
+  const size_t choices = static_cast<size_t>(a.tokens * a.k), experts = static_cast<size_t>(a.experts);
+  const size_t sizes[] = {choices * sizeof(int),
+                          choices * sizeof(float),
+                          choices * sizeof(int),
+                          (experts + 1) * sizeof(int),
+                          experts * sizeof(int),
+                          sizeof(int),
+                          choices * a.inter * sizeof(float),
+                          choices * a.hidden * sizeof(float)};
+  size_t offset = 0;
+  char* parts[8];
+  for (int i = 0; i < 8; ++i) {
+    parts[i] = base ? base + offset : nullptr;
+    offset += Aligned(sizes[i]);
+  }
+  if (plan) {
+    *plan = Plan{reinterpret_cast<int*>(parts[0]), reinterpret_cast<float*>(parts[1]),
+                 reinterpret_cast<int*>(parts[2]), reinterpret_cast<int*>(parts[3]),
+                 reinterpret_cast<int*>(parts[4]), reinterpret_cast<int*>(parts[5]),
+                 reinterpret_cast<float*>(parts[6]), reinterpret_cast<float*>(parts[7])};
+  }
+  return offset;
+}
+
+template <typename T>
+void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
+  const int64_t slots = a.experts < a.tokens * a.k ? a.experts : a.tokens * a.k;
+  const int threads = kWarp * kWarpsPerBlock;
+  auto* route = &Route<T>;
+  auto* fc1 = &Fc1<T>;
+  auto* fc2 = &Fc2<T>;
+  auto* combine = &Combine<T>;
+  GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
+  GPTOSS_LAUNCH(fc1, dim3(slots, (a.inter + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
+  GPTOSS_LAUNCH(fc2, dim3(slots, (a.hidden + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
+  GPTOSS_LAUNCH(combine, dim3((a.tokens * a.hidden + 255) / 256), dim3(256), stream, a, plan);
 }
 
 }  // namespace
 
-const char* LaunchMoe(const MoeArgs& a, void* raw_stream) {
+size_t MoeWorkspaceBytes(const MoeArgs& args) { return Layout(args, nullptr, nullptr); }
+
+const char* LaunchMoe(const MoeArgs& a, void* workspace, void* raw_stream) {
+  if (a.tokens == 0) return nullptr;
+  if (a.k > kMaxTopK || a.experts > kMaxExperts) return "k above 8 or more than 1024 experts";
   cudaStream_t stream = static_cast<cudaStream_t>(raw_stream);
-  const int64_t choices = a.tokens * a.k;
-  if (choices == 0) return nullptr;
-  char* scratch = nullptr;
-  const size_t chosen_bytes = choices * sizeof(int), weight_bytes = choices * sizeof(float);
-  const size_t activated_bytes = choices * a.inter * sizeof(float), partial_bytes = choices * a.hidden * sizeof(float);
-  cudaError_t status = cudaMallocAsync(reinterpret_cast<void**>(&scratch),
-                                       chosen_bytes + weight_bytes + activated_bytes + partial_bytes, stream);
-  if (status != cudaSuccess) return cudaGetErrorString(status);
-  int* chosen = reinterpret_cast<int*>(scratch);
-  float* weights = reinterpret_cast<float*>(scratch + chosen_bytes);
-  float* activated = reinterpret_cast<float*>(scratch + chosen_bytes + weight_bytes);
-  float* partial = reinterpret_cast<float*>(scratch + chosen_bytes + weight_bytes + activated_bytes);
-  const int threads = kWarp * kWarpsPerBlock;
-  Route<<<(a.tokens + 127) / 128, 128, 0, stream>>>(a.logits, a.tokens, a.experts, a.k, chosen, weights);
-  Fc1<<<dim3(choices, (a.inter + kWarpsPerBlock - 1) / kWarpsPerBlock), threads, 0, stream>>>(a, chosen, activated);
-  Fc2<<<dim3(choices, (a.hidden + kWarpsPerBlock - 1) / kWarpsPerBlock), threads, 0, stream>>>(a, chosen, activated,
-                                                                                                 partial);
-  Combine<<<(a.tokens * a.hidden + 255) / 256, 256, 0, stream>>>(a, weights, partial);
-  status = cudaGetLastError();
-  cudaFreeAsync(scratch, stream);
+  Plan plan{};
+  Layout(a, static_cast<char*>(workspace), &plan);
+  switch (a.dtype) {
+    case Dtype::kFloat32:
+      Launch<float>(a, plan, stream);
+      break;
+    case Dtype::kFloat16:
+      Launch<Half>(a, plan, stream);
+      break;
+    case Dtype::kBFloat16:
+      Launch<BFloat>(a, plan, stream);
+      break;
+  }
+  const cudaError_t status = cudaGetLastError();
   return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
 }
 

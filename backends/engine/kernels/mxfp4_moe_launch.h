@@ -1,27 +1,38 @@
-// The CUDA launcher's interface: plain data, so that nvcc never sees the ONNX Runtime headers.
+// The MXFP4 MoE layer as plain data, shared by the CPU kernel and the CUDA launcher (so that nvcc never
+// sees the ONNX Runtime headers, and the CUDA file also compiles as host C++ for the emulation tests).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace gptoss {
 
+// The activation dtype: x, router logits, biases and y share it.
+enum class Dtype : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
 struct MoeArgs {
   int64_t tokens, hidden, inter, experts, k;
   float limit, alpha;
-  const float* x;       // [T, H]
-  const float* logits;  // [T, E]
-  const uint8_t* w1;    // [E, 2I, H/2] packed FLOAT4E2M1
-  const float* s1;      // [E, 2I, H/32]
-  const float* b1;      // [E, 2I]
-  const uint8_t* w2;    // [E, H, I/2]
-  const float* s2;      // [E, H, I/32]
-  const float* b2;      // [E, H]
-  float* y;             // [T, H]
+  Dtype dtype;
+  const void* x;       // [T, H]
+  const void* logits;  // [T, E]
+  const uint8_t* w1;   // [E, 2I, H/2] packed FLOAT4E2M1, gate and linear rows interleaved
+  const uint8_t* s1;   // [E, 2I, H/32] E8M0 exponents
+  const void* b1;      // [E, 2I]
+  const uint8_t* w2;   // [E, H, I/2]
+  const uint8_t* s2;   // [E, H, I/32]
+  const void* b2;      // [E, H]
+  void* y;             // [T, H]
 };
 
-constexpr int64_t kMaxCudaTopK = 8;
+constexpr int64_t kMaxTopK = 8;
+constexpr int64_t kMaxExperts = 1024;
 
-// Runs the layer on `stream` (a cudaStream_t); returns a CUDA error string, or nullptr.
-const char* LaunchMoe(const MoeArgs& args, void* stream);
+// Device scratch the CUDA launcher needs for these arguments (the caller allocates it).
+size_t MoeWorkspaceBytes(const MoeArgs& args);
+
+// Runs the layer on `stream` (a cudaStream_t) with `workspace` of MoeWorkspaceBytes; returns a CUDA error
+// string, or nullptr.
+const char* LaunchMoe(const MoeArgs& args, void* workspace, void* stream);
 
 }  // namespace gptoss

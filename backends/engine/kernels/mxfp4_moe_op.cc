@@ -12,42 +12,77 @@ MoeAttributes::MoeAttributes(const OrtKernelInfo* info) {
   alpha = kernel_info.GetAttribute<float>("activation_alpha");
 }
 
-ONNXTensorElementDataType MoeInputType(size_t index) {
-  return index == 2 || index == 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT4E2M1 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType activation) {
+  switch (index) {
+    case 2:
+    case 5:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT4E2M1;
+    case 3:
+    case 6:
+      return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+    default:
+      return activation;
+  }
 }
+
+namespace {
+
+Dtype ToDtype(ONNXTensorElementDataType type) {
+  switch (type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
+      return Dtype::kFloat32;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
+      return Dtype::kFloat16;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
+      return Dtype::kBFloat16;
+    default:
+      ORT_CXX_API_THROW("MXFP4MoE: activations must be float, float16 or bfloat16", ORT_INVALID_ARGUMENT);
+  }
+}
+
+}  // namespace
 
 MoeArgs ReadMoeArgs(Ort::KernelContext& context, const MoeAttributes& attributes) {
   constexpr int64_t kBlock = 32;
   const auto x = context.GetInput(0);
   const auto w1 = context.GetInput(2);
   const auto w2 = context.GetInput(5);
-  const std::vector<int64_t> x_shape = x.GetTensorTypeAndShapeInfo().GetShape();
+  const auto x_info = x.GetTensorTypeAndShapeInfo();
+  const std::vector<int64_t> x_shape = x_info.GetShape();
   const std::vector<int64_t> w1_shape = w1.GetTensorTypeAndShapeInfo().GetShape();
   const std::vector<int64_t> w2_shape = w2.GetTensorTypeAndShapeInfo().GetShape();
-  if (x_shape.size() != 2 || w1_shape.size() != 3 || w2_shape.size() != 3) {
-    ORT_CXX_API_THROW("MXFP4MoE: x must be [T, H] and the weights [E, N, K]", ORT_INVALID_ARGUMENT);
+  if (x_shape.size() < 2 || w1_shape.size() != 3 || w2_shape.size() != 3) {
+    ORT_CXX_API_THROW("MXFP4MoE: x must be [..., H] and the weights [E, N, K]", ORT_INVALID_ARGUMENT);
   }
   MoeArgs a{};
-  a.tokens = x_shape[0];
-  a.hidden = x_shape[1];
+  a.dtype = ToDtype(x_info.GetElementType());
+  a.tokens = 1;
+  for (size_t i = 0; i + 1 < x_shape.size(); ++i) a.tokens *= x_shape[i];
+  a.hidden = x_shape.back();
   a.experts = w1_shape[0];
   a.inter = w2_shape[2];
   a.k = attributes.k;
   a.limit = attributes.limit;
   a.alpha = attributes.alpha;
   if (w1_shape[1] != 2 * a.inter || w1_shape[2] != a.hidden || w2_shape[0] != a.experts || w2_shape[1] != a.hidden ||
-      a.hidden % kBlock || a.inter % kBlock || a.k < 1 || a.k > a.experts) {
-    ORT_CXX_API_THROW("MXFP4MoE: inconsistent shapes or k", ORT_INVALID_ARGUMENT);
+      a.hidden % kBlock || a.inter % kBlock || a.k < 1 || a.k > a.experts || a.k > kMaxTopK ||
+      a.experts > kMaxExperts) {
+    ORT_CXX_API_THROW("MXFP4MoE: inconsistent shapes, or k outside 1..min(8, experts), or over 1024 experts",
+                      ORT_INVALID_ARGUMENT);
   }
-  a.x = x.GetTensorData<float>();
-  a.logits = context.GetInput(1).GetTensorData<float>();
+  const auto logits = context.GetInput(1);
+  if (logits.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(a.tokens * a.experts)) {
+    ORT_CXX_API_THROW("MXFP4MoE: router_logits must hold one row of E logits per token", ORT_INVALID_ARGUMENT);
+  }
+  a.x = x.GetTensorRawData();
+  a.logits = logits.GetTensorRawData();
   a.w1 = static_cast<const uint8_t*>(w1.GetTensorRawData());
-  a.s1 = context.GetInput(3).GetTensorData<float>();
-  a.b1 = context.GetInput(4).GetTensorData<float>();
+  a.s1 = static_cast<const uint8_t*>(context.GetInput(3).GetTensorRawData());
+  a.b1 = context.GetInput(4).GetTensorRawData();
   a.w2 = static_cast<const uint8_t*>(w2.GetTensorRawData());
-  a.s2 = context.GetInput(6).GetTensorData<float>();
-  a.b2 = context.GetInput(7).GetTensorData<float>();
-  a.y = context.GetOutput(0, x_shape).GetTensorMutableData<float>();
+  a.s2 = static_cast<const uint8_t*>(context.GetInput(6).GetTensorRawData());
+  a.b2 = context.GetInput(7).GetTensorRawData();
+  a.y = context.GetOutput(0, x_shape).GetTensorMutableRawData();
   return a;
 }
 

@@ -5,23 +5,30 @@
 
 namespace {
 constexpr const char* kDomain = "gptoss.engine";
-}
+constexpr ONNXTensorElementDataType kFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr ONNXTensorElementDataType kHalf = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+constexpr ONNXTensorElementDataType kBFloat = ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+constexpr const char* kCpu = "CPUExecutionProvider";
+}  // namespace
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
-  static gptoss::MoeOpBase<gptoss::MoeKernel> cpu_op("CPUExecutionProvider");
+  using CpuOp = gptoss::MoeOpBase<gptoss::MoeKernel>;
+  static CpuOp cpu_ops[] = {CpuOp(kCpu, kFloat), CpuOp(kCpu, kHalf), CpuOp(kCpu, kBFloat)};
 #ifdef GPTOSS_WITH_CUDA
-  static gptoss::MoeOpBase<gptoss::MoeCudaKernel> cuda_op("CUDAExecutionProvider");
+  using CudaOp = gptoss::MoeOpBase<gptoss::MoeCudaKernel>;
+  constexpr const char* kCuda = "CUDAExecutionProvider";
+  static CudaOp cuda_ops[] = {CudaOp(kCuda, kFloat), CudaOp(kCuda, kHalf), CudaOp(kCuda, kBFloat)};
 #endif
   static Ort::CustomOpDomain domain{nullptr};
   OrtStatus* status = nullptr;
   try {
     if (!domain) {
       domain = Ort::CustomOpDomain(kDomain);
-      domain.Add(&cpu_op);
+      for (auto& op : cpu_ops) domain.Add(&op);
 #ifdef GPTOSS_WITH_CUDA
-      domain.Add(&cuda_op);
+      for (auto& op : cuda_ops) domain.Add(&op);
 #endif
     }
     Ort::UnownedSessionOptions(options).Add(domain);

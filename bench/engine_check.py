@@ -1,0 +1,461 @@
+"""The engine on a device, proven: parity against the CPU fp32 engine, the MXFP4 MoE kernel against the CPU
+kernel, then the full gpt-oss-20b shape (random weights) for speed and memory.
+
+    python bench/engine_check.py --device cuda --out DIR [--docs docs/benchmarks.md]
+
+Steps (each reported, a failure recorded and the next step run):
+1. parity: small random checkpoints (real vocabulary and head size) converted for the CPU (float32) and for
+   the device in bf16 and fp16: logits after a 150-token prompt (past the 128 window), greedy runs of 100
+   tokens compared token by token, and the device's argmax agreement when fed the CPU's tokens;
+2. kernel: the device MXFP4MoE kernel against the CPU kernel on a 20b-shaped layer (1, 3 and 64 tokens);
+3. scale: a random checkpoint of gpt-oss-20b's shape, converted to bf16, loaded on the device: decode
+   tokens/s at batch 1, 8, 32, 64, time to first token for 1k and 8k prompts, KV capacity, and batch-1
+   decode as a fraction of the HBM bound (bytes read per token / measured copy bandwidth).
+Results go to DIR/engine_check.json and DIR/engine_check.md (the docs section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+try:  # loads CUDA and cuDNN into the process where torch carries them (the GPU machines' image)
+    import torch
+except ImportError:
+    torch = None
+
+import numpy as np
+from report import write_section
+
+from backends.engine.checkpoint import Checkpoint
+from backends.engine.config import GPT_OSS_20B, ModelConfig
+from backends.engine.graph import GraphOptions, moe_layer_model
+from backends.engine.make_checkpoint import random_moe_layer, write_random_checkpoint
+from backends.engine.model_cache import compiled_model
+from backends.engine.runtime import DecoderRuntime, cuda_unavailable_reason
+
+PARITY_CONFIG = ModelConfig(
+    num_hidden_layers=2,
+    num_experts=8,
+    experts_per_token=4,
+    hidden_size=256,
+    intermediate_size=256,
+    head_dim=64,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+)
+PROMPT = [(7919 * i) % 200000 + 11 for i in range(150)]
+GREEDY_TOKENS = 100
+SECTION = "engine_check"
+SCALE_CONFIG = GPT_OSS_20B
+SCALE_DTYPE = "bfloat16"
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+SAVE: Callable[[], None] = lambda: None  # noqa: E731 (set by main: writes the results so far)
+
+
+def step(results: dict[str, Any], name: str, run: Callable[[], Any]) -> None:
+    started = time.perf_counter()
+    try:
+        results[name] = run()
+    except Exception as exc:
+        results[name] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-3000:]}
+    results[name + "_seconds"] = round(time.perf_counter() - started, 1)
+    SAVE()
+    log(f"{name}: {json.dumps(results[name], default=str)[:2000]}")
+
+
+def greedy(runtime: DecoderRuntime, steps: int, forced: list[int] | None = None) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy tokens after PROMPT (or, with `forced`, the argmax at each step while feeding `forced`)."""
+    logits = runtime.prefill(0, PROMPT)
+    tokens, every = [], [logits]
+    for position in range(len(PROMPT), len(PROMPT) + steps):
+        tokens.append(int(np.argmax(logits)))
+        fed = forced[len(tokens) - 1] if forced else tokens[-1]
+        logits = runtime.decode([(0, fed, position)])[0]
+        every.append(logits)
+    return tokens, every
+
+
+def parity(work: Path, device: str, kernels: Path | None, cuda_graph: bool) -> dict[str, Any]:
+    checkpoint = Checkpoint(write_random_checkpoint(work / "parity", PARITY_CONFIG, "original", seed=3))
+    positions = 512
+    cpu_model = compiled_model(checkpoint, GraphOptions(positions, "float32"), work / "graphs")
+    cpu = DecoderRuntime(str(cpu_model), PARITY_CONFIG, 1, positions, kernels=kernels)
+    reference_tokens, reference_logits = greedy(cpu, GREEDY_TOKENS)
+    scale = float(np.abs(reference_logits[0]).max())
+    report: dict[str, Any] = {"logit_scale": round(scale, 3)}
+    for dtype in ("bfloat16", "float16"):
+        try:
+            report[dtype] = parity_of(
+                checkpoint, dtype, device, kernels, cuda_graph, reference_tokens, reference_logits
+            )
+        except Exception as exc:
+            report[dtype] = {"error": f"{type(exc).__name__}: {exc}"}
+    return report
+
+
+def parity_of(
+    checkpoint: Checkpoint,
+    dtype: str,
+    device: str,
+    kernels: Path | None,
+    cuda_graph: bool,
+    reference_tokens: list[int],
+    reference_logits: list[np.ndarray],
+) -> dict[str, Any]:
+    positions = 512
+    scale = float(np.abs(reference_logits[0]).max())
+    work = checkpoint.directory.parent
+    if True:
+        model = compiled_model(checkpoint, GraphOptions(positions, dtype), work / "graphs")
+        runtime = DecoderRuntime(
+            str(model), PARITY_CONFIG, 1, positions, kernels=kernels, device=device, dtype=dtype, cuda_graph=cuda_graph
+        )
+        tokens, _ = greedy(runtime, GREEDY_TOKENS)
+        same = next((i for i, (a, b) in enumerate(zip(tokens, reference_tokens, strict=True)) if a != b), len(tokens))
+        forced_tokens, forced_logits = greedy(runtime, GREEDY_TOKENS, forced=reference_tokens)
+        differences = [float(np.abs(a - b).max()) for a, b in zip(forced_logits, reference_logits, strict=True)]
+        agree = sum(a == b for a, b in zip(forced_tokens, reference_tokens, strict=True))
+        return {
+            "prompt_logits_max_abs_diff": round(differences[0], 5),
+            "max_abs_diff_over_run": round(max(differences), 5),
+            "relative_to_logit_scale": round(max(differences) / scale, 5),
+            "greedy_tokens_equal_before_first_difference": same,
+            "argmax_agreement_fed_cpu_tokens": f"{agree}/{len(forced_tokens)}",
+        }
+
+
+def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    config = GPT_OSS_20B
+    layer = random_moe_layer(config, seed=1)
+    report = {}
+    for dtype in ("float32", "bfloat16"):
+        model = moe_layer_model(config, layer, work / "moe", dtype)
+        options = GraphOptions(16, dtype)
+        sessions = {}
+        for where in ("cpu", device):
+            session_options = ort.SessionOptions()
+            session_options.register_custom_ops_library(str(kernels))
+            providers = ["CUDAExecutionProvider"] if where == "cuda" else ["CPUExecutionProvider"]
+            sessions[where] = ort.InferenceSession(str(model), session_options, providers=providers)
+        for tokens in (1, 3, 64):
+            rng = np.random.default_rng(tokens)
+            x = rng.standard_normal((tokens, config.hidden_size)).astype(np.float32).astype(options.numpy_type)
+            logits = rng.standard_normal((tokens, config.num_experts)).astype(np.float32).astype(options.numpy_type)
+            outputs = {}
+            for where, session in sessions.items():
+                binding = session.io_binding()
+                for name, array in (("x", x), ("router_logits", logits)):
+                    raw = array.view(np.uint16) if array.itemsize == 2 else array
+                    binding.bind_ortvalue_input(
+                        name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, options.onnx_type)
+                    )
+                out = np.zeros((tokens, config.hidden_size), np.uint16 if array.itemsize == 2 else np.float32)
+                binding.bind_ortvalue_output(
+                    "y", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, options.onnx_type)
+                )
+                session.run_with_iobinding(binding)
+                outputs[where] = (out.view(options.numpy_type) if out.dtype == np.uint16 else out).astype(np.float32)
+            expected, got = outputs["cpu"], outputs[device]
+            report[f"{dtype}_tokens_{tokens}"] = {
+                "max_abs_diff": float(np.abs(got - expected).max()),
+                "output_scale": float(np.abs(expected).max()),
+            }
+    return report
+
+
+def bytes_per_token(config: ModelConfig, dtype_bytes: int) -> dict[str, float]:
+    """What one batch-1 decode step must read: non-expert weights, the k routed experts, one embedding row."""
+    c = config
+    attention = (
+        c.qkv_rows * c.hidden_size
+        + c.qkv_rows
+        + c.hidden_size * c.num_attention_heads * c.head_dim
+        + c.hidden_size
+        + c.num_attention_heads
+        + 2 * c.hidden_size
+    )
+    router = c.num_experts * c.hidden_size + c.num_experts
+    expert_values = 2 * c.intermediate_size * c.hidden_size + c.hidden_size * c.intermediate_size
+    expert = expert_values // 2 + expert_values // 32 + (2 * c.intermediate_size + c.hidden_size) * dtype_bytes
+    per_layer = (attention + router) * dtype_bytes + c.experts_per_token * expert
+    unembedding = c.vocab_size * c.hidden_size * dtype_bytes
+    total = c.num_hidden_layers * per_layer + unembedding + c.hidden_size * dtype_bytes
+    return {"weights_read_per_token_gb": total / 1e9, "unembedding_gb": unembedding / 1e9}
+
+
+def copy_bandwidth() -> float | None:
+    """Device-to-device copy, bytes read + written per second (torch, where present)."""
+    if torch is None or not torch.cuda.is_available():
+        return None
+    source = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    for _ in range(3):
+        target.copy_(source)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    repeats = 20
+    for _ in range(repeats):
+        target.copy_(source)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - started
+    del source, target
+    torch.cuda.empty_cache()
+    return 2 * 2 * 1024**3 * repeats / elapsed
+
+
+def device_memory() -> tuple[int, int] | None:
+    if torch is None or not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return int(free), int(total)
+
+
+def timed_decode(runtime: DecoderRuntime, batch: int, steps: int) -> float:
+    for slot in range(batch):
+        runtime.prefill(slot, PROMPT[:128])
+    rows = [(slot, 1000 + slot, 128) for slot in range(batch)]
+    runtime.decode(rows)  # warm-up (and graph capture)
+    runtime.decode([(s, t, p + 1) for s, t, p in rows])
+    started = time.perf_counter()
+    for i in range(steps):
+        runtime.decode([(s, t, p + 2 + i) for s, t, p in rows])
+    return batch * steps / (time.perf_counter() - started)
+
+
+def scale(work: Path, device: str, kernels: Path | None, results: dict[str, Any], cuda_graph: bool) -> dict[str, Any]:
+    config = SCALE_CONFIG
+    report: dict[str, Any] = results.setdefault("scale", {})  # partial figures survive a timeout
+    started = time.perf_counter()
+    directory = write_random_checkpoint(work / "gpt-oss-20b-random", config, "original", seed=0)
+    report["checkpoint_write_s"] = round(time.perf_counter() - started, 1)
+    started = time.perf_counter()
+    positions = 8192 + 256
+    model = compiled_model(Checkpoint(directory), GraphOptions(positions, SCALE_DTYPE), work / "graphs")
+    report["convert_s"] = round(time.perf_counter() - started, 1)
+    report["graph_data_gb"] = round(model.with_name(model.name + ".data").stat().st_size / 1e9, 2)
+    before = device_memory()
+    started = time.perf_counter()
+    slots = 64
+    runtime = DecoderRuntime(
+        str(model), config, slots, positions, kernels=kernels, device=device, dtype=SCALE_DTYPE, cuda_graph=cuda_graph
+    )
+    report["load_s"] = round(time.perf_counter() - started, 1)
+    report["kv_gb_allocated"] = round(runtime.kv_bytes / 1e9, 2)
+    kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2
+    report["kv_bytes_per_token_per_sequence"] = kv_per_token
+    for batch in (1, 8, 32, 64):
+        report[f"decode_tok_s_batch_{batch}"] = round(timed_decode(runtime, batch, 48 if batch == 1 else 24), 1)
+        log(f"batch {batch}: {report[f'decode_tok_s_batch_{batch}']} tok/s")
+        SAVE()
+    for length in (1024, 8192):
+        prompt = [(31 * i) % 200000 + 5 for i in range(length)]
+        runtime.prefill(0, prompt[:64])  # warm
+        started = time.perf_counter()
+        runtime.prefill(0, prompt)
+        report[f"ttft_{length}_s"] = round(time.perf_counter() - started, 3)
+        log(f"ttft {length}: {report[f'ttft_{length}_s']} s")
+    after = device_memory()
+    kv_allocated = runtime.kv_bytes
+    del runtime
+    if before and after:
+        used = before[0] - after[0]
+        weights_and_workspace = used - kv_allocated
+        report["device_memory_used_gb"] = round(used / 1e9, 2)
+        report["weights_and_workspace_gb"] = round(weights_and_workspace / 1e9, 2)
+        report["device_memory_total_gb"] = round(after[1] / 1e9, 2)
+        report["kv_capacity_tokens_at_device_memory"] = int((after[1] - weights_and_workspace) * 0.95 // kv_per_token)
+    need = bytes_per_token(config, 2)
+    report.update({key: round(value, 3) for key, value in need.items()})
+    bandwidth = results.get("copy_bandwidth_bytes_s")
+    if bandwidth:
+        bound = bandwidth / (need["weights_read_per_token_gb"] * 1e9)
+        report["hbm_bound_tok_s"] = round(bound, 1)
+        report["batch_1_fraction_of_bound"] = round(report["decode_tok_s_batch_1"] / bound, 3)
+    SAVE()
+    report.update(graph_decode(model, config, kernels, device))
+    if bandwidth and "cuda_graph_decode_tok_s_batch_1" in report:
+        report["cuda_graph_batch_1_fraction_of_bound"] = round(report["cuda_graph_decode_tok_s_batch_1"] / bound, 3)
+    return report
+
+
+def graph_decode(model: Path, config: ModelConfig, kernels: Path | None, device: str) -> dict[str, Any]:
+    """Decode with each batch size captured as a CUDA graph: speed, and the logits against plain runs."""
+    report: dict[str, Any] = {}
+    try:
+        plain = DecoderRuntime(str(model), config, 8, 8192 + 256, kernels=kernels, device=device, dtype=SCALE_DTYPE)
+        plain_logits = greedy(plain, 8)[1]
+        del plain
+        graphs = DecoderRuntime(
+            str(model), config, 8, 8192 + 256, kernels=kernels, device=device, dtype=SCALE_DTYPE, cuda_graph=True
+        )
+        graph_logits = greedy(graphs, 8)[1]
+        report["cuda_graph_max_abs_logit_diff"] = max(
+            float(np.abs(a - b).max()) for a, b in zip(plain_logits, graph_logits, strict=True)
+        )
+        for batch in (1, 8):
+            report[f"cuda_graph_decode_tok_s_batch_{batch}"] = round(timed_decode(graphs, batch, 48), 1)
+            log(f"cuda graph batch {batch}: {report[f'cuda_graph_decode_tok_s_batch_{batch}']} tok/s")
+    except Exception as exc:
+        report["cuda_graph_error"] = f"{type(exc).__name__}: {exc}"
+    return report
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The docs section: parity, kernel, and the 20b-shape figures, from one run's (or merged) results."""
+    start, end = f"<!-- {SECTION}:start -->", f"<!-- {SECTION}:end -->"
+    bandwidth = results.get("copy_bandwidth_bytes_s")
+    lines = [
+        start,
+        "## The engine on a GPU (`bench/engine_check.py`)",
+        "",
+        f"Device: {results.get('device_name', '?')}, onnxruntime-gpu {results.get('onnxruntime')}; measured "
+        f"device-to-device copy {bandwidth / 1e12:.2f} TB/s (read + written)."
+        if bandwidth
+        else "",
+        "",
+    ]
+    parity = results.get("parity", {})
+    if "logit_scale" in parity:
+        lines += [
+            "**Parity** (2-layer random checkpoint, hidden 256, head 64, real vocabulary; a 150-token prompt, past "
+            "the 128 window, then 100 greedy steps), CUDA against the CPU float32 engine "
+            f"(largest logit {parity['logit_scale']}):",
+            "",
+            "| dtype | prompt logits, max abs diff | over the run (fed the CPU's tokens) | argmax agreement "
+            "| greedy tokens equal before the first difference |",
+            "|---|---|---|---|---|",
+        ]
+        for dtype in ("float16", "bfloat16"):
+            row = parity.get(dtype, {})
+            if "error" in row:
+                lines.append(f"| {dtype} | failed: {row['error']} | | | |")
+            elif row:
+                first_difference = row["greedy_tokens_equal_before_first_difference"]
+                lines.append(
+                    f"| {dtype} | {row['prompt_logits_max_abs_diff']} | {row['max_abs_diff_over_run']} "
+                    f"| {row['argmax_agreement_fed_cpu_tokens']} | {first_difference} |"
+                )
+        lines.append("")
+    kernel = results.get("kernel", {})
+    if kernel and "error" not in kernel:
+        worst = max(v["max_abs_diff"] / v["output_scale"] for k, v in kernel.items() if k.startswith("float32"))
+        lines += [
+            f"**MXFP4MoE kernel**, CUDA against the CPU kernel on a 20b-shaped layer (1, 3, 64 tokens): float32 "
+            f"largest difference {worst:.1e} of the output's magnitude; bfloat16 outputs equal or one bf16 step "
+            "apart.",
+            "",
+        ]
+    scale = results.get("scale", {})
+    if "decode_tok_s_batch_1" in scale:
+        lines += [
+            "**gpt-oss-20b's full shape** (random weights, bf16, 24 layers, 32 experts, 64 KV slots of "
+            f"{8192 + 256} positions): checkpoint written in {scale.get('checkpoint_write_s')} s, converted in "
+            f"{scale.get('convert_s')} s ({scale.get('graph_data_gb')} GB of weights), loaded in "
+            f"{scale.get('load_s')} s.",
+            "",
+            "| decode batch | 1 | 8 | 32 | 64 |",
+            "|---|---|---|---|---|",
+            "| tokens/s | " + " | ".join(str(scale.get(f"decode_tok_s_batch_{b}", "-")) for b in (1, 8, 32, 64)) + " |",
+            "| tokens/s, CUDA graphs | "
+            + " | ".join(str(scale.get(f"cuda_graph_decode_tok_s_batch_{b}", "-")) for b in (1, 8))
+            + " | - | - |",
+            "",
+            f"- Time to first token (one prefill call): 1k prompt {scale.get('ttft_1024_s')} s, 8k prompt "
+            f"{scale.get('ttft_8192_s')} s.",
+            f"- Bytes a batch-1 step must read: {scale.get('weights_read_per_token_gb')} GB (the bf16 unembedding "
+            f"alone {scale.get('unembedding_gb')} GB); at the measured bandwidth the bound is "
+            f"{scale.get('hbm_bound_tok_s')} tok/s, so batch-1 decode runs at "
+            f"**{scale.get('batch_1_fraction_of_bound')}** of it "
+            f"({scale.get('cuda_graph_batch_1_fraction_of_bound')} with CUDA graphs).",
+            f"- KV cache: {scale.get('kv_bytes_per_token_per_sequence')} bytes per token per sequence "
+            f"({scale.get('kv_bytes_per_token_per_sequence', 0) * 1024 / 2**20:.0f} MiB per 1k tokens); "
+            f"{scale.get('kv_gb_allocated')} GB allocated for the 64 slots; device memory in use after the run "
+            f"{scale.get('device_memory_used_gb')} GB of {scale.get('device_memory_total_gb')} GB "
+            f"(weights and ONNX Runtime's arena after an 8k prefill: {scale.get('weights_and_workspace_gb')} GB "
+            "beside the KV).",
+            f"- CUDA-graph decode logits equal the plain runs' (largest difference "
+            f"{scale.get('cuda_graph_max_abs_logit_diff')}).",
+            "",
+        ]
+    lines.append(end)
+    return "\n".join(lines)
+
+
+def merged(paths: list[str]) -> dict[str, Any]:
+    """Results of several runs, later files filling what earlier ones lack."""
+    results: dict[str, Any] = {}
+    for path in paths:
+        for key, value in json.loads(Path(path).read_text()).items():
+            if value is not None and (key not in results or key in ("parity", "kernel", "scale")):
+                results[key] = value
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--work", default=None, help="scratch directory (checkpoints and graphs; ~30 GB)")
+    parser.add_argument("--steps", default="parity,kernel,scale")
+    parser.add_argument("--cuda-graph", action="store_true")
+    parser.add_argument("--docs", help="also write the section into this markdown file (docs/benchmarks.md)")
+    parser.add_argument("--render", nargs="+", help="only render saved engine_check.json files into --docs")
+    args = parser.parse_args()
+    if args.render:
+        write_section(Path(args.docs), SECTION, markdown(merged(args.render)))
+        return 0
+    import onnxruntime as ort
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or tempfile.mkdtemp(prefix="engine-check-"))
+    library = os.environ.get("GATEWAY_ENGINE_KERNELS")
+    kernels = Path(library) if library else None
+    results: dict[str, Any] = {"onnxruntime": ort.__version__, "cuda_graph": args.cuda_graph, "kernels": str(kernels)}
+    if torch is not None and torch.cuda.is_available():
+        results["device_name"] = torch.cuda.get_device_name(0)
+    if args.device == "cuda":
+        results["cuda_unavailable_reason"] = cuda_unavailable_reason(0)
+        results["copy_bandwidth_bytes_s"] = copy_bandwidth()
+    global SAVE
+
+    def save() -> None:
+        (out / "engine_check.json").write_text(json.dumps(results, indent=1, default=str))
+
+    SAVE = save
+    steps = args.steps.split(",")
+    if "parity" in steps:
+        step(results, "parity", lambda: parity(work, args.device, kernels, args.cuda_graph))
+    if "kernel" in steps and kernels is not None:
+        step(results, "kernel", lambda: kernel_vs_cpu(work, args.device, kernels))
+    if "graph_parity" in steps:
+        step(results, "graph_parity", lambda: parity(work, args.device, kernels, True))
+    if "scale" in steps:
+        step(results, "scale", lambda: scale(work, args.device, kernels, results, args.cuda_graph))
+    (out / "engine_check.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / "engine_check.md").write_text(markdown(results))
+    if args.docs:
+        write_section(Path(args.docs), SECTION, markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The CUDA MXFP4 MoE kernel's arithmetic, checked without a GPU: its .cu file itself is compiled as host C++
+with a warp-emulation shim (tests/kernel_emulation: a thread per CUDA thread, lanes in lockstep at each
+shuffle, block barriers) and run against the compiled CPU kernel on the same layers, routing included,
+in float32, float16 and bfloat16."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from backends.engine.config import ModelConfig
+from backends.engine.graph import GraphOptions, moe_attributes, moe_layer_model
+from backends.engine.kernels import build
+from backends.engine.make_checkpoint import random_moe_layer
+
+HERE = Path(__file__).parent / "kernel_emulation"
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+SHAPES = [
+    (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=64, intermediate_size=64), 3),
+    # rows longer than one warp step (256 values), more tokens per expert than one chunk (8)
+    (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=288, intermediate_size=64), 19),
+]
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory) -> ctypes.CDLL:
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.fail("g++ is needed to compile the CUDA kernel for the host")
+    kernels = build.source_dir()
+    library = tmp_path_factory.mktemp("emulation") / "libemulated_moe.so"
+    command = [
+        compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
+        "-include", str(HERE / "cuda_shim.h"), f"-I{kernels}",
+        "-x", "c++", str(kernels / build.CUDA_SOURCE), "-x", "c++", str(HERE / "emulation_driver.cc"),
+        "-o", str(library),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    handle = ctypes.CDLL(str(library))
+    handle.gptoss_emulated_moe.restype = ctypes.c_char_p
+    return handle
+
+
+def _cpu_kernel(model: Path, dtype: str, x: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(str(build.build_library()))
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    onnx_type = GraphOptions(16, dtype).onnx_type  # type: ignore[arg-type]
+    binding = session.io_binding()
+    for name, array in (("x", x), ("router_logits", logits)):
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, onnx_type))
+    out = np.zeros_like(x)
+    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, onnx_type))
+    session.run_with_iobinding(binding)
+    return out
+
+
+def _widen(raw: np.ndarray, dtype: str) -> np.ndarray:
+    return raw if dtype == "float32" else raw.view(GraphOptions(16, dtype).numpy_type).astype(np.float32)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_CODES))
+@pytest.mark.parametrize(("config", "tokens"), SHAPES, ids=lambda v: getattr(v, "hidden_size", v))
+def test_the_cuda_kernel_computes_what_the_cpu_kernel_does(emulated, config, tokens, dtype, tmp_path):
+    layer = random_moe_layer(config, seed=tokens)
+    numpy_type = GraphOptions(16, dtype).numpy_type  # type: ignore[arg-type]
+    rng = np.random.default_rng(tokens)
+
+    def activation(shape: tuple[int, ...], spread: float = 1.0) -> np.ndarray:
+        values = (spread * rng.standard_normal(shape)).astype(np.float32).astype(numpy_type)
+        return values.view(np.uint16) if dtype != "float32" else values
+
+    x = activation((tokens, config.hidden_size))
+    logits = activation((tokens, config.num_experts), 3.0)
+    logits[0, :2] = logits[0, 2]  # a tie: the lower expert index wins on both sides
+    expected = _widen(_cpu_kernel(moe_layer_model(config, layer, tmp_path, dtype), dtype, x, logits), dtype)
+
+    stored = {n: layer[n].astype(np.float32).astype(numpy_type) for n in ("mlp1_bias", "mlp2_bias")}
+    biases = {n: v.view(np.uint16) if dtype != "float32" else v for n, v in stored.items()}
+    out = np.zeros_like(x)
+    attributes = moe_attributes(config)
+    pointer = lambda array: array.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    error = emulated.gptoss_emulated_moe(
+        ctypes.c_int64(tokens), ctypes.c_int64(config.hidden_size), ctypes.c_int64(config.intermediate_size),
+        ctypes.c_int64(config.num_experts), ctypes.c_int64(config.experts_per_token),
+        ctypes.c_float(attributes["swiglu_limit"]), ctypes.c_float(attributes["activation_alpha"]),
+        ctypes.c_int(DTYPE_CODES[dtype]), pointer(x), pointer(logits),
+        pointer(layer["mlp1_weight.blocks"]), pointer(layer["mlp1_weight.scales"]), pointer(biases["mlp1_bias"]),
+        pointer(layer["mlp2_weight.blocks"]), pointer(layer["mlp2_weight.scales"]), pointer(biases["mlp2_bias"]),
+        pointer(out),
+    )  # fmt: skip
+    assert error is None
+    got = _widen(out, dtype)
+    scale = float(np.abs(expected).max())
+    assert scale > 0.1
+    # float32 sums in another order; 16-bit outputs may round to the neighbouring value
+    ulp = {"float32": 1e-5, "float16": 2**-10, "bfloat16": 2**-7}[dtype]
+    assert np.all(np.abs(got - expected) <= ulp * np.maximum(np.abs(expected), scale / 64) + 1e-6)
+
+
+def test_the_emulated_routing_is_a_softmax_over_the_top_k(emulated, tmp_path):
+    """Top logits [6.75, 6.03] weigh 0.67 / 0.33 (the old kernel gave 0.0065 / 0.9935)."""
+    config = ModelConfig(num_experts=4, experts_per_token=2, hidden_size=32, intermediate_size=32)
+    layer = random_moe_layer(config, seed=1)
+    x = np.ones((1, 32), np.float32)
+    logits = np.array([[6.75, 6.03, -1.0, -2.0]], np.float32)
+    attributes = moe_attributes(config)
+    pointer = lambda array: array.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    outputs = []
+    for routed in (logits, np.array([[6.75, -50.0, -60.0, -70.0]], np.float32),
+                   np.array([[-50.0, 6.03, -60.0, -70.0]], np.float32)):  # fmt: skip
+        out = np.zeros_like(x)
+        biases = [layer[n].astype(np.float32) for n in ("mlp1_bias", "mlp2_bias")]
+        assert emulated.gptoss_emulated_moe(
+            ctypes.c_int64(1), ctypes.c_int64(32), ctypes.c_int64(32), ctypes.c_int64(4), ctypes.c_int64(2),
+            ctypes.c_float(attributes["swiglu_limit"]), ctypes.c_float(attributes["activation_alpha"]), ctypes.c_int(0),
+            pointer(x), pointer(routed), pointer(layer["mlp1_weight.blocks"]), pointer(layer["mlp1_weight.scales"]),
+            pointer(biases[0]), pointer(layer["mlp2_weight.blocks"]), pointer(layer["mlp2_weight.scales"]),
+            pointer(biases[1]), pointer(out),
+        ) is None  # fmt: skip
+        outputs.append(out)
+    first = 1 / (1 + np.exp(6.03 - 6.75))
+    # with one expert dominating, the output is that expert's alone; mixed, it is the weighted sum
+    np.testing.assert_allclose(outputs[0], first * outputs[1] + (1 - first) * outputs[2], rtol=1e-4, atol=1e-5)
+    assert abs(first - 0.6726) < 1e-3
