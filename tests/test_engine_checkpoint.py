@@ -4,6 +4,8 @@ naming the file or tensor."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -78,8 +80,8 @@ def _rewrite(directory: Path, change) -> None:
             "tensor 'block.0.mlp.gate.bias' has shape [5]; the config says [4]",
         ),
         (
-            lambda t: t.update({"norm.scale": np.zeros(64, np.float16)}),
-            "tensor 'norm.scale' is F16; gpt-oss stores it as BF16",
+            lambda t: t.update({"norm.scale": np.zeros(64, np.int32)}),
+            "tensor 'norm.scale' is I32; gpt-oss stores it as BF16",
         ),
     ],
     ids=["missing", "mis-shaped", "dtype"],
@@ -135,3 +137,57 @@ def test_an_index_naming_a_missing_shard_is_refused(checkpoints, tmp_path):
     with pytest.raises(CheckpointError) as error:
         Checkpoint(broken)
     assert victim.name in str(error.value)
+
+
+def test_a_transformers_5_config_with_rope_parameters_reads_the_same(checkpoints, tmp_path):
+    moved = _copy(checkpoints["hf"], tmp_path / "hf5")
+    config = json.loads((moved / "config.json").read_text())
+    scaling = config.pop("rope_scaling")
+    config["rope_parameters"] = {**scaling, "rope_theta": config.pop("rope_theta")}
+    (moved / "config.json").write_text(json.dumps(config))
+    assert Checkpoint(moved).config == CONFIG
+
+
+def test_float32_and_float16_norms_biases_and_sinks_convert_exactly(checkpoints, tmp_path):
+    """transformers saves these in float32; every bf16 value is exact in float32 (and, at these
+    magnitudes, in float16), so the converted graph's weights are the same numbers."""
+    widened = _copy(checkpoints["original"], tmp_path / "widened")
+
+    def widen(tensors: dict[str, np.ndarray]) -> None:
+        for name, array in list(tensors.items()):
+            if name.endswith(("scale", "bias", "sinks")) and array.dtype == ml_dtypes.bfloat16:
+                wide = np.float16 if name.endswith("sinks") else np.float32
+                tensors[name] = array.astype(np.float32).astype(wide)
+
+    _rewrite(widened, widen)
+    plain, wide = Checkpoint(checkpoints["original"]), Checkpoint(widened)
+    assert wide.tensor("block.0.attn.sinks").dtype == np.float16
+    assert wide.tensor("norm.scale").dtype == np.float32
+    for name in expected(CONFIG):
+        a, b = plain.tensor(name), wide.tensor(name)
+        assert np.array_equal(a.astype(np.float32), b.astype(np.float32)), name
+
+
+def test_dequantized_experts_are_refused_with_what_to_do(checkpoints, tmp_path):
+    fine_tune = _copy(checkpoints["hf"], tmp_path / "fine-tune")
+    index = json.loads((fine_tune / INDEX).read_text())
+    shard = fine_tune / index["weight_map"]["model.layers.0.mlp.experts.gate_up_proj_blocks"]
+    tensors = load_file(str(shard))
+    for name in [n for n in tensors if n.startswith("model.layers.0.mlp.experts.gate_up_proj_")]:
+        del tensors[name]
+    tensors["model.layers.0.mlp.experts.gate_up_proj"] = np.zeros((4, 64, 128), ml_dtypes.bfloat16)
+    save_file(tensors, str(shard))
+    with pytest.raises(CheckpointError) as error:
+        Checkpoint(fine_tune)
+    message = str(error.value)
+    assert "experts are dequantized" in message and "'model.layers.0.mlp.experts.gate_up_proj'" in message
+    assert "MXFP4" in message
+
+
+def test_a_tensor_reads_without_ml_dtypes_imported_first(checkpoints):
+    code = (
+        "import sys; from backends.engine.checkpoint import Checkpoint; "
+        f"print(Checkpoint({str(checkpoints['original'])!r}).tensor('norm.scale').dtype)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "bfloat16"

@@ -29,6 +29,11 @@ class Spec:
     dtype: str  # safetensors dtype name: BF16, U8, F32
 
 
+# what a bf16 tensor may also be saved as (transformers keeps norms, biases and sinks in float32): exact
+FLOAT_VARIANTS = ("BF16", "F16", "F32")
+DEQUANTIZED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
 def expected(config: ModelConfig) -> dict[str, Spec]:
     """Every tensor of the original layout with its shape and dtype."""
     c = config
@@ -162,6 +167,14 @@ class Checkpoint:
         return digest.hexdigest()[:16]
 
     def _check(self) -> None:
+        dequantized = [n for n in self._where if n.endswith(DEQUANTIZED_EXPERTS)]
+        if dequantized:
+            raise CheckpointError(
+                f"{self.directory}: the experts are dequantized ('{dequantized[0]}' and others, as most "
+                "fine-tunes save them); the engine runs the MXFP4 experts gpt-oss was published with. Save the "
+                "model with its experts quantized to MXFP4 (transformers: quantization_config Mxfp4Config, "
+                "or the original checkpoint's `*_blocks`/`*_scales` layout) and point the engine at that"
+            )
         for name, spec in expected(self.config).items():
             parts = hf_names(name) if self.layout == "hf" else [name]
             shapes = []
@@ -171,7 +184,7 @@ class Checkpoint:
                     raise CheckpointError(f"{self.directory}: tensor '{part}'{where} is missing")
                 view = self._files[str(self._where[part])].get_slice(part)
                 dtype = view.get_dtype()
-                if dtype != spec.dtype:
+                if dtype != spec.dtype and not (spec.dtype == "BF16" and dtype in FLOAT_VARIANTS):
                     raise CheckpointError(f"tensor '{part}' is {dtype}; gpt-oss stores it as {spec.dtype}")
                 shapes.append(tuple(view.get_shape()))
             shape = (sum(s[0] for s in shapes), *shapes[0][1:]) if len(shapes) > 1 else shapes[0]

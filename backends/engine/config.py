@@ -90,7 +90,9 @@ class ModelConfig:
         hf = "num_local_experts" in data
         try:
             if hf:
-                rope = data.get("rope_scaling") or {}
+                # transformers 5 writes rope_parameters (theta inside); earlier versions rope_theta + rope_scaling
+                rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
+                theta = rope.get("rope_theta", data.get("rope_theta"))
                 values = {
                     "num_hidden_layers": data["num_hidden_layers"],
                     "num_experts": data["num_local_experts"],
@@ -104,7 +106,7 @@ class ModelConfig:
                     "num_key_value_heads": data["num_key_value_heads"],
                     "sliding_window": data["sliding_window"],
                     "initial_context_length": rope.get("original_max_position_embeddings", 4096),
-                    "rope_theta": data["rope_theta"],
+                    "rope_theta": theta if theta is not None else data["rope_theta"],
                     "rope_scaling_factor": rope.get("factor", 32.0),
                     "rope_ntk_alpha": rope.get("beta_slow", 1.0),
                     "rope_ntk_beta": rope.get("beta_fast", 32.0),
