@@ -80,6 +80,9 @@ def test_convert_builds_the_cached_graph_with_progress_and_names_bad_input(tmp_p
         main(["convert"])
     assert main(["convert", str(target), "--max-positions", "8"]) == 2
     assert "--max-positions" in capsys.readouterr().err
+    graphs = ["--max-positions", "64", "--cache-dir", str(tmp_path / "graphs")]
+    assert main(["convert", str(target), *graphs, "--dtype", "bfloat16"]) == 0
+    assert "-bfloat16" in Path(capsys.readouterr().out.strip()).parent.name  # its own cache entry
 
 
 def test_the_default_kind_is_the_engine_and_a_mock_script_alone_selects_the_mock(monkeypatch):

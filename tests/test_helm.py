@@ -194,3 +194,23 @@ def test_the_rendered_configuration_starts_a_working_gateway(
         assert refused.value.code == 401  # keys are on, and the chart's default keys file holds none
     finally:
         gateway.stop()
+
+
+def test_gpu_mode_runs_the_built_in_engine_on_cuda_unless_told_otherwise(helm):
+    single = _render(helm, "--set", "gpu.enabled=true", "--set", "gateway.backend.kind=onnx")
+    options = json.loads(single["ConfigMap/gw-gpt-oss-gateway"]["data"]["GATEWAY_BACKEND_OPTIONS"])
+    assert options == {"device": "cuda"}
+    pinned = _render(
+        helm, "--set", "gpu.enabled=true", "--set", "gateway.backend.kind=onnx",
+        "--set", "gateway.backend.options.device=cpu",
+    )  # fmt: skip
+    assert json.loads(pinned["ConfigMap/gw-gpt-oss-gateway"]["data"]["GATEWAY_BACKEND_OPTIONS"])["device"] == "cpu"
+    several = _render(
+        helm, "--set", "gpu.enabled=true", "--set-json",
+        'gateway.backends={"local": {"kind": "onnx", "models": ["gpt-oss-20b"]}, '
+        '"far": {"kind": "vllm", "options": {"urls": ["http://v:8000"]}, "models": ["gpt-oss-120b"]}}',
+    )  # fmt: skip
+    backends = json.loads(several["ConfigMap/gw-gpt-oss-gateway"]["data"]["GATEWAY_BACKENDS"])
+    assert backends["local"]["options"] == {"device": "cuda"} and "device" not in backends["far"]["options"]
+    cpu_only = _render(helm, "--set", "gateway.backend.kind=onnx")
+    assert "GATEWAY_BACKEND_OPTIONS" not in cpu_only["ConfigMap/gw-gpt-oss-gateway"]["data"]

@@ -13,7 +13,7 @@ from typing import TextIO
 from .backend import MAX_POSITIONS
 from .checkpoint import Checkpoint
 from .config import SHAPES, CheckpointError
-from .graph import GraphOptions
+from .graph import DTYPES, GraphOptions
 from .kernels.build import MANIFEST, KernelBuildError, build_library
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
@@ -68,6 +68,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     convert.add_argument("checkpoint", help="a gpt-oss checkpoint directory, either layout")
     convert.add_argument("--max-positions", type=int, default=4096, help="KV capacity per sequence")
     convert.add_argument("--cache-dir", help=f"graph cache (default {default_cache_dir()})")
+    convert.add_argument(
+        "--dtype", choices=sorted(DTYPES), default="float32", help="activations and non-expert weights (CUDA: bfloat16)"
+    )
     convert.set_defaults(run=_convert)
     kernels = commands.add_parser("build-kernels", help="compile the engine's MXFP4 MoE kernels (CUDA too with nvcc)")
     kernels.add_argument("--march", default="native", help="instruction set, e.g. x86-64-v3 for portable images")
@@ -99,7 +102,7 @@ def _convert(args: argparse.Namespace) -> int:
         if not 16 <= args.max_positions <= MAX_POSITIONS:
             raise ValueError(f"--max-positions must be within 16..{MAX_POSITIONS}")
         checkpoint = Checkpoint(Path(args.checkpoint))
-        model = compiled_model(checkpoint, GraphOptions(args.max_positions), cache, ProgressBar("layers"))
+        model = compiled_model(checkpoint, GraphOptions(args.max_positions, args.dtype), cache, ProgressBar("layers"))
     except (CheckpointError, OSError, ValueError) as exc:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
         return 2
