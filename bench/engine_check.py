@@ -24,6 +24,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,22 +39,13 @@ import numpy as np
 from report import write_section
 
 from backends.engine.checkpoint import Checkpoint
-from backends.engine.config import GPT_OSS_20B, ModelConfig
+from backends.engine.config import DEMO_CONFIG, GPT_OSS_20B, ModelConfig
 from backends.engine.graph import GraphOptions, moe_layer_model
 from backends.engine.make_checkpoint import random_moe_layer, write_random_checkpoint
 from backends.engine.model_cache import compiled_model
 from backends.engine.runtime import DecoderRuntime, cuda_unavailable_reason
 
-PARITY_CONFIG = ModelConfig(
-    num_hidden_layers=2,
-    num_experts=8,
-    experts_per_token=4,
-    hidden_size=256,
-    intermediate_size=256,
-    head_dim=64,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-)
+PARITY_CONFIG = replace(DEMO_CONFIG, hidden_size=256, intermediate_size=256, head_dim=64)  # real head size
 PROMPT = [(7919 * i) % 200000 + 11 for i in range(150)]
 GREEDY_TOKENS = 100
 SECTION = "engine_check"
@@ -149,6 +141,7 @@ def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
     for dtype in ("float32", "bfloat16"):
         model = moe_layer_model(config, layer, work / "moe", dtype)
         options = GraphOptions(16, dtype)
+        storage = np.uint16 if options.numpy_type.itemsize == 2 else np.float32  # 16-bit values as raw bits
         sessions = {}
         for where in ("cpu", device):
             session_options = ort.SessionOptions()
@@ -163,16 +156,16 @@ def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
             for where, session in sessions.items():
                 binding = session.io_binding()
                 for name, array in (("x", x), ("router_logits", logits)):
-                    raw = array.view(np.uint16) if array.itemsize == 2 else array
+                    raw = array.view(storage)
                     binding.bind_ortvalue_input(
                         name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, options.onnx_type)
                     )
-                out = np.zeros((tokens, config.hidden_size), np.uint16 if array.itemsize == 2 else np.float32)
+                out = np.zeros((tokens, config.hidden_size), storage)
                 binding.bind_ortvalue_output(
                     "y", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, options.onnx_type)
                 )
                 session.run_with_iobinding(binding)
-                outputs[where] = (out.view(options.numpy_type) if out.dtype == np.uint16 else out).astype(np.float32)
+                outputs[where] = out.view(options.numpy_type).astype(np.float32)
             expected, got = outputs["cpu"], outputs[device]
             report[f"{dtype}_tokens_{tokens}"] = {
                 "max_abs_diff": float(np.abs(got - expected).max()),

@@ -17,7 +17,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import structlog
@@ -31,11 +31,11 @@ from .batcher import Batcher, Sequence
 from .checkpoint import Checkpoint
 from .config import DEMO_CONFIG, CheckpointError
 from .grammar import GrammarCompiler
-from .graph import GraphOptions
+from .graph import Dtype, GraphOptions
 from .kernels.build import kernel_library
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
-from .runtime import DecoderRuntime, EngineDeviceError, resolve_device
+from .runtime import DecoderRuntime, Device, EngineDeviceError, resolve_device
 
 log = structlog.get_logger("backends.engine")
 
@@ -53,9 +53,9 @@ class EngineOptions(BaseModel):
     max_positions: int = Field(default=4096, ge=16, le=MAX_POSITIONS)
     prefill_chunk: int = Field(default=512, ge=16)  # prompt tokens per step while others decode
     kernels: bool = True  # build and use the compiled MXFP4 MoE kernels (else the pure-ONNX realization)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Device = "auto"
     device_id: int = Field(default=0, ge=0)
-    dtype: Literal["float32", "float16", "bfloat16"] | None = None  # None: by device
+    dtype: Dtype | None = None  # None: by device
     cuda_graph: bool = False
     threads: int = Field(default=0, ge=0)
     cache_dir: str | None = None

@@ -98,10 +98,6 @@ class TensorWriter:
         onnx_type = helper.np_dtype_to_tensor_dtype(array.dtype)
         return self.tensor(name, onnx_type, array.shape, array)
 
-    @property
-    def size(self) -> int:
-        return self._offset
-
     def close(self) -> None:
         self._file.close()
 
@@ -389,12 +385,11 @@ def write_model(
     options: GraphOptions,
     path: Path,
     progress: Callable[[int, int], None] | None = None,
-) -> int:
-    """The decoder graph at `path`, its weights in `path`.data; the data file's size in bytes."""
+) -> None:
+    """The decoder graph at `path`, its weights in `path`.data."""
     writer = TensorWriter(path.with_name(path.name + ".data"))
     try:
         model = _Builder(checkpoint, options, writer).build(progress)
     finally:
         writer.close()
     path.write_bytes(model.SerializeToString())
-    return writer.size

@@ -111,7 +111,6 @@ class DecoderRuntime:
         self.slots = slots
         self.max_positions = max_positions
         self.device = device
-        self.dtype = dtype
         self.cuda_graph = cuda_graph and device == "cuda"
         self._place = ("cuda", device_id) if device == "cuda" else ("cpu", 0)
         self._kv_type = DTYPES[dtype][0]
@@ -122,6 +121,7 @@ class DecoderRuntime:
         self._logits = self._zeros((slots, config.vocab_size), np.dtype(np.float32))
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._graph_inputs: dict[int, tuple[ort.OrtValue, ort.OrtValue]] = {}
+        self._graph_run_options: dict[int, ort.RunOptions] = {}
 
     def _zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> ort.OrtValue:
         """A zeroed buffer in this runtime's memory, bound by address with its real type (host memory is
@@ -148,18 +148,22 @@ class DecoderRuntime:
             kv_bytes = self._cache[0].tensor_size_in_bytes() // self.slots
             shape = [rows, *self._kv_shape]
             for layer in range(self.config.num_hidden_layers):
-                for pair, buffer in zip(((0, 2), (1, 3)), self._cache[2 * layer : 2 * layer + 2], strict=True):
-                    names = kv_names(layer)
+                past_k, past_v, present_k, present_v = kv_names(layer)
+                for past, present, buffer in (
+                    (past_k, present_k, self._cache[2 * layer]),
+                    (past_v, present_v, self._cache[2 * layer + 1]),
+                ):
                     pointer = buffer.data_ptr() + first_slot * kv_bytes
-                    binding.bind_input(names[pair[0]], place, device_id, self._kv_type, shape, pointer)
-                    binding.bind_output(names[pair[1]], place, device_id, self._kv_type, shape, pointer)
+                    binding.bind_input(past, place, device_id, self._kv_type, shape, pointer)
+                    binding.bind_output(present, place, device_id, self._kv_type, shape, pointer)
             self._bindings[key] = binding
         return self._bindings[key]
 
     def _run(self, first_slot: int, rows: int, ids: np.ndarray, seqlens: np.ndarray, total: int) -> np.ndarray:
         binding = self._binding(first_slot, rows)
-        run_options = None
+        graph_id = -1  # not replayed: prefill chunks, windows not at slot 0
         if self.cuda_graph and ids.shape[1] == 1 and first_slot == 0:
+            graph_id = rows
             ids_value, seqlens_value = self._graph_input_buffers(rows)
             ids_value.update_inplace(ids)
             seqlens_value.update_inplace(seqlens)
@@ -168,20 +172,24 @@ class DecoderRuntime:
             # a replayed graph keeps the values it was captured with: attend up to the cache's end, the
             # device-side sequence lengths bound each row
             binding.bind_cpu_input("total_sequence_length", np.array(self.max_positions, np.int32))
-            run_options = ort.RunOptions()
-            run_options.add_run_config_entry("gpu_graph_id", str(rows))
         else:
             binding.bind_cpu_input("input_ids", ids)
             binding.bind_cpu_input("seqlens_k", seqlens)
             binding.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
-            if self.cuda_graph:
-                run_options = ort.RunOptions()
-                run_options.add_run_config_entry("gpu_graph_id", "-1")
-        self.session.run_with_iobinding(binding, run_options)
+        self.session.run_with_iobinding(binding, self._run_options(graph_id) if self.cuda_graph else None)
+        logits = binding.get_outputs()[0]
         if self.device == "cuda":
             binding.synchronize_outputs()  # ORT's stream, not the one the copy below uses, computed them
-        # a copy: on the CPU the output array is the bound buffer, which the next step overwrites
-        return np.array(binding.get_outputs()[0].numpy(), copy=True)
+            return logits.numpy()  # a host copy
+        return logits.numpy().copy()  # on the CPU that array is the bound buffer the next step overwrites
+
+    def _run_options(self, graph_id: int) -> ort.RunOptions:
+        """Run options naming the CUDA graph to capture or replay (-1: none), made once per id."""
+        if graph_id not in self._graph_run_options:
+            options = ort.RunOptions()
+            options.add_run_config_entry("gpu_graph_id", str(graph_id))
+            self._graph_run_options[graph_id] = options
+        return self._graph_run_options[graph_id]
 
     def _graph_input_buffers(self, rows: int) -> tuple[ort.OrtValue, ort.OrtValue]:
         """Fixed device buffers for the token ids and lengths of a decode batch of `rows`."""

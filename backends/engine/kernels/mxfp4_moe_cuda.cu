@@ -198,26 +198,39 @@ __global__ void Route(MoeArgs a, Plan plan) {
   }
 }
 
+// The block's routed expert and its range [first, last) in the plan's list; false when the block has none.
+__device__ __forceinline__ bool ExpertRange(const Plan& plan, int* expert, int* first, int* last) {
+  if (static_cast<int>(blockIdx.x) >= *plan.active_count) return false;
+  *expert = plan.active[blockIdx.x];
+  *first = plan.offsets[*expert];
+  *last = plan.offsets[*expert + 1];
+  return true;
+}
+
+// Up to kChunk (token, choice) indices of the list from `from` (padded with 0); how many there are.
+__device__ __forceinline__ int LoadChunk(const Plan& plan, int from, int last, int* choices) {
+  const int n = last - from < kChunk ? last - from : kChunk;
+  for (int t = 0; t < kChunk; ++t) choices[t] = t < n ? plan.list[from + t] : 0;
+  return n;
+}
+
 // A warp per gate/linear row pair of one routed expert: activated[c] = swiglu(W1 x + b1) per choice c.
 template <typename T>
 __global__ void Fc1(MoeArgs a, Plan plan) {
-  if (static_cast<int>(blockIdx.x) >= *plan.active_count) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t pair = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
-  if (pair >= a.inter) return;
-  const int expert = plan.active[blockIdx.x];
-  const int first = plan.offsets[expert], count = plan.offsets[expert + 1] - first;
+  int expert, first, last;
+  if (pair >= a.inter || !ExpertRange(plan, &expert, &first, &last)) return;
   const int64_t gate_row = expert * 2 * a.inter + 2 * pair, lin_row = gate_row + 1;
   const int64_t bytes = a.hidden / 2, groups = a.hidden / kBlock;
   const T* x = static_cast<const T*>(a.x);
   const T* b1 = static_cast<const T*>(a.b1);
   const float gate_bias = ToFloat(b1[gate_row]), lin_bias = ToFloat(b1[lin_row]);
-  for (int start = 0; start < count; start += kChunk) {
-    const int n = count - start < kChunk ? count - start : kChunk;
+  for (int start = first; start < last; start += kChunk) {
     int choices[kChunk];
+    const int n = LoadChunk(plan, start, last, choices);
     const T* inputs[kChunk];  // each token's activations (the division by k kept out of the inner loop)
     for (int t = 0; t < kChunk; ++t) {
-      choices[t] = t < n ? plan.list[first + start + t] : 0;
       inputs[t] = x + static_cast<int64_t>(choices[t] / static_cast<int>(a.k)) * a.hidden;
     }
     float gate[kChunk], lin[kChunk];
@@ -256,22 +269,17 @@ __global__ void Fc1(MoeArgs a, Plan plan) {
 // A warp per output row of one routed expert: partial[c] = W2 activated[c] + b2 per choice c.
 template <typename T>
 __global__ void Fc2(MoeArgs a, Plan plan) {
-  if (static_cast<int>(blockIdx.x) >= *plan.active_count) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t row = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
-  if (row >= a.hidden) return;
-  const int expert = plan.active[blockIdx.x];
-  const int first = plan.offsets[expert], count = plan.offsets[expert + 1] - first;
+  int expert, first, last;
+  if (row >= a.hidden || !ExpertRange(plan, &expert, &first, &last)) return;
   const int64_t flat = expert * a.hidden + row, bytes = a.inter / 2, groups = a.inter / kBlock;
   const float bias = ToFloat(static_cast<const T*>(a.b2)[flat]);
-  for (int start = 0; start < count; start += kChunk) {
-    const int n = count - start < kChunk ? count - start : kChunk;
+  for (int start = first; start < last; start += kChunk) {
     int choices[kChunk];
+    const int n = LoadChunk(plan, start, last, choices);
     const float* inputs[kChunk];
-    for (int t = 0; t < kChunk; ++t) {
-      choices[t] = t < n ? plan.list[first + start + t] : 0;
-      inputs[t] = plan.activated + static_cast<int64_t>(choices[t]) * a.inter;
-    }
+    for (int t = 0; t < kChunk; ++t) inputs[t] = plan.activated + static_cast<int64_t>(choices[t]) * a.inter;
     float sum[kChunk];
     for (int t = 0; t < kChunk; ++t) sum[t] = 0.0f;
     for (int64_t col = lane * kLaneValues; col < a.inter; col += kWarp * kLaneValues) {
