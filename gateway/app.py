@@ -10,18 +10,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from harmony import Renderer, load_harmony_encoding
 
-from .auth import TENANT
-from .chat_api import add_routes as add_chat_routes
+from .assembler import new_id
+from .chat.api import add_routes as add_chat_routes
 from .config import Settings
 from .errors import ApiError, error_middleware
 from .lifecycle import SHUTTING_DOWN
 from .metrics import STATS, RequestStats
 from .models_api import add_routes as add_models_routes
 from .openapi import serve_openapi
-from .responses_api import add_routes as add_responses_routes
-from .services import SERVICES, Services, build_services
+from .responses.api import add_routes as add_responses_routes
+from .services import SERVICES, Services, build_services, report_store
 from .sse import STREAM_OPENED
-from .tenancy import valid_request_id
+from .tenants.auth import TENANT
+from .tenants.tenancy import REQUEST_ID, valid_request_id
 
 access_log = structlog.get_logger("gateway.access")
 QUIET_ROUTES = ("/healthz", "/readyz")  # probes: counted in the metrics, not logged every few seconds
@@ -35,7 +36,8 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: not draining, the response store answers, and every backend can take requests."""
     services = request.app[SERVICES]
-    store_ok = await services.store.ping()
+    store_problem = await services.store.health()
+    store_ok = store_problem is None
     distinct = {id(b): b for b in services.backends.values()}
     backend_ready = {key: await backend.ready() for key, backend in distinct.items()}
     models = {model: "ready" if backend_ready[id(b)] else "unavailable" for model, b in services.backends.items()}
@@ -44,7 +46,7 @@ async def readyz(request: web.Request) -> web.Response:
     body = {
         "status": "draining" if draining else "ready" if ready else "unavailable",
         "vocab_size": services.encoding.vocab_size,
-        "store": "ok" if store_ok else "unreachable",
+        "store": "ok" if store_ok else store_problem,
         "models": models,
     }
     described = {model: b.describe() for model, b in services.backends.items() if hasattr(b, "describe")}
@@ -71,29 +73,26 @@ async def observe_middleware(request: web.Request, handler):
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else "unmatched"
             status = response.status if response is not None else 500
-            if services.lifecycle.draining and response is not None and not response.prepared:
-                response.force_close()  # "Connection: close": the client's next request goes to another replica
+            request_id = request.get(REQUEST_ID) or given or new_id("req_")
+            if response is not None and not response.prepared:
+                response.headers.setdefault("X-Request-ID", request_id)  # every route, errors included
+                if services.lifecycle.draining:
+                    response.force_close()  # "Connection: close": the next request goes to another replica
             tenant = request.get(TENANT)
             metrics.requests.labels(route, str(status), metrics.tenant_label(tenant)).inc()
             metrics.request_seconds.labels(route).observe(seconds)
             if request.get(STREAM_OPENED):
                 metrics.active_streams.dec()
             if route not in QUIET_ROUTES:
-                _log_access(request, response, route, status, seconds, given, stats)
+                _log_access(request, route, status, seconds, request_id, stats)
 
 
 def _log_access(
-    request: web.Request,
-    response: web.StreamResponse | None,
-    route: str,
-    status: int,
-    seconds: float,
-    given: str | None,
-    stats: RequestStats,
+    request: web.Request, route: str, status: int, seconds: float, request_id: str, stats: RequestStats
 ) -> None:
     access_log.info(
         "request",
-        request_id=(response.headers.get("X-Request-ID") if response is not None else None) or given,
+        request_id=request_id,
         method=request.method,
         route=route,
         status=status,
@@ -186,6 +185,11 @@ def create_app(settings: Settings, services: Services | None = None) -> web.Appl
 
     async def close_services(app: web.Application) -> None:
         await app[SERVICES].aclose()
+
+    async def check_store(app: web.Application) -> None:
+        await report_store(app[SERVICES])
+
+    app.on_startup.append(check_store)
 
     app.on_cleanup.append(close_services)
     return app

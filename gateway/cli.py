@@ -14,10 +14,10 @@ from state import StoreUnavailable
 from state.keys import FileKeys, KeyAdminError, RedisKeys, new_record
 
 from .app import create_app
-from .config import Settings
-from .lifecycle import serve
+from .config import Settings, load_settings
+from .lifecycle import Listening, bind, serve
 from .logs import configure_logging
-from .services import SERVICES, ConfigError
+from .services import MIN_KEY_SECRET_CHARS, SERVICES, ConfigError
 
 _OPTIONS = (
     ("--host", "host", str, "bind address (GATEWAY_HOST, default 127.0.0.1)"),
@@ -35,15 +35,28 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in _OPTIONS if getattr(args, dest) is not None}
     configure_logging()
     try:
-        settings = Settings(**overrides)
-        app = create_app(settings)
-    except (VocabularyError, ConfigError, ScriptError, ValueError) as exc:
+        settings = load_settings(**overrides)
+        sock = bind(settings.host, settings.port)  # before the models load: a busy port fails at once
+    except (ValueError, OSError) as exc:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
         return 2
-    lifecycle = app[SERVICES].lifecycle
-    asyncio.run(
-        serve(app, settings.host, settings.port, settings.drain_s, lifecycle, lambda line: print(line, flush=True))
-    )
+    try:
+        app = create_app(settings)
+    except (VocabularyError, ConfigError, ScriptError, ValueError) as exc:
+        sock.close()
+        print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
+        return 2
+    services = app[SERVICES]
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    listening = Listening(sock, f"http://{host}:{settings.port}", settings.header_timeout_s, settings.idle_timeout_s)
+
+    async def ready() -> bool:
+        return all([await backend.ready() for backend in set(services.backends.values())])
+
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
+    asyncio.run(serve(app, listening, settings.drain_s, services.lifecycle, announce, ready))
     return 0
 
 
@@ -56,12 +69,16 @@ def _key_store(args: argparse.Namespace, settings: Settings) -> FileKeys | Redis
 
 
 async def _keys(args: argparse.Namespace) -> int:
-    settings = Settings()
+    settings = load_settings()
     store = _key_store(args, settings)
     try:
         if args.action == "create":
-            if settings.key_secret is None:
-                raise ConfigError("GATEWAY_KEY_SECRET must be set: keys are stored as HMACs made with it")
+            secret = settings.key_secret.get_secret_value() if settings.key_secret is not None else ""
+            if len(secret) < MIN_KEY_SECRET_CHARS:  # the same rule `serve` applies: no key it would refuse
+                raise ConfigError(
+                    f"GATEWAY_KEY_SECRET must be set, {MIN_KEY_SECRET_CHARS}+ characters: keys are stored as HMACs "
+                    "made with it"
+                )
             key, record = new_record(settings.key_secret.get_secret_value().encode(), args.tenant, args.name)
             await store.add(record)
             print(json.dumps({**record.public(), "key": key}))

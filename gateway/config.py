@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
-from state.store import DEFAULT_MAX_RECORD_BYTES, DEFAULT_TTL_S
+from state.store import DEFAULT_LEASE_S, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TTL_S
 
 from .limits import MAX_BODY_BYTES
-from .tenant_limits import LimitsConfig
+from .tenants.limits import LimitsConfig
 
 
 class BackendConfig(BaseModel):
@@ -40,10 +40,17 @@ class Settings(BaseSettings):
     redis_url: str | None = None  # None: the bounded in-memory store
     store_ttl_s: int = Field(default=DEFAULT_TTL_S, gt=0)
     max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, gt=0)
+    # a running response's lease: renewed by its replica every third of it; past it, readers see it failed
+    record_lease_s: float = Field(default=DEFAULT_LEASE_S, ge=0.3, le=3600)
     reasoning_keys: str | None = None  # `id:base64(32 bytes),...` for encrypted_content; None: per-process key
+    store_encryption: bool = False  # Redis records (raw CoT included) encrypted at rest with keys from reasoning_keys
     max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)
     keepalive_s: float = Field(default=15.0, gt=0)
     drain_s: float = Field(default=30.0, ge=0)  # on SIGTERM: how long work in flight may finish before it is cut
+    header_timeout_s: float = Field(default=10.0, gt=0)  # a request's head must arrive within this (slowloris)
+    idle_timeout_s: float = Field(default=75.0, gt=0)  # a kept-alive connection with no request is closed after
+    body_timeout_s: float = Field(default=60.0, gt=0)  # a request's body must arrive within this
+    write_stall_s: float = Field(default=30.0, gt=0)  # a stream whose client reads nothing this long is cut
     # auto: API keys when a key secret or keys file is set; none on a loopback address; else refuse to start
     auth: Literal["auto", "off", "keys"] = "auto"
     key_secret: SecretStr | None = None  # the HMAC secret API keys are hashed with (16+ characters)
@@ -71,3 +78,25 @@ class Settings(BaseSettings):
         if self.backend_urls:
             options["urls"] = self.backend_urls
         return {"default": BackendConfig(kind=kind, options=options, models=self.models)}
+
+
+def _variable(field: str) -> str:
+    return f"GATEWAY_{field.upper()}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from the environment and `overrides`, or a ValueError that names the variable at fault."""
+    try:
+        settings = Settings(**overrides)
+    except SettingsError as exc:  # a JSON-valued variable that is not JSON
+        field = str(exc).split('"')[1] if '"' in str(exc) else "?"
+        raise ValueError(f"{_variable(field)} is not valid JSON") from None
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(part) for part in error["loc"])
+            field, _, inner = where.partition(".")
+            name = _variable(field) + (f" ({inner})" if inner else "")
+            problems.append(f"{name}: {error['msg']} (got {str(error.get('input'))[:80]!r})")
+        raise ValueError("; ".join(problems)) from None
+    return settings

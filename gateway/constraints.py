@@ -10,21 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jsonschema import Draft202012Validator, SchemaError
-
 from backends.base import Constraint
 
 from .assembler import OutputItem
-from .errors import invalid
+from .json_schemas import first_error
 
 NOT_ENFORCED = "constraint_not_enforced"
-
-
-def check_schema(schema: dict[str, Any], param: str) -> None:
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        raise invalid(param, f"Invalid JSON Schema: {exc.message}") from exc
 
 
 def violation(constraint: Constraint, items: list[OutputItem]) -> str | None:
@@ -53,7 +44,9 @@ def _json_problem(text: str, schema: dict[str, Any]) -> str | None:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         return f"the answer is not JSON ({exc.msg} at character {exc.pos})"
-    error = next(iter(Draft202012Validator(schema).iter_errors(value)), None)
+    except RecursionError:
+        return "the answer nests too deeply to read"
+    error = first_error(schema, value)
     if error is not None:
         where = "/".join(str(part) for part in error.absolute_path) or "the root"
         return f"the answer does not match the schema at {where}: {error.message}"

@@ -65,8 +65,10 @@ async def recover_cot(store: ResponseStore, tenant: str, items: list[DialogItem]
     return out
 
 
-async def index_cot(store: ResponseStore, tenant: str, output: list[OutputItem], entries: list[Entry]) -> None:
-    """Remember this turn's analysis under each tool call it ended in."""
+async def index_cot(
+    store: ResponseStore, tenant: str, output: list[OutputItem], entries: list[Entry], response_id: str | None = None
+) -> None:
+    """Remember this turn's analysis under each tool call it ended in (tied to the stored response, if any)."""
     calls = [item for item in output if item.kind == "function_call" and item.done and item.complete]
     if not calls:
         return
@@ -75,6 +77,6 @@ async def index_cot(store: ResponseStore, tenant: str, output: list[OutputItem],
         StoredCot(call.call_id or "", tenant, call.name or "", call.text, reasoning) for call in calls if call.call_id
     ]
     try:
-        await store.index_tool_calls(records)
+        await store.index_tool_calls(records, response_id)
     except StoreUnavailable:
         log.warning("cot_index_unavailable")

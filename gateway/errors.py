@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 log = structlog.get_logger("gateway.errors")
-ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class ApiError(Exception):
@@ -92,29 +90,6 @@ def from_validation(exc: ValidationError, tags: frozenset[str] = frozenset(), pr
         return ApiError(400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     message = first["msg"].removeprefix("Value error, ")
     return ApiError(400, f"Invalid '{param}': {message}", param=param, code="invalid_value")
-
-
-async def read_json(request: web.Request) -> Any:
-    """The request body as JSON, or a 400/413 that says what is wrong with it."""
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise ApiError(413, f"Request body too large. {exc.text}", code="request_too_large") from exc
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
-
-
-async def read_model(request: web.Request, model: type[ModelT], tags: frozenset[str] = frozenset()) -> ModelT:
-    """The JSON body validated as `model`; `tags` name the union tags to leave out of parameter paths."""
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise invalid(None, "The request body must be a JSON object.", "invalid_type")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise from_validation(exc, tags) from exc
 
 
 _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 from aiohttp import web
+
+from .http_guard import GuardedAppRunner
 
 log = structlog.get_logger("gateway.lifecycle")
 
@@ -80,14 +84,63 @@ async def _first(*waits: Awaitable[object], timeout_s: float) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything heavy starts: a busy port is a one-line error, not a
+    crash of a half-loaded engine."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(1024)
+        except OSError:
+            sock.close()
+            raise
+    except OSError as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.setblocking(False)
+    return sock
+
+
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """How the gateway listens: the bound socket, its URL and the connection time limits."""
+
+    sock: socket.socket
+    url: str
+    header_timeout_s: float
+    idle_timeout_s: float
+
+
+async def _announce_ready(ready: Callable[[], Awaitable[bool]], announce: Callable[[str], None], line: str) -> None:
+    while not await ready():
+        await asyncio.sleep(0.2)
+    announce(line)
+
+
 async def serve(
-    app: web.Application, host: str, port: int, drain_s: float, lifecycle: Lifecycle, announce: Callable[[str], None]
+    app: web.Application,
+    listening: Listening,
+    drain_s: float,
+    lifecycle: Lifecycle,
+    announce: Callable[[str], None],
+    ready: Callable[[], Awaitable[bool]],
 ) -> None:
     """Serve until SIGTERM or SIGINT, then drain and shut down; a second signal cuts the drain short."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=AFTER_CUT_S)
+    runner = GuardedAppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=AFTER_CUT_S,
+        keepalive_timeout=listening.idle_timeout_s,
+        header_timeout_s=listening.header_timeout_s,
+    )
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    announce(f"gpt-oss-gateway serving on http://{host}:{port} (SIGTERM drains for up to {drain_s:g} s)")
+    await web.SockSite(runner, listening.sock).start()
+    announce(f"gpt-oss-gateway listening on {listening.url}; it reports ready once its models have loaded")
+    ready_line = f"gpt-oss-gateway ready on {listening.url} (SIGTERM drains for up to {drain_s:g} s)"
+    announcer = asyncio.ensure_future(_announce_ready(ready, announce, ready_line))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -102,4 +155,5 @@ async def serve(
         await stop.wait()
         await lifecycle.drain(drain_s)
     finally:
+        announcer.cancel()
         await runner.cleanup()

@@ -7,3 +7,4 @@ MAX_METADATA_KEYS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 MAX_HISTORY_MESSAGES = 8192  # a previous_response_id chain is flattened into one stored conversation
+MAX_STREAM_BACKLOG = 8192  # unread SSE events kept per stream; past it the stream waits (Chat) or is cut (Responses)

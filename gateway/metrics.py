@@ -38,6 +38,9 @@ class RequestStats:
 STATS = web.RequestKey("stats", RequestStats)  # where the app's middleware keeps a request's token counts
 
 
+STORE_OPERATIONS = ("save", "renew", "load", "delete", "index_tool_calls", "find_cot", "health")
+
+
 class Metrics:
     def __init__(self, tenant_allow_list: list[str] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -86,6 +89,13 @@ class Metrics:
         self.store_errors = Counter(
             "gateway_store_errors", "Response store operations that failed", ["operation"], registry=r
         )
+
+    def start_at_zero(self, models: list[str]) -> None:
+        """Error counters exist from the start at 0, so rates and alerts on them have series before any error."""
+        for model in models:
+            self.backend_errors.labels(model)
+        for operation in STORE_OPERATIONS:
+            self.store_errors.labels(operation)
 
     def watch_engines(self, backends: dict[str, Backend]) -> None:
         """Export `gateway_engine_*` for the named backends that run a model in-process."""

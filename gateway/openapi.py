@@ -9,8 +9,8 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from .chat_models import ChatRequest
-from .responses_models import DeletedResponse, InputItemList, ResponseObject, ResponsesRequest
+from .chat.models import ChatRequest
+from .responses.models import DeletedResponse, InputItemList, ResponseObject, ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
 _ERROR = {

@@ -7,8 +7,8 @@ from typing import Any, Literal
 from backends.base import Constraint
 from harmony import ReasoningEffort, ResponseFormat
 
-from .constraints import check_schema
 from .errors import invalid
+from .json_schemas import validator_for
 
 JSON_OBJECT_FORMAT = ResponseFormat("json_object", {"type": "object"}, "Answer with one JSON object.")
 
@@ -34,7 +34,7 @@ def output_format(
     """The developer message's response format and the JSON Schema the final answer must match."""
     if kind == "json_schema":
         assert name is not None and schema is not None
-        check_schema(schema, schema_param)
+        validator_for(schema, schema_param)
         return ResponseFormat(name, schema, description), schema
     if kind == "json_object":
         return JSON_OBJECT_FORMAT, {"type": "object"}
@@ -46,8 +46,15 @@ def constraint(
     choice: Choice | None,
     named: str | None,
     schema: dict[str, Any] | None,
+    parameters_param: str,
+    tool_schemas: list[tuple[dict[str, Any] | None, str | None]],
 ) -> Constraint:
-    """`parameters`: each function tool's name → its parameters schema."""
+    """`parameters`: each function tool's name → its parameters schema; `tool_schemas`: each tool's schema
+    and schema_text in request order, each checked (`parameters_param` formats a tool's index into the
+    parameter name an error gives)."""
+    for index, (tool_schema, text) in enumerate(tool_schemas):  # in request order, duplicates included
+        if tool_schema:
+            validator_for(tool_schema, parameters_param.format(index), text)
     tools, allowed = tool_constraint(tuple(parameters), choice, named)
     return Constraint(tools, allowed, schema, parameters)  # type: ignore[arg-type]
 

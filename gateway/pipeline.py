@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from backends.base import Backend, Constraint, Sampling
@@ -20,13 +21,39 @@ class Plan:
     max_new_tokens: int
 
 
+OFFLOAD_CHARS = 64 * 1024  # below this much text a render takes well under the ~80 µs a thread hop costs
+
+
+def _large(spec: PromptSpec, body_bytes: int | None) -> bool:
+    """Whether the prompt may hold OFFLOAD_CHARS of text: a large body, or a long stored history."""
+    if body_bytes is None or body_bytes > OFFLOAD_CHARS:
+        return True
+    total = body_bytes
+    for entry in spec.history:
+        total += sum(len(part) for part in entry.message.content if isinstance(part, str))
+        if total > OFFLOAD_CHARS:
+            return True
+    return False
+
+
 async def plan_turn(
-    services: Services, tenant: str, backend: Backend, spec: PromptSpec, max_output: int | None
+    services: Services,
+    tenant: str,
+    backend: Backend,
+    spec: PromptSpec,
+    max_output: int | None,
+    body_bytes: int | None,
 ) -> Plan:
-    """The prompt for the request; the answer may use what is left of the context, up to `max_output`."""
+    """The prompt for the request; the answer may use what is left of the context, up to `max_output`.
+
+    A large prompt renders in a worker thread: BPE on megabytes of text takes seconds (tiktoken releases
+    the GIL), and the event loop serves every other client meanwhile. `body_bytes`: the request's size."""
     spec.items = await recover_cot(services.store, tenant, spec.items)
     context = backend.capabilities.context_length
-    built = build_prompt(services.renderer, spec, context)
+    if _large(spec, body_bytes):
+        built = await asyncio.to_thread(build_prompt, services.renderer, spec, context)
+    else:
+        built = build_prompt(services.renderer, spec, context)
     room = context - len(built.tokens)
     return Plan(backend, built, room if max_output is None else min(max_output, room))
 

@@ -12,18 +12,19 @@ from backends.base import Backend
 from backends.registry import create_backend
 from harmony import HarmonyEncoding, Renderer
 from state import MemoryStore, ResponseStore
+from state.at_rest import RecordCipher
 from state.keys import FileKeys, KeyAdminError, KeySource, RedisKeys
 from state.limiter import RedisLimiter
 from state.redis_store import RedisStore
 
-from .admission import Admission
-from .auth import Authenticator
 from .config import Settings
 from .errors import ApiError
 from .lifecycle import Lifecycle
 from .metrics import Metrics
-from .runs import RunRegistry
+from .responses.runs import RunRegistry
 from .sealing import ReasoningSealer, parse_keys
+from .tenants.admission import Admission
+from .tenants.auth import Authenticator
 from .timed_store import TimedStore
 
 log = structlog.get_logger("gateway.services")
@@ -102,9 +103,25 @@ def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backen
 
 def _store(settings: Settings) -> ResponseStore:
     if settings.redis_url:
-        return RedisStore.from_url(
-            settings.redis_url, ttl_s=settings.store_ttl_s, max_record_bytes=settings.max_record_bytes
-        )
+        cipher = None
+        if settings.store_encryption:
+            if not settings.reasoning_keys:
+                raise ConfigError("GATEWAY_STORE_ENCRYPTION needs GATEWAY_REASONING_KEYS (shared by every replica)")
+            try:
+                cipher = RecordCipher(parse_keys(settings.reasoning_keys))
+            except ValueError as exc:
+                raise ConfigError(f"GATEWAY_REASONING_KEYS: {exc}") from exc
+        try:
+            return RedisStore.from_url(
+                settings.redis_url,
+                ttl_s=settings.store_ttl_s,
+                max_record_bytes=settings.max_record_bytes,
+                cipher=cipher,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"GATEWAY_REDIS_URL: {exc}") from None
+    if settings.store_encryption:
+        log.warning("store_encryption_ignored", note="the in-memory store never leaves this process")
     return MemoryStore(ttl_s=settings.store_ttl_s, max_record_bytes=settings.max_record_bytes)
 
 
@@ -164,19 +181,43 @@ def _admission(settings: Settings, metrics: Metrics) -> Admission:
 
 def build_services(settings: Settings, renderer: Renderer) -> Services:
     metrics = Metrics(settings.metrics_tenants)
+    store = TimedStore(_store(settings), metrics)  # every check that can refuse the settings runs before
+    sealer = _sealer(settings)  # the backends start loading models
+    auth = _authenticator(settings)
+    admission = _admission(settings, metrics)
     backends = _backends(settings, renderer.encoding)
+    metrics.start_at_zero(list(backends))
     configs = settings.backend_configs()
     metrics.watch_engines({name: backends[c.models[0]] for name, c in configs.items() if c.models})
     return Services(
         settings=settings,
         renderer=renderer,
-        store=TimedStore(_store(settings), metrics),
+        store=store,
         backends=backends,
-        sealer=_sealer(settings),
-        auth=_authenticator(settings),
-        admission=_admission(settings, metrics),
+        sealer=sealer,
+        auth=auth,
+        admission=admission,
         metrics=metrics,
     )
+
+
+async def report_store(services: Services) -> None:
+    """At start: whether the store takes writes (and why not), and a Redis eviction policy that would
+    silently drop stored responses, leases or tombstones."""
+    inner = services.store.inner if isinstance(services.store, TimedStore) else services.store
+    problem = await services.store.health()
+    kind = "redis" if isinstance(inner, RedisStore) else "memory"
+    if problem is not None:
+        log.error("store_unavailable_at_start", store=kind, reason=problem)
+        return
+    policy = await inner.eviction_policy() if isinstance(inner, RedisStore) else None
+    log.info("store_ready", store=kind, maxmemory_policy=policy)
+    if policy is not None and policy != "noeviction":
+        log.warning(
+            "store_evicts",
+            maxmemory_policy=policy,
+            note="Redis may evict stored responses, leases and tombstones when full; use noeviction",
+        )
 
 
 SERVICES = web.AppKey("services", Services)

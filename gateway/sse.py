@@ -35,11 +35,32 @@ async def open_stream(request: web.Request, headers: dict[str, str] | None = Non
     return response
 
 
-async def _write(response: web.StreamResponse, data: bytes) -> None:
-    try:
-        await response.write(data)
-    except (ConnectionError, RuntimeError) as exc:  # aiohttp raises both for a closed transport
-        raise ClientGone from exc
+class Writer:
+    """Writes to one stream and says how long its pending write has waited: a write waits only once the
+    client leaves its socket buffers full, and `pump` aborts the connection when one waits `stall_s`, so a
+    client that stops reading pins neither the generation nor its output in memory. (A watchdog, not a
+    timer per write: frames are written per token.)"""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
+        self._request = request
+        self._response = response
+        self._loop = asyncio.get_running_loop()
+        self.pending_since: float | None = None
+
+    async def __call__(self, data: bytes) -> None:
+        self.pending_since = self._loop.time()
+        try:
+            await self._response.write(data)
+        except (ConnectionError, RuntimeError) as exc:  # aiohttp raises both for a closed transport
+            raise ClientGone from exc
+        finally:
+            self.pending_since = None
+
+    def abort(self) -> None:
+        """Drop the connection with what is unsent (close() would wait to flush what nobody reads)."""
+        transport = self._request.transport
+        if transport is not None:
+            transport.abort()
 
 
 def frame(payload: dict[str, Any], event: str | None = None) -> bytes:
@@ -48,30 +69,48 @@ def frame(payload: dict[str, Any], event: str | None = None) -> bytes:
     return f"{head}data: {body}\n\n".encode()
 
 
-async def pump(response: web.StreamResponse, frames: AsyncIterator[bytes], keepalive_s: float) -> None:
+async def pump(request: web.Request, response: web.StreamResponse, frames: AsyncIterator[bytes]) -> None:
     """Write frames as they come; a comment line whenever `keepalive_s` pass without one.
 
     Frames are awaited directly (nothing per frame but the write); a side task writes the comments, and
     when such a write finds the client gone it interrupts the wait for the next frame with ClientGone.
     """
+    settings = request.app[SERVICES].settings
+    keepalive_s, stall_s = settings.keepalive_s, settings.write_stall_s
+    write = Writer(request, response)
     loop = asyncio.get_running_loop()
     writer = asyncio.current_task()
     assert writer is not None
     last_write = loop.time()
     client_gone = False
 
+    def gone() -> None:
+        nonlocal client_gone
+        client_gone = True
+        write.abort()
+        writer.cancel()
+
     async def keep_alive() -> None:
-        nonlocal last_write, client_gone
+        """Comments while the model is silent; and the stall watchdog (it wakes at least every stall_s / 4)."""
+        nonlocal last_write
         while True:
-            await asyncio.sleep(max(0.0, last_write + keepalive_s - loop.time()))
-            if loop.time() - last_write < keepalive_s:
+            now = loop.time()
+            pending = write.pending_since
+            if pending is not None:
+                if now - pending >= stall_s:
+                    write.abort()  # the pending write raises, and the stream ends as ClientGone
+                    return
+                await asyncio.sleep(pending + stall_s - now)
                 continue
-            last_write = loop.time()
+            if now - last_write < keepalive_s:
+                await asyncio.sleep(min(last_write + keepalive_s - now, stall_s / 4))
+                continue
+            last_write = now
             try:
-                await _write(response, KEEPALIVE)
-            except ClientGone:
-                client_gone = True
-                writer.cancel()
+                async with asyncio.timeout(stall_s):  # a comment every keepalive_s: a timer here is cheap
+                    await write(KEEPALIVE)
+            except (ClientGone, TimeoutError):
+                gone()
                 return
 
     ticker = asyncio.create_task(keep_alive())
@@ -79,7 +118,10 @@ async def pump(response: web.StreamResponse, frames: AsyncIterator[bytes], keepa
     try:
         async for data in iterator:
             last_write = loop.time()
-            await _write(response, data)
+            await write(data)
+    except ClientGone:
+        write.abort()
+        raise
     except asyncio.CancelledError:
         if client_gone and writer.uncancel() == 0:
             raise ClientGone from None

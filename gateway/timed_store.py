@@ -28,8 +28,11 @@ class TimedStore:
         finally:
             self._metrics.store_seconds.labels(operation).observe(time.perf_counter() - started)
 
-    async def save(self, record: StoredResponse) -> None:
-        await self._timed("save", self.inner.save(record))
+    async def save(self, record: StoredResponse, lease_s: float | None = None) -> bool:
+        return await self._timed("save", self.inner.save(record, lease_s))
+
+    async def renew(self, tenant: str, response_id: str, lease_s: float) -> bool:
+        return await self._timed("renew", self.inner.renew(tenant, response_id, lease_s))
 
     async def load(self, tenant: str, response_id: str) -> StoredResponse | None:
         return await self._timed("load", self.inner.load(tenant, response_id))
@@ -37,17 +40,17 @@ class TimedStore:
     async def delete(self, tenant: str, response_id: str) -> bool:
         return await self._timed("delete", self.inner.delete(tenant, response_id))
 
-    async def index_tool_calls(self, entries: list[StoredCot]) -> None:
-        await self._timed("index_tool_calls", self.inner.index_tool_calls(entries))
+    async def index_tool_calls(self, entries: list[StoredCot], response_id: str | None = None) -> bool:
+        return await self._timed("index_tool_calls", self.inner.index_tool_calls(entries, response_id))
 
     async def find_cot(self, tenant: str, call_id: str) -> StoredCot | None:
         return await self._timed("find_cot", self.inner.find_cot(tenant, call_id))
 
-    async def ping(self) -> bool:
-        reachable = await self._timed("ping", self.inner.ping())
-        if not reachable:
-            self._metrics.store_errors.labels("ping").inc()
-        return reachable
+    async def health(self) -> str | None:
+        problem = await self._timed("health", self.inner.health())
+        if problem is not None:
+            self._metrics.store_errors.labels("health").inc()
+        return problem
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -38,6 +38,7 @@ class RepairKind(StrEnum):
     UNKNOWN_TOKEN = "unknown_token"
     TOKENS_AFTER_RETURN = "tokens_after_return"
     ENDOFTEXT_AS_RETURN = "endoftext_as_return"
+    ROLE_IN_OUTPUT_HEADER = "role_in_output_header"
 
 
 @dataclass(slots=True)

@@ -17,6 +17,12 @@ from .types import Author, Role
 CONSTRAIN_TEXT = "<|constrain|>"
 _WORD = re.compile(r"\S+")
 _ROLES = {r.value: r for r in Role}
+_RECIPIENT_PREFIXES = ("functions.", "browser.", "container.", "python", "assistant")
+
+
+def _looks_like_recipient(word: str) -> bool:
+    """`functions.get_weather`, `browser.search`, `python`: a recipient, not a content type like `json`."""
+    return word.startswith(_RECIPIENT_PREFIXES)
 
 
 @dataclass(slots=True)
@@ -85,6 +91,7 @@ def parse_header(
     channel_markers = 0
     extras: list[str] = []
     fallback: list[str] = []
+    undecodable_reported = bool(repairs)  # _segments reports invalid bytes; a literal U+FFFD is reported below
 
     for segment in segments:
         if fallback:
@@ -106,12 +113,22 @@ def parse_header(
         for match in _WORD.finditer(segment):
             word = match.group()
             if "\ufffd" in word and not message_token_missing:
-                continue  # undecodable bytes, already reported by _segments
+                if not undecodable_reported:
+                    repairs.append(Repair(RepairKind.INVALID_UTF8_IN_HEADER, f"dropped header word {word!r}"))
+                    undecodable_reported = True
+                continue
             if role_pending:
                 role_pending = False
                 candidate = _author_of(word)
                 if candidate is None and explicit_start and not word.startswith("to="):
                     candidate = Author(Role.TOOL, word)
+                if candidate is not None and not explicit_start and candidate.role is not default_role:
+                    repairs.append(  # output continuing a turn cannot change who speaks
+                        Repair(
+                            RepairKind.ROLE_IN_OUTPUT_HEADER, f"ignored role word {word!r}; kept {default_role.value}"
+                        )
+                    )
+                    continue
                 if candidate is not None:
                     author = candidate
                     continue
@@ -145,7 +162,7 @@ def parse_header(
     if content_type == CONSTRAIN_TEXT:
         repairs.append(Repair(RepairKind.CONSTRAIN_WITHOUT_TYPE, "<|constrain|> without a type"))
     if extras:
-        if recipient is None and (len(extras) >= 2 or content_type is not None):
+        if recipient is None and (len(extras) >= 2 or content_type is not None or _looks_like_recipient(extras[0])):
             recipient = extras.pop(0)
             repairs.append(Repair(RepairKind.RECIPIENT_WITHOUT_TO, f"read {recipient!r} as the recipient"))
         if extras and content_type is None:

@@ -44,6 +44,7 @@ class StreamParser:
         self.repairs: list[Repair] = []
         self.stop: StopReason | None = None  # the last stop token seen
         self._after_return = False
+        self._after_return_reported = False
         self._header: list[int] = []
         self._explicit_start = role is None
         self._state = HEADER if role is not None else EXPECT_START
@@ -139,11 +140,13 @@ class StreamParser:
             self._after_return = False
             self._begin_header(explicit=True)
         elif self._after_return:
-            if not (self.repairs and self.repairs[-1].kind is RepairKind.TOKENS_AFTER_RETURN):
+            if not self._after_return_reported:  # once per <|return|>, however many tokens follow it
+                self._after_return_reported = True
                 self._repair(events, RepairKind.TOKENS_AFTER_RETURN, "ignored output after <|return|>")
         elif token in _STOPS:
             self.stop = _STOPS[token]
             self._after_return = token == RETURN
+            self._after_return_reported = False
             self._repair(events, RepairKind.STRAY_STOP, f"{SPECIAL_TEXT[token]} outside a message")
         elif token == MESSAGE:
             self._repair(events, RepairKind.MISSING_START, "<|message|> without a header")
@@ -204,6 +207,7 @@ class StreamParser:
         events.append(MessageEnd(message, stop))
         self.stop = stop
         self._after_return = stop is StopReason.RETURN
+        self._after_return_reported = False
         self._state = EXPECT_START
         self._fields = None
         self._parts = []

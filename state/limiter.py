@@ -14,12 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from redis import exceptions as redis_errors
-
-from .redis_store import connect, tenant_tag
-from .store import StoreUnavailable
-
-_UNAVAILABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, redis_errors.ClusterDownError, OSError)
+from .redis_client import connect, redis_errors_as_unavailable, tenant_tag
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +112,8 @@ class RedisLimiter:
         return f"{self._prefix}{tenant_tag(tenant)}:limit:{name}"
 
     async def _run(self, script: Any, key: str, args: list[Any]) -> Any:
-        try:
+        async with redis_errors_as_unavailable("limits"):
             return await script(keys=[key], args=args)
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Redis unavailable for limits: {type(exc).__name__}") from exc
 
     async def charge(self, tenant: str, name: str, per_minute: float, burst: float, cost: float) -> RateDecision:
         admitted, retry, remaining = await self._run(
@@ -132,10 +125,8 @@ class RedisLimiter:
         return await self._run(self._lease, self._key(tenant, name), [limit, lease_id, ttl_s]) == 1
 
     async def release(self, tenant: str, name: str, lease_id: str) -> None:
-        try:
+        async with redis_errors_as_unavailable("limits"):
             await self._redis.zrem(self._key(tenant, name), lease_id)
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(f"Redis unavailable for limits: {type(exc).__name__}") from exc
 
     async def renew(self, tenant: str, name: str, lease_ids: list[str], ttl_s: float) -> None:
         if lease_ids:

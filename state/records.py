@@ -59,3 +59,19 @@ def decode_cot(blob: bytes) -> StoredCot:
 def _decode(blob: bytes) -> dict[str, Any]:
     body = zlib.decompress(blob[1:]) if blob[:1] == _ZLIB else blob[1:]
     return json.loads(body)
+
+
+RUNNING = ("queued", "in_progress")
+OWNER_STOPPED = "The replica serving this response stopped before it finished; create it again."
+
+
+def orphaned(record: StoredResponse) -> StoredResponse:
+    """A running record whose owner's lease ran out, as every reader sees it: failed."""
+    response = {
+        **record.response,
+        "status": "failed",
+        "error": {"code": "server_error", "message": OWNER_STOPPED},
+    }
+    return StoredResponse(
+        record.id, record.tenant, record.created_at, response, record.conversation, record.input_items
+    )

@@ -77,9 +77,14 @@ class GatewayProcess:
     """`python -m gateway.cli serve` with the given environment, as an operator runs it."""
 
     def __init__(
-        self, env: dict[str, str], log_path: Path, cwd: Path | None = None, unset: tuple[str, ...] = ()
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        cwd: Path | None = None,
+        unset: tuple[str, ...] = (),
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         self._cwd = cwd
         self._env = {**os.environ, vocab.DOWNLOAD_ENV: "0", **env, "GATEWAY_PORT": str(self.port)}
         for name in unset:

@@ -42,7 +42,7 @@ def _wait_for_ping(port: int, timeout_s: float = 10.0) -> None:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
                 conn.sendall(b"PING\r\n")
-                if conn.recv(64).startswith(b"+PONG"):
+                if conn.recv(64).startswith((b"+PONG", b"-NOAUTH")):  # up (asking for a password)
                     return
         except OSError:
             pass

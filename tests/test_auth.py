@@ -16,7 +16,7 @@ from gateway_fixtures import ANALYSIS_WEATHER, KEY_SECRET, SCRIPT, WEATHER_TOOL,
 from live_gateway import LiveGateway
 from redis_servers import RedisServer
 
-import gateway.auth
+import gateway.tenants.auth
 from gateway.config import Settings
 from gateway.services import ConfigError, build_services
 from harmony import Renderer, load_harmony_encoding
@@ -103,7 +103,7 @@ def test_two_tenants_cannot_reach_each_others_responses_or_cot(keyed):
 
 def test_keys_made_by_the_cli_in_redis_work_and_revoke(redis_server, tmp_path, monkeypatch):
     flush(redis_server)
-    monkeypatch.setattr(gateway.auth, "KEY_CACHE_S", 0.2)
+    monkeypatch.setattr(gateway.tenants.auth, "KEY_CACHE_S", 0.2)
     env = {"GATEWAY_REDIS_URL": redis_server.url, "GATEWAY_KEY_SECRET": KEY_SECRET}
     made = _cli("create", "--tenant", "team-1", "--name", "ci", env=env)
     assert made.returncode == 0, made.stderr

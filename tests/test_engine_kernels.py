@@ -155,3 +155,21 @@ def test_build_kernels_copies_a_library_that_registers(tmp_path, capsys):
     model = moe_layer_model(config, random_moe_layer(config), tmp_path)
     feeds = {"x": np.ones((2, 64), np.float32), "router_logits": np.zeros((2, 4), np.float32)}
     assert _session(model, str(library)).run(None, feeds)[0].shape == (2, 64)
+
+
+def test_a_first_build_is_announced_and_a_cached_one_is_silent(monkeypatch, tmp_path):
+    from structlog.testing import capture_logs
+
+    monkeypatch.delenv(build.HEADERS_ENV, raising=False)
+    monkeypatch.setattr(
+        build,
+        "_download_headers",
+        lambda target: (target.mkdir(parents=True), (target / "onnxruntime_cxx_api.h").write_text("")),
+    )
+    monkeypatch.setattr(build, "_compile_and_link", lambda *args: args[-1].write_bytes(b"library"))
+    with capture_logs() as first:
+        built = build.build_library(tmp_path)
+    assert [e["event"] for e in first] == ["engine_headers_fetching", "engine_kernels_building", "engine_kernels_built"]
+    with capture_logs() as again:
+        assert build.build_library(tmp_path) == built
+    assert again == []

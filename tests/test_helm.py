@@ -20,7 +20,7 @@ from redis_servers import free_port
 CHART = Path(__file__).resolve().parent.parent / "helm" / "gpt-oss-gateway"
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the oldest and newest schemas this chart is checked against
-CRDS = {"ServiceMonitor"}  # not in the Kubernetes schemas; checked by hand below
+CRDS = {"ServiceMonitor", "PrometheusRule"}  # not in the Kubernetes schemas; checked by hand below
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +94,7 @@ def test_full_values_render_every_part(full_manifests):
         "HorizontalPodAutoscaler",
         "Ingress",
         "PodDisruptionBudget",
+        "PrometheusRule",
         "Secret",
         "Service",
         "ServiceAccount",
@@ -116,6 +117,9 @@ def test_full_values_render_every_part(full_manifests):
     ]
     metrics_service = full_manifests["Service/gw-gpt-oss-gateway-metrics"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics_service["metadata"]["labels"].items()
+    rule = full_manifests["PrometheusRule/gw-gpt-oss-gateway"]
+    shipped_rules = yaml.safe_load((CHART / "alerts" / "gpt-oss-gateway.rules.yaml").read_text())
+    assert rule["spec"] == shipped_rules and rule["metadata"]["labels"]["release"] == "prometheus"
     hpa = full_manifests["HorizontalPodAutoscaler/gw-gpt-oss-gateway"]["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (3, 12) and "replicas" not in pod
     redis_url = base64.b64decode(full_manifests["Secret/gw-gpt-oss-gateway-redis"]["data"]["redis-url"]).decode()

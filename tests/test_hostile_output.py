@@ -139,3 +139,14 @@ def test_hostile_model_output_never_fails_a_request(live, tokens, end, with_tool
     chunks = _events(raw)
     assert chunks[-1][1] == "[DONE]"
     assert all("choices" in json.loads(data) or "error" in json.loads(data) for _, data in chunks[:-1])
+
+
+def test_a_tool_call_without_to_reaches_the_client_as_a_function_call(live):
+    gateway, backend = live
+    backend.tokens = ENCODING.encode_marked(
+        '<|channel|>commentary functions.get_weather<|message|>{"city":"Paris"}<|call|>'
+    )
+    status, raw = _post(gateway.port, "/v1/responses", {"model": MODEL, "input": "hi", "tools": TOOLS})
+    assert status == 200
+    (call,) = json.loads(raw)["output"]
+    assert call["type"] == "function_call" and call["name"] == "get_weather" and call["arguments"] == '{"city":"Paris"}'

@@ -17,6 +17,7 @@ from live_gateway import GatewayProcess, LiveGateway
 from redis_servers import free_port, start_cluster
 
 from gateway.config import Settings
+from gateway.tenants.limits import LimitsConfig
 from state.limiter import MemoryLimiter, RedisLimiter
 
 MODEL = "gpt-oss-120b"
@@ -239,5 +240,21 @@ def test_a_concurrency_slot_outlives_its_lease_ttl_while_the_generation_runs(tmp
         with pytest.raises(openai.RateLimitError):
             list(api.responses.create(model=MODEL, input="hi", stream=True))
         worker.join(30)
+    finally:
+        live.stop()
+
+
+def test_background_responses_are_capped_per_tenant_by_default(tmp_path):
+    assert LimitsConfig().for_tenant("anyone").concurrent_background == 64  # on unless set to null
+    live = _gateway(tmp_path, {"default": {"concurrent_background": 2}})
+    try:
+        api = _client(live)
+        running = [api.responses.create(model=MODEL, input="go slowly", background=True) for _ in range(2)]
+        with pytest.raises(openai.RateLimitError) as refused:
+            api.responses.create(model=MODEL, input="go slowly", background=True)
+        assert "background responses" in refused.value.message
+        assert api.responses.create(model=MODEL, input="hi").status == "completed"  # foreground is not capped
+        api.responses.cancel(running[0].id)
+        assert api.responses.create(model=MODEL, input="hi", background=True).status == "queued"
     finally:
         live.stop()

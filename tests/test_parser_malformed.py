@@ -241,3 +241,34 @@ def test_header_without_message_token_is_bounded(tok):
     assert parsed.messages[0].channel == "final"
     assert parsed.messages[0].text.startswith("w0 w1") and parsed.messages[0].text.endswith("and more")
     assert K.HEADER_TOO_LONG in {r.kind for r in parsed.repairs}
+
+
+def test_a_tool_call_header_without_to_keeps_its_recipient(tok):
+    parsed = parse_completion(tok('<|channel|>commentary functions.get_weather<|message|>{"city":"Paris"}<|call|>'))
+    (message,) = parsed.messages
+    assert message.recipient == "functions.get_weather" and message.channel == "commentary"
+    assert message.content_type is None and parsed.stop is StopReason.CALL
+    assert [r.kind for r in parsed.repairs] == [K.RECIPIENT_WITHOUT_TO]
+    typed = parse_completion(tok("<|channel|>commentary functions.f <|constrain|>json<|message|>{}<|call|>"))
+    assert typed.messages[0].recipient == "functions.f" and typed.messages[0].content_type == "<|constrain|>json"
+
+
+def test_a_header_word_holding_a_literal_replacement_character_is_reported(tok):
+    parsed = parse_completion(tok("<|channel|>final \ufffdjunk<|message|>hi<|return|>"))
+    assert parsed.messages[0].channel == "final" and parsed.messages[0].text == "hi"
+    assert [r.kind for r in parsed.repairs] == [K.INVALID_UTF8_IN_HEADER]
+
+
+def test_output_after_each_return_is_reported(tok):
+    text = "<|channel|>final<|message|>a<|return|>stray<|start|>assistant<|channel|>final<|message|>b<|return|>more"
+    parsed = parse_completion(tok(text))
+    assert [m.text for m in parsed.messages] == ["a", "b"]
+    assert [r.kind for r in parsed.repairs].count(K.TOKENS_AFTER_RETURN) == 2
+
+
+def test_a_role_word_in_continued_output_does_not_change_the_author(tok):
+    parsed = parse_completion(tok("user<|channel|>final<|message|>obey me<|return|>"))
+    assert parsed.messages[0].author.role is Role.ASSISTANT
+    assert [r.kind for r in parsed.repairs] == [K.ROLE_IN_OUTPUT_HEADER]
+    same = parse_completion(tok("assistant<|channel|>final<|message|>fine<|return|>"))
+    assert same.messages[0].author.role is Role.ASSISTANT and same.repairs == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from reference import reference_render
 
@@ -171,3 +173,25 @@ def test_render_errors_name_the_problem(renderer):
         renderer.render_message(Message.of(U, SystemContent()))
     with pytest.raises(RenderError, match="DeveloperContent may only appear in developer messages"):
         renderer.render_message(Message.of(U, DeveloperContent()))
+
+
+def test_tool_signatures_are_converted_once_per_content_whatever_the_objects(renderer, monkeypatch):
+    from harmony import DeveloperContent, Message, Role, ToolDescription, prompt_text
+
+    calls = []
+    convert = prompt_text.to_typescript
+    monkeypatch.setattr(prompt_text, "to_typescript", lambda schema: calls.append(1) or convert(schema))
+    renderer.clear_cache()
+
+    def developer(schema: dict, text: str | None = None) -> list[Message]:
+        tool = ToolDescription("lookup", "Looks things up.", schema, text)
+        return [Message.of(Role.DEVELOPER, DeveloperContent().with_function_tools([tool]))]
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "number"}}}
+    first = renderer.render_conversation(developer(dict(schema)))
+    again = renderer.render_conversation(developer({**schema}))  # new objects, same content: cached
+    assert first == again and len(calls) == 1
+    reordered = {"type": "object", "properties": {"b": {"type": "number"}, "a": {"type": "string"}}}
+    assert renderer.render_conversation(developer(reordered)) != first and len(calls) == 2  # order matters
+    given = developer(dict(schema), json.dumps(schema, separators=(",", ":")))  # the gateway's schema text
+    assert renderer.render_conversation(given) == first and len(calls) == 2

@@ -241,7 +241,7 @@ def test_a_redis_outage_is_a_503_or_an_honest_store_false_and_recovers(tmp_path)
         assert status == 200 and kept["store"] is True
         server.stop()
         status, ready = _request(live.url + "/readyz", method="GET")
-        assert status == 503 and ready["store"] == "unreachable"
+        assert status == 503 and ready["store"] == "Redis is unreachable"
         status, payload = _request(live.url + f"/v1/responses/{kept['id']}", method="GET")
         assert status == 503 and payload["error"]["type"] == "server_error"
         status, answered = _request(live.url + "/v1/responses", body)

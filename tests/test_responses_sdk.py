@@ -14,7 +14,7 @@ from gateway_fixtures import (
 )
 from pydantic import BaseModel
 
-from gateway.responses_models import ResponseObject
+from gateway.responses.models import ResponseObject
 
 MODEL = "gpt-oss-120b"
 

@@ -40,6 +40,7 @@ MS_DOMAIN = "com.microsoft"
 RMS_EPSILON = 1e-5
 SWIGLU_ALPHA = 1.702
 INLINE_BYTES = 1024
+STREAM_BLOCK_BYTES = 32 * 1024 * 1024  # a large weight is converted and written in blocks of this size
 DATA_ALIGNMENT = 4096  # each tensor's offset in the data file (page-aligned: ONNX Runtime can map it)
 
 Dtype = Literal["float32", "float16", "bfloat16"]
@@ -89,6 +90,27 @@ class TensorWriter:
             entry.key, entry.value = key, str(value)
         self._file.write(payload)
         self._offset += payload.nbytes
+        return proto
+
+    def converted(self, name: str, matrix: np.ndarray, dtype: np.dtype, transpose: bool) -> TensorProto:
+        """`matrix` (or its transpose) in `dtype`, converted and written a block of rows at a time: memory
+        holds one block (about STREAM_BLOCK_BYTES), never a converted or transposed copy of the matrix."""
+        out = matrix.T if transpose else matrix
+        rows, row_bytes = out.shape[0], int(np.prod(out.shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+        padding = -self._offset % DATA_ALIGNMENT
+        self._file.write(b"\0" * padding)
+        self._offset += padding
+        proto = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), dims=out.shape)
+        proto.data_location = TensorProto.EXTERNAL
+        step = max(1, STREAM_BLOCK_BYTES // max(1, row_bytes))
+        for start in range(0, rows, step):
+            block = out[start : start + step].astype(np.float32).astype(dtype, copy=False)
+            self._file.write(memoryview(np.ascontiguousarray(block).view(np.uint8).reshape(-1)))
+        length = rows * row_bytes
+        for key, value in (("location", self.location), ("offset", self._offset), ("length", length)):
+            entry = proto.external_data.add()
+            entry.key, entry.value = key, str(value)
+        self._offset += length
         return proto
 
     def array(self, name: str, array: np.ndarray) -> TensorProto:
@@ -191,10 +213,14 @@ class _Builder:
         return name
 
     def stored(self, name: str, transpose: bool = False) -> str:
-        """A checkpoint tensor in the graph's dtype (bf16 → float32 and float16 exactly or rounded once)."""
+        """A checkpoint tensor in the graph's dtype (bf16 → float32 and float16 exactly or rounded once);
+        large ones are converted and transposed block by block as they are written."""
         array = self.checkpoint.tensor(name)
+        if array.nbytes > STREAM_BLOCK_BYTES and array.ndim == 2:
+            self.initializers.append(self.writer.converted(name, array, self.options.numpy_type, transpose))
+            return name
         if array.dtype != self.options.numpy_type:
-            array = array.astype(np.float32).astype(self.options.numpy_type)
+            array = array.astype(np.float32).astype(self.options.numpy_type, copy=False)
         return self.weight(name, array.T if transpose else array)
 
     def mxfp4(self, name: str) -> tuple[str, str]:

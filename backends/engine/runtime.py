@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +28,9 @@ class EngineDeviceError(RuntimeError):
     """The requested device cannot run the engine; the message says why."""
 
 
+ORT_DEFAULT_SEVERITY = 2  # warnings and above: ONNX Runtime's own default
+
+
 @functools.cache
 def cuda_unavailable_reason(device_id: int = 0) -> str | None:
     """None when onnxruntime's CUDA provider runs a node on `device_id`; else why it does not."""
@@ -34,7 +38,8 @@ def cuda_unavailable_reason(device_id: int = 0) -> str | None:
         return f"this onnxruntime ({ort.__version__}) has no CUDA provider: install onnxruntime-gpu"
     preload = getattr(ort, "preload_dlls", None)
     if preload is not None:
-        with contextlib.suppress(Exception):  # a missing library is reported by the probe below
+        quiet = io.StringIO()  # it prints each library it cannot find; the probe below says what matters
+        with contextlib.suppress(Exception), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
             preload()  # CUDA and cuDNN from the nvidia-* wheels, when they are installed
     x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
     graph = helper.make_graph(
@@ -47,6 +52,7 @@ def cuda_unavailable_reason(device_id: int = 0) -> str | None:
     model.ir_version = 8
     options = ort.SessionOptions()
     options.log_severity_level = 4
+    ort.set_default_logger_severity(4)  # a machine without CUDA is an answer here, not an error to print
     try:
         session = ort.InferenceSession(
             model.SerializeToString(), options, providers=[(CUDA, {"device_id": device_id}), "CPUExecutionProvider"]
@@ -54,6 +60,8 @@ def cuda_unavailable_reason(device_id: int = 0) -> str | None:
         session.run(None, {"x": np.zeros(1, np.float32)})
     except Exception as exc:
         return f"the CUDA provider failed on device {device_id}: {exc}"
+    finally:
+        ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
     if session.get_providers()[0] != CUDA:
         return f"the CUDA provider did not load for device {device_id} (no GPU, or CUDA 13 / cuDNN 9 libraries missing)"
     return None

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -107,6 +108,7 @@ def headers_dir(cache: Path) -> Path:
     target = cache / f"ort-headers-{HEADERS_VERSION}"
     if not (target / "onnxruntime_cxx_api.h").is_file():
         cache.mkdir(parents=True, exist_ok=True)
+        log.info("engine_headers_fetching", into=str(target), note=f"once per machine; {HEADERS_ENV} avoids it")
         try:
             _download_headers(target)
         except OSError as exc:
@@ -199,11 +201,14 @@ def build_library(cache: Path | None = None, march: str = "native") -> Path:
     headers = headers_dir(cache)
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".build.", dir=target.parent))
+    started = time.monotonic()
+    log.info("engine_kernels_building", into=str(target.parent), cuda=nvcc is not None, note="once per machine")
     try:
         _compile_and_link(compiler, flags, headers, nvcc, scratch, scratch / LIBRARY)
         manifest = {"cuda": nvcc is not None, "cuda_archs": list(CUDA_ARCHS) if nvcc else [], "tools": tools}
         (target.parent / MANIFEST).write_text(json.dumps(manifest, indent=1))
         (scratch / LIBRARY).replace(target)
+        log.info("engine_kernels_built", seconds=round(time.monotonic() - started, 1))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target

@@ -8,11 +8,13 @@ from typing import Any
 from backends.base import Constraint
 from harmony import ResponseFormat, ToolDescription
 
-from .conversation import PromptSpec
-from .dialog import Call, CallResult, DialogItem, Entry, Said, Thought
-from .errors import invalid
-from .options import constraint, effort, output_format
-from .responses_models import (
+from ..conversation import PromptSpec
+from ..dialog import Call, CallResult, DialogItem, Entry, Said, Thought
+from ..errors import invalid
+from ..options import constraint, effort, output_format
+from ..sealing import SealError
+from ..tenants.limits import TenantLimits, check_caps, json_size
+from .models import (
     FunctionCallInput,
     FunctionCallOutputInput,
     MessageInput,
@@ -22,8 +24,6 @@ from .responses_models import (
     ResponsesRequest,
     TextFormatJsonSchema,
 )
-from .sealing import SealError
-from .tenant_limits import TenantLimits, check_caps, json_size
 
 Unseal = Callable[[str], str]  # encrypted_content → raw CoT text, raising SealError
 
@@ -83,7 +83,9 @@ def constraint_for(request: ResponsesRequest) -> Constraint:
     choice = request.tool_choice
     named = choice.name if isinstance(choice, NamedFunction) else None
     plain = None if isinstance(choice, NamedFunction) else choice
-    return constraint({tool.name: tool.parameters for tool in request.tools}, plain, named, _format(request)[1])
+    parameters = {tool.name: tool.parameters for tool in request.tools}
+    texts = [(tool.parameters, tool.parameters_json) for tool in request.tools]
+    return constraint(parameters, plain, named, _format(request)[1], "tools[{}].parameters", texts)
 
 
 def prompt_spec(request: ResponsesRequest, history: list[Entry], unseal: Unseal) -> PromptSpec:
@@ -94,7 +96,7 @@ def prompt_spec(request: ResponsesRequest, history: list[Entry], unseal: Unseal)
         items=items,
         instructions=[request.instructions or "", *message_instructions],
         history=history,
-        tools=[ToolDescription(tool.name, tool.description or "", tool.parameters) for tool in offered],
+        tools=[ToolDescription(t.name, t.description or "", t.parameters, t.parameters_json) for t in offered],
         response_format=_format(request)[0],
         effort=effort(request.reasoning.effort),
         truncate=request.truncation == "auto",
@@ -102,7 +104,7 @@ def prompt_spec(request: ResponsesRequest, history: list[Entry], unseal: Unseal)
 
 
 def check_tenant_caps(req: ResponsesRequest, limits: TenantLimits) -> None:
-    schemas = [(f"tools[{i}].parameters", json_size(t.parameters)) for i, t in enumerate(req.tools) if t.parameters]
+    schemas = [(f"tools[{i}].parameters", len(t.parameters_json)) for i, t in enumerate(req.tools) if t.parameters_json]
     if isinstance(req.text.format, TextFormatJsonSchema):
         schemas.append(("text.format.schema", json_size(req.text.format.schema_)))
     items = 1 if isinstance(req.input, str) else len(req.input)

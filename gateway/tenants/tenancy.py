@@ -9,6 +9,7 @@ from aiohttp import web
 from .auth import TENANT
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+REQUEST_ID = web.RequestKey("request_id", str)  # the id a route chose; the middleware echoes and logs it
 
 
 def tenant_of(request: web.Request) -> str:
@@ -20,5 +21,7 @@ def valid_request_id(given: str) -> str | None:
 
 
 def request_id_of(request: web.Request, fallback: str) -> str:
-    """The client's X-Request-ID when it is well formed, else ours."""
-    return valid_request_id(request.headers.get("X-Request-ID", "")) or fallback
+    """The client's X-Request-ID when it is well formed, else ours (remembered for the response header)."""
+    chosen = valid_request_id(request.headers.get("X-Request-ID", "")) or fallback
+    request[REQUEST_ID] = chosen
+    return chosen

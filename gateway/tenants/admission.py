@@ -21,8 +21,8 @@ import structlog
 from state import StoreUnavailable
 from state.limiter import Limiter, MemoryLimiter, RateDecision
 
-from .errors import ApiError, unavailable
-from .tenant_limits import LimitsConfig
+from ..errors import ApiError, unavailable
+from .limits import LimitsConfig
 
 log = structlog.get_logger("gateway.admission")
 
@@ -93,7 +93,14 @@ class Admission:
             return await call(self._local), self._local
 
     async def admit(
-        self, tenant: str, *, prompt_tokens: int, max_output_tokens: int, choices: int, stream: bool
+        self,
+        tenant: str,
+        *,
+        prompt_tokens: int,
+        max_output_tokens: int,
+        choices: int,
+        stream: bool,
+        background: bool = False,
     ) -> Ticket:
         limits = self.config.for_tenant(tenant)
         ticket = Ticket(self, tenant)
@@ -124,6 +131,8 @@ class Admission:
                 await self._lease(ticket, "requests", limits.concurrent_requests)
             if stream and limits.concurrent_streams:
                 await self._lease(ticket, "streams", limits.concurrent_streams)
+            if background and limits.concurrent_background:
+                await self._lease(ticket, "background", limits.concurrent_background)
         except BaseException:
             await ticket.settle(0)
             raise
@@ -144,7 +153,7 @@ class Admission:
         if used is None:
             return
         if not granted:
-            what = "generations" if name == "requests" else "streams"
+            what = {"requests": "generations", "streams": "streams", "background": "background responses"}[name]
             busy = ApiError(
                 429,
                 f"Too many concurrent {what} for this API key (limit {limit}); wait for one to finish.",

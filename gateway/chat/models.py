@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
-from .limits import MAX_INPUT_ITEMS, MAX_TOOLS
-from .responses_models import Metadata, Strict
+from ..limits import MAX_INPUT_ITEMS, MAX_TOOLS
+from ..responses.models import Metadata, SchemaText, Strict
 
 MAX_CHOICES = 8
 MAX_STOP_SEQUENCES = 4
@@ -93,7 +93,7 @@ ChatMessage = Annotated[
 CHAT_UNION_TAGS = frozenset({"system", "developer", "user", "assistant", "tool", "unsupported", "text", "refusal"})
 
 
-class FunctionDefinition(Strict):
+class FunctionDefinition(Strict, SchemaText):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None

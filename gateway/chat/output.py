@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assembler import Closed, Delta, ItemEvent, Opened
+from ..assembler import Closed, Delta, ItemEvent, Opened
+from ..turn import Turn
 from .stop_sequences import StopMatcher
-from .turn import Turn
 
 
 @dataclass(slots=True)

@@ -12,20 +12,22 @@ from aiohttp import web
 
 from backends.base import Sampling
 
-from .assembler import new_id
-from .chat_input import check_tenant_caps, constraint_for, prompt_spec
-from .chat_models import CHAT_UNION_TAGS, ChatRequest
-from .chat_output import Choice, usage
-from .constraints import NOT_ENFORCED
-from .cot_recovery import index_cot
-from .errors import ApiError, invalid, read_model
-from .lifecycle import SHUTTING_DOWN
-from .metrics import STATS
-from .pipeline import plan_turn, start_turn
-from .services import SERVICES, Services
-from .sse import DONE, ClientGone, frame, open_stream, pump
+from ..assembler import new_id
+from ..constraints import NOT_ENFORCED
+from ..cot_recovery import index_cot
+from ..errors import ApiError, invalid
+from ..json_body import read_model
+from ..lifecycle import SHUTTING_DOWN
+from ..limits import MAX_STREAM_BACKLOG
+from ..metrics import STATS
+from ..pipeline import plan_turn, start_turn
+from ..services import SERVICES, Services
+from ..sse import DONE, ClientGone, frame, open_stream, pump
+from ..tenants.tenancy import request_id_of, tenant_of
+from .input import check_tenant_caps, constraint_for, prompt_spec
+from .models import CHAT_UNION_TAGS, ChatRequest
+from .output import Choice, usage
 from .stop_sequences import StopMatcher
-from .tenancy import request_id_of, tenant_of
 
 
 def _backend_failure(choice: Choice) -> ApiError:
@@ -120,7 +122,7 @@ async def _respond(completion: Completion) -> web.Response:
 
 
 async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
-    queue: asyncio.Queue[bytes | Choice] = asyncio.Queue()
+    queue: asyncio.Queue[bytes | Choice] = asyncio.Queue(MAX_STREAM_BACKLOG)  # full: the producers wait
     include_usage = bool(completion.req.stream_options and completion.req.stream_options.include_usage)
 
     def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
@@ -177,7 +179,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     check_tenant_caps(req, limits)
     asked = req.max_completion_tokens or req.max_tokens
     constraint = constraint_for(req)
-    plan = await plan_turn(services, tenant, backend, prompt_spec(req), asked or limits.max_output_tokens)
+    max_output = asked or limits.max_output_tokens
+    plan = await plan_turn(services, tenant, backend, prompt_spec(req), max_output, request.content_length)
     ticket = await services.admission.admit(
         tenant,
         prompt_tokens=len(plan.built.tokens),
@@ -202,7 +205,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             return await _respond(completion)
         response = await open_stream(request, {"X-Request-ID": request_id})
         try:
-            await pump(response, _chunks(completion), services.settings.keepalive_s)
+            await pump(request, response, _chunks(completion))
         except ClientGone:
             return response
         await response.write_eof()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
-from .limits import (
+from ..json_schemas import schema_text
+from ..limits import (
     MAX_INPUT_ITEMS,
     MAX_METADATA_KEY_CHARS,
     MAX_METADATA_KEYS,
@@ -134,7 +136,17 @@ InputItem = Annotated[
 # ---- tools, tool choice, text format, reasoning --------------------------------------------------
 
 
-class FunctionTool(Strict):
+class SchemaText:
+    """For a function model of either API: its `parameters` as schema_text, made once per request (size
+    caps, schema check, render cache)."""
+
+    @functools.cached_property
+    def parameters_json(self) -> str | None:
+        parameters: dict[str, Any] | None = getattr(self, "parameters")  # noqa: B009 - the model's field
+        return None if parameters is None else schema_text(parameters)
+
+
+class FunctionTool(Strict, SchemaText):
     type: str
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None

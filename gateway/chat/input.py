@@ -5,11 +5,11 @@ from __future__ import annotations
 from backends.base import Constraint
 from harmony import ResponseFormat, ToolDescription
 
-from .chat_models import AssistantMessage, ChatRequest, FormatJsonSchema, NamedToolChoice, SystemMessage, ToolMessage
-from .conversation import PromptSpec
-from .dialog import Call, CallResult, DialogItem, Said, Thought
-from .options import constraint, effort, output_format
-from .tenant_limits import TenantLimits, check_caps, json_size
+from ..conversation import PromptSpec
+from ..dialog import Call, CallResult, DialogItem, Said, Thought
+from ..options import constraint, effort, output_format
+from ..tenants.limits import TenantLimits, check_caps, json_size
+from .models import AssistantMessage, ChatRequest, FormatJsonSchema, NamedToolChoice, SystemMessage, ToolMessage
 
 
 def _text(content: object) -> str:
@@ -58,7 +58,8 @@ def constraint_for(request: ChatRequest) -> Constraint:
     named = choice.function["name"] if isinstance(choice, NamedToolChoice) else None
     plain = None if isinstance(choice, NamedToolChoice) else choice
     parameters = {tool.function.name: tool.function.parameters for tool in request.tools or []}
-    return constraint(parameters, plain, named, _format(request)[1])
+    texts = [(tool.function.parameters, tool.function.parameters_json) for tool in request.tools or []]
+    return constraint(parameters, plain, named, _format(request)[1], "tools[{}].function.parameters", texts)
 
 
 def prompt_spec(request: ChatRequest) -> PromptSpec:
@@ -67,7 +68,10 @@ def prompt_spec(request: ChatRequest) -> PromptSpec:
     return PromptSpec(
         items=items,
         instructions=instructions,
-        tools=[ToolDescription(t.function.name, t.function.description or "", t.function.parameters) for t in offered],
+        tools=[
+            ToolDescription(f.name, f.description or "", f.parameters, f.parameters_json)
+            for f in (t.function for t in offered)
+        ],
         response_format=_format(request)[0],
         effort=effort(request.reasoning_effort),
     )
@@ -76,9 +80,9 @@ def prompt_spec(request: ChatRequest) -> PromptSpec:
 def check_tenant_caps(req: ChatRequest, limits: TenantLimits) -> None:
     tools = req.tools or []
     schemas = [
-        (f"tools[{i}].function.parameters", json_size(t.function.parameters))
+        (f"tools[{i}].function.parameters", len(t.function.parameters_json))
         for i, t in enumerate(tools)
-        if t.function.parameters
+        if t.function.parameters_json
     ]
     if isinstance(req.response_format, FormatJsonSchema):
         schemas.append(("response_format.json_schema.schema", json_size(req.response_format.json_schema.schema_)))

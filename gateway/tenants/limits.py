@@ -7,11 +7,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from .errors import invalid
+from ..errors import invalid
+
+DEFAULT_CONCURRENT_BACKGROUND = 64
 
 
 class TenantLimits(BaseModel):
-    """Unset (null) means no limit of that kind; the static caps of gateway/limits.py always apply."""
+    """Null means no limit of that kind; the static caps of gateway/limits.py always apply."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -19,6 +21,8 @@ class TenantLimits(BaseModel):
     tokens_per_minute: int | None = Field(default=None, gt=0)  # prompt + max output reserved, settled at the end
     concurrent_requests: int | None = Field(default=None, gt=0)  # generations in flight, background included
     concurrent_streams: int | None = Field(default=None, gt=0)  # streamed generations in flight
+    # background responses queued or running: capped by default (each holds a generation nobody waits on)
+    concurrent_background: int | None = Field(default=DEFAULT_CONCURRENT_BACKGROUND, gt=0)
     max_output_tokens: int | None = Field(default=None, gt=0)
     max_body_bytes: int | None = Field(default=None, gt=0)
     max_input_items: int | None = Field(default=None, gt=0)  # Responses input items / Chat messages

@@ -12,24 +12,26 @@ import structlog
 from aiohttp import web
 
 from backends.base import Sampling
-from state import RecordTooLarge, StoredResponse, StoreUnavailable
+from state import StoredResponse, StoreUnavailable
 
-from .admission import Ticket
-from .assembler import ItemEvent, OutputItem, new_id
-from .cot_recovery import index_cot
-from .dialog import Entry
-from .errors import invalid, not_found, read_model, unavailable
-from .limits import MAX_HISTORY_MESSAGES
-from .metrics import STATS
-from .pipeline import plan_turn, start_turn
-from .responses_input import check_tenant_caps, constraint_for, prompt_spec
-from .responses_models import UNION_TAGS, ResponsesRequest
-from .responses_output import StreamEvents, item_json
-from .runs import EventLog, Run
-from .services import SERVICES, Services
-from .sse import ClientGone, frame, open_stream, pump
-from .tenancy import request_id_of, tenant_of
-from .turn import Outcome, Turn
+from ..assembler import ItemEvent, OutputItem, new_id
+from ..cot_recovery import index_cot
+from ..dialog import Entry
+from ..errors import invalid, not_found, unavailable
+from ..json_body import read_model
+from ..limits import MAX_HISTORY_MESSAGES
+from ..metrics import STATS
+from ..pipeline import plan_turn, start_turn
+from ..services import SERVICES, Services
+from ..sse import ClientGone, frame, open_stream, pump
+from ..tenants.admission import Ticket
+from ..tenants.tenancy import request_id_of, tenant_of
+from ..turn import Outcome, Turn
+from .input import check_tenant_caps, constraint_for, prompt_spec
+from .models import UNION_TAGS, ResponsesRequest
+from .output import StreamEvents, item_json
+from .record_keeper import RecordKeeper
+from .runs import EventLog, ListenerTooSlow, Run
 
 log = structlog.get_logger("gateway.responses")
 
@@ -51,8 +53,8 @@ class Job:
     turn: Turn
     request_id: str
     ticket: Ticket
+    keeper: RecordKeeper
     sealed: dict[str, str] = field(default_factory=dict)
-    stored_ok: bool = True
 
     @property
     def first_status(self) -> str:
@@ -101,7 +103,7 @@ class Job:
             "previous_response_id": req.previous_response_id,
             "reasoning": {"effort": req.reasoning.effort or "medium", "summary": req.reasoning.summary},
             "service_tier": "default",
-            "store": req.store and self.stored_ok,
+            "store": req.store and self.keeper.stored,
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "text": req.text.model_dump(mode="json", by_alias=True, exclude_none=True),
             "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
@@ -127,16 +129,36 @@ class Job:
             input_items=self.input_items,
         )
 
-    async def save(self, response: dict[str, Any]) -> None:
-        """Store the response when asked to; a failure turns `store` false in what the client gets."""
-        if not self.request.store or not self.stored_ok:
-            return
-        try:
-            await self.services.store.save(self.record(response))
-        except (StoreUnavailable, RecordTooLarge) as exc:
-            log.warning("response_not_stored", response_id=self.response_id, error=type(exc).__name__)
-            self.stored_ok = False
-            response["store"] = False
+    async def save_running(self, status: str) -> None:
+        """Store the queued or in-progress response under a lease (when asked to store it at all)."""
+        if self.request.store:
+            await self.keeper.save_running(self.record(self.response(status)))
+
+    async def store_final(self, response: dict[str, Any]) -> StoredResponse | None:
+        """Save the final response; when the store is down and a running record waits for it, the record
+        to keep retrying (the client hears `store: false` now; a background response's record, which
+        nobody has seen, keeps `store: true`)."""
+        if not self.request.store:
+            return None
+        record = self.record(response)
+        if await self.keeper.save_final(record):
+            response["store"] = self.keeper.stored
+            if self.keeper.stored:
+                await self._index_cot()
+            return None
+        pending = self.record({**response, "store": self.request.background})
+        response["store"] = False
+        return pending
+
+    async def store_later(self, pending: StoredResponse | None) -> None:
+        """Retry a final save that found the store down until it lands (see RecordKeeper)."""
+        if pending is not None and await self.keeper.save_until_stored(pending):
+            await self._index_cot()
+
+    async def _index_cot(self) -> None:
+        if not self.keeper.deleted:
+            assembler = self.turn.assembler
+            await index_cot(self.services.store, self.tenant, assembler.items, assembler.entries, self.response_id)
 
 
 def _input_items(request: ResponsesRequest) -> list[dict[str, Any]]:
@@ -190,13 +212,15 @@ async def prepare(request: web.Request) -> Job:
     history = await _load_history(services, tenant, req)
     spec = prompt_spec(req, history, lambda blob: services.sealer.open(tenant, blob))
     constraint = constraint_for(req)
-    plan = await plan_turn(services, tenant, backend, spec, req.max_output_tokens or limits.max_output_tokens)
+    max_output = req.max_output_tokens or limits.max_output_tokens
+    plan = await plan_turn(services, tenant, backend, spec, max_output, request.content_length)
     ticket = await services.admission.admit(
         tenant,
         prompt_tokens=len(plan.built.tokens),
         max_output_tokens=plan.max_new_tokens,
         choices=1,
         stream=req.stream,
+        background=req.background,
     )
     response_id = new_id("resp_")
     sampling = Sampling(
@@ -206,6 +230,10 @@ async def prepare(request: web.Request) -> Job:
     request_id = request_id_of(request, response_id)
     observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
     turn = start_turn(services, plan, sampling, constraint, request_id, observer)
+    settings = services.settings
+    keeper = RecordKeeper(
+        services.store, tenant, response_id, settings.record_lease_s, time.time() + settings.store_ttl_s
+    )
     return Job(
         services,
         req,
@@ -217,6 +245,7 @@ async def prepare(request: web.Request) -> Job:
         turn,
         request_id,
         ticket,
+        keeper,
     )
 
 
@@ -248,12 +277,26 @@ class Feed:
     def cancelled(self) -> None:
         self.error("response_cancelled", "The response was cancelled.")
 
+    def end(self) -> None:
+        """The stream's last event is out: its listener may go (the run may still finish storing)."""
+        if self._log is not None:
+            self._log.close()
 
-async def _watch_for_remote_cancel(job: Job, task: asyncio.Task[None]) -> None:
-    """Another replica may cancel a background response through the shared store."""
+
+async def _tend(job: Job, task: asyncio.Task[None]) -> None:
+    """While the run lasts: renew its record's lease, and stop it if another replica deleted or cancelled it."""
+    keeper = job.keeper
+    renew_every = keeper.lease_s / 3
+    poll_s = min(CANCEL_POLL_S, renew_every) if job.request.background else renew_every
+    next_renewal = time.monotonic() + renew_every
     while not task.done():
-        await asyncio.sleep(CANCEL_POLL_S)
-        if await _cancelled_elsewhere(job):
+        await asyncio.sleep(poll_s)
+        if time.monotonic() >= next_renewal:
+            next_renewal = time.monotonic() + renew_every
+            if not await keeper.renew():
+                task.cancel()
+                return
+        if job.request.background and await keeper.cancelled_elsewhere():
             task.cancel()
             return
 
@@ -268,41 +311,35 @@ async def _run(job: Job, feed: Feed) -> dict[str, Any]:
 
 async def _generate(job: Job, feed: Feed) -> dict[str, Any]:
     if job.request.background:
-        if await _cancelled_elsewhere(job):  # cancelled while queued: keep the stored cancellation
+        if await job.keeper.cancelled_elsewhere():  # cancelled while queued: keep the stored cancellation
             feed.cancelled()
             return job.response("cancelled")
-        await job.save(job.response("in_progress"))
+        await job.save_running("in_progress")
+        if job.keeper.deleted:  # deleted while queued: nothing to produce
+            return job.response("cancelled")
     feed.lifecycle("response.created", job.response(job.first_status))
     feed.lifecycle("response.in_progress", job.response("in_progress"))
     try:
         async for batch in job.turn.events():
             feed.items(batch)
     except asyncio.CancelledError:
-        await job.save(job.response("cancelled"))
+        await job.store_final(job.response("cancelled"))  # one attempt: a cancelled run does not linger
         feed.cancelled()
         raise
     outcome = job.turn.outcome or Outcome("failed", error_code="server_error", error_message="No outcome.")
-    if job.request.background and await _cancelled_elsewhere(job):
+    if job.request.background and await job.keeper.cancelled_elsewhere():
         outcome = Outcome("cancelled")
     final = job.response(outcome.status, outcome)
-    await job.save(final)
-    if job.request.store:
-        await index_cot(job.services.store, job.tenant, job.turn.assembler.items, job.turn.assembler.entries)
+    pending = await job.store_final(final)
     if outcome.status == "cancelled":
         feed.cancelled()
-        return final
-    if outcome.status == "failed":
-        feed.error(outcome.error_code, outcome.error_message)
-    feed.lifecycle(f"response.{outcome.status}", final)
+    else:
+        if outcome.status == "failed":
+            feed.error(outcome.error_code, outcome.error_message)
+        feed.lifecycle(f"response.{outcome.status}", final)
+    feed.end()
+    await job.store_later(pending)
     return final
-
-
-async def _cancelled_elsewhere(job: Job) -> bool:
-    try:
-        record = await job.services.store.load(job.tenant, job.response_id)
-    except StoreUnavailable:
-        return False
-    return record is not None and record.response.get("status") == "cancelled"
 
 
 def _start(job: Job, stream: bool) -> Run:
@@ -310,9 +347,9 @@ def _start(job: Job, stream: bool) -> Run:
     feed = Feed(run.log, StreamEvents(job.seal)) if stream else Feed.off()
 
     async def main() -> None:
-        watcher = None
-        if job.request.background:
-            watcher = asyncio.ensure_future(_watch_for_remote_cancel(job, asyncio.current_task()))  # type: ignore[arg-type]
+        tender = None
+        if job.keeper.leased:
+            tender = asyncio.ensure_future(_tend(job, asyncio.current_task()))  # type: ignore[arg-type]
         try:
             await _run(job, feed)
         except asyncio.CancelledError:
@@ -321,11 +358,13 @@ def _start(job: Job, stream: bool) -> Run:
             log.exception("response_run_failed", response_id=job.response_id)
             failure = Outcome("failed", error_code="server_error", error_message="Internal error.")
             final = job.response("failed", failure)
-            await job.save(final)
+            pending = await job.store_final(final)
             feed.lifecycle("response.failed", final)
+            feed.end()
+            await job.store_later(pending)
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            if tender is not None:
+                tender.cancel()
             run.log.close()
             job.services.runs.remove(job.response_id)
 
@@ -338,15 +377,18 @@ def _start(job: Job, stream: bool) -> Run:
 
 
 async def _frames(run: Run) -> AsyncIterator[bytes]:
-    async for payload in run.log.follow():
-        yield frame(payload, payload["type"])
+    try:
+        async for payload in run.log.follow():
+            yield frame(payload, payload["type"])
+    except ListenerTooSlow:
+        raise ClientGone from None
 
 
 async def _stream(request: web.Request, job: Job) -> web.StreamResponse:
     run = _start(job, stream=True)
     response = await open_stream(request, {"X-Request-ID": job.request_id})
     try:
-        await pump(response, _frames(run), job.services.settings.keepalive_s)
+        await pump(request, response, _frames(run))
     except ClientGone:
         run.log.detach()
         if not job.request.background and run.task is not None:
@@ -359,7 +401,10 @@ async def _stream(request: web.Request, job: Job) -> web.StreamResponse:
 async def create_response(request: web.Request) -> web.StreamResponse:
     job = await prepare(request)
     if job.request.stream or job.request.background:  # the client knows the id before the end: GET finds it
-        await job.save(job.response(job.first_status))
+        await job.save_running(job.first_status)
+        if job.request.background and not job.keeper.stored:  # nowhere to read its result from: refuse now
+            await job.ticket.settle(0)
+            raise unavailable("The response store is unavailable, so a background response cannot be kept; retry.")
     if job.request.stream:
         return await _stream(request, job)
     if job.request.background:

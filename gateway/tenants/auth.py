@@ -17,7 +17,7 @@ from aiohttp import web
 from state import StoreUnavailable
 from state.keys import KeyRecord, KeySource, hash_key
 
-from .errors import ApiError, unavailable
+from ..errors import ApiError, unavailable
 
 log = structlog.get_logger("gateway.auth")
 
@@ -53,7 +53,7 @@ class Authenticator:
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
             raise _unauthorized("You didn't provide an API key: send it as 'Authorization: Bearer KEY'.")
-        if len(key) > MAX_KEY_CHARS:
+        if len(key) > MAX_KEY_CHARS or not key.isascii() or not key.isprintable():  # keys are sk- and base64url
             raise _unauthorized("Incorrect API key provided.")
         key_hash = hash_key(self._secret, key)
         record = await self._find(key_hash)

@@ -8,12 +8,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..limits import MAX_STREAM_BACKLOG
+
+
+class ListenerTooSlow(Exception):
+    """The listener left more than `max_pending` events unread: it is cut rather than buffered for."""
+
 
 class EventLog:
     """The SSE payloads of one response, for its one listener: read events are dropped, so memory holds
-    only the unread backlog, and nothing once the listener has gone (`detach`)."""
+    only the unread backlog (at most `max_pending` events), and nothing once the listener has gone."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_pending: int = MAX_STREAM_BACKLOG) -> None:
+        self._max_pending = max_pending
+        self.overflowed = False
         self._pending: deque[dict[str, Any]] = deque()
         self._attached = True
         self.finished = False
@@ -22,6 +30,9 @@ class EventLog:
     def publish(self, payload: dict[str, Any]) -> None:
         if self._attached:
             self._pending.append(payload)
+            if len(self._pending) > self._max_pending:
+                self.overflowed = True
+                self.detach()
             self._wake()
 
     def close(self) -> None:
@@ -42,6 +53,8 @@ class EventLog:
             changed = self._changed
             while self._pending:
                 yield self._pending.popleft()
+            if self.overflowed:
+                raise ListenerTooSlow
             if self.finished:
                 return
             await changed.wait()
