@@ -25,6 +25,8 @@ class Constraint:
     `tools`: "any" (free choice), "none" (no tool call), "required" (end in a call to one of `tool_names`).
     `final_json_schema`: the final channel must be JSON valid against this schema ({} = any JSON value).
     `tool_parameters`: each offered function's parameters schema (None: any JSON object), for its arguments.
+    `tool_grammars`: each offered freeform tool's (syntax "lark" | "regex", definition) for its raw-text
+    input ("" syntax: any text). Names are bare in `functions`, `ns.name` in a client namespace.
     The analysis channel is never constrained.
     """
 
@@ -32,10 +34,12 @@ class Constraint:
     tool_names: tuple[str, ...] = ()
     final_json_schema: dict[str, Any] | None = None
     tool_parameters: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    tool_grammars: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def is_free(self) -> bool:
-        return self.tools == "any" and self.final_json_schema is None
+        enforced_inputs = any(syntax for syntax, _ in self.tool_grammars.values())
+        return self.tools == "any" and self.final_json_schema is None and not enforced_inputs
 
 
 @dataclass(slots=True)

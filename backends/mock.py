@@ -5,7 +5,9 @@ A script is JSON: `{"rules": [...], "token_delay_ms": 0}`. Each rule has an opti
 the prompt, or `{"prompt": REGEX}`, searched in the whole prompt as text; a rule without `match`
 always applies) and `emit`, a list of steps:
 `{"analysis": TEXT}`, `{"commentary": TEXT}` (a preamble), `{"final": TEXT}`,
-`{"tool_call": {"name": NAME, "arguments": OBJECT_OR_STRING}}`, or `{"raw": TEXT}` where
+`{"tool_call": {"name": NAME, "arguments": OBJECT_OR_STRING}}` (with `"namespace": NS` a call to
+`NS.NAME` instead of `functions.NAME`; with `"input": TEXT` instead of arguments a freeform call, its
+raw text without `<|constrain|>json`), or `{"raw": TEXT}` where
 `<|name|>` marks stand for special tokens (to script malformed output). A rule's own
 `token_delay_ms` overrides the script's; so does its `first_token_delay_ms`, a wait before the first
 token (as a prefill takes), which the script can also set for every rule. Instead of `emit`, a rule
@@ -67,6 +69,8 @@ def _parse_steps(steps: Any, where: str) -> tuple[dict[str, Any], ...]:
         if kind == "tool_call":
             if not isinstance(value, dict) or not isinstance(value.get("name"), str):
                 raise ScriptError(f"{where}[{step_index}].tool_call: needs a 'name'")
+            if not isinstance(value.get("namespace", ""), str) or not isinstance(value.get("input", ""), str):
+                raise ScriptError(f"{where}[{step_index}].tool_call: 'namespace' and 'input' are strings")
         elif not isinstance(value, str):
             raise ScriptError(f"{where}[{step_index}].{kind}: must be a string")
     return tuple(steps)
@@ -190,9 +194,13 @@ class MockBackend:
             if index:
                 out += [START, *encode("assistant")]
             if kind == "tool_call":
+                recipient = f"{value.get('namespace', 'functions')}.{value['name']}"
+                if "input" in value:
+                    out += [CHANNEL, *encode(f"commentary to={recipient}"), MESSAGE, *encode(value["input"]), CALL]
+                    continue
                 arguments = value.get("arguments", {})
                 body = arguments if isinstance(arguments, str) else json.dumps(arguments)
-                out += [CHANNEL, *encode(f"commentary to=functions.{value['name']} "), CONSTRAIN, *encode("json")]
+                out += [CHANNEL, *encode(f"commentary to={recipient} "), CONSTRAIN, *encode("json")]
                 out += [MESSAGE, *encode(body), CALL]
             else:
                 stop = RETURN if kind == "final" else END

@@ -1,7 +1,9 @@
 """The one output assembler: generated token ids → parser events → API-neutral output items and events.
 
 Analysis becomes a `reasoning` item, `final` and recipient-less `commentary` become `message` items
-(the latter flagged as preambles), and any message addressed to a recipient becomes a `function_call`.
+(the latter flagged as preambles), and any message addressed to a recipient becomes a `function_call`
+(`namespace` set when the recipient is one of the client's namespaces) or, for a freeform tool, a
+`custom_tool_call`.
 Messages the model wrongly authored as another role are kept as reasoning, never shown as answers.
 """
 
@@ -25,8 +27,26 @@ from harmony import (
 from .conversation import FUNCTIONS_PREFIX
 from .dialog import Entry
 
-ItemKind = Literal["reasoning", "message", "function_call"]
-_ID_PREFIX = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_"}
+ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]
+CALL_KINDS = ("function_call", "custom_tool_call")
+_ID_PREFIX = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_"}
+
+
+@dataclass(frozen=True, slots=True)
+class CallRouting:
+    """What the request offered beyond `functions`: the client's namespaces, and the freeform tools by recipient."""
+
+    namespaces: frozenset[str] = frozenset()
+    freeform: frozenset[str] = frozenset()
+
+    def split(self, recipient: str) -> tuple[str | None, str]:
+        """(namespace, name) of a call: a `functions.` call has none; an unknown recipient stays whole."""
+        if recipient.startswith(FUNCTIONS_PREFIX):
+            return None, recipient.removeprefix(FUNCTIONS_PREFIX)
+        namespace, dot, name = recipient.partition(".")
+        if dot and namespace in self.namespaces:
+            return namespace, name
+        return None, recipient
 
 
 def new_id(prefix: str) -> str:
@@ -40,6 +60,7 @@ class OutputItem:
     id: str
     preamble: bool = False
     name: str | None = None
+    namespace: str | None = None  # a call into one of the client's namespaces
     call_id: str | None = None
     parts: list[str] = field(default_factory=list)
     done: bool = False
@@ -48,6 +69,15 @@ class OutputItem:
     @property
     def text(self) -> str:
         return "".join(self.parts)
+
+    @property
+    def is_call(self) -> bool:
+        return self.kind in CALL_KINDS
+
+    @property
+    def qualified_name(self) -> str | None:
+        """The name a constraint knows a call by: `ns.name` inside a client namespace."""
+        return f"{self.namespace}.{self.name}" if self.namespace else self.name
 
 
 @dataclass(slots=True)
@@ -69,19 +99,20 @@ class Closed:
 ItemEvent = Opened | Delta | Closed
 
 
-def _kind_of(start: MessageStart) -> ItemKind:
+def _kind_of(start: MessageStart, routing: CallRouting) -> ItemKind:
     if start.role is not Role.ASSISTANT:
         return "reasoning"
     if start.recipient is not None:
-        return "function_call"
+        return "custom_tool_call" if start.recipient in routing.freeform else "function_call"
     return "reasoning" if start.channel == "analysis" else "message"
 
 
 class OutputAssembler:
     """Feed generated token ids; read `items`, token counts and the dialog entries to store."""
 
-    def __init__(self, encoding: HarmonyEncoding) -> None:
+    def __init__(self, encoding: HarmonyEncoding, routing: CallRouting | None = None) -> None:
         self._parser = StreamParser(encoding, Role.ASSISTANT)
+        self._routing = routing or CallRouting()
         self.items: list[OutputItem] = []
         self.entries: list[Entry] = []
         self.output_tokens = 0
@@ -115,10 +146,10 @@ class OutputAssembler:
                 self._open.parts.append(event.text)
                 events.append(Delta(self._open, event.text))
         elif isinstance(event, MessageStart):
-            kind = _kind_of(event)
+            kind = _kind_of(event, self._routing)
             item = OutputItem(kind, len(self.items), new_id(_ID_PREFIX[kind]))
-            if kind == "function_call":
-                item.name = (event.recipient or "").removeprefix(FUNCTIONS_PREFIX)
+            if item.is_call:
+                item.namespace, item.name = self._routing.split(event.recipient or "")
                 item.call_id = new_id("call_")
             item.preamble = kind == "message" and event.channel == "commentary"
             self.items.append(item)

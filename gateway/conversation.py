@@ -18,6 +18,7 @@ from harmony import (
     Role,
     SystemContent,
     ToolDescription,
+    ToolNamespace,
 )
 
 from .dialog import Call, CallResult, DialogItem, Entry, Said, Thought
@@ -34,7 +35,8 @@ class PromptSpec:
     items: list[DialogItem]
     instructions: list[str] = field(default_factory=list)
     history: list[Entry] = field(default_factory=list)
-    tools: list[ToolDescription] = field(default_factory=list)
+    tools: list[ToolDescription] = field(default_factory=list)  # the `functions` namespace
+    namespaces: list[ToolNamespace] = field(default_factory=list)  # the client's own namespaces
     response_format: ResponseFormat | None = None
     effort: ReasoningEffort = ReasoningEffort.MEDIUM
     truncate: bool = False  # drop the oldest turns when the prompt does not fit (truncation=auto)
@@ -47,18 +49,14 @@ class BuiltPrompt:
     dropped_entries: int = 0  # entries left out by truncation
 
 
-def _tool_message(name: str, output: str) -> Message:
-    return Message.of(Role.TOOL, output, name=FUNCTIONS_PREFIX + name, channel="commentary", recipient="assistant")
+def _tool_message(recipient: str, output: str) -> Message:
+    return Message.of(Role.TOOL, output, name=recipient, channel="commentary", recipient="assistant")
 
 
-def call_message(name: str, arguments: str) -> Message:
-    return Message.of(
-        Role.ASSISTANT,
-        arguments,
-        channel="commentary",
-        recipient=FUNCTIONS_PREFIX + name,
-        content_type=JSON_CONTENT_TYPE,
-    )
+def call_message(recipient: str, arguments: str, freeform: bool = False) -> Message:
+    """A call as the model writes it: JSON arguments under `<|constrain|>json`, a freeform input bare."""
+    content_type = None if freeform else JSON_CONTENT_TYPE
+    return Message.of(Role.ASSISTANT, arguments, channel="commentary", recipient=recipient, content_type=content_type)
 
 
 def _is_preamble(items: list[DialogItem], index: int) -> bool:
@@ -87,8 +85,8 @@ def dialog_entries(items: list[DialogItem], history: list[Entry]) -> list[Entry]
             if item.text:
                 entries.append(Entry(Message.of(Role.ASSISTANT, item.text, channel="analysis")))
         elif isinstance(item, Call):
-            names[item.call_id] = FUNCTIONS_PREFIX + item.name
-            entries.append(Entry(call_message(item.name, item.arguments), item.call_id))
+            names[item.call_id] = item.recipient
+            entries.append(Entry(call_message(item.recipient, item.arguments, item.freeform), item.call_id))
         else:
             recipient = names.get(item.call_id)
             if recipient is None:
@@ -96,7 +94,7 @@ def dialog_entries(items: list[DialogItem], history: list[Entry]) -> list[Entry]
                     f"{item.param}.call_id",
                     f"No tool call found for function call output with call_id '{item.call_id}'.",
                 )
-            entries.append(Entry(_tool_message(recipient.removeprefix(FUNCTIONS_PREFIX), item.output)))
+            entries.append(Entry(_tool_message(recipient, item.output)))
     return entries
 
 
@@ -108,6 +106,8 @@ def _header(spec: PromptSpec, today: str) -> list[Message]:
     )
     if spec.tools:
         developer.with_function_tools(spec.tools)
+    if spec.namespaces:
+        developer.tools = {**(developer.tools or {}), **{namespace.name: namespace for namespace in spec.namespaces}}
     if developer.instructions is None and not developer.tools and not developer.response_formats:
         return [system]
     return [system, Message.of(Role.DEVELOPER, developer)]

@@ -2,14 +2,15 @@
 
 After a turn that ends in tool calls, its analysis is stored under each call id the gateway generated
 (tenant-scoped, with the store's TTL). When a later request replays those calls (same id, name and
-arguments) with no reasoning of its own in that assistant step, the stored analysis is put back in
-front of them. Reasoning the client sends always wins. Recovery is best-effort: a store outage only
-means the prompt goes without it.
+arguments, compared as parsed JSON: clients re-serialize them) with no reasoning of its own in that
+assistant step, the stored analysis is put back in front of them. Reasoning the client sends always
+wins. Recovery is best-effort: a store outage only means the prompt goes without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import structlog
 
@@ -53,7 +54,11 @@ async def recover_cot(store: ResponseStore, tenant: str, items: list[DialogItem]
         return items
     inserts: dict[int, list[DialogItem]] = {}
     for (start, call), stored in zip(wanted.items(), found, strict=True):
-        if stored is not None and stored.name == call.name and stored.arguments == call.arguments:
+        if (
+            stored is not None
+            and stored.name == call.qualified_name
+            and _same_arguments(stored.arguments, call.arguments)
+        ):
             texts = (Entry.from_data(data).message.text for data in stored.reasoning)
             inserts[start] = [Thought(text, call.param) for text in texts if text]
     if not inserts:
@@ -65,16 +70,29 @@ async def recover_cot(store: ResponseStore, tenant: str, items: list[DialogItem]
     return out
 
 
+def _same_arguments(stored: str, sent: str) -> bool:
+    """Equal as text, or as parsed JSON (key order and spacing are the client's: `JSON.stringify`,
+    `json.dumps` of parsed arguments); a freeform input compares as text."""
+    if stored == sent:
+        return True
+    try:
+        return json.loads(stored) == json.loads(sent)
+    except (ValueError, RecursionError):
+        return False
+
+
 async def index_cot(
     store: ResponseStore, tenant: str, output: list[OutputItem], entries: list[Entry], response_id: str | None = None
 ) -> None:
     """Remember this turn's analysis under each tool call it ended in (tied to the stored response, if any)."""
-    calls = [item for item in output if item.kind == "function_call" and item.done and item.complete]
+    calls = [item for item in output if item.is_call and item.done and item.complete]
     if not calls:
         return
     reasoning = [entry.to_data() for entry in entries if entry.message.channel == "analysis"]
     records = [
-        StoredCot(call.call_id or "", tenant, call.name or "", call.text, reasoning) for call in calls if call.call_id
+        StoredCot(call.call_id or "", tenant, call.qualified_name or "", call.text, reasoning)
+        for call in calls
+        if call.call_id
     ]
     try:
         await store.index_tool_calls(records, response_id)

@@ -29,10 +29,23 @@ class Thought:
 
 @dataclass(slots=True)
 class Call:
+    """A tool call; `arguments` is JSON text, or the raw input of a freeform (custom) tool."""
+
     call_id: str
     name: str
     arguments: str
     param: str
+    namespace: str = "functions"
+    freeform: bool = False
+
+    @property
+    def recipient(self) -> str:
+        return f"{self.namespace}.{self.name}"
+
+    @property
+    def qualified_name(self) -> str:
+        """As OutputItem.qualified_name: bare in `functions`, `ns.name` in a client namespace."""
+        return self.name if self.namespace == "functions" else self.recipient
 
 
 @dataclass(slots=True)

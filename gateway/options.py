@@ -46,17 +46,18 @@ def constraint(
     choice: Choice | None,
     named: str | None,
     schema: dict[str, Any] | None,
-    parameters_param: str,
-    tool_schemas: list[tuple[dict[str, Any] | None, str | None]],
+    tool_schemas: list[tuple[str, dict[str, Any] | None, str | None]],
+    grammars: dict[str, tuple[str, str]] | None = None,
 ) -> Constraint:
-    """`parameters`: each function tool's name → its parameters schema; `tool_schemas`: each tool's schema
-    and schema_text in request order, each checked (`parameters_param` formats a tool's index into the
-    parameter name an error gives)."""
-    for index, (tool_schema, text) in enumerate(tool_schemas):  # in request order, duplicates included
+    """`parameters`: each function tool's name → its parameters schema; `tool_schemas`: each tool's
+    (parameter name, schema, schema_text) in request order, each checked; `grammars`: each freeform tool's
+    (syntax, definition), "" for free text."""
+    for param, tool_schema, text in tool_schemas:  # in request order, duplicates included
         if tool_schema:
-            validator_for(tool_schema, parameters_param.format(index), text)
-    tools, allowed = tool_constraint(tuple(parameters), choice, named)
-    return Constraint(tools, allowed, schema, parameters)  # type: ignore[arg-type]
+            validator_for(tool_schema, param, text)
+    grammars = grammars or {}
+    tools, allowed = tool_constraint((*parameters, *grammars), choice, named)
+    return Constraint(tools, allowed, schema, parameters, grammars)  # type: ignore[arg-type]
 
 
 def effort(value: str | None) -> ReasoningEffort:

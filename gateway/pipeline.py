@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from backends.base import Backend, Constraint, Sampling
 
+from .assembler import CallRouting
 from .conversation import BuiltPrompt, PromptSpec, build_prompt
 from .cot_recovery import recover_cot
 from .metrics import TurnObserver
@@ -65,6 +66,7 @@ def start_turn(
     constraint: Constraint,
     request_id: str,
     observer: TurnObserver | None,
+    routing: CallRouting | None = None,
 ) -> Turn:
     tokens = plan.built.tokens
     return Turn(
@@ -77,4 +79,5 @@ def start_turn(
         request_id,
         observer,
         services.lifecycle,
+        routing,
     )

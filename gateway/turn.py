@@ -13,7 +13,7 @@ import structlog
 from backends.base import Backend, BackendError, Chunk, Constraint, GenerateRequest, Sampling
 from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReason
 
-from .assembler import Delta, ItemEvent, Opened, OutputAssembler
+from .assembler import CallRouting, Delta, ItemEvent, Opened, OutputAssembler
 from .constraints import NOT_ENFORCED, violation
 from .lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
 from .metrics import TurnObserver
@@ -45,6 +45,7 @@ class Turn:
         request_id: str,
         observer: TurnObserver | None = None,
         lifecycle: Lifecycle | None = None,
+        routing: CallRouting | None = None,
     ) -> None:
         self.backend = backend
         self._observer = observer
@@ -53,7 +54,7 @@ class Turn:
         self._task: asyncio.Task[object] | None = None  # the task generating, found once when it starts
         self._awaiting_backend = False  # that task is waiting for the backend's next chunk
         self._cancelled_by_cut = False
-        self.assembler = OutputAssembler(encoding)
+        self.assembler = OutputAssembler(encoding, routing)
         self.prompt_tokens = len(prompt)
         self.cached_tokens = 0
         self.outcome: Outcome | None = None
@@ -173,4 +174,4 @@ def _is_content(event: ItemEvent) -> bool:
     """Answer text or a tool call, as opposed to reasoning: what the time to first content token measures."""
     if isinstance(event, Delta):
         return event.item.kind != "reasoning"
-    return isinstance(event, Opened) and event.item.kind == "function_call"
+    return isinstance(event, Opened) and event.item.is_call

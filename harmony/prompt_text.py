@@ -21,7 +21,8 @@ def has_function_tools(messages: list[Message]) -> bool:
     return False
 
 
-_TOOL_TEXTS: dict[tuple[str, str, str], str] = {}
+_TOOL_TEXTS: dict[tuple[str, str, str, str | None], str] = {}
+FREEFORM_NOTE = "This tool's input is raw text, not JSON: write the input itself as the message."
 _TOOL_TEXT_LIMIT = 4096
 
 
@@ -29,11 +30,15 @@ def _tool_text(tool: ToolDescription) -> str:
     """A tool's comment and TypeScript signature, cached by its content (name, description, schema as
     JSON in its own key order): requests rebuild their tool objects, the conversion is done once."""
     schema = tool.schema_json if tool.schema_json is not None else json.dumps(tool.parameters, separators=(",", ":"))
-    key = (tool.name, tool.description, schema)
+    key = (tool.name, tool.description, schema, tool.freeform)
     text = _TOOL_TEXTS.get(key)
     if text is None:
         lines = [f"// {line}" for line in rust_lines(tool.description)]
-        if tool.parameters is not None:
+        if tool.freeform is not None:
+            lines.append(f"// {FREEFORM_NOTE}")
+            lines.extend(f"// {line}" for line in rust_lines(tool.freeform))
+            lines.append(f"type {tool.name} = (_: string) => any;\n")
+        elif tool.parameters is not None:
             lines.append(f"type {tool.name} = (_: {to_typescript(tool.parameters)}) => any;\n")
         else:
             lines.append(f"type {tool.name} = () => any;\n")

@@ -33,6 +33,7 @@ class ToolDescription:
     description: str = ""
     parameters: dict[str, Any] | None = None  # a JSON Schema; None renders `() => any`
     schema_json: str | None = None  # `parameters` as JSON text when the caller has it: the render cache's key
+    freeform: str | None = None  # a tool whose input is raw text, not JSON: what that text must be ("" if free)
 
 
 @dataclass(slots=True)

@@ -25,6 +25,7 @@ class StoredResponse:
     response: dict[str, Any]  # the API object as returned to the client (status inside)
     conversation: list[dict[str, Any]]  # Harmony messages as plain data, raw CoT included
     input_items: list[dict[str, Any]] = field(default_factory=list)
+    client_metadata: dict[str, str] = field(default_factory=dict)  # the request's, kept and never logged
 
 
 @dataclass(slots=True)
@@ -73,5 +74,11 @@ def orphaned(record: StoredResponse) -> StoredResponse:
         "error": {"code": "server_error", "message": OWNER_STOPPED},
     }
     return StoredResponse(
-        record.id, record.tenant, record.created_at, response, record.conversation, record.input_items
+        record.id,
+        record.tenant,
+        record.created_at,
+        response,
+        record.conversation,
+        record.input_items,
+        record.client_metadata,
     )

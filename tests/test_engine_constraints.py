@@ -4,6 +4,7 @@ forced function calls and JSON-schema answers come out valid through both APIs a
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -74,6 +75,30 @@ def test_required_tool_choice_gives_a_call_whose_arguments_match_the_schema(gate
         assert len(calls) == 1 and calls[0].name in ("get_weather", "get_time")
         schema = WEATHER if calls[0].name == "get_weather" else TOOLS[1]["parameters"]
         Draft202012Validator(schema).validate(json.loads(calls[0].arguments))
+
+
+def test_a_custom_tool_call_from_the_engine_matches_its_grammar(gateway):
+    """Streamed, as Codex asks: the random model's freeform input still comes out in the tool's grammar."""
+    tool = {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "syntax": "lark", "definition": ""}}
+    tool["format"]["definition"] = PATCH_LARK
+    namespace = {"type": "namespace", "name": "ops", "description": "Operations.", "tools": [TOOLS[1]]}
+    for _ in SEEDS:
+        events = list(
+            gateway.responses.create(
+                model=MODEL,
+                input="Add a file.",
+                tools=[tool, namespace],
+                tool_choice={"type": "custom", "name": "apply_patch"},
+                max_output_tokens=200,
+                stream=True,
+            )
+        )
+        response = events[-1].response
+        assert response.status == "completed", response.error
+        (call,) = [item for item in response.output if item.type == "custom_tool_call"]
+        assert re.fullmatch(PATCH_SHAPE, call.input), call.input
+        deltas = "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta")
+        assert deltas == call.input
 
 
 def test_a_named_function_through_chat_completions_is_the_one_called(gateway):
@@ -157,3 +182,52 @@ def test_a_grammar_lists_only_the_allowed_functions_and_bounds_the_reasoning():
     grammar = harmony_grammar(Constraint("required", ("b",), None, {"a": None, "b": None}), 7)
     assert "functions.b " in grammar and "functions.a" not in grammar and "max_tokens=7" in grammar
     assert "analysis" not in harmony_grammar(Constraint("none", (), {}), 0)
+
+
+PATCH_LARK = (  # Codex's apply_patch grammar, its lines bounded so that random sampling ends
+    'start: "*** Begin Patch" LF hunk+ "*** End Patch" LF?\nhunk: "*** Add File: " /[a-z]{1,8}\\.txt/ LF line{1,3}\n'
+    'line: "+" /[a-z ]{0,12}/ LF\n%import common.LF\n'
+)
+PATCH_SHAPE = r"\*\*\* Begin Patch\n(\*\*\* Add File: [a-z]{1,8}\.txt\n(\+[a-z ]{0,12}\n){1,3})+\*\*\* End Patch\n?"
+
+
+def test_a_freeform_tools_input_is_held_to_its_own_grammar():
+    """Custom tools' Lark or regex grammars, as sub-grammars of the Harmony one: every sampled call parses
+    with openai-harmony, has no `<|constrain|>`, and its raw input matches the tool's grammar."""
+    compiler = GrammarCompiler(load_harmony_encoding(), 201088)
+    reference = reference_encoding()
+    assistant = harmony_module().Role.ASSISTANT
+    rng = np.random.default_rng(1)
+    grammars = {"apply_patch": ("lark", PATCH_LARK), "ops.code": ("regex", "[A-Z]{2}-[0-9]{3}")}
+    shapes = {"functions.apply_patch": PATCH_SHAPE, "ops.code": "[A-Z]{2}-[0-9]{3}"}
+    seen = set()
+    for tool_names in (("apply_patch",), ("ops.code",), ("apply_patch", "ops.code")):
+        constraint = Constraint("required", tool_names, None, {}, grammars)
+        for _ in range(3):
+            guide = compiler.guide(constraint, 40)
+            tokens: list[int] = []
+            while not tokens or tokens[-1] not in (200002, 200012):
+                token = int(np.argmax(guide.mask(rng.standard_normal(201088).astype(np.float32))))
+                guide.accept(token)
+                tokens.append(token)
+                assert len(tokens) < 400
+            call = reference.parse_messages_from_completion_tokens(tokens, assistant)[-1]
+            assert call.recipient in shapes and call.content_type in (None, "")
+            assert re.fullmatch(shapes[call.recipient], call.content[0].text), call.content[0].text
+            seen.add(call.recipient)
+    assert seen == set(shapes)
+    # the full Codex grammar (`%import common.LF`, `->` aliases) compiles as a sub-grammar too
+    codex = Constraint("any", (), None, {"exec": None}, {"apply_patch": ("lark", CODEX_LARK)})
+    assert not codex.is_free and compiler.guide(codex, 64) is not None
+
+
+CODEX_LARK = (
+    'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\nend_patch: "*** End Patch" LF?\n\n'
+    "hunk: add_hunk | delete_hunk | update_hunk\n"
+    'add_hunk: "*** Add File: " filename LF add_line+\ndelete_hunk: "*** Delete File: " filename LF\n'
+    'update_hunk: "*** Update File: " filename LF change_move? change?\n\nfilename: /(.+)/\n'
+    'add_line: "+" /(.*)/ LF -> line\n\nchange_move: "*** Move to: " filename LF\n'
+    "change: (change_context | change_line)+ eof_line?\n"
+    'change_context: ("@@" | "@@ " /(.+)/) LF\nchange_line: ("+" | "-" | " ") /(.*)/ LF\n'
+    'eof_line: "*** End of File" LF\n\n%import common.LF\n'
+)

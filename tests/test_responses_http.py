@@ -76,7 +76,7 @@ BAD_REQUESTS = [
     ({"model": MODEL, "input": "hi", "tool_choice": "sometimes"}, 400, "tool_choice", "invalid_value"),
     ({"model": MODEL, "input": "hi", "tool_choice": {"type": "function", "name": "f"}}, 400, "tool_choice", None),
     ({"model": MODEL, "input": "hi", "tool_choice": "required"}, 400, "tool_choice", "invalid_value"),
-    ({"model": MODEL, "input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type", "invalid_value"),
+    ({"model": MODEL, "input": "hi", "tools": [{"type": "file_search"}]}, 400, "tools[0].type", "invalid_value"),
     ({"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "a b"}]}, 400, "tools[0].name", None),
     (
         {

@@ -3,8 +3,10 @@ a token mask at every step.
 
 The grammar covers what follows the prompt's `<|start|>assistant`: at most one analysis message, then the
 answer the constraint allows: a function call (`<|channel|>commentary to=functions.NAME <|constrain|>json
-<|message|>ARGS<|call|>`, ARGS valid against the function's parameters) and/or a final message (JSON valid
-against the text format's schema when there is one). The analysis may take at most half of the request's
+<|message|>ARGS<|call|>`, ARGS valid against the function's parameters; `to=NS.NAME` in a client
+namespace), a freeform tool's call (`<|channel|>commentary to=functions.NAME<|message|>INPUT<|call|>`,
+INPUT held to the tool's own Lark or regex grammar, included as a sub-grammar) and/or a final message
+(JSON valid against the text format's schema when there is one). The analysis may take at most half of the request's
 token budget, so that the constrained answer always has room to come out.
 """
 
@@ -33,20 +35,42 @@ def _string(text: str) -> str:
     return json.dumps(text)  # a lark string literal: JSON escaping is a subset of what lark accepts
 
 
+def _recipient(name: str) -> str:
+    """A constraint's tool name as the model addresses it (function names have no dot; `ns.name` has one)."""
+    return name if "." in name else f"functions.{name}"
+
+
+def input_grammar(syntax: str, definition: str) -> str:
+    """A freeform tool's input grammar as Lark text ("" syntax: any text)."""
+    if syntax == "lark":
+        return definition
+    if syntax == "regex":
+        return json.loads(llguidance.LLMatcher.grammar_from_regex(definition))["grammars"][0]["lark_grammar"]
+    return "start: /(.|\\n)*/"
+
+
 def harmony_grammar(
     constraint: Constraint, reasoning_tokens: int, parameters: dict[str, dict[str, Any]] | None = None
 ) -> str:
-    """The lark grammar of a generation that keeps `constraint`; `parameters` overrides the argument schemas."""
+    """The lark grammar of a generation that keeps `constraint`; `parameters` overrides the argument schemas.
+    A freeform tool's input is `@input_N`, the sub-grammar `top_level_grammar` adds under that name."""
     if parameters is None:
         parameters = {name: schema or ANY_OBJECT for name, schema in constraint.tool_parameters.items()}
-    callable_names = constraint.tool_names if constraint.tools == "required" else tuple(parameters)
+    freeform = list(constraint.tool_grammars)
+    callable_names = constraint.tool_names if constraint.tools == "required" else (*parameters, *freeform)
     answers = []
     rules = []
     if constraint.tools != "none":
         for index, name in enumerate(callable_names):
-            header = _string(f"commentary to=functions.{name} ")
-            rules.append(f'call_{index}: <|channel|> {header} <|constrain|> "json" <|message|> args_{index} <|call|>')
-            rules.append(f"args_{index}: {_json(parameters.get(name) or ANY_OBJECT)}")
+            if name in constraint.tool_grammars:
+                header = _string(f"commentary to={_recipient(name)}")
+                rules.append(f"call_{index}: <|channel|> {header} <|message|> @input_{freeform.index(name)} <|call|>")
+            else:
+                header = _string(f"commentary to={_recipient(name)} ")
+                rules.append(
+                    f'call_{index}: <|channel|> {header} <|constrain|> "json" <|message|> args_{index} <|call|>'
+                )
+                rules.append(f"args_{index}: {_json(parameters.get(name) or ANY_OBJECT)}")
             answers.append(f"call_{index}")
     if constraint.tools != "required":
         schema = constraint.final_json_schema
@@ -67,6 +91,14 @@ def harmony_grammar(
     return start + analysis + "text: /(.|\\n)*/\n" + "\n".join(rules) + "\n"
 
 
+def top_level_grammar(constraint: Constraint, main: str) -> str:
+    """llguidance's grammar list: the Harmony grammar first, then each freeform tool's input grammar."""
+    grammars = [{"name": "main", "lark_grammar": main}]
+    for index, (syntax, definition) in enumerate(constraint.tool_grammars.values()):
+        grammars.append({"name": f"input_{index}", "lark_grammar": input_grammar(syntax, definition)})
+    return json.dumps({"grammars": grammars})
+
+
 class GrammarCompiler:
     """The engine's tokenizer for llguidance (built once: about a second) and per-request matchers."""
 
@@ -84,17 +116,17 @@ class GrammarCompiler:
     def guide(self, constraint: Constraint, max_new_tokens: int) -> TokenGuide:
         """A matcher for one generation; BackendError when the constraint cannot be compiled."""
         reasoning = max_new_tokens // 2
-        matcher = self._matcher(harmony_grammar(constraint, reasoning))
+        matcher = self._matcher(constraint, harmony_grammar(constraint, reasoning))
         if matcher.is_error() and constraint.tool_parameters:
             # a parameters schema llguidance cannot compile: the arguments are still held to a JSON object
             loose = {name: ANY_OBJECT for name in constraint.tool_parameters}
-            matcher = self._matcher(harmony_grammar(constraint, reasoning, loose))
+            matcher = self._matcher(constraint, harmony_grammar(constraint, reasoning, loose))
         if matcher.is_error():
             raise BackendError(f"The output constraint cannot be enforced by this engine: {matcher.get_error()}")
         return TokenGuide(matcher, self.vocab_size)
 
-    def _matcher(self, lark: str) -> llguidance.LLMatcher:
-        return llguidance.LLMatcher(self._tokenizer, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+    def _matcher(self, constraint: Constraint, lark: str) -> llguidance.LLMatcher:
+        return llguidance.LLMatcher(self._tokenizer, top_level_grammar(constraint, lark), log_level=0)
 
 
 class TokenGuide:

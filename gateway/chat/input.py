@@ -58,8 +58,11 @@ def constraint_for(request: ChatRequest) -> Constraint:
     named = choice.function["name"] if isinstance(choice, NamedToolChoice) else None
     plain = None if isinstance(choice, NamedToolChoice) else choice
     parameters = {tool.function.name: tool.function.parameters for tool in request.tools or []}
-    texts = [(tool.function.parameters, tool.function.parameters_json) for tool in request.tools or []]
-    return constraint(parameters, plain, named, _format(request)[1], "tools[{}].function.parameters", texts)
+    texts = [
+        (f"tools[{i}].function.parameters", tool.function.parameters, tool.function.parameters_json)
+        for i, tool in enumerate(request.tools or [])
+    ]
+    return constraint(parameters, plain, named, _format(request)[1], texts)
 
 
 def prompt_spec(request: ChatRequest) -> PromptSpec:

@@ -28,10 +28,13 @@ from ..tenants.admission import Ticket
 from ..tenants.tenancy import request_id_of, tenant_of
 from ..turn import Outcome, Turn
 from .input import check_tenant_caps, constraint_for, prompt_spec
-from .models import UNION_TAGS, ResponsesRequest
+from .models import REQUEST_TAGS, ResponsesRequest
 from .output import StreamEvents, item_json
 from .record_keeper import RecordKeeper
 from .runs import EventLog, ListenerTooSlow, Run
+from .tools import offered_tools
+
+NOT_OFFERED_HEADER = "X-Gateway-Tools-Not-Offered"
 
 log = structlog.get_logger("gateway.responses")
 
@@ -54,7 +57,15 @@ class Job:
     request_id: str
     ticket: Ticket
     keeper: RecordKeeper
+    not_offered: list[str] = field(default_factory=list)  # hosted tool types left out of the prompt
     sealed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {"X-Request-ID": self.request_id}
+        if self.not_offered:
+            headers[NOT_OFFERED_HEADER] = ", ".join(dict.fromkeys(self.not_offered))
+        return headers
 
     @property
     def first_status(self) -> str:
@@ -76,7 +87,8 @@ class Job:
         if finished:
             usage = {
                 "input_tokens": turn.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": turn.cached_tokens},
+                # cache writes are not reported by any backend here: 0 (the SDK requires the field)
+                "input_tokens_details": {"cached_tokens": turn.cached_tokens, "cache_write_tokens": 0},
                 "output_tokens": assembler.output_tokens,
                 "output_tokens_details": {"reasoning_tokens": assembler.reasoning_tokens},
                 "total_tokens": turn.prompt_tokens + assembler.output_tokens,
@@ -107,7 +119,7 @@ class Job:
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "text": req.text.model_dump(mode="json", by_alias=True, exclude_none=True),
             "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
-            "tools": [tool.model_dump(mode="json") for tool in req.tools],
+            "tools": [tool.model_dump(mode="json", exclude_none=True) for tool in req.tools],
             "top_logprobs": req.top_logprobs or 0,
             "top_p": 1.0 if req.top_p is None else req.top_p,
             "truncation": req.truncation,
@@ -127,6 +139,7 @@ class Job:
             response=response,
             conversation=conversation[-MAX_HISTORY_MESSAGES:],
             input_items=self.input_items,
+            client_metadata=self.request.client_metadata or {},
         )
 
     async def save_running(self, status: str) -> None:
@@ -166,7 +179,14 @@ def _input_items(request: ResponsesRequest) -> list[dict[str, Any]]:
         content = [{"type": "input_text", "text": request.input}]
         return [{"type": "message", "id": new_id("msg_"), "role": "user", "content": content, "status": "completed"}]
     items = []
-    prefixes = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_"}
+    prefixes = {
+        "message": "msg_",
+        "reasoning": "rs_",
+        "function_call": "fc_",
+        "function_call_output": "fco_",
+        "custom_tool_call": "ctc_",
+        "custom_tool_call_output": "ctco_",
+    }
     for item in request.input:
         data = item.model_dump(mode="json", by_alias=True, exclude_none=True)
         data.setdefault("id", new_id(prefixes[data["type"]]))
@@ -199,7 +219,7 @@ async def _load(services: Services, tenant: str, response_id: str, param: str) -
 
 async def prepare(request: web.Request) -> Job:
     services = request.app[SERVICES]
-    req = await read_model(request, ResponsesRequest, UNION_TAGS)
+    req = await read_model(request, ResponsesRequest, REQUEST_TAGS)
     backend = services.backend_for(req.model)
     wants_logprobs = "message.output_text.logprobs" in req.include or bool(req.top_logprobs)
     if wants_logprobs and not backend.capabilities.logprobs:
@@ -208,10 +228,13 @@ async def prepare(request: web.Request) -> Job:
         raise invalid("background", "background responses need store: true.", "unsupported_parameter")
     tenant = tenant_of(request)
     limits = services.settings.limits.for_tenant(tenant)
-    check_tenant_caps(req, limits)
+    tools = offered_tools(req)
+    check_tenant_caps(req, tools, limits)
+    if tools.not_offered:
+        log.info("tools_not_offered", types=sorted(set(tools.not_offered)))
     history = await _load_history(services, tenant, req)
-    spec = prompt_spec(req, history, lambda blob: services.sealer.open(tenant, blob))
-    constraint = constraint_for(req)
+    spec = prompt_spec(req, tools, history, lambda blob: services.sealer.open(tenant, blob))
+    constraint = constraint_for(req, tools)
     max_output = req.max_output_tokens or limits.max_output_tokens
     plan = await plan_turn(services, tenant, backend, spec, max_output, request.content_length)
     ticket = await services.admission.admit(
@@ -229,7 +252,7 @@ async def prepare(request: web.Request) -> Job:
     )
     request_id = request_id_of(request, response_id)
     observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
-    turn = start_turn(services, plan, sampling, constraint, request_id, observer)
+    turn = start_turn(services, plan, sampling, constraint, request_id, observer, tools.routing)
     settings = services.settings
     keeper = RecordKeeper(
         services.store, tenant, response_id, settings.record_lease_s, time.time() + settings.store_ttl_s
@@ -246,6 +269,7 @@ async def prepare(request: web.Request) -> Job:
         request_id,
         ticket,
         keeper,
+        tools.not_offered,
     )
 
 
@@ -386,7 +410,7 @@ async def _frames(run: Run) -> AsyncIterator[bytes]:
 
 async def _stream(request: web.Request, job: Job) -> web.StreamResponse:
     run = _start(job, stream=True)
-    response = await open_stream(request, {"X-Request-ID": job.request_id})
+    response = await open_stream(request, job.headers)
     try:
         await pump(request, response, _frames(run))
     except ClientGone:
@@ -409,9 +433,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return await _stream(request, job)
     if job.request.background:
         _start(job, stream=False)
-        return web.json_response(job.response("queued"))
+        return web.json_response(job.response("queued"), headers=job.headers)
     final = await _run(job, Feed.off())
-    return web.json_response(final, headers={"X-Request-ID": job.request_id})
+    return web.json_response(final, headers=job.headers)
 
 
 async def get_response(request: web.Request) -> web.Response:

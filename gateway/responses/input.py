@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from backends.base import Constraint
-from harmony import ResponseFormat, ToolDescription
+from harmony import ResponseFormat
 
 from ..conversation import PromptSpec
 from ..dialog import Call, CallResult, DialogItem, Entry, Said, Thought
@@ -15,15 +15,19 @@ from ..options import constraint, effort, output_format
 from ..sealing import SealError
 from ..tenants.limits import TenantLimits, check_caps, json_size
 from .models import (
+    CustomToolCallInput,
+    CustomToolCallOutputInput,
     FunctionCallInput,
     FunctionCallOutputInput,
     MessageInput,
+    NamedCustom,
     NamedFunction,
     ReasoningInput,
     Refusal,
     ResponsesRequest,
     TextFormatJsonSchema,
 )
+from .tools import FUNCTIONS, OfferedTools
 
 Unseal = Callable[[str], str]  # encrypted_content → raw CoT text, raising SealError
 
@@ -65,8 +69,10 @@ def to_dialog(request: ResponsesRequest, unseal: Unseal) -> tuple[list[DialogIte
         elif isinstance(item, ReasoningInput):
             items.append(Thought(_reasoning_text(item, param, unseal), param))
         elif isinstance(item, FunctionCallInput):
-            items.append(Call(item.call_id, item.name, item.arguments, param))
-        elif isinstance(item, FunctionCallOutputInput):
+            items.append(Call(item.call_id, item.name, item.arguments, param, item.namespace or FUNCTIONS))
+        elif isinstance(item, CustomToolCallInput):
+            items.append(Call(item.call_id, item.name, item.input, param, item.namespace or FUNCTIONS, freeform=True))
+        elif isinstance(item, FunctionCallOutputInput | CustomToolCallOutputInput):
             output = item.output if isinstance(item.output, str) else "".join(part.text for part in item.output)
             items.append(CallResult(item.call_id, output, param))
     return items, instructions
@@ -79,34 +85,34 @@ def _format(request: ResponsesRequest) -> tuple[ResponseFormat | None, dict[str,
     return output_format(fmt.type, None, None, None, "text.format.schema")
 
 
-def constraint_for(request: ResponsesRequest) -> Constraint:
+def constraint_for(request: ResponsesRequest, tools: OfferedTools) -> Constraint:
     choice = request.tool_choice
-    named = choice.name if isinstance(choice, NamedFunction) else None
-    plain = None if isinstance(choice, NamedFunction) else choice
-    parameters = {tool.name: tool.parameters for tool in request.tools}
-    texts = [(tool.parameters, tool.parameters_json) for tool in request.tools]
-    return constraint(parameters, plain, named, _format(request)[1], "tools[{}].parameters", texts)
+    named = choice.name if isinstance(choice, NamedFunction | NamedCustom) else None
+    plain = None if isinstance(choice, NamedFunction | NamedCustom) else choice
+    return constraint(tools.parameters, plain, named, _format(request)[1], tools.schemas, tools.grammars)
 
 
-def prompt_spec(request: ResponsesRequest, history: list[Entry], unseal: Unseal) -> PromptSpec:
+def prompt_spec(request: ResponsesRequest, tools: OfferedTools, history: list[Entry], unseal: Unseal) -> PromptSpec:
     """tool_choice 'none' leaves the tools out of the prompt: the model is not offered what it may not call."""
     items, message_instructions = to_dialog(request, unseal)
-    offered = [] if request.tool_choice == "none" else request.tools
+    offer = request.tool_choice != "none"
     return PromptSpec(
         items=items,
         instructions=[request.instructions or "", *message_instructions],
         history=history,
-        tools=[ToolDescription(t.name, t.description or "", t.parameters, t.parameters_json) for t in offered],
+        tools=tools.functions if offer else [],
+        namespaces=tools.namespaces if offer else [],
         response_format=_format(request)[0],
         effort=effort(request.reasoning.effort),
         truncate=request.truncation == "auto",
     )
 
 
-def check_tenant_caps(req: ResponsesRequest, limits: TenantLimits) -> None:
-    schemas = [(f"tools[{i}].parameters", len(t.parameters_json)) for i, t in enumerate(req.tools) if t.parameters_json]
+def check_tenant_caps(req: ResponsesRequest, tools: OfferedTools, limits: TenantLimits) -> None:
+    schemas = [(param, len(text)) for param, _, text in tools.schemas if text]
     if isinstance(req.text.format, TextFormatJsonSchema):
         schemas.append(("text.format.schema", json_size(req.text.format.schema_)))
     items = 1 if isinstance(req.input, str) else len(req.input)
     output = ("max_output_tokens", req.max_output_tokens)
-    check_caps(limits, output=output, items=("input", items), tools=("tools", len(req.tools)), schemas=schemas)
+    offered = len(tools.parameters) + len(tools.grammars)
+    check_caps(limits, output=output, items=("input", items), tools=("tools", offered), schemas=schemas)

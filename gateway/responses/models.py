@@ -5,14 +5,17 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from ..json_schemas import schema_text
 from ..limits import (
+    MAX_CLIENT_METADATA_CHARS,
+    MAX_GRAMMAR_CHARS,
     MAX_INPUT_ITEMS,
     MAX_METADATA_KEY_CHARS,
     MAX_METADATA_KEYS,
     MAX_METADATA_VALUE_CHARS,
+    MAX_NAMESPACE_DESCRIPTION_CHARS,
     MAX_TOOLS,
 )
 
@@ -29,6 +32,18 @@ def _bounded_metadata(metadata: dict[str, str]) -> dict[str, str]:
 
 
 Metadata = Annotated[dict[str, str], AfterValidator(_bounded_metadata)]  # OpenAI's limits, shared by both APIs
+
+
+def _bounded_client_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise ValueError(f"at most {MAX_METADATA_KEYS} keys")
+    if sum(len(key) + len(value) for key, value in metadata.items()) > MAX_CLIENT_METADATA_CHARS:
+        raise ValueError(f"keys and values come to at most {MAX_CLIENT_METADATA_CHARS} characters in all")
+    return metadata
+
+
+# what a client (Codex: its turn metadata) attaches for itself: stored with the response, never logged
+ClientMetadata = Annotated[dict[str, str], AfterValidator(_bounded_client_metadata)]
 
 
 class Strict(BaseModel):
@@ -93,12 +108,31 @@ class FunctionCallInput(Strict):
     call_id: str = Field(min_length=1, max_length=256)
     name: str = Field(min_length=1, max_length=128)
     arguments: str
+    namespace: str | None = Field(default=None, max_length=64)
+    id: str | None = None
+    status: str | None = None
+
+
+class CustomToolCallInput(Strict):
+    type: Literal["custom_tool_call"]
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=128)
+    input: str
+    namespace: str | None = Field(default=None, max_length=64)
     id: str | None = None
     status: str | None = None
 
 
 class FunctionCallOutputInput(Strict):
     type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=256)
+    output: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+
+class CustomToolCallOutputInput(Strict):
+    type: Literal["custom_tool_call_output"]
     call_id: str = Field(min_length=1, max_length=256)
     output: str | list[InputText]
     id: str | None = None
@@ -117,17 +151,26 @@ class UnsupportedItem(BaseModel):
     @classmethod
     def _reject(cls, kind: str) -> str:
         raise ValueError(
-            f"input item type '{kind}' is not supported; use message, reasoning, function_call or function_call_output"
+            f"input item type '{kind}' is not supported; use {', '.join(_ITEM_KINDS[:-1])} or {_ITEM_KINDS[-1]}"
         )
 
 
-_ITEM_KINDS = ("message", "reasoning", "function_call", "function_call_output")
+_ITEM_KINDS = (
+    "message",
+    "reasoning",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+)
 UNION_TAGS = frozenset({*_ITEM_KINDS, "unsupported", "input_text", "output_text", "refusal"})
 InputItem = Annotated[
     Annotated[MessageInput, Tag("message")]
     | Annotated[ReasoningInput, Tag("reasoning")]
     | Annotated[FunctionCallInput, Tag("function_call")]
     | Annotated[FunctionCallOutputInput, Tag("function_call_output")]
+    | Annotated[CustomToolCallInput, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputInput, Tag("custom_tool_call_output")]
     | Annotated[UnsupportedItem, Tag("unsupported")],
     Discriminator(_item_kind),
 ]
@@ -146,19 +189,119 @@ class SchemaText:
         return None if parameters is None else schema_text(parameters)
 
 
+def _type_of(value: Any) -> Any:
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
 class FunctionTool(Strict, SchemaText):
-    type: str
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    type: Literal["function"]
+    name: ToolName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    defer_loading: bool | None = None
+
+
+class CustomFormat(Strict):
+    """`{"type": "text"}` (any text) or `{"type": "grammar", "syntax": "lark" | "regex", "definition": ...}`."""
+
+    type: Literal["text", "grammar"]
+    syntax: Literal["lark", "regex"] | None = None
+    definition: str | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
+
+    @model_validator(mode="after")
+    def _grammar_is_whole(self) -> CustomFormat:
+        if self.type == "grammar" and (self.syntax is None or self.definition is None):
+            raise ValueError("a grammar format needs 'syntax' and 'definition'")
+        return self
+
+    @property
+    def grammar(self) -> tuple[str, str]:
+        """(syntax, definition); ("", "") for free text."""
+        if self.type == "grammar" and self.syntax is not None and self.definition is not None:
+            return self.syntax, self.definition
+        return "", ""
+
+
+class CustomTool(Strict):
+    """A freeform tool: the model writes its input as raw text (held to `format`'s grammar where enforced)."""
+
+    type: Literal["custom"]
+    name: ToolName
+    description: str | None = None
+    format: CustomFormat = Field(default_factory=lambda: CustomFormat(type="text"))
+    defer_loading: bool | None = None
+
+
+def _member_kind(value: Any) -> str:
+    return "custom_tool" if _type_of(value) == "custom" else "function_tool"
+
+
+NamespacedTool = Annotated[
+    Annotated[FunctionTool, Tag("function_tool")] | Annotated[CustomTool, Tag("custom_tool")],
+    Discriminator(_member_kind),
+]
+RESERVED_NAMESPACES = frozenset({"functions", "browser", "python", "container", "multi_tool_use"})
+
+
+class NamespaceTool(Strict):
+    """Tools the model calls as `NAME.tool`: rendered as their own Harmony namespace."""
+
+    type: Literal["namespace"]
+    name: ToolName
+    description: str = Field(max_length=MAX_NAMESPACE_DESCRIPTION_CHARS)
+    tools: Annotated[list[NamespacedTool], Field(min_length=1, max_length=MAX_TOOLS)]
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name in RESERVED_NAMESPACES:
+            raise ValueError(f"namespace '{name}' is reserved by the Harmony format")
+        return name
+
+
+NOT_OFFERED_KINDS = ("web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11")
+NOT_OFFERED_KINDS += ("tool_search",)
+
+
+class HostedTool(BaseModel):
+    """A tool the server would run (web search, tool search): with no provider here it is not offered to the
+    model, and the response says so (a header and a log line), rather than failing the client's request."""
+
+    type: Literal[NOT_OFFERED_KINDS]  # type: ignore[valid-type]
+    model_config = ConfigDict(extra="allow")
+
+
+class UnsupportedTool(BaseModel):
+    type: str
 
     @field_validator("type")
     @classmethod
-    def _functions_only(cls, kind: str) -> str:
-        if kind != "function":
-            raise ValueError(f"tool type '{kind}' is not supported; only 'function' tools are")
-        return kind
+    def _reject(cls, kind: str) -> str:
+        raise ValueError(
+            f"tool type '{kind}' is not supported; use function, custom, namespace, web_search or tool_search"
+        )
+
+
+def _tool_kind(value: Any) -> str:
+    kind = _type_of(value)
+    if kind in ("function", "custom", "namespace"):
+        return f"{kind}_tool"
+    return "hosted_tool" if kind in NOT_OFFERED_KINDS else "unsupported_tool"
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function_tool")]
+    | Annotated[CustomTool, Tag("custom_tool")]
+    | Annotated[NamespaceTool, Tag("namespace_tool")]
+    | Annotated[HostedTool, Tag("hosted_tool")]
+    | Annotated[UnsupportedTool, Tag("unsupported_tool")],
+    Discriminator(_tool_kind),
+]
+TOOL_TAGS = frozenset({"function_tool", "custom_tool", "namespace_tool", "hosted_tool", "unsupported_tool"})
 
 
 class NamedFunction(Strict):
@@ -166,7 +309,12 @@ class NamedFunction(Strict):
     name: str
 
 
-ToolChoice = Literal["auto", "none", "required"] | NamedFunction
+class NamedCustom(Strict):
+    type: Literal["custom"]
+    name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedFunction | NamedCustom
 
 
 class TextFormatText(Strict):
@@ -217,11 +365,14 @@ class StreamOptions(Strict):
     include_obfuscation: bool | None = None
 
 
+REQUEST_TAGS = UNION_TAGS | TOOL_TAGS
+
+
 class ResponsesRequest(Strict):
     model: str = Field(min_length=1, max_length=256)
     input: str | Annotated[list[InputItem], Field(max_length=MAX_INPUT_ITEMS)] = Field(default_factory=list)
     instructions: str | None = None
-    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] = Field(default_factory=list)
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] = Field(default_factory=list)
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
     text: TextConfig = Field(default_factory=TextConfig)
@@ -232,6 +383,7 @@ class ResponsesRequest(Strict):
     top_p: float | None = Field(default=None, ge=0, le=1)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     metadata: Metadata | None = None
+    client_metadata: ClientMetadata | None = None
     store: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -287,13 +439,24 @@ class FunctionCallOut(BaseModel):
     name: str
     arguments: str
     status: Literal["in_progress", "completed", "incomplete"]
+    namespace: str | None = None
 
 
-OutputItem = Annotated[MessageOut | ReasoningOut | FunctionCallOut, Field(discriminator="type")]
+class CustomToolCallOut(BaseModel):
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str
+    namespace: str | None = None
+
+
+OutputItem = Annotated[MessageOut | ReasoningOut | FunctionCallOut | CustomToolCallOut, Field(discriminator="type")]
 
 
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(BaseModel):

@@ -14,7 +14,7 @@ def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
     """An output item as the API returns it; in progress until the assembler closed it."""
     status = "completed" if item.done and item.complete else "incomplete" if item.done else "in_progress"
     if item.kind == "function_call":
-        return {
+        call = {
             "type": "function_call",
             "id": item.id,
             "call_id": item.call_id,
@@ -22,6 +22,16 @@ def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
             "arguments": item.text,
             "status": status,
         }
+        return call if item.namespace is None else {**call, "namespace": item.namespace}
+    if item.kind == "custom_tool_call":
+        call = {
+            "type": "custom_tool_call",
+            "id": item.id,
+            "call_id": item.call_id,
+            "name": item.name,
+            "input": item.text,
+        }
+        return call if item.namespace is None else {**call, "namespace": item.namespace}
     if item.kind == "reasoning":
         data: dict[str, Any] = {
             "type": "reasoning",
@@ -82,6 +92,8 @@ class StreamEvents:
                 return [self.event("response.output_text.delta", **at, content_index=0, delta=event.text, logprobs=[])]
             if item.kind == "reasoning":
                 return [self.event("response.reasoning_text.delta", **at, content_index=0, delta=event.text)]
+            if item.kind == "custom_tool_call":
+                return [self.event("response.custom_tool_call_input.delta", **at, delta=event.text)]
             return [self.event("response.function_call_arguments.delta", **at, delta=event.text)]
         assert isinstance(event, Closed)
         text = item.text
@@ -95,6 +107,8 @@ class StreamEvents:
                 self.event("response.reasoning_text.done", **at, content_index=0, text=text),
                 self.event("response.content_part.done", **at, content_index=0, part=_reasoning_part(text)),
             ]
+        elif item.kind == "custom_tool_call":
+            out = [self.event("response.custom_tool_call_input.done", **at, input=text)]
         else:
             out = [self.event("response.function_call_arguments.done", **at, name=item.name, arguments=text)]
         out.append(self.event("response.output_item.done", output_index=item.index, item=item_json(item, self._seal)))
