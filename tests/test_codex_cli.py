@@ -1,0 +1,167 @@
+"""OpenAI's Codex CLI (npm `@openai/codex`, pinned) against a live gateway, unmodified: a custom model provider
+with `wire_api = "responses"` and Codex's default tools (multi-agent namespace, web_search) runs a shell
+command that creates a file; with a model entry that turns on its freeform `apply_patch` (a custom tool with
+a Lark grammar, plus tool_search), it adds a file with a patch. Codex sends `store: false` and carries the
+chain of thought back as encrypted reasoning items, so the second request of each run must hold the first
+turn's analysis. The package is installed once into a cache; the test skips only when npm cannot reach its
+registry, and says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from gateway_fixtures import KEY_SECRET, TEST_KEYS, write_keys, write_script
+from live_gateway import LiveGateway
+
+from gateway.config import Settings
+
+CODEX_VERSION = "0.169.0"
+CACHE = Path(os.environ.get("CODEX_CACHE_DIR", Path.home() / ".cache" / "gpt-oss-gateway-tests" / "codex"))
+MODEL = "gpt-oss-120b"
+ANALYSIS_SHELL = "The user wants hello.txt; one echo into it does that."
+ANALYSIS_PATCH = "An apply_patch that adds notes.txt is the way to do this."
+PATCH = "*** Begin Patch\n*** Add File: notes.txt\n+written by a patch\n*** End Patch\n"
+SCRIPT = {
+    "rules": [
+        {"match": {"tool": "notes.txt"}, "emit": [{"final": "Added notes.txt."}]},
+        {"match": {"tool": "(?s)."}, "emit": [{"final": "Created hello.txt."}]},
+        {
+            "match": {"user": "create hello.txt"},
+            "emit": [
+                {"analysis": ANALYSIS_SHELL},
+                {"commentary": "Creating the file."},
+                {"tool_call": {"name": "exec_command", "arguments": {"cmd": "echo hi > hello.txt"}}},
+            ],
+        },
+        {
+            "match": {"user": "add notes"},
+            "emit": [{"analysis": ANALYSIS_PATCH}, {"tool_call": {"name": "apply_patch", "input": PATCH}}],
+        },
+        {"emit": [{"final": "Nothing to do."}]},
+    ]
+}
+CATALOG = {  # Codex's model metadata (`model_catalog_json`), as a user writes it to enable freeform apply_patch
+    "models": [
+        {
+            "slug": MODEL,
+            "display_name": MODEL,
+            "description": None,
+            "supported_reasoning_levels": [
+                {"effort": effort, "description": effort} for effort in ("low", "medium", "high")
+            ],
+            "shell_type": "shell_command",
+            "visibility": "list",
+            "supported_in_api": True,
+            "priority": 1,
+            "upgrade": None,
+            "base_instructions": "You are a coding agent. Edit files with apply_patch.",
+            "supports_reasoning_summaries": False,
+            "support_verbosity": False,
+            "default_verbosity": None,
+            "apply_patch_tool_type": "freeform",
+            "truncation_policy": {"mode": "tokens", "limit": 10000},
+            "supports_parallel_tool_calls": False,
+            "context_window": 131072,
+            "experimental_supported_tools": [],
+            "supports_search_tool": True,
+        }
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def codex() -> Path:
+    binary = CACHE / CODEX_VERSION / "node_modules" / ".bin" / "codex"
+    if binary.exists():
+        return binary
+    npm = shutil.which("npm")
+    assert npm, "npm is not installed (Node.js comes with it)"
+    try:
+        subprocess.run(
+            [npm, "view", f"@openai/codex@{CODEX_VERSION}", "version"], check=True, capture_output=True, timeout=60
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"the npm registry cannot be reached, so Codex CLI cannot be installed: {exc}")
+    prefix = CACHE / CODEX_VERSION
+    subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix), f"@openai/codex@{CODEX_VERSION}"],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return binary
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    settings = Settings(
+        mock_script=str(write_script(tmp_path, SCRIPT)),
+        reasoning_keys=TEST_KEYS,
+        key_secret=KEY_SECRET,
+        keys_file=str(write_keys(tmp_path)),
+    )
+    live = LiveGateway(settings).start()
+    yield live
+    live.stop()
+
+
+def _run_codex(codex: Path, gateway: LiveGateway, home: Path, workdir: Path, prompt: str, catalog: bool) -> str:
+    home.mkdir()
+    workdir.mkdir()
+    lines = [f'model = "{MODEL}"', 'model_provider = "gateway"']
+    if catalog:
+        (home / "catalog.json").write_text(json.dumps(CATALOG))
+        lines.append(f'model_catalog_json = "{home / "catalog.json"}"')
+    lines += [
+        "[model_providers.gateway]",
+        'name = "gpt-oss-gateway"',
+        f'base_url = "{gateway.url}/v1"',
+        'wire_api = "responses"',
+        'env_key = "GATEWAY_API_KEY"',
+    ]
+    (home / "config.toml").write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_API_KEY": "sk-test", "HOME": str(home)}
+    done = subprocess.run(
+        [str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt],
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return output
+
+
+def _codex_prompts(gateway: LiveGateway) -> list[str]:
+    prompts = [gateway.backend.prompt_text(i) for i in range(len(gateway.backend.prompts))]
+    return [prompt for prompt in prompts if "Codex" in prompt or "apply_patch" in prompt]
+
+
+def test_codex_runs_a_shell_command_with_its_default_tools(codex, gateway, tmp_path):
+    output = _run_codex(codex, gateway, tmp_path / "home", tmp_path / "work", "create hello.txt", catalog=False)
+    assert (tmp_path / "work" / "hello.txt").read_text() == "hi\n"
+    assert "Created hello.txt." in output
+    first, second = _codex_prompts(gateway)[-2:]
+    assert "namespace multi_agent_v1 {" in first and "type exec_command" in first  # its namespace, rendered
+    assert "web_search" not in first  # not offered: nothing here runs it
+    assert ANALYSIS_SHELL in second  # carried back by Codex as an encrypted reasoning item (store: false)
+    assert "<|start|>assistant to=functions.exec_command<|channel|>commentary <|constrain|>json" in second
+
+
+def test_codex_adds_a_file_with_its_freeform_apply_patch(codex, gateway, tmp_path):
+    output = _run_codex(codex, gateway, tmp_path / "home", tmp_path / "work", "add notes", catalog=True)
+    assert (tmp_path / "work" / "notes.txt").read_text() == "written by a patch\n"
+    assert "Added notes.txt." in output
+    first, second = _codex_prompts(gateway)[-2:]
+    assert "type apply_patch = (_: string) => any;" in first and "// start: begin_patch hunk+ end_patch" in first
+    assert "tool_search" not in first
+    assert ANALYSIS_PATCH in second
+    assert f"<|start|>assistant to=functions.apply_patch<|channel|>commentary<|message|>{PATCH}<|call|>" in second
