@@ -77,7 +77,11 @@ async def read_json(request: web.Request) -> Any:
 
 async def read_model(request: web.Request, model: type[ModelT], tags: frozenset[str] = frozenset()) -> ModelT:
     """The JSON body validated as `model`; `tags` name the union tags to leave out of parameter paths."""
-    body = await read_json(request)
+    return parse_model(await read_json(request), model, tags)
+
+
+def parse_model(body: Any, model: type[ModelT], tags: frozenset[str] = frozenset()) -> ModelT:
+    """A JSON body already read, validated as `model` (400s as read_model gives them)."""
     if not isinstance(body, dict):
         raise invalid(None, "The request body must be a JSON object.", "invalid_type")
     try:

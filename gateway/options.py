@@ -60,7 +60,14 @@ def constraint(
     return Constraint(tools, allowed, schema, parameters, grammars)  # type: ignore[arg-type]
 
 
+# every effort and service tier the openai SDK allows; gpt-oss knows three efforts and one tier
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
+_EFFORTS = {"none": "low", "minimal": "low", "xhigh": "high", "max": "high"}
+
+
 def effort(value: str | None) -> ReasoningEffort:
+    """The Harmony `Reasoning:` level: none and minimal → low, xhigh and max → high."""
     if value is None:
         return ReasoningEffort.MEDIUM
-    return ReasoningEffort.LOW if value == "minimal" else ReasoningEffort(value)
+    return ReasoningEffort(_EFFORTS.get(value, value))

@@ -49,14 +49,27 @@ async def plan_turn(
 
     A large prompt renders in a worker thread: BPE on megabytes of text takes seconds (tiktoken releases
     the GIL), and the event loop serves every other client meanwhile. `body_bytes`: the request's size."""
-    spec.items = await recover_cot(services.store, tenant, spec.items)
     context = backend.capabilities.context_length
-    if _large(spec, body_bytes):
-        built = await asyncio.to_thread(build_prompt, services.renderer, spec, context)
-    else:
-        built = build_prompt(services.renderer, spec, context)
+    built = await _render(services, tenant, spec, context, body_bytes)
     room = context - len(built.tokens)
     return Plan(backend, built, room if max_output is None else min(max_output, room))
+
+
+async def count_prompt(services: Services, tenant: str, spec: PromptSpec, body_bytes: int | None) -> int:
+    """The prompt's length in tokens as a create would render it (recovered CoT included), whatever it fits."""
+    return len((await _render(services, tenant, spec, UNBOUNDED, body_bytes)).tokens)
+
+
+UNBOUNDED = 2**62
+
+
+async def _render(
+    services: Services, tenant: str, spec: PromptSpec, budget: int, body_bytes: int | None
+) -> BuiltPrompt:
+    spec.items = await recover_cot(services.store, tenant, spec.items)
+    if _large(spec, body_bytes):
+        return await asyncio.to_thread(build_prompt, services.renderer, spec, budget)
+    return build_prompt(services.renderer, spec, budget)
 
 
 def start_turn(

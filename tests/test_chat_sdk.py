@@ -200,7 +200,7 @@ BAD = [
         "tool_choice",
     ),
     ({"model": MODEL, "messages": [QUESTION], "response_format": {"type": "xml"}}, "response_format"),
-    ({"model": MODEL, "messages": [QUESTION], "reasoning_effort": "max"}, "reasoning_effort"),
+    ({"model": MODEL, "messages": [QUESTION], "reasoning_effort": "extreme"}, "reasoning_effort"),
     ({"model": MODEL, "messages": [QUESTION], "tools": [{"type": "code_interpreter"}]}, "tools[0].type"),
     ({"model": MODEL, "messages": [QUESTION], "metadata": {"k": "v" * 513}}, "metadata"),
 ]

@@ -63,7 +63,7 @@ BAD_REQUESTS = [
     (
         {"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
         400,
-        "input[0].content[0]",
+        "input[0].content[0].type",
         "invalid_value",
     ),
     ({"model": MODEL, "input": [{"type": "function_call", "call_id": "c"}]}, 400, "input[0].name", None),

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
 from ..limits import MAX_INPUT_ITEMS, MAX_TOOLS
+from ..options import Effort, ServiceTier
 from ..responses.models import Metadata, SchemaText, Strict
 
 MAX_CHOICES = 8
@@ -23,7 +24,26 @@ class RefusalPart(Strict):
     refusal: str
 
 
-TextContent = str | list[TextPart]
+class MediaPart(BaseModel):
+    """An image, audio or file part: gpt-oss reads text only, so it is a 400 that says so."""
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, kind: str) -> str:
+        raise ValueError(f"gpt-oss reads text only: '{kind}' content parts are not supported; send text")
+
+
+def _part_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "text" if kind == "text" else "media"
+
+
+TextContent = (
+    str
+    | list[Annotated[Annotated[TextPart, Tag("text")] | Annotated[MediaPart, Tag("media")], Discriminator(_part_kind)]]
+)
 
 
 class SystemMessage(Strict):
@@ -50,6 +70,9 @@ class ToolCall(Strict):
 
 
 class AssistantMessage(Strict):
+    """Also the message object the SDK returns, sent back as is: its null `audio` and `function_call` and its
+    `annotations` are accepted (audio and the legacy function_call themselves are not)."""
+
     role: Literal["assistant"]
     content: str | list[TextPart | RefusalPart] | None = None
     tool_calls: list[ToolCall] | None = None
@@ -57,6 +80,9 @@ class AssistantMessage(Strict):
     reasoning_content: str | None = None
     refusal: str | None = None
     name: str | None = None
+    annotations: list[Any] | None = None
+    audio: None = None
+    function_call: None = None
 
 
 class ToolMessage(Strict):
@@ -90,7 +116,9 @@ ChatMessage = Annotated[
     | Annotated[UnsupportedRole, Tag("unsupported")],
     Discriminator(_role),
 ]
-CHAT_UNION_TAGS = frozenset({"system", "developer", "user", "assistant", "tool", "unsupported", "text", "refusal"})
+CHAT_UNION_TAGS = frozenset(
+    {"system", "developer", "user", "assistant", "tool", "unsupported", "text", "refusal", "media"}
+)
 
 
 class FunctionDefinition(Strict, SchemaText):
@@ -152,7 +180,7 @@ class ChatRequest(Strict):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormatParam | None = None
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: Effort | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -169,7 +197,7 @@ class ChatRequest(Strict):
     prompt_cache_key: str | None = Field(default=None, max_length=512)
     metadata: Metadata | None = None
     store: bool | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    service_tier: ServiceTier | None = None
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None

@@ -17,11 +17,11 @@ from state import StoredResponse, StoreUnavailable
 from ..assembler import ItemEvent, OutputItem, new_id
 from ..cot_recovery import index_cot
 from ..dialog import Entry
-from ..errors import invalid, not_found, unavailable
-from ..json_body import read_model
+from ..errors import ApiError, invalid, not_found, unavailable
+from ..json_body import parse_model, read_json, read_model
 from ..limits import MAX_HISTORY_MESSAGES
 from ..metrics import STATS
-from ..pipeline import plan_turn, start_turn
+from ..pipeline import count_prompt, plan_turn, start_turn
 from ..services import SERVICES, Services
 from ..sse import ClientGone, frame, open_stream, pump
 from ..tenants.admission import Ticket
@@ -223,7 +223,8 @@ async def prepare(request: web.Request) -> Job:
     backend = services.backend_for(req.model)
     wants_logprobs = "message.output_text.logprobs" in req.include or bool(req.top_logprobs)
     if wants_logprobs and not backend.capabilities.logprobs:
-        raise invalid("include", "This model's backend does not return logprobs.", "unsupported_parameter")
+        param = "top_logprobs" if req.top_logprobs else "include"
+        raise invalid(param, "This model's backend does not return logprobs.", "unsupported_parameter")
     if req.background and not req.store:
         raise invalid("background", "background responses need store: true.", "unsupported_parameter")
     tenant = tenant_of(request)
@@ -515,9 +516,33 @@ async def list_input_items(request: web.Request) -> web.Response:
     )
 
 
+async def count_input_tokens(request: web.Request) -> web.Response:
+    """The prompt a create with this body would render, counted by the same conversation builder (the
+    model may be left out: every gpt-oss model has the same tokenizer)."""
+    services = request.app[SERVICES]
+    body = await read_json(request)
+    if isinstance(body, dict) and body.get("model") is None:
+        body = {**body, "model": next(iter(services.backends))}
+    req = parse_model(body, ResponsesRequest, REQUEST_TAGS)
+    services.backend_for(req.model)
+    tenant = tenant_of(request)
+    tools = offered_tools(req)
+    check_tenant_caps(req, tools, services.settings.limits.for_tenant(tenant))
+    history = await _load_history(services, tenant, req)
+    spec = prompt_spec(req, tools, history, lambda blob: services.sealer.open(tenant, blob))
+    count = await count_prompt(services, tenant, spec, request.content_length)
+    return web.json_response({"object": "response.input_tokens", "input_tokens": count})
+
+
+async def unknown_route(request: web.Request) -> web.Response:
+    raise ApiError(404, f"Unknown route: {request.method} {request.path}.", code="not_found")
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/responses", create_response)
+    app.router.add_post("/v1/responses/input_tokens", count_input_tokens)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
     app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
+    app.router.add_route("*", "/v1/responses/{tail:.*}", unknown_route)  # last: a 404, not a 405

@@ -18,6 +18,7 @@ from ..limits import (
     MAX_NAMESPACE_DESCRIPTION_CHARS,
     MAX_TOOLS,
 )
+from ..options import Effort, ServiceTier
 
 
 def _bounded_metadata(metadata: dict[str, str]) -> dict[str, str]:
@@ -46,6 +47,10 @@ def _bounded_client_metadata(metadata: dict[str, str]) -> dict[str, str]:
 ClientMetadata = Annotated[dict[str, str], AfterValidator(_bounded_client_metadata)]
 
 
+def _type_of(value: Any) -> Any:
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+
+
 class Strict(BaseModel):
     """Unknown fields are rejected with a 400 naming them, as OpenAI does."""
 
@@ -72,7 +77,29 @@ class Refusal(Strict):
     refusal: str
 
 
-ContentPart = Annotated[InputText | OutputText | Refusal, Field(discriminator="type")]
+class MediaInput(BaseModel):
+    """input_image, input_file, input_audio: gpt-oss reads text only, so a 400 that says so."""
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, kind: str) -> str:
+        raise ValueError(f"gpt-oss reads text only: '{kind}' content parts are not supported; send input_text")
+
+
+def _content_kind(value: Any) -> str:
+    kind = _type_of(value)
+    return kind if kind in ("input_text", "output_text", "refusal") else "media"
+
+
+ContentPart = Annotated[
+    Annotated[InputText, Tag("input_text")]
+    | Annotated[OutputText, Tag("output_text")]
+    | Annotated[Refusal, Tag("refusal")]
+    | Annotated[MediaInput, Tag("media")],
+    Discriminator(_content_kind),
+]
 
 
 class MessageInput(Strict):
@@ -163,7 +190,7 @@ _ITEM_KINDS = (
     "custom_tool_call",
     "custom_tool_call_output",
 )
-UNION_TAGS = frozenset({*_ITEM_KINDS, "unsupported", "input_text", "output_text", "refusal"})
+UNION_TAGS = frozenset({*_ITEM_KINDS, "unsupported", "input_text", "output_text", "refusal", "media"})
 InputItem = Annotated[
     Annotated[MessageInput, Tag("message")]
     | Annotated[ReasoningInput, Tag("reasoning")]
@@ -187,10 +214,6 @@ class SchemaText:
     def parameters_json(self) -> str | None:
         parameters: dict[str, Any] | None = getattr(self, "parameters")  # noqa: B009 - the model's field
         return None if parameters is None else schema_text(parameters)
-
-
-def _type_of(value: Any) -> Any:
-    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
 
 
 ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -344,7 +367,7 @@ class TextConfig(Strict):
 
 
 class ReasoningConfig(Strict):
-    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    effort: Effort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
@@ -393,7 +416,7 @@ class ResponsesRequest(Strict):
     user: str | None = Field(default=None, max_length=512)
     safety_identifier: str | None = Field(default=None, max_length=512)
     prompt_cache_key: str | None = Field(default=None, max_length=512)
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    service_tier: ServiceTier | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
 
     @field_validator("include")
