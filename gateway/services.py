@@ -13,6 +13,7 @@ from backends.registry import create_backend
 from harmony import HarmonyEncoding, Renderer
 from state import MemoryStore, ResponseStore
 from state.at_rest import RecordCipher
+from state.event_streams import EventStreams, MemoryEventStreams, RedisEventStreams
 from state.keys import FileKeys, KeyAdminError, KeySource, RedisKeys
 from state.limiter import RedisLimiter
 from state.redis_store import RedisStore
@@ -55,6 +56,7 @@ class Services:
     auth: Authenticator
     admission: Admission
     metrics: Metrics
+    events: EventStreams = field(default_factory=MemoryEventStreams)
     runs: RunRegistry = field(default_factory=RunRegistry)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
 
@@ -80,6 +82,7 @@ class Services:
         await self.admission.aclose()
         await self.auth.aclose()
         await self.store.aclose()
+        await self.events.aclose()
 
 
 def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backend]:
@@ -101,16 +104,20 @@ def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backen
     return by_model
 
 
+def _cipher(settings: Settings) -> RecordCipher | None:
+    if not settings.store_encryption:
+        return None
+    if not settings.reasoning_keys:
+        raise ConfigError("GATEWAY_STORE_ENCRYPTION needs GATEWAY_REASONING_KEYS (shared by every replica)")
+    try:
+        return RecordCipher(parse_keys(settings.reasoning_keys))
+    except ValueError as exc:
+        raise ConfigError(f"GATEWAY_REASONING_KEYS: {exc}") from exc
+
+
 def _store(settings: Settings) -> ResponseStore:
     if settings.redis_url:
-        cipher = None
-        if settings.store_encryption:
-            if not settings.reasoning_keys:
-                raise ConfigError("GATEWAY_STORE_ENCRYPTION needs GATEWAY_REASONING_KEYS (shared by every replica)")
-            try:
-                cipher = RecordCipher(parse_keys(settings.reasoning_keys))
-            except ValueError as exc:
-                raise ConfigError(f"GATEWAY_REASONING_KEYS: {exc}") from exc
+        cipher = _cipher(settings)
         try:
             return RedisStore.from_url(
                 settings.redis_url,
@@ -179,6 +186,13 @@ def _admission(settings: Settings, metrics: Metrics) -> Admission:
     return Admission(settings.limits, shared, refused)
 
 
+def _event_streams(settings: Settings) -> EventStreams:
+    """Where background responses' events are kept for streaming them again: beside the store."""
+    if settings.redis_url:
+        return RedisEventStreams.from_url(settings.redis_url, ttl_s=settings.store_ttl_s, cipher=_cipher(settings))
+    return MemoryEventStreams(ttl_s=settings.store_ttl_s)
+
+
 def build_services(settings: Settings, renderer: Renderer) -> Services:
     metrics = Metrics(settings.metrics_tenants)
     store = TimedStore(_store(settings), metrics)  # every check that can refuse the settings runs before
@@ -198,6 +212,7 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
         auth=auth,
         admission=admission,
         metrics=metrics,
+        events=_event_streams(settings),
     )
 
 

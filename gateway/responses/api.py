@@ -27,10 +27,12 @@ from ..sse import ClientGone, frame, open_stream, pump
 from ..tenants.admission import Ticket
 from ..tenants.tenancy import request_id_of, tenant_of
 from ..turn import Outcome, Turn
+from .event_sink import EventSink
 from .input import check_tenant_caps, constraint_for, prompt_spec
 from .models import REQUEST_TAGS, ResponsesRequest
 from .output import StreamEvents, item_json
 from .record_keeper import RecordKeeper
+from .resume import stream_again
 from .runs import EventLog, ListenerTooSlow, Run
 from .tools import offered_tools
 
@@ -275,29 +277,37 @@ async def prepare(request: web.Request) -> Job:
 
 
 class Feed:
-    """The stream events of one response, published to its run's log; `Feed.off` for unstreamed runs."""
+    """The stream events of one response: to its run's log (a streaming client) and, for a background
+    response, to the shared event streams (streaming it again later); `Feed.off` when neither wants them."""
 
-    def __init__(self, log: EventLog | None, events: StreamEvents | None) -> None:
+    def __init__(self, log: EventLog | None, events: StreamEvents | None, sink: EventSink | None = None) -> None:
         self._log = log
         self._events = events
+        self._sink = sink
 
     @classmethod
     def off(cls) -> Feed:
         return cls(None, None)
 
+    def _publish(self, payload: dict[str, Any]) -> None:
+        if self._log is not None:
+            self._log.publish(payload)
+        if self._sink is not None:
+            self._sink.publish(payload)
+
     def lifecycle(self, kind: str, response: dict[str, Any]) -> None:
-        if self._log is not None and self._events is not None:
-            self._log.publish(self._events.lifecycle(kind, response))
+        if self._events is not None:
+            self._publish(self._events.lifecycle(kind, response))
 
     def items(self, batch: list[ItemEvent]) -> None:
-        if self._log is not None and self._events is not None:
+        if self._events is not None:
             for event in batch:
                 for payload in self._events.for_item_event(event):
-                    self._log.publish(payload)
+                    self._publish(payload)
 
     def error(self, code: str | None, message: str | None) -> None:
-        if self._log is not None and self._events is not None:
-            self._log.publish(self._events.event("error", code=code, message=message, param=None))
+        if self._events is not None:
+            self._publish(self._events.event("error", code=code, message=message, param=None))
 
     def cancelled(self) -> None:
         self.error("response_cancelled", "The response was cancelled.")
@@ -369,7 +379,8 @@ async def _generate(job: Job, feed: Feed) -> dict[str, Any]:
 
 def _start(job: Job, stream: bool) -> Run:
     run = Run(job.tenant)
-    feed = Feed(run.log, StreamEvents(job.seal)) if stream else Feed.off()
+    sink = EventSink(job.services.events, job.tenant, job.response_id) if job.request.background else None
+    feed = Feed(run.log if stream else None, StreamEvents(job.seal), sink) if stream or sink else Feed.off()
 
     async def main() -> None:
         tender = None
@@ -390,6 +401,8 @@ def _start(job: Job, stream: bool) -> Run:
         finally:
             if tender is not None:
                 tender.cancel()
+            if sink is not None:
+                await sink.close()
             run.log.close()
             job.services.runs.remove(job.response_id)
 
@@ -439,9 +452,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     return web.json_response(final, headers=job.headers)
 
 
-async def get_response(request: web.Request) -> web.Response:
+async def get_response(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
     record = await _load(services, tenant_of(request), request.match_info["response_id"], "response_id")
+    if request.query.get("stream") == "true":
+        return await stream_again(request, services, record)
     return web.json_response(record.response)
 
 
@@ -456,6 +471,10 @@ async def delete_response(request: web.Request) -> web.Response:
         raise unavailable("The response store is unavailable; try again.") from exc
     if not deleted:
         raise not_found("response_id", f"Response with id '{response_id}' not found.")
+    try:
+        await services.events.delete(tenant, response_id)
+    except StoreUnavailable:  # unreachable anyway: every read of them starts from the (deleted) record
+        log.warning("events_not_deleted", response_id=response_id)
     return web.json_response({"id": response_id, "object": "response", "deleted": True})
 
 
