@@ -13,6 +13,7 @@ from harmony import Renderer, load_harmony_encoding
 from .assembler import new_id
 from .chat.api import add_routes as add_chat_routes
 from .config import Settings
+from .conversations.api import add_routes as add_conversation_routes
 from .errors import ApiError, error_middleware
 from .lifecycle import SHUTTING_DOWN
 from .metrics import STATS, RequestStats
@@ -181,6 +182,7 @@ def create_app(settings: Settings, services: Services | None = None) -> web.Appl
     app.router.add_get("/openapi.json", serve_openapi)
     add_responses_routes(app)
     add_chat_routes(app)
+    add_conversation_routes(app)
     add_models_routes(app)
 
     async def close_services(app: web.Application) -> None:

@@ -13,6 +13,7 @@ from backends.registry import create_backend
 from harmony import HarmonyEncoding, Renderer
 from state import MemoryStore, ResponseStore
 from state.at_rest import RecordCipher
+from state.conversations import ConversationStore, MemoryConversations, RedisConversations
 from state.event_streams import EventStreams, MemoryEventStreams, RedisEventStreams
 from state.keys import FileKeys, KeyAdminError, KeySource, RedisKeys
 from state.limiter import RedisLimiter
@@ -57,6 +58,7 @@ class Services:
     admission: Admission
     metrics: Metrics
     events: EventStreams = field(default_factory=MemoryEventStreams)
+    conversations: ConversationStore = field(default_factory=MemoryConversations)
     runs: RunRegistry = field(default_factory=RunRegistry)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
 
@@ -83,6 +85,7 @@ class Services:
         await self.auth.aclose()
         await self.store.aclose()
         await self.events.aclose()
+        await self.conversations.aclose()
 
 
 def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backend]:
@@ -193,6 +196,12 @@ def _event_streams(settings: Settings) -> EventStreams:
     return MemoryEventStreams(ttl_s=settings.store_ttl_s)
 
 
+def _conversations(settings: Settings) -> ConversationStore:
+    if settings.redis_url:
+        return RedisConversations.from_url(settings.redis_url, ttl_s=settings.store_ttl_s, cipher=_cipher(settings))
+    return MemoryConversations(ttl_s=settings.store_ttl_s)
+
+
 def build_services(settings: Settings, renderer: Renderer) -> Services:
     metrics = Metrics(settings.metrics_tenants)
     store = TimedStore(_store(settings), metrics)  # every check that can refuse the settings runs before
@@ -213,6 +222,7 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
         admission=admission,
         metrics=metrics,
         events=_event_streams(settings),
+        conversations=_conversations(settings),
     )
 
 

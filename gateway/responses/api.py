@@ -10,17 +10,21 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from pydantic import TypeAdapter, ValidationError
 
 from backends.base import Sampling
 from state import StoredResponse, StoreUnavailable
+from state.conversations import ConversationFull
 
 from ..assembler import ItemEvent, OutputItem, new_id
+from ..conversations.api import conversation_items
 from ..cot_recovery import index_cot
 from ..dialog import Entry
 from ..errors import ApiError, invalid, not_found, unavailable
 from ..json_body import parse_model, read_json, read_model
 from ..limits import MAX_HISTORY_MESSAGES
 from ..metrics import STATS
+from ..pagination import page
 from ..pipeline import count_prompt, plan_turn, start_turn
 from ..services import SERVICES, Services
 from ..sse import ClientGone, frame, open_stream, pump
@@ -28,8 +32,8 @@ from ..tenants.admission import Ticket
 from ..tenants.tenancy import request_id_of, tenant_of
 from ..turn import Outcome, Turn
 from .event_sink import EventSink
-from .input import check_tenant_caps, constraint_for, prompt_spec
-from .models import REQUEST_TAGS, ResponsesRequest
+from .input import check_tenant_caps, constraint_for, item_dicts, prompt_spec
+from .models import REQUEST_TAGS, InputItem, MessageInput, ResponsesRequest
 from .output import StreamEvents, item_json
 from .record_keeper import RecordKeeper
 from .resume import stream_again
@@ -37,6 +41,7 @@ from .runs import EventLog, ListenerTooSlow, Run
 from .tools import offered_tools
 
 NOT_OFFERED_HEADER = "X-Gateway-Tools-Not-Offered"
+STORED_ITEMS = TypeAdapter(list[InputItem])
 
 log = structlog.get_logger("gateway.responses")
 
@@ -60,6 +65,7 @@ class Job:
     ticket: Ticket
     keeper: RecordKeeper
     not_offered: list[str] = field(default_factory=list)  # hosted tool types left out of the prompt
+    conversation_id: str | None = None
     sealed: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -130,6 +136,7 @@ class Job:
             "safety_identifier": req.safety_identifier,
             "prompt_cache_key": req.prompt_cache_key,
             "metadata": req.metadata or {},
+            "conversation": {"id": self.conversation_id} if self.conversation_id else None,
         }
 
     def record(self, response: dict[str, Any]) -> StoredResponse:
@@ -170,33 +177,43 @@ class Job:
         if pending is not None and await self.keeper.save_until_stored(pending):
             await self._index_cot()
 
+    async def extend_conversation(self, status: str) -> None:
+        """A finished (or cut-short) response adds its input and output items to its conversation."""
+        if self.conversation_id is None or status not in ("completed", "incomplete"):
+            return
+        output = [item_json(item) for item in self.turn.assembler.items]
+        try:
+            kept = await self.services.conversations.append(
+                self.tenant, self.conversation_id, [*self.input_items, *output]
+            )
+        except (StoreUnavailable, ConversationFull) as exc:
+            log.warning("conversation_not_extended", response_id=self.response_id, error=type(exc).__name__)
+            return
+        if not kept:
+            log.info("conversation_gone", response_id=self.response_id)
+
     async def _index_cot(self) -> None:
         if not self.keeper.deleted:
             assembler = self.turn.assembler
             await index_cot(self.services.store, self.tenant, assembler.items, assembler.entries, self.response_id)
 
 
-def _input_items(request: ResponsesRequest) -> list[dict[str, Any]]:
-    if isinstance(request.input, str):
-        content = [{"type": "input_text", "text": request.input}]
-        return [{"type": "message", "id": new_id("msg_"), "role": "user", "content": content, "status": "completed"}]
-    items = []
-    prefixes = {
-        "message": "msg_",
-        "reasoning": "rs_",
-        "function_call": "fc_",
-        "function_call_output": "fco_",
-        "custom_tool_call": "ctc_",
-        "custom_tool_call_output": "ctco_",
-    }
-    for item in request.input:
-        data = item.model_dump(mode="json", by_alias=True, exclude_none=True)
-        data.setdefault("id", new_id(prefixes[data["type"]]))
-        if isinstance(data.get("content"), str):
-            part = "input_text" if data.get("role") != "assistant" else "output_text"
-            data["content"] = [{"type": part, "text": data["content"]}]
-        items.append(data)
-    return items
+async def _with_conversation(services: Services, tenant: str, req: ResponsesRequest) -> ResponsesRequest:
+    """The request with its conversation's items in front of its input (what the prompt is built from)."""
+    conversation_id = req.conversation_id
+    if conversation_id is None:
+        return req
+    if req.previous_response_id is not None:
+        raise invalid("conversation", "conversation and previous_response_id cannot be used together.")
+    stored = await conversation_items(services, tenant, conversation_id, "conversation")
+    try:
+        earlier = STORED_ITEMS.validate_python(stored)
+    except ValidationError as exc:
+        raise invalid(
+            "conversation", f"Conversation '{conversation_id}' holds an item this gateway cannot read."
+        ) from exc
+    own = [MessageInput(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    return req.model_copy(update={"input": [*earlier, *own]})
 
 
 async def _load_history(services: Services, tenant: str, request: ResponsesRequest) -> list[Entry]:
@@ -236,7 +253,8 @@ async def prepare(request: web.Request) -> Job:
     if tools.not_offered:
         log.info("tools_not_offered", types=sorted(set(tools.not_offered)))
     history = await _load_history(services, tenant, req)
-    spec = prompt_spec(req, tools, history, lambda blob: services.sealer.open(tenant, blob))
+    with_earlier = await _with_conversation(services, tenant, req)
+    spec = prompt_spec(with_earlier, tools, history, lambda blob: services.sealer.open(tenant, blob))
     constraint = constraint_for(req, tools)
     max_output = req.max_output_tokens or limits.max_output_tokens
     plan = await plan_turn(services, tenant, backend, spec, max_output, request.content_length)
@@ -267,12 +285,13 @@ async def prepare(request: web.Request) -> Job:
         response_id,
         int(time.time()),
         plan.built.dialog,
-        _input_items(req),
+        item_dicts(req.input),
         turn,
         request_id,
         ticket,
         keeper,
         tools.not_offered,
+        req.conversation_id,
     )
 
 
@@ -366,6 +385,7 @@ async def _generate(job: Job, feed: Feed) -> dict[str, Any]:
         outcome = Outcome("cancelled")
     final = job.response(outcome.status, outcome)
     pending = await job.store_final(final)
+    await job.extend_conversation(outcome.status)
     if outcome.status == "cancelled":
         feed.cancelled()
     else:
@@ -506,33 +526,7 @@ async def cancel_response(request: web.Request) -> web.Response:
 async def list_input_items(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     record = await _load(services, tenant_of(request), request.match_info["response_id"], "response_id")
-    query = request.query
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise invalid("order", "order must be 'asc' or 'desc'.")
-    try:
-        limit = int(query.get("limit", "20"))
-    except ValueError as exc:
-        raise invalid("limit", "limit must be an integer from 1 to 100.") from exc
-    if not 1 <= limit <= 100:
-        raise invalid("limit", "limit must be an integer from 1 to 100.")
-    items = list(record.input_items if order == "asc" else reversed(record.input_items))
-    after = query.get("after")
-    if after is not None:
-        ids = [item.get("id") for item in items]
-        if after not in ids:
-            raise not_found("after", f"Input item '{after}' not found in response '{record.id}'.")
-        items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    return web.json_response(
-        {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": len(items) > limit,
-        }
-    )
+    return web.json_response(page(record.input_items, request.query, f"response '{record.id}'"))
 
 
 async def count_input_tokens(request: web.Request) -> web.Response:

@@ -8,6 +8,7 @@ from typing import Any
 from backends.base import Constraint
 from harmony import ResponseFormat
 
+from ..assembler import new_id
 from ..conversation import PromptSpec
 from ..dialog import Call, CallResult, DialogItem, Entry, Said, Thought
 from ..errors import invalid
@@ -19,6 +20,7 @@ from .models import (
     CustomToolCallOutputInput,
     FunctionCallInput,
     FunctionCallOutputInput,
+    InputItem,
     MessageInput,
     NamedCustom,
     NamedFunction,
@@ -76,6 +78,34 @@ def to_dialog(request: ResponsesRequest, unseal: Unseal) -> tuple[list[DialogIte
             output = item.output if isinstance(item.output, str) else "".join(part.text for part in item.output)
             items.append(CallResult(item.call_id, output, param))
     return items, instructions
+
+
+_ID_PREFIXES = {
+    "message": "msg_",
+    "reasoning": "rs_",
+    "function_call": "fc_",
+    "function_call_output": "fco_",
+    "custom_tool_call": "ctc_",
+    "custom_tool_call_output": "ctco_",
+}
+
+
+def item_dicts(items: str | list[InputItem]) -> list[dict[str, Any]]:
+    """Input items as they are kept and listed (a response's input items, a conversation's items): each with
+    an id and a status, a message's text as a content list."""
+    if isinstance(items, str):
+        content = [{"type": "input_text", "text": items}]
+        return [{"type": "message", "id": new_id("msg_"), "role": "user", "content": content, "status": "completed"}]
+    out = []
+    for item in items:
+        data = item.model_dump(mode="json", by_alias=True, exclude_none=True)
+        data.setdefault("id", new_id(_ID_PREFIXES[data["type"]]))
+        data.setdefault("status", "completed")
+        if data["type"] == "message" and isinstance(data.get("content"), str):
+            part = "input_text" if data.get("role") != "assistant" else "output_text"
+            data["content"] = [{"type": part, "text": data["content"]}]
+        out.append(data)
+    return out
 
 
 def _format(request: ResponsesRequest) -> tuple[ResponseFormat | None, dict[str, Any] | None]:

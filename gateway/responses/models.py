@@ -391,6 +391,10 @@ class StreamOptions(Strict):
 REQUEST_TAGS = UNION_TAGS | TOOL_TAGS
 
 
+class ConversationRef(Strict):
+    id: str = Field(min_length=1, max_length=256)
+
+
 class ResponsesRequest(Strict):
     model: str = Field(min_length=1, max_length=256)
     input: str | Annotated[list[InputItem], Field(max_length=MAX_INPUT_ITEMS)] = Field(default_factory=list)
@@ -412,12 +416,18 @@ class ResponsesRequest(Strict):
     stream_options: StreamOptions | None = None
     background: bool = False
     previous_response_id: str | None = Field(default=None, max_length=256)
+    conversation: Annotated[str, Field(min_length=1, max_length=256)] | ConversationRef | None = None
     include: list[str] = Field(default_factory=list)
     user: str | None = Field(default=None, max_length=512)
     safety_identifier: str | None = Field(default=None, max_length=512)
     prompt_cache_key: str | None = Field(default=None, max_length=512)
     service_tier: ServiceTier | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
+
+    @property
+    def conversation_id(self) -> str | None:
+        conversation = self.conversation
+        return conversation.id if isinstance(conversation, ConversationRef) else conversation
 
     @field_validator("include")
     @classmethod

@@ -1,0 +1,1 @@
+"""The Conversations API: conversations and their items, the history `conversation` on a response extends."""

@@ -1,0 +1,157 @@
+"""The Conversations API routes: create, retrieve, update, delete; list, add, retrieve and delete items.
+
+Items are kept as a response's input items are (each with an id); a response created with `conversation`
+reads them as its history and, once it completed, appends its input and output items."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from state import StoreUnavailable
+from state.conversations import ConversationFull, StoredConversation
+
+from ..assembler import new_id
+from ..errors import invalid, not_found, unavailable
+from ..json_body import read_model
+from ..pagination import page
+from ..responses.input import item_dicts
+from ..responses.models import UNION_TAGS
+from ..services import SERVICES, Services
+from ..tenants.tenancy import tenant_of
+from .models import ConversationCreate, ConversationUpdate, ItemsCreate
+
+UNAVAILABLE = "The conversation store is unavailable; try again."
+
+
+def _gone(conversation_id: str) -> Exception:
+    return not_found("conversation_id", f"Conversation with id '{conversation_id}' not found.")
+
+
+async def load_conversation(services: Services, tenant: str, conversation_id: str) -> StoredConversation:
+    try:
+        conversation = await services.conversations.load(tenant, conversation_id)
+    except StoreUnavailable as exc:
+        raise unavailable(UNAVAILABLE) from exc
+    if conversation is None:
+        raise _gone(conversation_id)
+    return conversation
+
+
+async def conversation_items(services: Services, tenant: str, conversation_id: str, param: str) -> list[dict[str, Any]]:
+    """Every item of the conversation, in order; a 404 naming `param` when it does not exist."""
+    try:
+        items = await services.conversations.items(tenant, conversation_id)
+    except StoreUnavailable as exc:
+        raise unavailable(UNAVAILABLE) from exc
+    if items is None:
+        raise not_found(param, f"Conversation with id '{conversation_id}' not found.")
+    return items
+
+
+async def append_items(services: Services, tenant: str, conversation_id: str, items: list[dict[str, Any]]) -> bool:
+    """Add items at the end; False when the conversation was deleted meanwhile."""
+    try:
+        return await services.conversations.append(tenant, conversation_id, items)
+    except ConversationFull as exc:
+        raise invalid("items", "The conversation is full: it holds as many items as a conversation can.") from exc
+    except StoreUnavailable as exc:
+        raise unavailable(UNAVAILABLE) from exc
+
+
+async def create_conversation(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    body = await read_model(request, ConversationCreate, UNION_TAGS)
+    conversation = StoredConversation(new_id("conv_"), tenant_of(request), int(time.time()), body.metadata or {})
+    try:
+        await services.conversations.create(conversation, item_dicts(body.items or []))
+    except StoreUnavailable as exc:
+        raise unavailable(UNAVAILABLE) from exc
+    return web.json_response(conversation.to_api())
+
+
+async def get_conversation(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    conversation = await load_conversation(services, tenant_of(request), request.match_info["conversation_id"])
+    return web.json_response(conversation.to_api())
+
+
+async def update_conversation(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    body = await read_model(request, ConversationUpdate)
+    conversation = await load_conversation(services, tenant_of(request), request.match_info["conversation_id"])
+    conversation.metadata = body.metadata
+    try:
+        updated = await services.conversations.update(conversation)
+    except StoreUnavailable as exc:
+        raise unavailable(UNAVAILABLE) from exc
+    if not updated:
+        raise _gone(conversation.id)
+    return web.json_response(conversation.to_api())
+
+
+async def delete_conversation(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    conversation_id = request.match_info["conversation_id"]
+    try:
+        deleted = await services.conversations.delete(tenant_of(request), conversation_id)
+    except StoreUnavailable as exc:
+        raise unavailable(UNAVAILABLE) from exc
+    if not deleted:
+        raise _gone(conversation_id)
+    return web.json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
+
+
+async def list_items(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    conversation_id = request.match_info["conversation_id"]
+    items = await conversation_items(services, tenant_of(request), conversation_id, "conversation_id")
+    return web.json_response(page(items, request.query, f"conversation '{conversation_id}'"))
+
+
+async def add_items(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    body = await read_model(request, ItemsCreate, UNION_TAGS)
+    conversation_id = request.match_info["conversation_id"]
+    items = item_dicts(body.items)
+    if not await append_items(services, tenant_of(request), conversation_id, items):
+        raise _gone(conversation_id)
+    first, last = items[0]["id"], items[-1]["id"]
+    return web.json_response({"object": "list", "data": items, "first_id": first, "last_id": last, "has_more": False})
+
+
+async def get_item(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    conversation_id, item_id = request.match_info["conversation_id"], request.match_info["item_id"]
+    items = await conversation_items(services, tenant_of(request), conversation_id, "conversation_id")
+    for item in items:
+        if item.get("id") == item_id:
+            return web.json_response(item)
+    raise not_found("item_id", f"Item '{item_id}' not found in conversation '{conversation_id}'.")
+
+
+async def delete_item(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    tenant = tenant_of(request)
+    conversation_id, item_id = request.match_info["conversation_id"], request.match_info["item_id"]
+    conversation = await load_conversation(services, tenant, conversation_id)
+    try:
+        deleted = await services.conversations.delete_item(tenant, conversation_id, item_id)
+    except StoreUnavailable as exc:
+        raise unavailable(UNAVAILABLE) from exc
+    if not deleted:
+        raise not_found("item_id", f"Item '{item_id}' not found in conversation '{conversation_id}'.")
+    return web.json_response(conversation.to_api())
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/conversations", create_conversation)
+    app.router.add_get("/v1/conversations/{conversation_id}", get_conversation)
+    app.router.add_post("/v1/conversations/{conversation_id}", update_conversation)
+    app.router.add_delete("/v1/conversations/{conversation_id}", delete_conversation)
+    app.router.add_get("/v1/conversations/{conversation_id}/items", list_items)
+    app.router.add_post("/v1/conversations/{conversation_id}/items", add_items)
+    app.router.add_get("/v1/conversations/{conversation_id}/items/{item_id}", get_item)
+    app.router.add_delete("/v1/conversations/{conversation_id}/items/{item_id}", delete_item)
