@@ -50,6 +50,7 @@ class GenerateRequest:
     request_id: str
     sampling: Sampling = field(default_factory=Sampling)
     constraint: Constraint = field(default_factory=Constraint)
+    cache_key: str | None = None  # requests sharing it share a prompt prefix: a backend may route them together
 
 
 @dataclass(slots=True)

@@ -145,7 +145,7 @@ class RemoteBackend:
         body = json.dumps(self.dialect.body(request, self.options.model), separators=(",", ":")).encode()
         tried: list[Upstream] = []
         for attempt in range(self.options.retries + 1):
-            upstream = self.pool.pick(tried)
+            upstream = self.pool.pick(tried, request.cache_key)
             tried.append(upstream)
             delivered = False
             try:

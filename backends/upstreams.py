@@ -1,5 +1,10 @@
 """Several upstream servers behind one backend: least-outstanding-requests choice and passive health.
 
+A request with a cache key (the client's `prompt_cache_key`: Codex sends its session id) goes to the same
+upstream each time, chosen by rendezvous hashing among the healthy ones, so the upstream's prefix cache
+holds its conversation; unless that upstream has AFFINITY_SLACK more requests in flight than the least
+loaded one, when load wins.
+
 An upstream that fails `eject_after` times in a row is ejected: no request goes to it while another is
 healthy, and a prober calls its health endpoint every `probe_interval_s` until it answers, when it is
 taken back. When every upstream is ejected, requests still try them (least recently failed first)
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +25,11 @@ import structlog
 log = structlog.get_logger("backends.upstreams")
 
 Probe = Callable[[str], Awaitable[bool]]
+AFFINITY_SLACK = 4
+
+
+def _weight(key: str, url: str) -> bytes:
+    return hashlib.blake2b(f"{key}\0{url}".encode(), digest_size=8).digest()
 
 
 @dataclass(slots=True)
@@ -42,12 +53,17 @@ class UpstreamPool:
         self._probe = probe
         self._prober: asyncio.Task[None] | None = None
 
-    def pick(self, avoid: list[Upstream]) -> Upstream:
-        """The healthy upstream with the fewest requests in flight, preferring ones not in `avoid`."""
+    def pick(self, avoid: list[Upstream], cache_key: str | None = None) -> Upstream:
+        """The healthy upstream with the fewest requests in flight, preferring ones not in `avoid`; with a
+        cache key, the key's own upstream while it is not overloaded."""
         fresh = [u for u in self.upstreams if u not in avoid] or self.upstreams
         healthy = [u for u in fresh if u.healthy]
         if healthy:
             chosen = min(healthy, key=lambda u: (u.outstanding, u.picks))
+            if cache_key:
+                owner = max(healthy, key=lambda u: _weight(cache_key, u.url))
+                if owner.outstanding <= chosen.outstanding + AFFINITY_SLACK:
+                    chosen = owner
         else:
             chosen = min(fresh, key=lambda u: (u.ejected_at or 0.0, u.outstanding))
         chosen.picks += 1

@@ -71,3 +71,14 @@ def effort(value: str | None) -> ReasoningEffort:
     if value is None:
         return ReasoningEffort.MEDIUM
     return ReasoningEffort(_EFFORTS.get(value, value))
+
+
+_VERBOSITY = {
+    "low": "Keep the final answer short: say what is needed and no more.",
+    "high": "Give a thorough final answer, with the detail and explanation that help.",
+}
+
+
+def verbosity_instruction(value: str | None) -> str:
+    """`verbosity` as gpt-oss can take it: a developer instruction (low, high); medium adds nothing."""
+    return _VERBOSITY.get(value or "", "")

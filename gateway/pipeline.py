@@ -80,6 +80,7 @@ def start_turn(
     request_id: str,
     observer: TurnObserver | None,
     routing: CallRouting | None = None,
+    cache_key: str | None = None,
 ) -> Turn:
     tokens = plan.built.tokens
     return Turn(
@@ -93,4 +94,5 @@ def start_turn(
         observer,
         services.lifecycle,
         routing,
+        cache_key,
     )

@@ -46,6 +46,7 @@ class Turn:
         observer: TurnObserver | None = None,
         lifecycle: Lifecycle | None = None,
         routing: CallRouting | None = None,
+        cache_key: str | None = None,
     ) -> None:
         self.backend = backend
         self._observer = observer
@@ -65,6 +66,7 @@ class Turn:
             request_id=request_id,
             sampling=sampling,
             constraint=constraint if backend.capabilities.constraints else Constraint(),
+            cache_key=cache_key,
         )
         self._constraint = constraint
 

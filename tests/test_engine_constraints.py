@@ -185,7 +185,8 @@ def test_a_grammar_lists_only_the_allowed_functions_and_bounds_the_reasoning():
 
 
 PATCH_LARK = (  # Codex's apply_patch grammar, its lines bounded so that random sampling ends
-    'start: "*** Begin Patch" LF hunk{1,2} "*** End Patch" LF?\nhunk: "*** Add File: " /[a-z]{1,8}\\.txt/ LF line{1,3}\n'
+    'start: "*** Begin Patch" LF hunk{1,2} "*** End Patch" LF?\n'
+    'hunk: "*** Add File: " /[a-z]{1,8}\\.txt/ LF line{1,3}\n'
     'line: "+" /[a-z ]{0,12}/ LF\n%import common.LF\n'
 )
 PATCH_SHAPE = r"\*\*\* Begin Patch\n(\*\*\* Add File: [a-z]{1,8}\.txt\n(\+[a-z ]{0,12}\n){1,3}){1,2}\*\*\* End Patch\n?"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -186,6 +187,24 @@ def test_failover_to_the_live_upstream_then_probe_back():
         finally:
             revived.stop()
     assert len(live.calls) >= 6
+
+
+def test_a_prompt_cache_key_sends_a_session_to_one_upstream():
+    """Codex sends its session id as prompt_cache_key: each session's turns reach the same vLLM (its prefix
+    cache), while sessions spread over both."""
+    upstreams = [_fake("vllm"), _fake("vllm")]
+    encoding = load_harmony_encoding()
+    with _serving("vllm", upstreams) as (_, client):
+        for session in range(16):
+            for _ in range(3):
+                client.responses.create(model=MODEL, input=f"thanks {session}", prompt_cache_key=f"s{session}")
+    where: dict[str, set[int]] = {}
+    for index, upstream in enumerate(upstreams):
+        for call in upstream.calls:
+            session = re.search(r"thanks (\d+)", encoding.decode(call.body["prompt"])).group(1)
+            where.setdefault(session, set()).add(index)
+    assert len(where) == 16 and all(len(places) == 1 for places in where.values()), where
+    assert {place for places in where.values() for place in places} == {0, 1}  # 16 sessions: 2^-15 to miss
 
 
 def test_5xx_before_the_first_token_moves_to_another_upstream():

@@ -90,3 +90,35 @@ def test_a_logprobs_refusal_names_top_logprobs_when_that_asked_for_them(gateway)
     with pytest.raises(openai.BadRequestError) as caught:
         _client(gateway).responses.create(model=MODEL, input="hi", top_logprobs=3)
     assert caught.value.body["param"] == "top_logprobs"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+def test_compressed_request_bodies_are_read_and_bounded_after_decompression(gateway, encoding):
+    import gzip
+
+    from backports import zstd
+
+    compress = gzip.compress if encoding == "gzip" else zstd.compress
+    body = json.dumps({"model": MODEL, "input": "hi"}).encode()
+
+    def post(data: bytes):
+        request = urllib.request.Request(gateway.url + "/v1/responses", data=compress(data), method="POST")
+        for name, value in {**HTTP_AUTH, "Content-Type": "application/json", "Content-Encoding": encoding}.items():
+            request.add_header(name, value)
+        return urllib.request.urlopen(request, timeout=30)
+
+    with post(body) as response:
+        assert json.loads(response.read())["output"][-1]["content"][0]["text"] == "Hello from the mock."
+    with pytest.raises(urllib.error.HTTPError) as caught:  # 64 MiB of spaces, a few KiB compressed
+        post(b'{"model": "' + MODEL.encode() + b'", "input": "' + b" " * (64 * 1024 * 1024) + b'"}')
+    assert caught.value.code == 413
+
+
+def test_verbosity_becomes_a_developer_instruction(gateway):
+    api = _client(gateway)
+    api.responses.create(model=MODEL, input="hi", text={"verbosity": "low"})
+    assert "# Instructions\n\nKeep the final answer short" in gateway.backend.prompt_text()
+    api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], verbosity="high")
+    assert "# Instructions\n\nGive a thorough final answer" in gateway.backend.prompt_text()
+    api.responses.create(model=MODEL, input="hi", text={"verbosity": "medium"})
+    assert "# Instructions" not in gateway.backend.prompt_text()

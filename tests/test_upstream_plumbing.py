@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from backends.sse_reader import Event, EventTooLarge, sse_events
-from backends.upstreams import UpstreamPool
+from backends.upstreams import AFFINITY_SLACK, UpstreamPool
 
 
 async def _chunks(parts: list[bytes]):
@@ -77,3 +77,17 @@ def test_ejected_upstreams_are_skipped_until_none_is_left():
         await pool.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_cache_key_keeps_to_its_upstream_unless_it_is_overloaded():
+    pool = UpstreamPool([f"http://u{i}" for i in range(4)], eject_after=1, probe_interval_s=60, probe=_never)
+    owners = {key: pool.pick([], key) for key in (f"session-{i}" for i in range(40))}
+    assert all(pool.pick([], key) is owner for key, owner in owners.items())  # the same upstream each time
+    assert len(set(map(id, owners.values()))) == 4  # keys spread over every upstream
+    key, owner = next(iter(owners.items()))
+    owner.outstanding = AFFINITY_SLACK  # busy, within the slack: still its owner
+    assert pool.pick([], key) is owner
+    owner.outstanding = AFFINITY_SLACK + 1  # past it: load wins
+    assert pool.pick([], key) is not owner
+    owner.outstanding = 0
+    assert pool.pick([owner], key) is not owner  # a retry avoids the upstream that failed it

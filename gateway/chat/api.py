@@ -197,7 +197,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             seed=None if req.seed is None else req.seed + index,
         )
         observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
-        turn = start_turn(services, plan, sampling, constraint, f"{request_id}/{index}", observer)
+        request_key = f"{request_id}/{index}"
+        turn = start_turn(services, plan, sampling, constraint, request_key, observer, None, req.prompt_cache_key)
         choices.append(Choice(index, turn, StopMatcher(req.stop_sequences)))
     completion = Completion(services, req, tenant, choices)
     try:

@@ -7,7 +7,7 @@ from harmony import ResponseFormat, ToolDescription
 
 from ..conversation import PromptSpec
 from ..dialog import Call, CallResult, DialogItem, Said, Thought
-from ..options import constraint, effort, output_format
+from ..options import constraint, effort, output_format, verbosity_instruction
 from ..tenants.limits import TenantLimits, check_caps, json_size
 from .models import AssistantMessage, ChatRequest, FormatJsonSchema, NamedToolChoice, SystemMessage, ToolMessage
 
@@ -70,7 +70,7 @@ def prompt_spec(request: ChatRequest) -> PromptSpec:
     offered = [] if request.tool_choice == "none" else request.tools or []
     return PromptSpec(
         items=items,
-        instructions=instructions,
+        instructions=[*instructions, verbosity_instruction(request.verbosity)],
         tools=[
             ToolDescription(f.name, f.description or "", f.parameters, f.parameters_json)
             for f in (t.function for t in offered)

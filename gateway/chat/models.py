@@ -195,6 +195,7 @@ class ChatRequest(Strict):
     user: str | None = Field(default=None, max_length=512)
     safety_identifier: str | None = Field(default=None, max_length=512)
     prompt_cache_key: str | None = Field(default=None, max_length=512)
+    verbosity: Literal["low", "medium", "high"] | None = None
     metadata: Metadata | None = None
     store: bool | None = None
     service_tier: ServiceTier | None = None

@@ -273,7 +273,7 @@ async def prepare(request: web.Request) -> Job:
     )
     request_id = request_id_of(request, response_id)
     observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
-    turn = start_turn(services, plan, sampling, constraint, request_id, observer, tools.routing)
+    turn = start_turn(services, plan, sampling, constraint, request_id, observer, tools.routing, req.prompt_cache_key)
     settings = services.settings
     keeper = RecordKeeper(
         services.store, tenant, response_id, settings.record_lease_s, time.time() + settings.store_ttl_s

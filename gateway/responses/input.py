@@ -12,7 +12,7 @@ from ..assembler import new_id
 from ..conversation import PromptSpec
 from ..dialog import Call, CallResult, DialogItem, Entry, Said, Thought
 from ..errors import invalid
-from ..options import constraint, effort, output_format
+from ..options import constraint, effort, output_format, verbosity_instruction
 from ..sealing import SealError
 from ..tenants.limits import TenantLimits, check_caps, json_size
 from .models import (
@@ -128,7 +128,7 @@ def prompt_spec(request: ResponsesRequest, tools: OfferedTools, history: list[En
     offer = request.tool_choice != "none"
     return PromptSpec(
         items=items,
-        instructions=[request.instructions or "", *message_instructions],
+        instructions=[request.instructions or "", *message_instructions, verbosity_instruction(request.text.verbosity)],
         history=history,
         tools=tools.functions if offer else [],
         namespaces=tools.namespaces if offer else [],
