@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from .chat.models import ChatRequest
+from .conversations.models import ConversationCreate, ConversationUpdate, ItemsCreate
 from .responses.models import DeletedResponse, InputItemList, ResponseObject, ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
@@ -60,6 +61,94 @@ _MODEL_LIST = {
     "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
 }
 _PATH_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+_CONVERSATION_ID = [{"name": "conversation_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+_ITEM_ID = [{"name": "item_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+_PAGE = [
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+    {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
+    {"name": "after", "in": "query", "schema": {"type": "string"}},
+]
+_CONVERSATION = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "conversation"},
+        "created_at": {"type": "integer"},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+    "required": ["id", "object", "created_at", "metadata"],
+}
+_CONVERSATION_DELETED = {
+    "type": "object",
+    "properties": {"id": {"type": "string"}, "object": {"const": "conversation.deleted"}, "deleted": {"const": True}},
+    "required": ["id", "object", "deleted"],
+}
+_TOKEN_COUNT = {
+    "type": "object",
+    "properties": {"object": {"const": "response.input_tokens"}, "input_tokens": {"type": "integer", "minimum": 0}},
+    "required": ["object", "input_tokens"],
+}
+
+
+def _body(model: type[BaseModel]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _conversation_paths() -> dict[str, Any]:
+    conversation = _json(_CONVERSATION, "The conversation")
+    items = _json(_ref(InputItemList), "Conversation items")
+    return {
+        "/v1/conversations": {
+            "post": {
+                "operationId": "createConversation",
+                "requestBody": _body(ConversationCreate),
+                "responses": {"200": conversation, **_errors()},
+            }
+        },
+        "/v1/conversations/{conversation_id}": {
+            "get": {
+                "operationId": "getConversation",
+                "parameters": _CONVERSATION_ID,
+                "responses": {"200": conversation, **_errors()},
+            },
+            "post": {
+                "operationId": "updateConversation",
+                "parameters": _CONVERSATION_ID,
+                "requestBody": _body(ConversationUpdate),
+                "responses": {"200": conversation, **_errors()},
+            },
+            "delete": {
+                "operationId": "deleteConversation",
+                "parameters": _CONVERSATION_ID,
+                "responses": {"200": _json(_CONVERSATION_DELETED, "Deleted"), **_errors()},
+            },
+        },
+        "/v1/conversations/{conversation_id}/items": {
+            "get": {
+                "operationId": "listConversationItems",
+                "parameters": [*_CONVERSATION_ID, *_PAGE],
+                "responses": {"200": items, **_errors()},
+            },
+            "post": {
+                "operationId": "createConversationItems",
+                "parameters": _CONVERSATION_ID,
+                "requestBody": _body(ItemsCreate),
+                "responses": {"200": items, **_errors()},
+            },
+        },
+        "/v1/conversations/{conversation_id}/items/{item_id}": {
+            "get": {
+                "operationId": "getConversationItem",
+                "parameters": [*_CONVERSATION_ID, *_ITEM_ID],
+                "responses": {"200": _json({"type": "object"}, "The item"), **_errors()},
+            },
+            "delete": {
+                "operationId": "deleteConversationItem",
+                "parameters": [*_CONVERSATION_ID, *_ITEM_ID],
+                "responses": {"200": conversation, **_errors()},
+            },
+        },
+    }
 
 
 @cache
@@ -70,6 +159,9 @@ def openapi_document() -> dict[str, Any]:
         (InputItemList, "serialization"),
         (DeletedResponse, "serialization"),
         (ChatRequest, "validation"),
+        (ConversationCreate, "validation"),
+        (ConversationUpdate, "validation"),
+        (ItemsCreate, "validation"),
     ]
     _, defs = models_json_schema(models, ref_template=_REF)
     schemas = defs["$defs"]
@@ -114,6 +206,13 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/responses/input_tokens": {
+                "post": {
+                    "operationId": "countInputTokens",
+                    "requestBody": _body(ResponsesRequest),
+                    "responses": {"200": _json(_TOKEN_COUNT, "The prompt's length in tokens"), **_errors()},
+                }
+            },
             "/v1/responses/{response_id}": {
                 "get": {
                     "operationId": "getResponse",
@@ -136,15 +235,11 @@ def openapi_document() -> dict[str, Any]:
             "/v1/responses/{response_id}/input_items": {
                 "get": {
                     "operationId": "listInputItems",
-                    "parameters": [
-                        *_PATH_ID,
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
-                        {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
-                        {"name": "after", "in": "query", "schema": {"type": "string"}},
-                    ],
+                    "parameters": [*_PATH_ID, *_PAGE],
                     "responses": {"200": _json(_ref(InputItemList), "Input items"), **_errors()},
                 }
             },
+            **_conversation_paths(),
         },
         "components": {"schemas": schemas},
     }
