@@ -20,7 +20,7 @@ def _client(gateway, key: str = "sk-tenant-a") -> openai.OpenAI:
 
 
 def _valid(adapter: TypeAdapter, value):
-    return adapter.validate_python(value.model_dump(exclude_unset=True))
+    return adapter.validate_python(value.model_dump(by_alias=True, exclude_unset=True))
 
 
 def test_conversations_and_their_items_round_trip(gateway):

@@ -193,9 +193,14 @@ def test_openapi_document_describes_the_routes(gateway):
         "/v1/responses/{response_id}",
         "/v1/responses/{response_id}/cancel",
         "/v1/responses/{response_id}/input_items",
+        "/v1/responses/input_tokens",
         "/v1/chat/completions",
         "/v1/models",
         "/v1/models/{model}",
+        "/v1/conversations",
+        "/v1/conversations/{conversation_id}",
+        "/v1/conversations/{conversation_id}/items",
+        "/v1/conversations/{conversation_id}/items/{item_id}",
     }
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
     schemas = document["components"]["schemas"]

@@ -12,7 +12,7 @@ from gateway_fixtures import (
     ANALYSIS_WEATHER,
     WEATHER_TOOL,
 )
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from gateway.responses.models import ResponseObject
 
@@ -36,7 +36,9 @@ def test_create_returns_reasoning_answer_and_usage(gateway):
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert usage.input_tokens_details.cached_tokens == 0
     assert response.metadata == {"team": "a"} and response.store is True and response.model == MODEL
-    ResponseObject.model_validate(response.model_dump(exclude_unset=True))  # what we send matches our OpenAPI models
+    ResponseObject.model_validate(
+        response.model_dump(by_alias=True, exclude_unset=True)
+    )  # what we send matches our OpenAPI models
 
 
 def test_stream_events_are_numbered_paired_and_terminal(gateway):
@@ -242,7 +244,8 @@ def test_unknown_or_foreign_previous_response_id_is_404(gateway):
 def test_tool_choice_the_mock_cannot_enforce_fails_honestly(gateway):
     api = client(gateway)
     response = api.responses.create(model=MODEL, input="Say hello", tools=[WEATHER_TOOL], tool_choice="required")
-    assert response.status == "failed" and response.error.code == "constraint_not_enforced"
+    assert response.status == "failed" and response.error.code == "server_error"  # the SDK's enum allows no other
+    assert response.error.message.startswith("constraint_not_enforced: tool_choice required")
     assert response.output_text == "Hello from the mock."  # the output is kept, not hidden
     api.responses.create(model=MODEL, input="Say hello", tools=[WEATHER_TOOL], tool_choice="none")
     assert "get_weather" not in gateway.backend.prompt_text()  # tools it may not call are not offered
@@ -272,3 +275,38 @@ def test_replayed_calls_without_reasoning_recover_the_stored_cot(gateway, store)
     ]
     api.responses.create(model=MODEL, input=replay, tools=[WEATHER_TOOL])
     assert (ANALYSIS_WEATHER in gateway.backend.prompt_text()) is store
+
+
+def test_every_object_and_event_validates_against_the_sdks_models(gateway):
+    """The SDK only constructs its models from what it receives; here each is validated: plain, streamed,
+    tool call, structured output, incomplete, failed by an unenforceable constraint, background, input items."""
+    response_model = TypeAdapter(openai.types.responses.Response)
+    event_model = TypeAdapter(openai.types.responses.ResponseStreamEvent)
+    items_model = TypeAdapter(openai.types.responses.response_item_list.ResponseItemList)
+    api = client(gateway)
+
+    def valid(response):
+        return response_model.validate_python(response.model_dump(by_alias=True, exclude_unset=True))
+
+    bodies = [
+        {"input": "Say hello"},
+        {"input": "What is the weather in Paris?", "tools": [WEATHER_TOOL]},
+        {"input": "Ada is 36", "text": {"format": {"type": "json_schema", "name": "p", "schema": {"type": "object"}}}},
+        {"input": "an essay", "max_output_tokens": 20},
+        {"input": "Say hello", "tools": [WEATHER_TOOL], "tool_choice": "required"},
+    ]
+    statuses = []
+    for body in bodies:
+        statuses.append(valid(api.responses.create(model=MODEL, **body)).status)
+        events = [
+            event_model.validate_python(e.model_dump(by_alias=True, exclude_unset=True))
+            for e in api.responses.create(model=MODEL, stream=True, **body)
+        ]
+        assert events[-1].type in ("response.completed", "response.incomplete", "response.failed")
+    assert statuses == ["completed", "completed", "completed", "incomplete", "failed"]
+    background = api.responses.create(model=MODEL, input="Say hello", background=True)
+    while valid(api.responses.retrieve(background.id)).status in ("queued", "in_progress"):
+        time.sleep(0.05)
+    items_model.validate_python(
+        api.responses.input_items.list(background.id).model_dump(by_alias=True, exclude_unset=True)
+    )

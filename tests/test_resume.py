@@ -29,7 +29,7 @@ EVENT = TypeAdapter(openai.types.responses.ResponseStreamEvent)
 
 
 def _events(stream) -> list:
-    return [EVENT.validate_python(event.model_dump(exclude_unset=True)) for event in stream]
+    return [EVENT.validate_python(event.model_dump(by_alias=True, exclude_unset=True)) for event in stream]
 
 
 def _text(events) -> str:

@@ -94,7 +94,7 @@ def _client(gateway) -> openai.OpenAI:
 
 
 def _validated(response: openai.types.responses.Response) -> openai.types.responses.Response:
-    return RESPONSE.validate_python(response.model_dump(exclude_unset=True))
+    return RESPONSE.validate_python(response.model_dump(by_alias=True, exclude_unset=True))
 
 
 def _create(api: openai.OpenAI, stream: bool, **body) -> tuple[openai.types.responses.Response, list[str]]:
@@ -102,7 +102,7 @@ def _create(api: openai.OpenAI, stream: bool, **body) -> tuple[openai.types.resp
     if not stream:
         return _validated(api.responses.create(model=MODEL, **body)), []
     events = [
-        EVENT.validate_python(event.model_dump(exclude_unset=True))
+        EVENT.validate_python(event.model_dump(by_alias=True, exclude_unset=True))
         for event in api.responses.create(model=MODEL, stream=True, **body)
     ]
     assert events[-1].type == "response.completed"

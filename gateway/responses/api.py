@@ -103,7 +103,7 @@ class Job:
             }
         error = None
         if outcome is not None and outcome.error_code:
-            error = {"code": outcome.error_code, "message": outcome.error_message}
+            error = _response_error(outcome.error_code, outcome.error_message or "")
         incomplete = {"reason": outcome.incomplete_reason} if outcome and outcome.incomplete_reason else None
         return {
             "id": self.response_id,
@@ -196,6 +196,20 @@ class Job:
         if not self.keeper.deleted:
             assembler = self.turn.assembler
             await index_cot(self.services.store, self.tenant, assembler.items, assembler.entries, self.response_id)
+
+
+# the codes a response's `error` may carry (the SDK's enum); the gateway's own (constraint_not_enforced,
+# server_shutting_down) go as server_error with the specific code leading the message, as the stream's
+# `error` event keeps it in its own `code`
+RESPONSE_ERROR_CODES = frozenset(
+    {"server_error", "rate_limit_exceeded", "invalid_prompt", "vector_store_timeout", "invalid_image"}
+)
+
+
+def _response_error(code: str, message: str) -> dict[str, str]:
+    if code in RESPONSE_ERROR_CODES:
+        return {"code": code, "message": message}
+    return {"code": "server_error", "message": f"{code}: {message}"}
 
 
 async def _with_conversation(services: Services, tenant: str, req: ResponsesRequest) -> ResponsesRequest:
