@@ -17,7 +17,7 @@ COPY gateway gateway
 COPY backends backends
 COPY harmony harmony
 COPY state state
-RUN /opt/gateway/bin/pip install --no-cache-dir . \
+RUN /opt/gateway/bin/pip install --no-cache-dir '.[engine]' \
     && /opt/gateway/bin/pip uninstall --yes pip
 # x86-64-v3 (AVX2, FMA): any server CPU of the last decade, not only the one building the image
 RUN HOME=/tmp /opt/gateway/bin/gpt-oss-gateway build-kernels --march x86-64-v3 --output /opt/gateway/kernels

@@ -29,6 +29,20 @@ class UnknownBackend(ValueError):
     """No installed package provides a backend of that kind."""
 
 
+class MissingRuntime(ValueError):
+    """The backend's package is installed but a library it runs on is not (the engine without its extra)."""
+
+
+ENGINE_EXTRA = "pip install 'gpt-oss-gateway[engine]'"
+
+
+def missing_runtime_message(kind: str, missing: str) -> str:
+    return (
+        f"the '{kind}' backend needs {missing}, which is not installed: {ENGINE_EXTRA}"
+        " (or serve a model server's models with GATEWAY_BACKEND=vllm, sglang or llamacpp)"
+    )
+
+
 def installed() -> dict[str, EntryPoint]:
     return {entry.name: entry for entry in entry_points(group=GROUP)}
 
@@ -38,5 +52,8 @@ def create_backend(kind: str, options: dict[str, Any], encoding: HarmonyEncoding
     if entry is None:
         names = ", ".join(sorted(installed())) or "none"
         raise UnknownBackend(f"no backend '{kind}' is installed (entry points in {GROUP}: {names})")
-    factory: BackendFactory = entry.load()
+    try:
+        factory: BackendFactory = entry.load()
+    except ModuleNotFoundError as exc:
+        raise MissingRuntime(missing_runtime_message(kind, exc.name or str(exc))) from None
     return factory(options, encoding)

@@ -7,8 +7,8 @@ import asyncio
 import json
 import sys
 
-from backends.engine.commands import add_commands as add_engine_commands
 from backends.mock import ScriptError
+from backends.registry import missing_runtime_message
 from harmony import VocabularyError
 from state import StoreUnavailable
 from state.keys import FileKeys, KeyAdminError, RedisKeys, new_record
@@ -101,6 +101,33 @@ def _run_keys(args: argparse.Namespace) -> int:
         return 2
 
 
+ENGINE_COMMANDS = {
+    "make-checkpoint": "write a random-weight gpt-oss checkpoint (its output is noise)",
+    "convert": "convert a checkpoint into the engine's cached ONNX graph",
+    "build-kernels": "compile the engine's MXFP4 MoE kernels (CUDA too with nvcc)",
+}
+
+
+def _add_engine_commands(commands: argparse._SubParsersAction) -> None:
+    """The engine's subcommands; without its runtime installed, each says in one line what to install."""
+    try:
+        from backends.engine.commands import add_commands
+    except ModuleNotFoundError as exc:
+        message = missing_runtime_message("onnx", exc.name or str(exc))
+        for name, help_text in ENGINE_COMMANDS.items():
+            help_text = f"{help_text} (needs the engine extra)"
+            command = commands.add_parser(name, help=help_text, add_help=False, prefix_chars="\x00")
+            command.add_argument("rest", nargs="*")  # whatever follows, flags included: the answer is the same
+            command.set_defaults(run=lambda _args, message=message: _refuse(message))
+        return
+    add_commands(commands)
+
+
+def _refuse(message: str) -> int:
+    print(f"gpt-oss-gateway: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpt-oss-gateway", description="OpenAI API gateway for gpt-oss models")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -119,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     for action in (create, actions.choices["list"], revoke):
         action.add_argument("--file", help="a keys file (GATEWAY_KEYS_FILE) instead of Redis")
     keys.set_defaults(run=_run_keys)
-    add_engine_commands(commands)
+    _add_engine_commands(commands)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -83,8 +83,10 @@ class GatewayProcess:
         cwd: Path | None = None,
         unset: tuple[str, ...] = (),
         port: int | None = None,
+        python_flags: tuple[str, ...] = (),  # e.g. -S: only PYTHONPATH's packages
     ) -> None:
         self.port = port or free_port()
+        self._python_flags = python_flags
         self._cwd = cwd
         self._env = {**os.environ, vocab.DOWNLOAD_ENV: "0", **env, "GATEWAY_PORT": str(self.port)}
         for name in unset:
@@ -99,7 +101,7 @@ class GatewayProcess:
     def start(self, timeout_s: float = 30) -> GatewayProcess:
         with self._log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve"],
+                [sys.executable, *self._python_flags, "-m", "gateway.cli", "serve"],
                 env=self._env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 from live_gateway import GatewayProcess
@@ -85,3 +86,63 @@ def test_the_wheel_alone_serves(tmp_path):
     assert all(path.startswith(str(site)) for path in where), where
     gateway = GatewayProcess(env, tmp_path / "gateway.log", cwd=tmp_path).start()  # waits for /readyz: 200
     gateway.stop()
+
+
+ENGINE_RUNTIME = ("onnx", "onnxruntime", "onnxruntime_gpu", "safetensors", "ml_dtypes")
+
+
+def _wheel(tmp_path: Path) -> Path:
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return next(wheels.glob("gpt_oss_gateway-*.whl"))
+
+
+def test_without_the_engine_extra_the_gateway_serves_a_model_server_and_says_what_the_engine_needs(tmp_path):
+    """`pip install gpt-oss-gateway` (no extra) asks for no engine runtime; with the wheel and its base
+    dependencies only (this venv's packages less the engine's), `serve` runs the mock, and the default
+    engine backend and the engine commands each stop with one line naming the extra."""
+    wheel = _wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        requires = [line for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist:")]
+    for line in requires:
+        name = re.split(r"[ ;<>=~!\[]", line.removeprefix("Requires-Dist:").strip())[0].lower().replace("-", "_")
+        if name in ENGINE_RUNTIME:
+            assert 'extra == "engine"' in line or 'extra == "cuda"' in line, line
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    base = tmp_path / "base-deps"  # this venv's site-packages without the engine runtime (nor the editable gateway)
+    base.mkdir()
+    venv_site = Path(next(p for p in sys.path if p.endswith("site-packages")))
+    for entry in venv_site.iterdir():
+        stem = entry.name.split("-")[0].lower().split(".")[0]
+        if stem not in ENGINE_RUNTIME and not entry.name.startswith(("gpt_oss_gateway", "__editable__", "_gpt_oss")):
+            (base / entry.name).symlink_to(entry)
+    python = [sys.executable, "-S"]  # no site: only PYTHONPATH's directories
+    env = {"PYTHONPATH": f"{site}:{base}", "PYTHONSAFEPATH": "1", "GATEWAY_VOCAB_DOWNLOAD": "0"}
+    probe = subprocess.run([*python, "-c", "import onnxruntime"], env={**os.environ, **env}, capture_output=True)
+    assert probe.returncode != 0  # the engine runtime is really out of reach
+    mock = GatewayProcess({**env, "GATEWAY_BACKEND": "mock"}, tmp_path / "mock.log", cwd=tmp_path, python_flags=("-S",))
+    mock.start()  # waits for /readyz: 200
+    mock.stop()
+    for argv in (["serve"], ["convert", "--help"]):
+        done = subprocess.run(
+            [*python, "-m", "gateway.cli", *argv],
+            env={**os.environ, **env, "GATEWAY_PORT": "0", "GATEWAY_BACKEND": "onnx"},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and "pip install 'gpt-oss-gateway[engine]'" in lines[-1], done.stderr
