@@ -109,18 +109,23 @@ ENGINE_COMMANDS = {
 
 
 def _add_engine_commands(commands: argparse._SubParsersAction) -> None:
-    """The engine's subcommands; without its runtime installed, each says in one line what to install."""
+    """The engine's subcommands, its modules imported only when one runs (a `serve` never loads ONNX Runtime
+    unless its backend is the engine); without the engine's runtime, each says in one line what to install."""
+    for name, help_text in ENGINE_COMMANDS.items():
+        command = commands.add_parser(name, help=help_text, add_help=False, prefix_chars="\x00")
+        command.add_argument("rest", nargs="*")  # the engine's own parser reads them, flags included
+        command.set_defaults(run=lambda args, name=name: _run_engine_command(name, args.rest))
+
+
+def _run_engine_command(name: str, rest: list[str]) -> int:
     try:
         from backends.engine.commands import add_commands
     except ModuleNotFoundError as exc:
-        message = missing_runtime_message("onnx", exc.name or str(exc))
-        for name, help_text in ENGINE_COMMANDS.items():
-            help_text = f"{help_text} (needs the engine extra)"
-            command = commands.add_parser(name, help=help_text, add_help=False, prefix_chars="\x00")
-            command.add_argument("rest", nargs="*")  # whatever follows, flags included: the answer is the same
-            command.set_defaults(run=lambda _args, message=message: _refuse(message))
-        return
-    add_commands(commands)
+        return _refuse(missing_runtime_message("onnx", exc.name or str(exc)))
+    parser = argparse.ArgumentParser(prog="gpt-oss-gateway")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args([name, *rest])
+    return args.run(args)
 
 
 def _refuse(message: str) -> int:

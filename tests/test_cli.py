@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from redis_servers import free_port
@@ -68,3 +69,20 @@ def test_cli_requires_a_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main([])
     assert exit_info.value.code == 2
+
+
+def test_a_replica_in_front_of_a_model_server_never_loads_the_engine_runtime(tmp_path):
+    """Idle memory: `serve` with the mock maps no ONNX Runtime library (the engine's commands and backend
+    import it only when used); the engine's commands still work."""
+    from live_gateway import GatewayProcess
+
+    gateway = GatewayProcess({"GATEWAY_BACKEND": "mock"}, tmp_path / "serve.log").start()
+    try:
+        maps = Path(f"/proc/{gateway.process.pid}/maps").read_text()
+        assert "onnxruntime" not in maps and "libonnx" not in maps
+    finally:
+        gateway.stop()
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "convert", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "--dtype" in done.stdout
