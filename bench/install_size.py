@@ -49,7 +49,11 @@ def measure(extra: str, workdir: Path) -> tuple[int, list[tuple[str, int]]]:
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", target], check=True, timeout=1800)
     site = _site(venv)
     packages = sorted(
-        ((entry.name, _size(entry)) for entry in site.iterdir() if entry.is_dir() and not entry.name.endswith("-info")),
+        (
+            (entry.name, _size(entry))
+            for entry in site.iterdir()
+            if entry.is_dir() and not entry.name.endswith("-info") and entry.name not in ("pip", "setuptools")
+        ),
         key=lambda pair: -pair[1],
     )
     return _size(site) - empty, packages[:5]

@@ -15,6 +15,7 @@ from .chat.api import add_routes as add_chat_routes
 from .config import Settings
 from .conversations.api import add_routes as add_conversation_routes
 from .errors import ApiError, error_middleware
+from .json_out import json_response
 from .lifecycle import SHUTTING_DOWN
 from .metrics import STATS, RequestStats
 from .models_api import add_routes as add_models_routes
@@ -31,7 +32,7 @@ QUIET_ROUTES = ("/healthz", "/readyz")  # probes: counted in the metrics, not lo
 
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process serves requests (no dependency is checked)."""
-    return web.json_response({"status": "ok"})
+    return json_response({"status": "ok"})
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -53,7 +54,7 @@ async def readyz(request: web.Request) -> web.Response:
     described = {model: b.describe() for model, b in services.backends.items() if hasattr(b, "describe")}
     if described:
         body["engines"] = described  # where each built-in engine runs, or why it did not load
-    return web.json_response(body, status=200 if ready else 503)
+    return json_response(body, status=200 if ready else 503)
 
 
 @web.middleware

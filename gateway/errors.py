@@ -8,6 +8,8 @@ import structlog
 from aiohttp import web
 from pydantic import ValidationError
 
+from .json_out import json_response
+
 log = structlog.get_logger("gateway.errors")
 
 
@@ -36,7 +38,7 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
     def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status, headers=self.headers)
+        return json_response(self.body(), status=self.status, headers=self.headers)
 
 
 def invalid(param: str | None, message: str, code: str | None = "invalid_value") -> ApiError:

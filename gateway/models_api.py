@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from .errors import not_found
+from .json_out import json_response
 from .services import SERVICES, Services
 
 STARTED_AT = int(time.time())
@@ -26,7 +27,7 @@ def _model(services: Services, model_id: str) -> dict[str, Any]:
 
 async def list_models(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    return web.json_response({"object": "list", "data": [_model(services, name) for name in services.backends]})
+    return json_response({"object": "list", "data": [_model(services, name) for name in services.backends]})
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -34,7 +35,7 @@ async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model_id"]
     if model_id not in services.backends:
         raise not_found("model", f"The model '{model_id}' does not exist.")
-    return web.json_response(_model(services, model_id))
+    return json_response(_model(services, model_id))
 
 
 def add_routes(app: web.Application) -> None:

@@ -11,6 +11,7 @@ from pydantic.json_schema import models_json_schema
 
 from .chat.models import ChatRequest
 from .conversations.models import ConversationCreate, ConversationUpdate, ItemsCreate
+from .json_out import json_response
 from .responses.models import DeletedResponse, InputItemList, ResponseObject, ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
@@ -246,4 +247,4 @@ def openapi_document() -> dict[str, Any]:
 
 
 async def serve_openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_document())
+    return json_response(openapi_document())

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from .services import SERVICES
@@ -64,9 +64,8 @@ class Writer:
 
 
 def frame(payload: dict[str, Any], event: str | None = None) -> bytes:
-    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {body}\n\n".encode()
+    head = b"event: " + event.encode() + b"\n" if event else b""
+    return head + b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 async def pump(request: web.Request, response: web.StreamResponse, frames: AsyncIterator[bytes]) -> None:

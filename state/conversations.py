@@ -5,10 +5,11 @@ to a deleted conversation is refused atomically, so a DELETE is final."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+
+import orjson
 
 from .at_rest import RecordCipher
 from .redis_client import connect, redis_errors_as_unavailable, tenant_tag
@@ -144,11 +145,11 @@ class RedisConversations:
         return f"{base}:conv:{conversation_id}", f"{base}:citems:{conversation_id}"
 
     def _blob(self, value: dict[str, Any], key: str) -> bytes:
-        blob = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        blob = orjson.dumps(value)
         return blob if self._cipher is None else self._cipher.seal(blob, key)
 
     def _value(self, blob: bytes, key: str) -> dict[str, Any]:
-        return json.loads(blob if self._cipher is None else self._cipher.open(blob, key))
+        return orjson.loads(blob if self._cipher is None else self._cipher.open(blob, key))
 
     async def create(self, conversation: StoredConversation, items: list[dict[str, Any]]) -> None:
         head, body = self._keys(conversation.tenant, conversation.id)

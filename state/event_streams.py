@@ -6,10 +6,11 @@ lists in this process with the in-memory store. Tenant-scoped keys, as every sto
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import OrderedDict
 from typing import Any, Protocol
+
+import orjson
 
 from .at_rest import RecordCipher
 from .redis_client import connect, redis_errors_as_unavailable, tenant_tag
@@ -93,11 +94,11 @@ class RedisEventStreams:
         return f"{self._prefix}{tenant_tag(tenant)}:ev:{response_id}"
 
     def _blob(self, payload: dict[str, Any], key: str) -> bytes:
-        blob = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        blob = orjson.dumps(payload)
         return blob if self._cipher is None else self._cipher.seal(blob, key)
 
     def _payload(self, blob: bytes, key: str) -> dict[str, Any]:
-        return json.loads(blob if self._cipher is None else self._cipher.open(blob, key))
+        return orjson.loads(blob if self._cipher is None else self._cipher.open(blob, key))
 
     async def append(self, tenant: str, response_id: str, payloads: list[dict[str, Any]]) -> None:
         key = self._key(tenant, response_id)

@@ -17,6 +17,7 @@ from ..constraints import NOT_ENFORCED
 from ..cot_recovery import index_cot
 from ..errors import ApiError, invalid
 from ..json_body import read_model
+from ..json_out import json_response
 from ..lifecycle import SHUTTING_DOWN
 from ..limits import MAX_STREAM_BACKLOG
 from ..metrics import STATS
@@ -118,7 +119,7 @@ async def _respond(completion: Completion) -> web.Response:
     violation = completion.violation()
     if violation is not None:
         body["error"] = violation  # the output stands, and the client is told the rule was not enforced
-    return web.json_response(body)
+    return json_response(body)
 
 
 async def _chunks(completion: Completion) -> AsyncIterator[bytes]:

@@ -16,6 +16,7 @@ from state.conversations import ConversationFull, StoredConversation
 from ..assembler import new_id
 from ..errors import invalid, not_found, unavailable
 from ..json_body import read_model
+from ..json_out import json_response
 from ..pagination import page
 from ..responses.input import item_dicts
 from ..responses.models import UNION_TAGS
@@ -69,13 +70,13 @@ async def create_conversation(request: web.Request) -> web.Response:
         await services.conversations.create(conversation, item_dicts(body.items or []))
     except StoreUnavailable as exc:
         raise unavailable(UNAVAILABLE) from exc
-    return web.json_response(conversation.to_api())
+    return json_response(conversation.to_api())
 
 
 async def get_conversation(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     conversation = await load_conversation(services, tenant_of(request), request.match_info["conversation_id"])
-    return web.json_response(conversation.to_api())
+    return json_response(conversation.to_api())
 
 
 async def update_conversation(request: web.Request) -> web.Response:
@@ -89,7 +90,7 @@ async def update_conversation(request: web.Request) -> web.Response:
         raise unavailable(UNAVAILABLE) from exc
     if not updated:
         raise _gone(conversation.id)
-    return web.json_response(conversation.to_api())
+    return json_response(conversation.to_api())
 
 
 async def delete_conversation(request: web.Request) -> web.Response:
@@ -101,14 +102,14 @@ async def delete_conversation(request: web.Request) -> web.Response:
         raise unavailable(UNAVAILABLE) from exc
     if not deleted:
         raise _gone(conversation_id)
-    return web.json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
+    return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
 async def list_items(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     conversation_id = request.match_info["conversation_id"]
     items = await conversation_items(services, tenant_of(request), conversation_id, "conversation_id")
-    return web.json_response(page(items, request.query, f"conversation '{conversation_id}'"))
+    return json_response(page(items, request.query, f"conversation '{conversation_id}'"))
 
 
 async def add_items(request: web.Request) -> web.Response:
@@ -119,7 +120,7 @@ async def add_items(request: web.Request) -> web.Response:
     if not await append_items(services, tenant_of(request), conversation_id, items):
         raise _gone(conversation_id)
     first, last = items[0]["id"], items[-1]["id"]
-    return web.json_response({"object": "list", "data": items, "first_id": first, "last_id": last, "has_more": False})
+    return json_response({"object": "list", "data": items, "first_id": first, "last_id": last, "has_more": False})
 
 
 async def get_item(request: web.Request) -> web.Response:
@@ -128,7 +129,7 @@ async def get_item(request: web.Request) -> web.Response:
     items = await conversation_items(services, tenant_of(request), conversation_id, "conversation_id")
     for item in items:
         if item.get("id") == item_id:
-            return web.json_response(item)
+            return json_response(item)
     raise not_found("item_id", f"Item '{item_id}' not found in conversation '{conversation_id}'.")
 
 
@@ -143,7 +144,7 @@ async def delete_item(request: web.Request) -> web.Response:
         raise unavailable(UNAVAILABLE) from exc
     if not deleted:
         raise not_found("item_id", f"Item '{item_id}' not found in conversation '{conversation_id}'.")
-    return web.json_response(conversation.to_api())
+    return json_response(conversation.to_api())
 
 
 def add_routes(app: web.Application) -> None:

@@ -22,6 +22,7 @@ from ..cot_recovery import index_cot
 from ..dialog import Entry
 from ..errors import ApiError, invalid, not_found, unavailable
 from ..json_body import parse_model, read_json, read_model
+from ..json_out import json_response
 from ..limits import MAX_HISTORY_MESSAGES
 from ..metrics import STATS
 from ..pagination import page
@@ -450,8 +451,8 @@ def _start(job: Job, stream: bool) -> Run:
 
 async def _frames(run: Run) -> AsyncIterator[bytes]:
     try:
-        async for payload in run.log.follow():
-            yield frame(payload, payload["type"])
+        async for batch in run.log.follow():
+            yield b"".join([frame(payload, payload["type"]) for payload in batch])
     except ListenerTooSlow:
         raise ClientGone from None
 
@@ -481,9 +482,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return await _stream(request, job)
     if job.request.background:
         _start(job, stream=False)
-        return web.json_response(job.response("queued"), headers=job.headers)
+        return json_response(job.response("queued"), headers=job.headers)
     final = await _run(job, Feed.off())
-    return web.json_response(final, headers=job.headers)
+    return json_response(final, headers=job.headers)
 
 
 async def get_response(request: web.Request) -> web.StreamResponse:
@@ -491,7 +492,7 @@ async def get_response(request: web.Request) -> web.StreamResponse:
     record = await _load(services, tenant_of(request), request.match_info["response_id"], "response_id")
     if request.query.get("stream") == "true":
         return await stream_again(request, services, record)
-    return web.json_response(record.response)
+    return json_response(record.response)
 
 
 async def delete_response(request: web.Request) -> web.Response:
@@ -509,7 +510,7 @@ async def delete_response(request: web.Request) -> web.Response:
         await services.events.delete(tenant, response_id)
     except StoreUnavailable:  # unreachable anyway: every read of them starts from the (deleted) record
         log.warning("events_not_deleted", response_id=response_id)
-    return web.json_response({"id": response_id, "object": "response", "deleted": True})
+    return json_response({"id": response_id, "object": "response", "deleted": True})
 
 
 async def cancel_response(request: web.Request) -> web.Response:
@@ -534,13 +535,13 @@ async def cancel_response(request: web.Request) -> web.Response:
             response = record.response
     elif status != "cancelled":
         raise invalid("response_id", f"Response '{response_id}' is already {status} and cannot be cancelled.")
-    return web.json_response(response)
+    return json_response(response)
 
 
 async def list_input_items(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     record = await _load(services, tenant_of(request), request.match_info["response_id"], "response_id")
-    return web.json_response(page(record.input_items, request.query, f"response '{record.id}'"))
+    return json_response(page(record.input_items, request.query, f"response '{record.id}'"))
 
 
 async def count_input_tokens(request: web.Request) -> web.Response:
@@ -558,7 +559,7 @@ async def count_input_tokens(request: web.Request) -> web.Response:
     history = await _load_history(services, tenant, req)
     spec = prompt_spec(req, tools, history, lambda blob: services.sealer.open(tenant, blob))
     count = await count_prompt(services, tenant, spec, request.content_length)
-    return web.json_response({"object": "response.input_tokens", "input_tokens": count})
+    return json_response({"object": "response.input_tokens", "input_tokens": count})
 
 
 async def unknown_route(request: web.Request) -> web.Response:

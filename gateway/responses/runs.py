@@ -25,7 +25,7 @@ class EventLog:
         self._pending: deque[dict[str, Any]] = deque()
         self._attached = True
         self.finished = False
-        self._changed = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # the listener's, while it waits for events
 
     def publish(self, payload: dict[str, Any]) -> None:
         if self._attached:
@@ -45,19 +45,27 @@ class EventLog:
         self._pending.clear()
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
-    async def follow(self) -> AsyncIterator[dict[str, Any]]:
+    async def follow(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """Everything published since the last batch, as one batch (one write for the stream)."""
         while True:
-            changed = self._changed
-            while self._pending:
-                yield self._pending.popleft()
+            if self._pending:
+                batch = list(self._pending)
+                self._pending.clear()
+                yield batch
+                continue
             if self.overflowed:
                 raise ListenerTooSlow
             if self.finished:
                 return
-            await changed.wait()
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
 
 @dataclass(slots=True)
