@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import sys
 
@@ -47,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
         return 2
     services = app[SERVICES]
+    gc.freeze()  # what start-up built (vocabulary, renderer, models, settings) lives for good: never rescanned
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     listening = Listening(sock, f"http://{host}:{settings.port}", settings.header_timeout_s, settings.idle_timeout_s)
 

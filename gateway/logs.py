@@ -8,12 +8,17 @@ from __future__ import annotations
 import logging
 import sys
 
+import orjson
 import structlog
 
 
 def _stdout_logger(*args: object) -> structlog.PrintLogger:
     """Resolved at each use, so a replaced sys.stdout (tests, daemons) is followed."""
     return structlog.PrintLogger(sys.stdout)
+
+
+def _json_line(event: dict, **_: object) -> str:
+    return orjson.dumps(event, default=str).decode()
 
 
 def configure_logging(level: str = "info") -> None:
@@ -24,7 +29,7 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer(serializer=_json_line),
         ],
         logger_factory=_stdout_logger,
     )
