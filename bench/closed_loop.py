@@ -18,6 +18,7 @@ COMPLETED = b"event: response.completed"
 @dataclass
 class LoopResult:
     latencies_s: list[float] = field(default_factory=list)  # of the requests completed in the window
+    first_event_s: list[float] = field(default_factory=list)  # streams: request sent → first bytes, in the window
     deltas: int = 0  # answer text deltas (one per token) received in the window
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
@@ -43,8 +44,8 @@ class LoopResult:
     def deltas_per_cpu_s(self) -> float:
         return self.deltas / max(self.server_cpu_s, 1e-9)
 
-    def percentile(self, q: float) -> float:
-        ordered = sorted(self.latencies_s)
+    def percentile(self, q: float, values: list[float] | None = None) -> float:
+        ordered = sorted(self.latencies_s if values is None else values)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
@@ -64,6 +65,7 @@ async def _one(
     session: aiohttp.ClientSession, url: str, body: bytes, stream: bool, window: tuple[float, float], result: LoopResult
 ) -> str | None:
     """One request read to its end, its text deltas that arrive inside `window` counted; or what went wrong."""
+    sent = time.perf_counter()
     try:
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
             if response.status != 200:
@@ -73,7 +75,13 @@ async def _one(
                 return None if b'"completed"' in text else f"not completed: {text[:200]!r}"
             completed = 0
             tail = done_tail = b""
+            first = True
             async for chunk in response.content.iter_any():
+                if first:
+                    first = False
+                    now = time.perf_counter()
+                    if window[0] <= now < window[1]:
+                        result.first_event_s.append(now - sent)
                 found, tail = _count(DELTA, tail, chunk)
                 ended, done_tail = _count(COMPLETED, done_tail, chunk)
                 if window[0] <= time.perf_counter() < window[1]:

@@ -147,6 +147,7 @@ def merged(results: list[LoopResult]) -> LoopResult:
     total = LoopResult()
     for r in results:
         total.latencies_s += r.latencies_s
+        total.first_event_s += r.first_event_s
         total.deltas += r.deltas
         total.errors += r.errors
         total.wall_s += r.wall_s
@@ -253,7 +254,9 @@ def report(figures: dict, args: argparse.Namespace) -> str:
         short, stream = m.short, m.stream
         rows.append(
             f"| {name} | {short.request_rate:,.0f} | {short.requests_per_cpu_s:,.0f} | {ms(short.percentile(0.5))} "
-            f"| {ms(short.percentile(0.99))} | {stream.delta_rate:,.0f} | {stream.deltas_per_cpu_s:,.0f} |"
+            f"| {ms(short.percentile(0.99))} | {stream.request_rate:,.1f} "
+            f"| {ms(stream.percentile(0.5, stream.first_event_s))} "
+            f"| {stream.delta_rate:,.0f} | {stream.deltas_per_cpu_s:,.0f} |"
         )
     ratios = (
         ours.short.request_rate / ref.short.request_rate,
@@ -261,7 +264,13 @@ def report(figures: dict, args: argparse.Namespace) -> str:
         ours.stream.delta_rate / ref.stream.delta_rate,
         ours.stream.deltas_per_cpu_s / ref.stream.deltas_per_cpu_s,
     )
-    ratio = "| ratio (gateway / reference) | {:.1f}x | {:.1f}x | | | {:.1f}x | {:.1f}x |".format(*ratios)
+    streams = ours.stream.request_rate / ref.stream.request_rate
+    first = ours.stream.percentile(0.5, ours.stream.first_event_s)
+    first /= ref.stream.percentile(0.5, ref.stream.first_event_s)
+    ratio = (
+        f"| ratio (gateway / reference) | {ratios[0]:.1f}x | {ratios[1]:.1f}x | | | {streams:.1f}x "
+        f"| {first:.2f}x | {ratios[2]:.1f}x | {ratios[3]:.1f}x |"
+    )
     added_rows = []
     for a in figures["added"]:
         b, g = a.baseline, a.gateway
@@ -289,9 +298,9 @@ def report(figures: dict, args: argparse.Namespace) -> str:
             f"({STREAM_WORDS}-word answer, one text delta per answer token on both servers); SSE tok/s counts the "
             "answer deltas received in the window.",
             "",
-            "| server | short req/s | short req per CPU s | latency p50 | latency p99 | SSE tok/s "
-            "| SSE tok per CPU s |",
-            "|---|---|---|---|---|---|---|",
+            "| server | short req/s | short req per CPU s | latency p50 | latency p99 | streams/s "
+            "| first SSE event p50 | SSE tok/s | SSE tok per CPU s |",
+            "|---|---|---|---|---|---|---|---|---|",
             *rows,
             ratio,
             "",

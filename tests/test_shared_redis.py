@@ -61,7 +61,7 @@ def test_turn_two_on_another_replica_continues_turn_ones_chain_of_thought(replic
     assert [item.type for item in b.responses.input_items.list(first.id).data] == ["message"]
     for process in replicas:
         log = process.log_text()
-        assert '"route": "/v1/responses"' in log  # the access log is there, and holds no prompt, output or CoT
+        assert '"route":"/v1/responses"' in log  # the access log is there, and holds no prompt, output or CoT
         assert ANALYSIS_WEATHER not in log and "weather in Paris" not in log and "saw-cot" not in log
 
 
