@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
 from aiohttp import web
+
+from state.fast_json import dumps
 
 
 def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, headers=headers, content_type="application/json")
+    return web.Response(body=dumps(data), status=status, headers=headers, content_type="application/json")

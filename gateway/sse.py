@@ -6,8 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
 from aiohttp import web
+
+from state.fast_json import dumps
 
 from .services import SERVICES
 
@@ -65,7 +66,7 @@ class Writer:
 
 def frame(payload: dict[str, Any], event: str | None = None) -> bytes:
     head = b"event: " + event.encode() + b"\n" if event else b""
-    return head + b"data: " + orjson.dumps(payload) + b"\n\n"
+    return head + b"data: " + dumps(payload) + b"\n\n"
 
 
 async def pump(request: web.Request, response: web.StreamResponse, frames: AsyncIterator[bytes]) -> None:

@@ -9,9 +9,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-import orjson
-
 from .at_rest import RecordCipher
+from .fast_json import dumps, loads
 from .redis_client import connect, redis_errors_as_unavailable, tenant_tag
 from .store import DEFAULT_TTL_S
 
@@ -145,11 +144,11 @@ class RedisConversations:
         return f"{base}:conv:{conversation_id}", f"{base}:citems:{conversation_id}"
 
     def _blob(self, value: dict[str, Any], key: str) -> bytes:
-        blob = orjson.dumps(value)
+        blob = dumps(value)
         return blob if self._cipher is None else self._cipher.seal(blob, key)
 
     def _value(self, blob: bytes, key: str) -> dict[str, Any]:
-        return orjson.loads(blob if self._cipher is None else self._cipher.open(blob, key))
+        return loads(blob if self._cipher is None else self._cipher.open(blob, key))
 
     async def create(self, conversation: StoredConversation, items: list[dict[str, Any]]) -> None:
         head, body = self._keys(conversation.tenant, conversation.id)

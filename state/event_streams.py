@@ -10,9 +10,8 @@ import time
 from collections import OrderedDict
 from typing import Any, Protocol
 
-import orjson
-
 from .at_rest import RecordCipher
+from .fast_json import dumps, loads
 from .redis_client import connect, redis_errors_as_unavailable, tenant_tag
 from .store import DEFAULT_TTL_S
 
@@ -94,11 +93,11 @@ class RedisEventStreams:
         return f"{self._prefix}{tenant_tag(tenant)}:ev:{response_id}"
 
     def _blob(self, payload: dict[str, Any], key: str) -> bytes:
-        blob = orjson.dumps(payload)
+        blob = dumps(payload)
         return blob if self._cipher is None else self._cipher.seal(blob, key)
 
     def _payload(self, blob: bytes, key: str) -> dict[str, Any]:
-        return orjson.loads(blob if self._cipher is None else self._cipher.open(blob, key))
+        return loads(blob if self._cipher is None else self._cipher.open(blob, key))
 
     async def append(self, tenant: str, response_id: str, payloads: list[dict[str, Any]]) -> None:
         key = self._key(tenant, response_id)

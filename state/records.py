@@ -6,7 +6,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+from .fast_json import dumps, loads
 
 COMPRESS_ABOVE_BYTES = 4096
 _PLAIN, _ZLIB = b"J", b"Z"
@@ -43,7 +43,7 @@ class StoredCot:
 def encode(record: StoredResponse | StoredCot, max_bytes: int) -> bytes:
     """JSON, zlib-compressed above a few KiB, with a one-byte format prefix."""
     fields = {name: getattr(record, name) for name in record.__slots__}  # already plain data: no deep copy
-    raw = orjson.dumps(fields)
+    raw = dumps(fields)
     blob = _ZLIB + zlib.compress(raw, 6) if len(raw) > COMPRESS_ABOVE_BYTES else _PLAIN + raw
     if len(blob) > max_bytes:
         raise RecordTooLarge(f"stored record is {len(blob)} bytes; the cap is {max_bytes}")
@@ -60,7 +60,7 @@ def decode_cot(blob: bytes) -> StoredCot:
 
 def _decode(blob: bytes) -> dict[str, Any]:
     body = zlib.decompress(blob[1:]) if blob[:1] == _ZLIB else blob[1:]
-    return orjson.loads(body)
+    return loads(body)
 
 
 RUNNING = ("queued", "in_progress")

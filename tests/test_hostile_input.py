@@ -214,3 +214,21 @@ def test_a_huge_prompt_does_not_block_other_clients(served):
         time.sleep(0.05)
     assert result["r"][0] in (200, 400)  # 400: longer than the model's context
     assert worst < 1.0, f"a health check waited {worst:.2f} s behind the tokenizer"
+
+
+def test_integers_past_64_bits_in_a_schema_are_kept_exactly(served):
+    """orjson writes no integer past 64 bits: such a value (a client's schema may hold one) still answers,
+    streams and stores, and reads back exactly."""
+    huge = 10**30
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"n": {"maximum": huge}}}}
+    raw = json.dumps({"model": MODEL, "input": "hi", "tools": [tool], "metadata": {"k": "v"}})
+    status, body = _post(served, raw.encode())
+    assert status == 200 and body["tools"][0]["parameters"]["properties"]["n"]["maximum"] == huge
+    request = urllib.request.Request(served.url + "/v1/responses/" + body["id"], headers=AUTH)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        stored = json.loads(response.read())
+    assert stored["tools"][0]["parameters"]["properties"]["n"]["maximum"] == huge
+    stream = json.dumps({"model": MODEL, "input": "hi", "tools": [tool], "stream": True}).encode()
+    request = urllib.request.Request(served.url + "/v1/responses", data=stream, headers=AUTH, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert b"event: response.completed" in response.read()
