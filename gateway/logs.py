@@ -5,6 +5,7 @@ Tracebacks are rendered as plain text without local variables, so no request con
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -18,7 +19,10 @@ def _stdout_logger(*args: object) -> structlog.PrintLogger:
 
 
 def _json_line(event: dict, **_: object) -> str:
-    return orjson.dumps(event, default=str).decode()
+    try:
+        return orjson.dumps(event, default=str).decode()
+    except TypeError:  # an integer past 64 bits
+        return json.dumps(event, default=str, ensure_ascii=False, separators=(",", ":"))
 
 
 def configure_logging(level: str = "info") -> None:
