@@ -198,22 +198,27 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         scratch = Path(tmp)
         figures.update(throughput(args, scratch, short_tokens, stream_tokens))
-        figures["added"] = [added_latency(wait_ms, args, scratch) for wait_ms in args.backend_ms]
+        figures["added"] = [
+            added_latency(wait_ms, clients, args, scratch)
+            for clients in args.added_clients
+            for wait_ms in args.backend_ms
+        ]
     return figures
 
 
 @dataclass
 class Added:
     wait_ms: int
+    clients: int
     baseline: LoopResult
     gateway: LoopResult
 
 
-def added_latency(wait_ms: int, args: argparse.Namespace, scratch: Path) -> Added:
+def added_latency(wait_ms: int, clients: int, args: argparse.Namespace, scratch: Path) -> Added:
     """The short request with a backend that waits `wait_ms` before answering: the gateway and a bare server
     that waits as long and returns the gateway's own answer bytes, loaded side by side by the same client."""
     wait_s = wait_ms / 1e3
-    load = Load(request_body(False), args.clients, args.duration, warmup_s=1 + wait_s, stagger_s=wait_s)
+    load = Load(request_body(False), clients, args.duration, warmup_s=1 + wait_s, stagger_s=wait_s)
     gateway = start_gateway(SHORT, scratch, first_delay_ms=wait_ms)
     try:
         canned = start_canned(post_short(gateway.url, 10), wait_ms, scratch)
@@ -226,7 +231,7 @@ def added_latency(wait_ms: int, args: argparse.Namespace, scratch: Path) -> Adde
         gateway.stop()
     _check(baseline, f"baseline at {wait_ms} ms")
     _check(loaded, f"gateway at {wait_ms} ms")
-    return Added(wait_ms, baseline, loaded)
+    return Added(wait_ms, clients, baseline, loaded)
 
 
 def _versions(python: str) -> str:
@@ -275,7 +280,8 @@ def report(figures: dict, args: argparse.Namespace) -> str:
     for a in figures["added"]:
         b, g = a.baseline, a.gateway
         added_rows.append(
-            f"| {a.wait_ms} ms | {g.request_rate:,.0f} | {ms(b.percentile(0.5))} / {ms(b.percentile(0.99))} | "
+            f"| {a.clients} | {a.wait_ms} ms | {g.request_rate:,.0f} "
+            f"| {ms(b.percentile(0.5))} / {ms(b.percentile(0.99))} | "
             f"{ms(g.percentile(0.5))} / {ms(g.percentile(0.99))} | {ms(g.percentile(0.5) - b.percentile(0.5))} | "
             f"{ms(g.percentile(0.99) - b.percentile(0.99))} | {g.server_cpu_s / g.wall_s:.0%} |"
         )
@@ -304,14 +310,15 @@ def report(figures: dict, args: argparse.Namespace) -> str:
             *rows,
             ratio,
             "",
-            f"Latency the gateway adds at {args.clients} clients: the short request with a backend that waits "
+            "Latency the gateway adds: the short request with a backend that waits "
             "before its first token (then sends the rest at once), and a bare aiohttp server that waits as "
             "long and returns the gateway's own answer bytes (`bench/canned_server.py`), loaded side by side "
-            f"by the same client ({args.clients} loops each, arrivals spread over one wait) for {args.duration:g} s. "
+            f"by the same client (one loop per client on each, arrivals spread over one wait) for {args.duration:g} s. "
             "Added = gateway − bare at the same percentile.",
             "",
-            "| backend wait | req/s | bare p50 / p99 | gateway p50 / p99 | added p50 | added p99 | gateway CPU |",
-            "|---|---|---|---|---|---|---|",
+            "| clients | backend wait | req/s | bare p50 / p99 | gateway p50 / p99 | added p50 | added p99 "
+            "| gateway CPU |",
+            "|---|---|---|---|---|---|---|---|",
             *added_rows,
             "",
             "Targets (issue 23): at least 10x the reference's short requests/s and 5x its streams; added p99 "
@@ -334,6 +341,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds the throughput rows are split in")
     parser.add_argument(
         "--backend-ms", type=int, nargs="+", default=[1000, 250], help="backend waits for the added-latency rows"
+    )
+    parser.add_argument(
+        "--added-clients", type=int, nargs="+", default=[10, 50], help="client counts for the added-latency rows"
     )
     parser.add_argument("--write", type=Path, help="markdown file whose section is replaced")
     args = parser.parse_args()
