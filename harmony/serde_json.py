@@ -124,6 +124,8 @@ def display(value: Any) -> str:
         return "true"
     if value is False:
         return "false"
+    if isinstance(value, int) and _I64_MIN <= value <= _U64_MAX:
+        return str(value)  # the digits json.dumps writes, which serde_json reads back as that integer
     if isinstance(value, int | float):
         number = parse_number(json.dumps(value)) if _is_finite(value) else math.nan
         return str(number) if isinstance(number, int) else format_float(number)
