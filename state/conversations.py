@@ -9,9 +9,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from .at_rest import RecordCipher
-from .fast_json import dumps, loads
-from .redis_client import connect, redis_errors_as_unavailable, tenant_tag
+from .redis_client import redis_errors_as_unavailable
+from .sealed_json import SealedJsonStore
 from .store import DEFAULT_TTL_S
 
 MAX_ITEMS = 10_000  # items one conversation may hold
@@ -125,30 +124,13 @@ return 1
 """
 
 
-class RedisConversations:
-    def __init__(
-        self, client: Any, ttl_s: int = DEFAULT_TTL_S, prefix: str = "gw:", cipher: RecordCipher | None = None
-    ) -> None:
-        self._redis = client
-        self._ttl_s = int(ttl_s)
-        self._prefix = prefix
-        self._cipher = cipher
+class RedisConversations(SealedJsonStore):
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
         self._append = client.register_script(_APPEND_LUA)
 
-    @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> RedisConversations:
-        return cls(connect(url), **kwargs)
-
     def _keys(self, tenant: str, conversation_id: str) -> tuple[str, str]:
-        base = f"{self._prefix}{tenant_tag(tenant)}"
-        return f"{base}:conv:{conversation_id}", f"{base}:citems:{conversation_id}"
-
-    def _blob(self, value: dict[str, Any], key: str) -> bytes:
-        blob = dumps(value)
-        return blob if self._cipher is None else self._cipher.seal(blob, key)
-
-    def _value(self, blob: bytes, key: str) -> dict[str, Any]:
-        return loads(blob if self._cipher is None else self._cipher.open(blob, key))
+        return self._key("conv", tenant, conversation_id), self._key("citems", tenant, conversation_id)
 
     async def create(self, conversation: StoredConversation, items: list[dict[str, Any]]) -> None:
         head, body = self._keys(conversation.tenant, conversation.id)
@@ -210,6 +192,3 @@ class RedisConversations:
                 if self._value(blob, body).get("id") == item_id:
                     return await self._redis.lrem(body, 1, blob) == 1
         return False
-
-    async def aclose(self) -> None:
-        await self._redis.aclose()

@@ -10,9 +10,8 @@ import time
 from collections import OrderedDict
 from typing import Any, Protocol
 
-from .at_rest import RecordCipher
-from .fast_json import dumps, loads
-from .redis_client import connect, redis_errors_as_unavailable, tenant_tag
+from .redis_client import redis_errors_as_unavailable
+from .sealed_json import SealedJsonStore
 from .store import DEFAULT_TTL_S
 
 READ_BATCH = 1000  # events per read
@@ -76,31 +75,12 @@ class MemoryEventStreams:
         return None
 
 
-class RedisEventStreams:
-    def __init__(
-        self, client: Any, ttl_s: int = DEFAULT_TTL_S, prefix: str = "gw:", cipher: RecordCipher | None = None
-    ) -> None:
-        self._redis = client
-        self._ttl_s = int(ttl_s)
-        self._prefix = prefix
-        self._cipher = cipher
-
-    @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> RedisEventStreams:
-        return cls(connect(url), **kwargs)
-
-    def _key(self, tenant: str, response_id: str) -> str:
-        return f"{self._prefix}{tenant_tag(tenant)}:ev:{response_id}"
-
-    def _blob(self, payload: dict[str, Any], key: str) -> bytes:
-        blob = dumps(payload)
-        return blob if self._cipher is None else self._cipher.seal(blob, key)
-
-    def _payload(self, blob: bytes, key: str) -> dict[str, Any]:
-        return loads(blob if self._cipher is None else self._cipher.open(blob, key))
+class RedisEventStreams(SealedJsonStore):
+    def _stream(self, tenant: str, response_id: str) -> str:
+        return self._key("ev", tenant, response_id)
 
     async def append(self, tenant: str, response_id: str, payloads: list[dict[str, Any]]) -> None:
-        key = self._key(tenant, response_id)
+        key = self._stream(tenant, response_id)
         async with redis_errors_as_unavailable("append events"):
             pipe = self._redis.pipeline(transaction=False)
             for payload in payloads:
@@ -110,15 +90,12 @@ class RedisEventStreams:
             await pipe.execute(raise_on_error=False)
 
     async def read(self, tenant: str, response_id: str, after: int, wait_s: float) -> list[dict[str, Any]]:
-        key = self._key(tenant, response_id)
+        key = self._stream(tenant, response_id)
         block = int(wait_s * 1000) if wait_s > 0 else None
         async with redis_errors_as_unavailable("read events"):
             answer = await self._redis.xread({key: f"0-{after + 1}"}, count=READ_BATCH, block=block)
-        return [self._payload(fields[b"e"], key) for _, entries in answer or [] for _, fields in entries]
+        return [self._value(fields[b"e"], key) for _, entries in answer or [] for _, fields in entries]
 
     async def delete(self, tenant: str, response_id: str) -> None:
         async with redis_errors_as_unavailable("delete events"):
-            await self._redis.delete(self._key(tenant, response_id))
-
-    async def aclose(self) -> None:
-        await self._redis.aclose()
+            await self._redis.delete(self._stream(tenant, response_id))

@@ -101,11 +101,11 @@ def flush(server: RedisServer) -> None:
     subprocess.run(["redis-cli", "-p", str(server.port), "flushall"], check=True, capture_output=True, timeout=10)
 
 
-@pytest.fixture(params=["memory", "redis"])
-def gateway(request, tmp_path):
-    """A live gateway with the mock script, on the in-memory store and on a real redis-server."""
+def start_live_gateway(request, tmp_path: Path, script: dict | None = None) -> LiveGateway:
+    """A live gateway with a mock script (the shared SCRIPT by default), on the store `request.param` names:
+    the in-memory store or the session's redis-server (flushed)."""
     settings = Settings(
-        mock_script=str(write_script(tmp_path)),
+        mock_script=str(write_script(tmp_path, script)),
         reasoning_keys=TEST_KEYS,
         keepalive_s=0.2,
         key_secret=KEY_SECRET,
@@ -115,6 +115,12 @@ def gateway(request, tmp_path):
         server = request.getfixturevalue("redis_server")
         flush(server)
         settings = settings.model_copy(update={"redis_url": server.url})
-    live = LiveGateway(settings).start()
+    return LiveGateway(settings).start()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def gateway(request, tmp_path):
+    """A live gateway with the mock script, on the in-memory store and on a real redis-server."""
+    live = start_live_gateway(request, tmp_path)
     yield live
     live.stop()

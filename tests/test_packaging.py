@@ -33,6 +33,28 @@ def _stages() -> dict[str, list[str]]:
     return stages
 
 
+def _wheel(tmp_path: Path) -> Path:
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return next(wheels.glob("gpt_oss_gateway-*.whl"))
+
+
+def _installed(wheel: Path, site: Path) -> Path:
+    """The wheel alone (no dependencies) installed into `site`."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return site
+
+
 def test_the_dockerfile_builds_both_variants_from_every_package_as_non_root():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = {name.rstrip("*") for name in project["tool"]["setuptools"]["packages"]["find"]["include"]}
@@ -59,21 +81,7 @@ def test_the_dockerfile_builds_both_variants_from_every_package_as_non_root():
 
 def test_the_wheel_alone_serves(tmp_path):
     """The image installs the wheel, not the source tree: everything the gateway reads must be in it."""
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    site = tmp_path / "site"
-    wheel = next(wheels.glob("gpt_oss_gateway-*.whl"))
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    site = _installed(_wheel(tmp_path), tmp_path / "site")
     env = {"PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
     where = subprocess.run(
         [sys.executable, "-c", "import gateway, harmony; print(gateway.__file__, harmony.__file__)"],
@@ -91,17 +99,6 @@ def test_the_wheel_alone_serves(tmp_path):
 ENGINE_RUNTIME = ("onnx", "onnxruntime", "onnxruntime_gpu", "safetensors", "ml_dtypes")
 
 
-def _wheel(tmp_path: Path) -> Path:
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return next(wheels.glob("gpt_oss_gateway-*.whl"))
-
-
 def test_without_the_engine_extra_the_gateway_serves_a_model_server_and_says_what_the_engine_needs(tmp_path):
     """`pip install gpt-oss-gateway` (no extra) asks for no engine runtime; with the wheel and its base
     dependencies only (this venv's packages less the engine's), `serve` runs the mock, and the default
@@ -114,13 +111,7 @@ def test_without_the_engine_extra_the_gateway_serves_a_model_server_and_says_wha
         name = re.split(r"[ ;<>=~!\[]", line.removeprefix("Requires-Dist:").strip())[0].lower().replace("-", "_")
         if name in ENGINE_RUNTIME:
             assert 'extra == "engine"' in line or 'extra == "cuda"' in line, line
-    site = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    site = _installed(wheel, tmp_path / "site")
     base = tmp_path / "base-deps"  # this venv's site-packages without the engine runtime (nor the editable gateway)
     base.mkdir()
     venv_site = Path(next(p for p in sys.path if p.endswith("site-packages")))

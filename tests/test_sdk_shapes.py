@@ -4,12 +4,14 @@ efforts and service tiers the SDK allows."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
+from backports import zstd
 from gateway_fixtures import HTTP_AUTH, WEATHER_TOOL
 
 MODEL = "gpt-oss-120b"
@@ -94,10 +96,6 @@ def test_a_logprobs_refusal_names_top_logprobs_when_that_asked_for_them(gateway)
 
 @pytest.mark.parametrize("encoding", ["gzip", "zstd"])
 def test_compressed_request_bodies_are_read_and_bounded_after_decompression(gateway, encoding):
-    import gzip
-
-    from backports import zstd
-
     compress = gzip.compress if encoding == "gzip" else zstd.compress
     body = json.dumps({"model": MODEL, "input": "hi"}).encode()
 

@@ -8,11 +8,8 @@ import json
 
 import openai
 import pytest
-from gateway_fixtures import KEY_SECRET, TEST_KEYS, flush, write_keys, write_script
-from live_gateway import LiveGateway
+from gateway_fixtures import start_live_gateway
 from pydantic import TypeAdapter
-
-from gateway.config import Settings
 
 MODEL = "gpt-oss-120b"
 ANALYSIS_NS = "The user wants the helper agent closed; close_agent does that."
@@ -74,17 +71,7 @@ EVENT = TypeAdapter(openai.types.responses.ResponseStreamEvent)
 
 @pytest.fixture(params=["memory", "redis"])
 def gateway(request, tmp_path):
-    settings = Settings(
-        mock_script=str(write_script(tmp_path, SCRIPT)),
-        reasoning_keys=TEST_KEYS,
-        key_secret=KEY_SECRET,
-        keys_file=str(write_keys(tmp_path)),
-    )
-    if request.param == "redis":
-        server = request.getfixturevalue("redis_server")
-        flush(server)
-        settings = settings.model_copy(update={"redis_url": server.url})
-    live = LiveGateway(settings).start()
+    live = start_live_gateway(request, tmp_path, SCRIPT)
     yield live
     live.stop()
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
 from ..limits import MAX_INPUT_ITEMS, MAX_TOOLS
 from ..options import Effort, ServiceTier
-from ..responses.models import Metadata, SchemaText, Strict
+from ..responses.models import MediaPart, Metadata, SchemaText, Strict
 
 MAX_CHOICES = 8
 MAX_STOP_SEQUENCES = 4
@@ -22,17 +22,6 @@ class TextPart(Strict):
 class RefusalPart(Strict):
     type: Literal["refusal"]
     refusal: str
-
-
-class MediaPart(BaseModel):
-    """An image, audio or file part: gpt-oss reads text only, so it is a 400 that says so."""
-
-    type: str
-
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, kind: str) -> str:
-        raise ValueError(f"gpt-oss reads text only: '{kind}' content parts are not supported; send text")
 
 
 def _part_kind(value: Any) -> str:

@@ -77,15 +77,15 @@ class Refusal(Strict):
     refusal: str
 
 
-class MediaInput(BaseModel):
-    """input_image, input_file, input_audio: gpt-oss reads text only, so a 400 that says so."""
+class MediaPart(BaseModel):
+    """An image, audio or file content part, in either API: gpt-oss reads text only, so a 400 that says so."""
 
     type: str
 
     @field_validator("type")
     @classmethod
     def _text_only(cls, kind: str) -> str:
-        raise ValueError(f"gpt-oss reads text only: '{kind}' content parts are not supported; send input_text")
+        raise ValueError(f"gpt-oss reads text only: '{kind}' content parts are not supported; send text")
 
 
 def _content_kind(value: Any) -> str:
@@ -97,7 +97,7 @@ ContentPart = Annotated[
     Annotated[InputText, Tag("input_text")]
     | Annotated[OutputText, Tag("output_text")]
     | Annotated[Refusal, Tag("refusal")]
-    | Annotated[MediaInput, Tag("media")],
+    | Annotated[MediaPart, Tag("media")],
     Discriminator(_content_kind),
 ]
 
@@ -130,24 +130,24 @@ class ReasoningInput(Strict):
     status: str | None = None
 
 
-class FunctionCallInput(Strict):
+class _CallInput(Strict):
+    """What a replayed call of either kind carries besides its type and its arguments or input."""
+
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=128)
+    namespace: str | None = Field(default=None, max_length=64)
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallInput(_CallInput):
     type: Literal["function_call"]
-    call_id: str = Field(min_length=1, max_length=256)
-    name: str = Field(min_length=1, max_length=128)
     arguments: str
-    namespace: str | None = Field(default=None, max_length=64)
-    id: str | None = None
-    status: str | None = None
 
 
-class CustomToolCallInput(Strict):
+class CustomToolCallInput(_CallInput):
     type: Literal["custom_tool_call"]
-    call_id: str = Field(min_length=1, max_length=256)
-    name: str = Field(min_length=1, max_length=128)
     input: str
-    namespace: str | None = Field(default=None, max_length=64)
-    id: str | None = None
-    status: str | None = None
 
 
 class FunctionCallOutputInput(Strict):
@@ -158,12 +158,8 @@ class FunctionCallOutputInput(Strict):
     status: str | None = None
 
 
-class CustomToolCallOutputInput(Strict):
-    type: Literal["custom_tool_call_output"]
-    call_id: str = Field(min_length=1, max_length=256)
-    output: str | list[InputText]
-    id: str | None = None
-    status: str | None = None
+class CustomToolCallOutputInput(FunctionCallOutputInput):
+    type: Literal["custom_tool_call_output"]  # type: ignore[assignment]
 
 
 def _item_kind(value: Any) -> str:

@@ -3,6 +3,7 @@ custom tools), the client's own namespaces, and the hosted tools left out becaus
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,10 @@ FUNCTIONS = "functions"
 MAX_OFFERED = 512  # callable tools in all, namespaces' members included
 
 
+@functools.lru_cache(maxsize=256)
 def _grammar_problem(syntax: str, definition: str) -> str:
-    """Why llguidance (the engine's grammar engine) cannot compile the grammar; "" when it can."""
+    """Why llguidance (the engine's grammar engine) cannot compile the grammar; "" when it can. Cached: a
+    client such as Codex sends the same grammar with every request."""
     if syntax == "lark":
         return llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(definition))
     return llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_regex(definition))
