@@ -75,6 +75,9 @@ def test_a_response_in_a_conversation_reads_it_and_adds_its_items(gateway):
     kinds = [item.type for item in items.data]
     assert kinds == ["message", "reasoning", "function_call", "function_call_output", "reasoning", "message"]
     assert items.data[-2].content[0].text == ANALYSIS_AFTER_TOOL
+    cut = api.responses.create(model=MODEL, input="an essay", max_output_tokens=16, conversation=conversation.id)
+    assert cut.status == "incomplete"  # cut short by the token limit: its items still join the conversation
+    assert len(api.conversations.items.list(conversation.id, limit=100).data) == len(kinds) + 2
     third = api.responses.create(model=MODEL, input="thanks", conversation=conversation.id)
     assert third.output_text == "You are welcome."
     assert "It is sunny in Paris." in gateway.backend.prompt_text()  # the earlier answer is history

@@ -11,6 +11,7 @@ import time
 import openai
 import pytest
 import redis as redis_sync
+from gateway_fixtures import TEST_KEYS
 from live_gateway import GatewayProcess, LiveGateway
 from pydantic import TypeAdapter
 from redis_servers import RedisServer
@@ -86,10 +87,16 @@ def test_only_background_responses_stream_again_and_bad_positions_are_400(api):
 
 
 def test_streaming_again_works_on_another_replica_and_delete_removes_the_events(tmp_path):
+    """With encryption at rest, as the stored records: no answer text lies in Redis in the clear."""
     redis = RedisServer(tmp_path / "redis").start()
     script = tmp_path / "script.json"
     script.write_text(json.dumps(SCRIPT))
-    env = {"GATEWAY_REDIS_URL": redis.url, "GATEWAY_MOCK_SCRIPT": str(script)}
+    env = {
+        "GATEWAY_REDIS_URL": redis.url,
+        "GATEWAY_MOCK_SCRIPT": str(script),
+        "GATEWAY_STORE_ENCRYPTION": "true",
+        "GATEWAY_REASONING_KEYS": TEST_KEYS,
+    }
     replicas = [GatewayProcess(env, tmp_path / f"{name}.log").start() for name in ("a", "b")]
     try:
         a, b = (openai.OpenAI(base_url=r.url + "/v1", api_key="sk-a", max_retries=0, timeout=30) for r in replicas)
@@ -102,9 +109,35 @@ def test_streaming_again_works_on_another_replica_and_delete_removes_the_events(
         replay = _events(a.responses.retrieve(created.id, stream=True))
         assert [e.model_dump() for e in replay[3:]] == [e.model_dump() for e in followed]
         client = redis_sync.Redis(port=redis.port)
-        assert client.keys("gw:*:ev:*")
+        (stream,) = client.keys("gw:*:ev:*")
+        entries = client.xrange(stream)
+        assert 0 < client.ttl(stream) <= 30 * 24 * 3600  # the store's TTL (30 days by default)
+        assert len(entries) == len(replay) and not any(b"slowly" in fields[b"e"] for _, fields in entries)
         b.responses.delete(created.id)
         assert client.keys("gw:*:ev:*") == []
+    finally:
+        for replica in replicas:
+            replica.stop()
+        redis.stop()
+
+
+def test_a_dead_replicas_response_streamed_again_ends_with_the_records_failure(tmp_path):
+    """Followed from another replica while its own replica is SIGKILLed: the events the dead replica kept are
+    replayed, and the stream ends, once the lease has run out, with the record's own response.failed."""
+    redis = RedisServer(tmp_path / "redis").start()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"rules": [{"token_delay_ms": 200, "emit": [{"final": STEPS}]}]}))
+    env = {"GATEWAY_REDIS_URL": redis.url, "GATEWAY_MOCK_SCRIPT": str(script), "GATEWAY_RECORD_LEASE_S": "1.5"}
+    replicas = [GatewayProcess(env, tmp_path / f"{name}.log").start() for name in ("a", "b")]
+    try:
+        a, b = (openai.OpenAI(base_url=r.url + "/v1", api_key="sk-a", max_retries=0, timeout=60) for r in replicas)
+        created = a.responses.create(model=MODEL, input="hi", background=True)
+        time.sleep(0.6)
+        replicas[0].process.kill()
+        events = _events(b.responses.retrieve(created.id, stream=True))
+        assert events[0].type == "response.created" and events[-1].type == "response.failed"
+        assert "stopped" in events[-1].response.error.message
+        assert [e.sequence_number for e in events] == list(range(len(events)))
     finally:
         for replica in replicas:
             replica.stop()
