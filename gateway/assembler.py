@@ -2,16 +2,18 @@
 
 Analysis becomes a `reasoning` item, `final` and recipient-less `commentary` become `message` items
 (the latter flagged as preambles), and any message addressed to a recipient becomes a `function_call`
-(`namespace` set when the recipient is one of the client's namespaces) or, for a freeform tool, a
-`custom_tool_call`.
+(`namespace` set when the recipient is one of the client's namespaces), for a freeform tool a
+`custom_tool_call`, and for a tool the gateway runs itself its own kind (`web_search_call`,
+`code_interpreter_call`, `mcp_call`), which the tool loop executes and settles.
 Messages the model wrongly authored as another role are kept as reasoning, never shown as answers.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from harmony import (
     ContentDelta,
@@ -27,9 +29,21 @@ from harmony import (
 from .conversation import FUNCTIONS_PREFIX
 from .dialog import Entry
 
-ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]
+HostedKind = Literal["web_search_call", "code_interpreter_call", "mcp_call", "mcp_list_tools", "mcp_approval_request"]
+ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"] | HostedKind
 CALL_KINDS = ("function_call", "custom_tool_call")
-_ID_PREFIX = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_"}
+HOSTED_KINDS = ("web_search_call", "code_interpreter_call", "mcp_call", "mcp_list_tools", "mcp_approval_request")
+_ID_PREFIX = {
+    "reasoning": "rs_",
+    "message": "msg_",
+    "function_call": "fc_",
+    "custom_tool_call": "ctc_",
+    "web_search_call": "ws_",
+    "code_interpreter_call": "ci_",
+    "mcp_call": "mcp_",
+    "mcp_list_tools": "mcpl_",
+    "mcp_approval_request": "mcpr_",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,13 +52,22 @@ class CallRouting:
 
     namespaces: frozenset[str] = frozenset()
     freeform: frozenset[str] = frozenset()
+    hosted: Mapping[str, HostedKind] = field(default_factory=dict)  # by namespace, or a bare recipient (python)
+    approvals: frozenset[str] = frozenset()  # MCP tools (`label.name`) whose calls wait for the client's approval
+
+    def hosted_kind(self, recipient: str) -> HostedKind | None:
+        if not self.hosted:
+            return None
+        if recipient in self.approvals:
+            return "mcp_approval_request"
+        return self.hosted.get(recipient.partition(".")[0])
 
     def split(self, recipient: str) -> tuple[str | None, str]:
         """(namespace, name) of a call: a `functions.` call has none; an unknown recipient stays whole."""
         if recipient.startswith(FUNCTIONS_PREFIX):
             return None, recipient.removeprefix(FUNCTIONS_PREFIX)
         namespace, dot, name = recipient.partition(".")
-        if dot and namespace in self.namespaces:
+        if dot and (namespace in self.namespaces or namespace in self.hosted):
             return namespace, name
         return None, recipient
 
@@ -65,6 +88,11 @@ class OutputItem:
     parts: list[str] = field(default_factory=list)
     done: bool = False
     complete: bool = True  # False when the stream was cut inside this item (length limit, cancellation)
+    channel: str | None = None  # the Harmony channel it was written on
+    # a hosted item's state once the loop settled it: its API fields (action, output, error, ...) and status
+    detail: dict[str, Any] = field(default_factory=dict)
+    settled: bool = False
+    annotations: list[dict[str, Any]] = field(default_factory=list)  # a message's url citations
 
     @property
     def text(self) -> str:
@@ -72,7 +100,13 @@ class OutputItem:
 
     @property
     def is_call(self) -> bool:
+        """A call the client runs."""
         return self.kind in CALL_KINDS
+
+    @property
+    def is_hosted(self) -> bool:
+        """An item of a tool the gateway runs."""
+        return self.kind in HOSTED_KINDS
 
     @property
     def qualified_name(self) -> str | None:
@@ -96,13 +130,30 @@ class Closed:
     item: OutputItem
 
 
-ItemEvent = Opened | Delta | Closed
+@dataclass(slots=True)
+class Executing:
+    """The tool loop started running a hosted call."""
+
+    item: OutputItem
+
+
+@dataclass(slots=True)
+class Settled:
+    """A hosted item is final: its result (or error) is in `detail`."""
+
+    item: OutputItem
+
+
+ItemEvent = Opened | Delta | Closed | Executing | Settled
 
 
 def _kind_of(start: MessageStart, routing: CallRouting) -> ItemKind:
     if start.role is not Role.ASSISTANT:
         return "reasoning"
     if start.recipient is not None:
+        hosted = routing.hosted_kind(start.recipient)
+        if hosted is not None:
+            return hosted
         return "custom_tool_call" if start.recipient in routing.freeform else "function_call"
     return "reasoning" if start.channel == "analysis" else "message"
 
@@ -111,6 +162,7 @@ class OutputAssembler:
     """Feed generated token ids; read `items`, token counts and the dialog entries to store."""
 
     def __init__(self, encoding: HarmonyEncoding, routing: CallRouting | None = None) -> None:
+        self._encoding = encoding
         self._parser = StreamParser(encoding, Role.ASSISTANT)
         self._routing = routing or CallRouting()
         self.items: list[OutputItem] = []
@@ -123,6 +175,22 @@ class OutputAssembler:
     @property
     def stop(self) -> StopReason | None:
         return self._parser.stop
+
+    def next_turn(self) -> None:
+        """The model continues after a tool's answer: a new parser; items, entries and counts go on."""
+        self._parser = StreamParser(self._encoding, Role.ASSISTANT)
+        self._open = None
+        self._tokens_in_message = 0
+
+    def add(self, kind: ItemKind, **fields: Any) -> OutputItem:
+        """An item the tool loop makes itself (a tool listing, an approval request, an approved call)."""
+        item = OutputItem(kind, len(self.items), new_id(_ID_PREFIX[kind]), **fields)
+        self.items.append(item)
+        return item
+
+    def add_entry(self, entry: Entry) -> None:
+        """A message of the dialog that the model did not write (a tool's answer)."""
+        self.entries.append(entry)
 
     def feed(self, tokens: list[int]) -> list[ItemEvent]:
         events: list[ItemEvent] = []
@@ -147,10 +215,13 @@ class OutputAssembler:
                 events.append(Delta(self._open, event.text))
         elif isinstance(event, MessageStart):
             kind = _kind_of(event, self._routing)
-            item = OutputItem(kind, len(self.items), new_id(_ID_PREFIX[kind]))
+            item = OutputItem(kind, len(self.items), new_id(_ID_PREFIX[kind]), channel=event.channel)
             if item.is_call:
                 item.namespace, item.name = self._routing.split(event.recipient or "")
                 item.call_id = new_id("call_")
+            elif item.is_hosted:
+                item.namespace, item.name = self._routing.split(event.recipient or "")
+                item.call_id = item.id  # a stored call's key: an approval names it
             item.preamble = kind == "message" and event.channel == "commentary"
             self.items.append(item)
             self._open = item

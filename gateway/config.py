@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 
 from state.store import DEFAULT_LEASE_S, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TTL_S
 
+from .hosted.settings import HostedToolsSettings
 from .limits import MAX_BODY_BYTES
 from .tenants.limits import LimitsConfig
 
@@ -56,6 +57,8 @@ class Settings(BaseSettings):
     key_secret: SecretStr | None = None  # the HMAC secret API keys are hashed with (16+ characters)
     keys_file: str | None = None  # a JSON file of hashed keys (`gpt-oss-gateway keys create --file`)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)  # JSON: per-tenant rate, concurrency and size limits
+    # JSON: the tools the gateway runs for the model (python sandbox, web search provider, MCP allow-lists)
+    hosted_tools: HostedToolsSettings = Field(default_factory=HostedToolsSettings)
     metrics_port: int | None = None  # a separate listener for /metrics (Prometheus); None: not served there
     metrics_public: bool = False  # also serve /metrics on the API port (off: the API port does not expose it)
     metrics_tenants: Annotated[list[str], NoDecode] = Field(default_factory=list)  # tenants with their own label

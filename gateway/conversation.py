@@ -21,7 +21,7 @@ from harmony import (
     ToolNamespace,
 )
 
-from .dialog import Call, CallResult, DialogItem, Entry, Said, Thought
+from .dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Thought
 from .errors import ApiError, invalid
 
 FUNCTIONS_PREFIX = "functions."
@@ -36,7 +36,8 @@ class PromptSpec:
     instructions: list[str] = field(default_factory=list)
     history: list[Entry] = field(default_factory=list)
     tools: list[ToolDescription] = field(default_factory=list)  # the `functions` namespace
-    namespaces: list[ToolNamespace] = field(default_factory=list)  # the client's own namespaces
+    namespaces: list[ToolNamespace] = field(default_factory=list)  # the client's own and MCP servers'
+    builtin: list[ToolNamespace] = field(default_factory=list)  # browser, python: in the system message
     response_format: ResponseFormat | None = None
     effort: ReasoningEffort = ReasoningEffort.MEDIUM
     truncate: bool = False  # drop the oldest turns when the prompt does not fit (truncation=auto)
@@ -49,14 +50,15 @@ class BuiltPrompt:
     dropped_entries: int = 0  # entries left out by truncation
 
 
-def _tool_message(recipient: str, output: str) -> Message:
-    return Message.of(Role.TOOL, output, name=recipient, channel="commentary", recipient="assistant")
+def tool_message(recipient: str, output: str, channel: str = "commentary") -> Message:
+    """A tool's answer to the assistant, on the channel the call was made on."""
+    return Message.of(Role.TOOL, output, name=recipient, channel=channel, recipient="assistant")
 
 
-def call_message(recipient: str, arguments: str, freeform: bool = False) -> Message:
+def call_message(recipient: str, arguments: str, freeform: bool = False, channel: str = "commentary") -> Message:
     """A call as the model writes it: JSON arguments under `<|constrain|>json`, a freeform input bare."""
     content_type = None if freeform else JSON_CONTENT_TYPE
-    return Message.of(Role.ASSISTANT, arguments, channel="commentary", recipient=recipient, content_type=content_type)
+    return Message.of(Role.ASSISTANT, arguments, channel=channel, recipient=recipient, content_type=content_type)
 
 
 def _is_preamble(items: list[DialogItem], index: int) -> bool:
@@ -71,7 +73,11 @@ def _is_preamble(items: list[DialogItem], index: int) -> bool:
 
 def dialog_entries(items: list[DialogItem], history: list[Entry]) -> list[Entry]:
     """Harmony entries for the request's items; tool outputs resolve their function name by call id."""
-    names = {entry.call_id: entry.message.recipient for entry in history if entry.call_id is not None}
+    names = {
+        entry.call_id: (entry.message.recipient, entry.message.channel)
+        for entry in history
+        if entry.call_id is not None
+    }
     entries: list[Entry] = []
     for index, item in enumerate(items):
         if isinstance(item, Said):
@@ -81,25 +87,32 @@ def dialog_entries(items: list[DialogItem], history: list[Entry]) -> list[Entry]
             preamble = item.preamble if item.preamble is not None else _is_preamble(items, index)
             channel = "commentary" if preamble else "final"
             entries.append(Entry(Message.of(Role.ASSISTANT, item.text, channel=channel)))
+        elif isinstance(item, Approval):
+            continue  # not a message: the tool loop runs (or declines) the call it answers
         elif isinstance(item, Thought):
             if item.text:
                 entries.append(Entry(Message.of(Role.ASSISTANT, item.text, channel="analysis")))
         elif isinstance(item, Call):
-            names[item.call_id] = item.recipient
-            entries.append(Entry(call_message(item.recipient, item.arguments, item.freeform), item.call_id))
+            names[item.call_id] = (item.recipient, item.channel)
+            message = call_message(item.recipient, item.arguments, item.freeform, item.channel)
+            entries.append(Entry(message, item.call_id))
         else:
-            recipient = names.get(item.call_id)
-            if recipient is None:
+            called = names.get(item.call_id)
+            if called is None:
                 raise invalid(
                     f"{item.param}.call_id",
                     f"No tool call found for function call output with call_id '{item.call_id}'.",
                 )
-            entries.append(Entry(_tool_message(recipient, item.output)))
+            recipient, channel = called
+            entries.append(Entry(tool_message(recipient or "", item.output, channel or "commentary")))
     return entries
 
 
 def _header(spec: PromptSpec, today: str) -> list[Message]:
-    system = Message.of(Role.SYSTEM, SystemContent(reasoning_effort=spec.effort, conversation_start_date=today))
+    builtin = {namespace.name: namespace for namespace in spec.builtin} or None
+    system = Message.of(
+        Role.SYSTEM, SystemContent(reasoning_effort=spec.effort, conversation_start_date=today, tools=builtin)
+    )
     developer = DeveloperContent(
         instructions="\n\n".join(text for text in spec.instructions if text) or None,
         response_formats=[spec.response_format] if spec.response_format else [],

@@ -35,12 +35,13 @@ class Call:
     name: str
     arguments: str
     param: str
-    namespace: str = "functions"
+    namespace: str = "functions"  # "" for a bare recipient (python)
     freeform: bool = False
+    channel: str = "commentary"  # analysis for the built-in tools
 
     @property
     def recipient(self) -> str:
-        return f"{self.namespace}.{self.name}"
+        return f"{self.namespace}.{self.name}" if self.namespace else self.name
 
     @property
     def qualified_name(self) -> str:
@@ -55,7 +56,17 @@ class CallResult:
     param: str
 
 
-DialogItem = Said | Thought | Call | CallResult
+@dataclass(slots=True)
+class Approval:
+    """The client's answer to an approval request of a call the gateway runs (an MCP tool's)."""
+
+    request_id: str
+    approve: bool
+    param: str
+    reason: str | None = None
+
+
+DialogItem = Said | Thought | Call | CallResult | Approval
 
 
 @dataclass(slots=True)

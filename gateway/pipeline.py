@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 
 from backends.base import Backend, Constraint, Sampling
 
-from .assembler import CallRouting
+from .assembler import CallRouting, OutputAssembler
 from .conversation import BuiltPrompt, PromptSpec, build_prompt
 from .cot_recovery import recover_cot
+from .dialog import Entry
 from .metrics import TurnObserver
 from .services import Services
 from .turn import Turn
@@ -63,6 +65,15 @@ async def count_prompt(services: Services, tenant: str, spec: PromptSpec, body_b
 UNBOUNDED = 2**62
 
 
+async def plan_continuation(services: Services, plan: Plan, spec: PromptSpec, dialog: list[Entry], left: int) -> Plan:
+    """The prompt once a tool the gateway runs has answered: the whole dialog so far rendered again (the
+    turn in progress keeps its chain of thought); the answer may use `left` more tokens, as the context allows."""
+    continued = dataclasses.replace(spec, items=[], history=dialog)
+    context = plan.backend.capabilities.context_length
+    built = await asyncio.to_thread(build_prompt, services.renderer, continued, context)
+    return Plan(plan.backend, built, min(left, context - len(built.tokens)))
+
+
 async def _render(
     services: Services, tenant: str, spec: PromptSpec, budget: int, body_bytes: int | None
 ) -> BuiltPrompt:
@@ -81,6 +92,7 @@ def start_turn(
     observer: TurnObserver | None,
     routing: CallRouting | None = None,
     cache_key: str | None = None,
+    assembler: OutputAssembler | None = None,
 ) -> Turn:
     tokens = plan.built.tokens
     return Turn(
@@ -95,4 +107,5 @@ def start_turn(
         services.lifecycle,
         routing,
         cache_key,
+        assembler,
     )

@@ -21,6 +21,8 @@ from state.redis_store import RedisStore
 
 from .config import Settings
 from .errors import ApiError
+from .hosted.runtime import HostedRuntime
+from .hosted.settings import HostedToolsSettings
 from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .responses.runs import RunRegistry
@@ -61,6 +63,7 @@ class Services:
     conversations: ConversationStore = field(default_factory=MemoryConversations)
     runs: RunRegistry = field(default_factory=RunRegistry)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    hosted: HostedRuntime = field(default_factory=lambda: HostedRuntime(HostedToolsSettings()))
 
     @property
     def encoding(self) -> HarmonyEncoding:
@@ -86,6 +89,7 @@ class Services:
         await self.store.aclose()
         await self.events.aclose()
         await self.conversations.aclose()
+        await self.hosted.aclose()
 
 
 def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backend]:
@@ -223,6 +227,7 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
         metrics=metrics,
         events=_event_streams(settings),
         conversations=_conversations(settings),
+        hosted=HostedRuntime(settings.hosted_tools),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -16,25 +17,27 @@ from backends.base import Sampling
 from state import StoredResponse, StoreUnavailable
 from state.conversations import ConversationFull
 
-from ..assembler import ItemEvent, OutputItem, new_id
+from ..assembler import ItemEvent, OutputAssembler, OutputItem, new_id
 from ..conversations.api import conversation_items
 from ..cot_recovery import index_cot
 from ..dialog import Entry
 from ..errors import ApiError, invalid, not_found, unavailable
+from ..hosted.loop import Generation
 from ..json_body import parse_model, read_json, read_model
 from ..json_out import json_response
 from ..limits import MAX_HISTORY_MESSAGES
 from ..metrics import STATS
 from ..pagination import page
-from ..pipeline import count_prompt, plan_turn, start_turn
+from ..pipeline import Plan, count_prompt, plan_turn, start_turn
 from ..services import SERVICES, Services
 from ..sse import ClientGone, frame, open_stream, pump
 from ..tenants.admission import Ticket
 from ..tenants.tenancy import request_id_of, tenant_of
 from ..turn import Outcome, Turn
 from .event_sink import EventSink
+from .hosted_tools import hosted_toolset, pending_approvals
 from .input import check_tenant_caps, constraint_for, item_dicts, prompt_spec
-from .models import REQUEST_TAGS, InputItem, MessageInput, ResponsesRequest
+from .models import REQUEST_TAGS, InputItem, McpTool, MessageInput, ResponsesRequest
 from .output import StreamEvents, item_json
 from .record_keeper import RecordKeeper
 from .resume import stream_again
@@ -61,7 +64,7 @@ class Job:
     created_at: int
     dialog: list[Entry]
     input_items: list[dict[str, Any]]
-    turn: Turn
+    generation: Generation
     request_id: str
     ticket: Ticket
     keeper: RecordKeeper
@@ -89,18 +92,18 @@ class Job:
 
     def response(self, status: str, outcome: Outcome | None = None) -> dict[str, Any]:
         req = self.request
-        turn = self.turn
-        assembler = turn.assembler
+        generation = self.generation
+        assembler = generation.assembler
         finished = status in TERMINAL
         usage = None
         if finished:
             usage = {
-                "input_tokens": turn.prompt_tokens,
+                "input_tokens": generation.prompt_tokens,
                 # cache writes are not reported by any backend here: 0 (the SDK requires the field)
-                "input_tokens_details": {"cached_tokens": turn.cached_tokens, "cache_write_tokens": 0},
+                "input_tokens_details": {"cached_tokens": generation.cached_tokens, "cache_write_tokens": 0},
                 "output_tokens": assembler.output_tokens,
                 "output_tokens_details": {"reasoning_tokens": assembler.reasoning_tokens},
-                "total_tokens": turn.prompt_tokens + assembler.output_tokens,
+                "total_tokens": generation.prompt_tokens + assembler.output_tokens,
             }
         error = None
         if outcome is not None and outcome.error_code:
@@ -128,7 +131,10 @@ class Job:
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "text": req.text.model_dump(mode="json", by_alias=True, exclude_none=True),
             "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
-            "tools": [tool.model_dump(mode="json", exclude_none=True) for tool in req.tools],
+            "tools": [
+                tool.echo() if isinstance(tool, McpTool) else tool.model_dump(mode="json", exclude_none=True)
+                for tool in req.tools
+            ],
             "top_logprobs": req.top_logprobs or 0,
             "top_p": 1.0 if req.top_p is None else req.top_p,
             "truncation": req.truncation,
@@ -141,7 +147,7 @@ class Job:
         }
 
     def record(self, response: dict[str, Any]) -> StoredResponse:
-        conversation = [entry.to_data() for entry in (*self.dialog, *self.turn.assembler.entries)]
+        conversation = [entry.to_data() for entry in (*self.dialog, *self.generation.assembler.entries)]
         return StoredResponse(
             id=self.response_id,
             tenant=self.tenant,
@@ -182,7 +188,7 @@ class Job:
         """A finished (or cut-short) response adds its input and output items to its conversation."""
         if self.conversation_id is None or status not in ("completed", "incomplete"):
             return
-        output = [item_json(item) for item in self.turn.assembler.items]
+        output = [item_json(item) for item in self.generation.assembler.items]
         try:
             kept = await self.services.conversations.append(
                 self.tenant, self.conversation_id, [*self.input_items, *output]
@@ -195,7 +201,7 @@ class Job:
 
     async def _index_cot(self) -> None:
         if not self.keeper.deleted:
-            assembler = self.turn.assembler
+            assembler = self.generation.assembler
             await index_cot(self.services.store, self.tenant, assembler.items, assembler.entries, self.response_id)
 
 
@@ -231,14 +237,18 @@ async def _with_conversation(services: Services, tenant: str, req: ResponsesRequ
     return req.model_copy(update={"input": [*earlier, *own]})
 
 
-async def _load_history(services: Services, tenant: str, request: ResponsesRequest) -> list[Entry]:
+async def _load_history(
+    services: Services, tenant: str, request: ResponsesRequest
+) -> tuple[list[Entry], list[dict[str, Any]]]:
+    """The previous response's dialog and its output items (what its tools listed and where they ran)."""
     if request.previous_response_id is None:
-        return []
+        return [], []
     record = await _load(services, tenant, request.previous_response_id, "previous_response_id")
     status = record.response.get("status")
     if status not in TERMINAL:
         raise invalid("previous_response_id", f"Response '{record.id}' is still {status}; wait for it to finish.")
-    return [Entry.from_data(data) for data in record.conversation]
+    output = record.response.get("output")
+    return [Entry.from_data(data) for data in record.conversation], output if isinstance(output, list) else []
 
 
 async def _load(services: Services, tenant: str, response_id: str, param: str) -> StoredResponse:
@@ -265,14 +275,18 @@ async def prepare(request: web.Request) -> Job:
     limits = services.settings.limits.for_tenant(tenant)
     tools = offered_tools(req)
     check_tenant_caps(req, tools, limits)
+    history, previous_output = await _load_history(services, tenant, req)
+    toolset, hosted_not_offered = await hosted_toolset(services.hosted, tenant, req, previous_output)
+    left_out = {*tools.not_offered, *hosted_not_offered}
+    tools.not_offered = [tool.type for tool in req.tools if tool.type in left_out]  # in request order
     if tools.not_offered:
         log.info("tools_not_offered", types=sorted(set(tools.not_offered)))
-    history = await _load_history(services, tenant, req)
     with_earlier = await _with_conversation(services, tenant, req)
-    spec = prompt_spec(with_earlier, tools, history, lambda blob: services.sealer.open(tenant, blob))
+    spec = prompt_spec(with_earlier, tools, history, lambda blob: services.sealer.open(tenant, blob), toolset)
     constraint = constraint_for(req, tools)
     max_output = req.max_output_tokens or limits.max_output_tokens
     plan = await plan_turn(services, tenant, backend, spec, max_output, request.content_length)
+    approvals = pending_approvals(spec.items, plan.built.dialog, toolset)
     ticket = await services.admission.admit(
         tenant,
         prompt_tokens=len(plan.built.tokens),
@@ -287,8 +301,21 @@ async def prepare(request: web.Request) -> Job:
         top_p=1.0 if req.top_p is None else req.top_p,
     )
     request_id = request_id_of(request, response_id)
-    observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
-    turn = start_turn(services, plan, sampling, constraint, request_id, observer, tools.routing, req.prompt_cache_key)
+    stats = request.get(STATS)
+    routing = tools.routing
+    if toolset is not None:
+        routing = dataclasses.replace(routing, hosted=toolset.kinds, approvals=toolset.approvals)
+
+    def start(plan: Plan, assembler: OutputAssembler | None = None) -> Turn:
+        observer = services.metrics.turn_observer(req.model, tenant, stats)  # each turn its own timings
+        return start_turn(
+            services, plan, sampling, constraint, request_id, observer, routing, req.prompt_cache_key, assembler
+        )
+
+    max_calls = min(
+        req.max_tool_calls or services.settings.hosted_tools.max_calls, services.settings.hosted_tools.max_calls
+    )
+    generation = Generation(services, start(plan), plan, spec, start, toolset, max_calls, approvals)
     settings = services.settings
     keeper = RecordKeeper(
         services.store, tenant, response_id, settings.record_lease_s, time.time() + settings.store_ttl_s
@@ -301,7 +328,7 @@ async def prepare(request: web.Request) -> Job:
         int(time.time()),
         plan.built.dialog,
         item_dicts(req.input),
-        turn,
+        generation,
         request_id,
         ticket,
         keeper,
@@ -375,7 +402,8 @@ async def _run(job: Job, feed: Feed) -> dict[str, Any]:
     try:
         return await _generate(job, feed)
     finally:
-        await job.ticket.settle(job.turn.prompt_tokens + job.turn.assembler.output_tokens)
+        generation = job.generation
+        await job.ticket.settle(generation.prompt_tokens + generation.assembler.output_tokens)
 
 
 async def _generate(job: Job, feed: Feed) -> dict[str, Any]:
@@ -389,13 +417,13 @@ async def _generate(job: Job, feed: Feed) -> dict[str, Any]:
     feed.lifecycle("response.created", job.response(job.first_status))
     feed.lifecycle("response.in_progress", job.response("in_progress"))
     try:
-        async for batch in job.turn.events():
+        async for batch in job.generation.events():
             feed.items(batch)
     except asyncio.CancelledError:
         await job.store_final(job.response("cancelled"))  # one attempt: a cancelled run does not linger
         feed.cancelled()
         raise
-    outcome = job.turn.outcome or Outcome("failed", error_code="server_error", error_message="No outcome.")
+    outcome = job.generation.outcome or Outcome("failed", error_code="server_error", error_message="No outcome.")
     if job.request.background and await job.keeper.cancelled_elsewhere():
         outcome = Outcome("cancelled")
     final = job.response(outcome.status, outcome)
@@ -556,8 +584,9 @@ async def count_input_tokens(request: web.Request) -> web.Response:
     tenant = tenant_of(request)
     tools = offered_tools(req)
     check_tenant_caps(req, tools, services.settings.limits.for_tenant(tenant))
-    history = await _load_history(services, tenant, req)
-    spec = prompt_spec(req, tools, history, lambda blob: services.sealer.open(tenant, blob))
+    history, previous_output = await _load_history(services, tenant, req)
+    toolset, _ = await hosted_toolset(services.hosted, tenant, req, previous_output)
+    spec = prompt_spec(req, tools, history, lambda blob: services.sealer.open(tenant, blob), toolset)
     count = await count_prompt(services, tenant, spec, request.content_length)
     return json_response({"object": "response.input_tokens", "input_tokens": count})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -10,17 +11,23 @@ from harmony import ResponseFormat
 
 from ..assembler import new_id
 from ..conversation import PromptSpec
-from ..dialog import Call, CallResult, DialogItem, Entry, Said, Thought
+from ..dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Thought
 from ..errors import invalid
+from ..hosted.toolset import Toolset
 from ..options import constraint, effort, output_format, verbosity_instruction
 from ..sealing import SealError
 from ..tenants.limits import TenantLimits, check_caps, json_size
 from .models import (
+    CodeInterpreterCallInput,
     CustomToolCallInput,
     CustomToolCallOutputInput,
     FunctionCallInput,
     FunctionCallOutputInput,
     InputItem,
+    McpApprovalRequestInput,
+    McpApprovalResponseInput,
+    McpCallInput,
+    McpListToolsInput,
     MessageInput,
     NamedCustom,
     NamedFunction,
@@ -28,6 +35,7 @@ from .models import (
     Refusal,
     ResponsesRequest,
     TextFormatJsonSchema,
+    WebSearchCallInput,
 )
 from .tools import FUNCTIONS, OfferedTools
 
@@ -77,10 +85,48 @@ def to_dialog(request: ResponsesRequest, unseal: Unseal) -> tuple[list[DialogIte
         elif isinstance(item, FunctionCallOutputInput | CustomToolCallOutputInput):
             output = item.output if isinstance(item.output, str) else "".join(part.text for part in item.output)
             items.append(CallResult(item.call_id, output, param))
+        else:
+            items.extend(_hosted_items(item, param))
     return items, instructions
 
 
+NOT_KEPT = "[this result was not kept]"
+
+
+def _hosted_items(item: InputItem, param: str) -> list[DialogItem]:
+    """A replayed item of a tool the gateway runs, as the call and answer the model saw."""
+    call_id = item.id or new_id("call_")  # type: ignore[union-attr]
+    if isinstance(item, McpCallInput):
+        output = item.output if item.output is not None else f"error: {item.error}" if item.error else NOT_KEPT
+        call = Call(call_id, item.name, item.arguments, param, item.server_label)
+        return [call, CallResult(call_id, output, param)]
+    if isinstance(item, McpApprovalRequestInput):
+        return [Call(call_id, item.name, item.arguments, param, item.server_label)]
+    if isinstance(item, McpApprovalResponseInput):
+        return [Approval(item.approval_request_id, item.approve, param, item.reason)]
+    if isinstance(item, CodeInterpreterCallInput):
+        logs = "".join(str(out.get("logs", "")) for out in item.outputs or [] if out.get("type") == "logs")
+        call = Call(call_id, "python", item.code or "", param, "", freeform=True, channel="analysis")
+        return [call, CallResult(call_id, logs if item.outputs is not None else NOT_KEPT, param)]
+    if isinstance(item, WebSearchCallInput):
+        action = item.action
+        name = {"open_page": "open", "find_in_page": "find"}.get(str(action.get("type")), "search")
+        arguments = {key: value for key, value in action.items() if key in ("query", "url", "pattern")}
+        if "url" in arguments and name == "open":
+            arguments = {"id": arguments["url"]}
+        call = Call(call_id, name, json.dumps(arguments), param, "browser", channel="analysis")
+        return [call, CallResult(call_id, NOT_KEPT, param)]
+    assert isinstance(item, McpListToolsInput)
+    return []  # the listing itself is not part of the dialog
+
+
 _ID_PREFIXES = {
+    "mcp_list_tools": "mcpl_",
+    "mcp_call": "mcp_",
+    "mcp_approval_request": "mcpr_",
+    "mcp_approval_response": "mcpa_",
+    "web_search_call": "ws_",
+    "code_interpreter_call": "ci_",
     "message": "msg_",
     "reasoning": "rs_",
     "function_call": "fc_",
@@ -122,16 +168,20 @@ def constraint_for(request: ResponsesRequest, tools: OfferedTools) -> Constraint
     return constraint(tools.parameters, plain, named, _format(request)[1], tools.schemas, tools.grammars)
 
 
-def prompt_spec(request: ResponsesRequest, tools: OfferedTools, history: list[Entry], unseal: Unseal) -> PromptSpec:
+def prompt_spec(
+    request: ResponsesRequest, tools: OfferedTools, history: list[Entry], unseal: Unseal, toolset: Toolset | None = None
+) -> PromptSpec:
     """tool_choice 'none' leaves the tools out of the prompt: the model is not offered what it may not call."""
     items, message_instructions = to_dialog(request, unseal)
     offer = request.tool_choice != "none"
+    hosted = toolset if offer else None
     return PromptSpec(
         items=items,
         instructions=[request.instructions or "", *message_instructions, verbosity_instruction(request.text.verbosity)],
         history=history,
         tools=tools.functions if offer else [],
-        namespaces=tools.namespaces if offer else [],
+        namespaces=[*tools.namespaces, *(hosted.namespaces if hosted else [])] if offer else [],
+        builtin=hosted.builtin if hosted else [],
         response_format=_format(request)[0],
         effort=effort(request.reasoning.effort),
         truncate=request.truncation == "auto",

@@ -162,6 +162,60 @@ class CustomToolCallOutputInput(FunctionCallOutputInput):
     type: Literal["custom_tool_call_output"]  # type: ignore[assignment]
 
 
+class Replayed(BaseModel):
+    """An output item of a server-side tool sent back as input: read for what the prompt needs; fields the
+    gateway does not use are let through (a client replays whatever it received)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = Field(default=None, max_length=256)
+    status: str | None = None
+
+
+class McpListToolsInput(Replayed):
+    type: Literal["mcp_list_tools"]
+    server_label: str = Field(max_length=64)
+    tools: list[Any] = Field(default_factory=list)
+    error: str | None = None
+
+
+class McpCallInput(Replayed):
+    type: Literal["mcp_call"]
+    server_label: str = Field(max_length=64)
+    name: str = Field(min_length=1, max_length=128)
+    arguments: str
+    output: str | None = None
+    error: Any = None
+    approval_request_id: str | None = None
+
+
+class McpApprovalRequestInput(Replayed):
+    type: Literal["mcp_approval_request"]
+    server_label: str = Field(max_length=64)
+    name: str = Field(min_length=1, max_length=128)
+    arguments: str
+
+
+class McpApprovalResponseInput(Strict):
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str = Field(min_length=1, max_length=256)
+    approve: bool
+    reason: str | None = Field(default=None, max_length=4096)
+    id: str | None = None
+
+
+class WebSearchCallInput(Replayed):
+    type: Literal["web_search_call"]
+    action: dict[str, Any] = Field(default_factory=dict)
+
+
+class CodeInterpreterCallInput(Replayed):
+    type: Literal["code_interpreter_call"]
+    code: str | None = None
+    container_id: str | None = None
+    outputs: list[dict[str, Any]] | None = None
+
+
 def _item_kind(value: Any) -> str:
     kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
     return kind if kind in _ITEM_KINDS else "unsupported"
@@ -185,6 +239,12 @@ _ITEM_KINDS = (
     "function_call_output",
     "custom_tool_call",
     "custom_tool_call_output",
+    "mcp_list_tools",
+    "mcp_call",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "web_search_call",
+    "code_interpreter_call",
 )
 UNION_TAGS = frozenset({*_ITEM_KINDS, "unsupported", "input_text", "output_text", "refusal", "media"})
 InputItem = Annotated[
@@ -194,6 +254,12 @@ InputItem = Annotated[
     | Annotated[FunctionCallOutputInput, Tag("function_call_output")]
     | Annotated[CustomToolCallInput, Tag("custom_tool_call")]
     | Annotated[CustomToolCallOutputInput, Tag("custom_tool_call_output")]
+    | Annotated[McpListToolsInput, Tag("mcp_list_tools")]
+    | Annotated[McpCallInput, Tag("mcp_call")]
+    | Annotated[McpApprovalRequestInput, Tag("mcp_approval_request")]
+    | Annotated[McpApprovalResponseInput, Tag("mcp_approval_response")]
+    | Annotated[WebSearchCallInput, Tag("web_search_call")]
+    | Annotated[CodeInterpreterCallInput, Tag("code_interpreter_call")]
     | Annotated[UnsupportedItem, Tag("unsupported")],
     Discriminator(_item_kind),
 ]
@@ -282,16 +348,84 @@ class NamespaceTool(Strict):
         return name
 
 
-NOT_OFFERED_KINDS = ("web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11")
-NOT_OFFERED_KINDS += ("tool_search",)
+WEB_SEARCH_KINDS = ("web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11")
+NOT_OFFERED_KINDS = (*WEB_SEARCH_KINDS, "tool_search")
 
 
 class HostedTool(BaseModel):
-    """A tool the server would run (web search, tool search): with no provider here it is not offered to the
-    model, and the response says so (a header and a log line), rather than failing the client's request."""
+    """Web search (run as Harmony's browser when a search provider is configured) or tool search: what
+    nothing here runs is not offered to the model, and the response says so (a header and a log line),
+    rather than failing the client's request."""
 
     type: Literal[NOT_OFFERED_KINDS]  # type: ignore[valid-type]
     model_config = ConfigDict(extra="allow")
+
+
+class McpToolFilter(Strict):
+    tool_names: list[Annotated[str, Field(max_length=128)]] | None = Field(default=None, max_length=MAX_TOOLS)
+    read_only: bool | None = None
+
+
+class McpApprovalFilter(Strict):
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
+
+
+class McpTool(Strict):
+    """A remote MCP server the gateway calls for the model; `headers` and `authorization` are used for the
+    calls and never stored, echoed or logged."""
+
+    type: Literal["mcp"]
+    server_label: ToolName
+    server_url: str | None = Field(default=None, min_length=1, max_length=2048)
+    headers: dict[str, Annotated[str, Field(max_length=8192)]] | None = Field(default=None, max_length=32)
+    authorization: str | None = Field(default=None, max_length=8192)
+    allowed_tools: list[Annotated[str, Field(max_length=128)]] | McpToolFilter | None = None
+    require_approval: Literal["always", "never"] | McpApprovalFilter | None = None
+    server_description: str | None = Field(default=None, max_length=MAX_NAMESPACE_DESCRIPTION_CHARS)
+    connector_id: str | None = None
+    defer_loading: bool | None = None
+    allowed_callers: list[str] | None = None
+
+    @field_validator("server_label")
+    @classmethod
+    def _not_reserved(cls, label: str) -> str:
+        if label in RESERVED_NAMESPACES:
+            raise ValueError(f"server_label '{label}' is reserved by the Harmony format")
+        return label
+
+    @model_validator(mode="after")
+    def _has_url(self) -> McpTool:
+        if self.connector_id is not None:
+            raise ValueError("connectors are OpenAI's hosted services; give a server_url instead")
+        if self.server_url is None:
+            raise ValueError("server_url is required")
+        return self
+
+    def echo(self) -> dict[str, Any]:
+        """As the response shows it: without its secrets."""
+        return self.model_dump(mode="json", exclude_none=True, exclude={"headers", "authorization"})
+
+
+class CodeInterpreterContainer(Strict):
+    type: Literal["auto"]
+    file_ids: list[str] | None = None
+    memory_limit: str | None = None
+
+
+class CodeInterpreterTool(Strict):
+    """Harmony's python tool, run in the gateway's sandbox (when the operator enabled it)."""
+
+    type: Literal["code_interpreter"]
+    container: Annotated[str, Field(min_length=1, max_length=256)] | CodeInterpreterContainer
+    allowed_callers: list[str] | None = None
+
+    @field_validator("container")
+    @classmethod
+    def _no_files(cls, container: str | CodeInterpreterContainer) -> str | CodeInterpreterContainer:
+        if isinstance(container, CodeInterpreterContainer) and container.file_ids:
+            raise ValueError("files cannot be uploaded to this gateway's sandbox (file_ids)")
+        return container
 
 
 class UnsupportedTool(BaseModel):
@@ -301,13 +435,14 @@ class UnsupportedTool(BaseModel):
     @classmethod
     def _reject(cls, kind: str) -> str:
         raise ValueError(
-            f"tool type '{kind}' is not supported; use function, custom, namespace, web_search or tool_search"
+            f"tool type '{kind}' is not supported; use function, custom, namespace, mcp, code_interpreter, "
+            "web_search or tool_search"
         )
 
 
 def _tool_kind(value: Any) -> str:
     kind = _type_of(value)
-    if kind in ("function", "custom", "namespace"):
+    if kind in ("function", "custom", "namespace", "mcp", "code_interpreter"):
         return f"{kind}_tool"
     return "hosted_tool" if kind in NOT_OFFERED_KINDS else "unsupported_tool"
 
@@ -316,11 +451,16 @@ Tool = Annotated[
     Annotated[FunctionTool, Tag("function_tool")]
     | Annotated[CustomTool, Tag("custom_tool")]
     | Annotated[NamespaceTool, Tag("namespace_tool")]
+    | Annotated[McpTool, Tag("mcp_tool")]
+    | Annotated[CodeInterpreterTool, Tag("code_interpreter_tool")]
     | Annotated[HostedTool, Tag("hosted_tool")]
     | Annotated[UnsupportedTool, Tag("unsupported_tool")],
     Discriminator(_tool_kind),
 ]
-TOOL_TAGS = frozenset({"function_tool", "custom_tool", "namespace_tool", "hosted_tool", "unsupported_tool"})
+TOOL_TAGS = frozenset(
+    {"function_tool", "custom_tool", "namespace_tool", "mcp_tool", "code_interpreter_tool", "hosted_tool"}
+    | {"unsupported_tool"}
+)
 
 
 class NamedFunction(Strict):

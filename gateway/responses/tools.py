@@ -1,5 +1,6 @@
 """A Responses request's `tools` → what the model is offered: the `functions` namespace (function and
-custom tools), the client's own namespaces, and the hosted tools left out because nothing here runs them."""
+custom tools), the client's own namespaces, and the hosted tools left out because nothing here runs them
+(the tools the gateway runs itself are gateway/responses/hosted_tools.py's)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from harmony import ToolDescription, ToolNamespace
 
 from ..assembler import CallRouting
 from ..errors import invalid
-from .models import CustomTool, FunctionTool, HostedTool, NamespaceTool, ResponsesRequest
+from .models import WEB_SEARCH_KINDS, CustomTool, FunctionTool, HostedTool, NamespaceTool, ResponsesRequest
 
 FUNCTIONS = "functions"
 MAX_OFFERED = 512  # callable tools in all, namespaces' members included
@@ -85,13 +86,14 @@ def offered_tools(request: ResponsesRequest) -> OfferedTools:
     for index, tool in enumerate(request.tools):
         param = f"tools[{index}]"
         if isinstance(tool, HostedTool):
-            offered.not_offered.append(tool.type)
+            if tool.type not in WEB_SEARCH_KINDS:  # web search: the hosted toolset decides
+                offered.not_offered.append(tool.type)
         elif isinstance(tool, NamespaceTool):
             if any(namespace.name == tool.name for namespace in offered.namespaces):
                 raise invalid(f"{param}.name", f"Namespace '{tool.name}' is given twice.")
             members = [collector.add(member, tool.name, f"{param}.tools[{i}]") for i, member in enumerate(tool.tools)]
             offered.namespaces.append(ToolNamespace(tool.name, tool.description, members))
-        else:
+        elif isinstance(tool, FunctionTool | CustomTool):
             offered.functions.append(collector.add(tool, FUNCTIONS, param))
     offered.routing = collector.routing()
     return offered

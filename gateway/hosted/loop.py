@@ -1,0 +1,222 @@
+"""One response's generation: the model's turns and, between them, the tools the gateway runs for it.
+
+When a turn ends in a call to a server-side tool, the loop runs it, appends its answer as the tool's
+Harmony message, renders the dialog again (the turn in progress keeps its chain of thought) and lets the
+model go on, until it answers, calls a client's function, asks for an approval, or a cap is reached
+(`max_tool_calls` and the operator's count, the tools' time budget, the output tokens, the context).
+Without server-side tools it is exactly one turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from harmony import StopReason
+
+from ..assembler import Closed, Executing, ItemEvent, Opened, OutputAssembler, OutputItem, Settled
+from ..conversation import PromptSpec, tool_message
+from ..dialog import Entry
+from ..errors import ApiError
+from ..pipeline import Plan, plan_continuation
+from ..services import Services
+from ..turn import Outcome, Turn
+from .toolset import Toolset
+
+CALL_KINDS = ("web_search_call", "code_interpreter_call", "mcp_call", "mcp_approval_request")
+MAX_REFUSED_CALLS = 2  # calls past the cap answered with a refusal before the loop stops
+
+
+@dataclass(slots=True)
+class PendingApproval:
+    """A call waiting for the client's approval, and the client's answer (found in the dialog)."""
+
+    request_id: str
+    label: str
+    name: str
+    arguments: str
+    channel: str
+    approve: bool
+    reason: str | None
+
+
+class Generation:
+    def __init__(
+        self,
+        services: Services,
+        first: Turn,
+        plan: Plan,
+        spec: PromptSpec,
+        start: Callable[[Plan, OutputAssembler], Turn],
+        toolset: Toolset | None = None,
+        max_calls: int = 0,
+        approvals: list[PendingApproval] | None = None,
+    ) -> None:
+        self.turn = first
+        self.assembler = first.assembler
+        self.outcome: Outcome | None = None
+        self.calls = 0
+        self._services = services
+        self._plan = plan
+        self._spec = spec
+        self._start = start
+        self._toolset = toolset
+        self._max_calls = max_calls
+        self._approvals = approvals or []
+        self._max_output = plan.max_new_tokens
+        self._earlier_prompt = 0  # prompt tokens of the turns before the current one
+        self._earlier_cached = 0
+        self._refused = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Every turn's prompt: each sampling reads the whole dialog again."""
+        return self._earlier_prompt + self.turn.prompt_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._earlier_cached + self.turn.cached_tokens
+
+    async def events(self) -> AsyncIterator[list[ItemEvent]]:
+        toolset = self._toolset
+        if toolset is not None:
+            for batch in self._listings(toolset):
+                yield batch
+            if self._approvals:
+                async for batch in self._answer_approvals(toolset):
+                    yield batch
+                if not await self._continue():
+                    return
+        while True:
+            async for batch in self.turn.events():
+                if toolset is not None and toolset.browser is not None:
+                    _cite(batch, toolset)
+                yield batch
+            outcome = self.turn.outcome
+            call = self._pending_call(outcome)
+            if toolset is None or call is None:
+                self.outcome = outcome
+                return
+            if call.kind == "mcp_approval_request":  # the client answers it in its next request
+                call.detail = {"server_label": call.namespace, "arguments": call.text}
+                yield [settle(call)]
+                self.outcome = outcome
+                return
+            async for batch in self._run(toolset, call):
+                yield batch
+            if self._refused > MAX_REFUSED_CALLS or not await self._continue():
+                if self.outcome is None:
+                    self.outcome = outcome
+                return
+
+    def _listings(self, toolset: Toolset) -> list[list[ItemEvent]]:
+        batches: list[list[ItemEvent]] = []
+        for label, binding in toolset.mcp.items():
+            if binding.listed:
+                continue
+            item = self.assembler.add("mcp_list_tools", namespace=label, done=True)
+            item.detail = {
+                "server_label": label,
+                "tools": [
+                    {
+                        "name": tool.name,
+                        "description": tool.description,
+                        "input_schema": tool.input_schema,
+                        "annotations": tool.annotations,
+                    }
+                    for tool in binding.tools
+                ],
+            }
+            batches.append([Opened(item), settle(item)])
+        return batches
+
+    async def _answer_approvals(self, toolset: Toolset) -> AsyncIterator[list[ItemEvent]]:
+        for pending in self._approvals:
+            recipient = f"{pending.label}.{pending.name}"
+            if not pending.approve:
+                declined = "The user declined this tool call." + (
+                    f" Reason: {pending.reason}" if pending.reason else ""
+                )
+                self.assembler.add_entry(Entry(tool_message(recipient, declined, pending.channel)))
+                continue
+            item = self.assembler.add(
+                "mcp_call", namespace=pending.label, name=pending.name, parts=[pending.arguments], done=True
+            )
+            item.call_id = pending.request_id
+            yield [Opened(item), Executing(item)]
+            self.calls += 1
+            answer = await self._bounded(toolset, item)
+            item.detail["approval_request_id"] = pending.request_id
+            yield [settle(item)]
+            self.assembler.add_entry(Entry(tool_message(recipient, answer, pending.channel)))
+
+    def _pending_call(self, outcome: Outcome | None) -> OutputItem | None:
+        """The server-side call the turn ended on, if it did."""
+        items = self.assembler.items
+        if outcome is None or outcome.status != "completed" or self.assembler.stop is not StopReason.CALL:
+            return None
+        last = items[-1] if items else None
+        if last is None or last.kind not in CALL_KINDS or not last.done or last.settled:
+            return None
+        return last
+
+    async def _run(self, toolset: Toolset, call: OutputItem) -> AsyncIterator[list[ItemEvent]]:
+        if self.calls >= self._max_calls or toolset.seconds_left() <= 0:
+            self._refused += 1
+            limit = "tool calls" if self.calls >= self._max_calls else "seconds of tool time"
+            answer = f"Not run: this response has used its {limit}. Answer with what you have, without tools."
+            call.detail = {**_refused_detail(call, toolset), "status": "incomplete"}
+        else:
+            yield [Executing(call)]
+            self.calls += 1
+            answer = await self._bounded(toolset, call)
+        yield [settle(call)]
+        recipient = f"{call.namespace}.{call.name}" if call.namespace else call.name or ""
+        self.assembler.add_entry(Entry(tool_message(recipient, answer, call.channel or "commentary")))
+
+    async def _bounded(self, toolset: Toolset, item: OutputItem) -> str:
+        try:
+            async with asyncio.timeout(max(toolset.seconds_left(), 0.001)):
+                return (await toolset.run(item)).text
+        except TimeoutError:
+            item.detail = {**_refused_detail(item, toolset), "status": "failed"}
+            return "Error: the tool call ran past this response's time for tools."
+
+    async def _continue(self) -> bool:
+        """Start the next turn on the dialog so far; False (the outcome set) when there is no room left."""
+        left = self._max_output - self.assembler.output_tokens
+        dialog = [*self._plan.built.dialog, *self.assembler.entries]
+        try:
+            plan = await plan_continuation(self._services, self._plan, self._spec, dialog, left) if left > 0 else None
+        except ApiError:  # the dialog no longer fits the context
+            plan = None
+        if plan is None or plan.max_new_tokens <= 0:
+            self.outcome = Outcome("incomplete", incomplete_reason="max_output_tokens")
+            return False
+        self._earlier_prompt += self.turn.prompt_tokens if self.turn.outcome is not None else 0
+        self._earlier_cached += self.turn.cached_tokens if self.turn.outcome is not None else 0
+        self.assembler.next_turn()
+        self.turn = self._start(plan, self.assembler)
+        return True
+
+
+def settle(item: OutputItem) -> Settled:
+    item.settled = True
+    return Settled(item)
+
+
+def _refused_detail(item: OutputItem, toolset: Toolset) -> dict[str, object]:
+    if item.kind == "code_interpreter_call":
+        return {"container_id": toolset.container_id, "outputs": None}
+    if item.kind == "web_search_call":
+        return {"action": {"type": "search", "query": ""}}
+    return {"server_label": item.namespace, "arguments": item.text, "output": None}
+
+
+def _cite(batch: list[ItemEvent], toolset: Toolset) -> None:
+    """A finished answer gets url_citation annotations for its citations of the browser's pages."""
+    assert toolset.browser is not None
+    for event in batch:
+        if isinstance(event, Closed) and event.item.kind == "message":
+            event.item.annotations = toolset.browser.citations(event.item.text)

@@ -1,0 +1,146 @@
+"""Remote MCP servers, through the official `mcp` SDK over streamable HTTP (or SSE for a URL ending in
+`/sse`): their tool lists (cached per tenant, server and credentials, for a TTL) and tool calls, each in a
+session of its own, bounded in time and in what it returns. Connections go through the outbound policy."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+
+from .outbound import OutboundPolicy, OutboundRefused, guarded_http_client
+from .settings import McpSettings
+
+log = structlog.get_logger("gateway.mcp")
+
+MAX_CACHED_LISTS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """One `mcp` tool of a request: where to connect and with which (secret) headers."""
+
+    label: str
+    url: str
+    headers: dict[str, str]
+
+    @property
+    def credentials_key(self) -> str:
+        """A digest of the headers: the cache tells credentials apart without holding them."""
+        return hashlib.sha256(orjson.dumps(self.headers, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class McpToolInfo:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    annotations: dict[str, Any] | None
+
+
+@dataclass(slots=True)
+class McpResult:
+    output: str | None
+    error: dict[str, Any] | None  # the SDK's McpToolCallError shapes
+
+
+class McpUnavailable(Exception):
+    """Listing failed; the message is safe to show the client (no headers)."""
+
+
+class McpClient:
+    def __init__(self, policy: OutboundPolicy, settings: McpSettings) -> None:
+        self._policy = policy
+        self._settings = settings
+        self._lists: dict[tuple[str, str, str], tuple[float, list[McpToolInfo]]] = {}
+
+    @asynccontextmanager
+    async def _session(self, server: McpServer) -> AsyncIterator[Any]:
+        from mcp import ClientSession
+        from mcp.client.sse import sse_client
+        from mcp.client.streamable_http import streamable_http_client
+
+        timeout = self._settings.timeout_s
+        if server.url.rstrip("/").endswith("/sse"):
+
+            def factory(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
+                return guarded_http_client(self._policy, dict(headers or {}), self._settings.timeout_s)
+
+            transport = sse_client(server.url, headers=server.headers, timeout=timeout, httpx_client_factory=factory)
+            async with transport as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                yield session
+            return
+        async with guarded_http_client(self._policy, server.headers, timeout) as http:
+            transport = streamable_http_client(server.url, http_client=http, max_sse_event_size=self._max_bytes)
+            async with transport as streams, ClientSession(streams[0], streams[1]) as session:
+                await session.initialize()
+                yield session
+
+    @property
+    def _max_bytes(self) -> int:
+        return self._settings.max_output_chars * 4 + 65536
+
+    async def list_tools(self, tenant: str, server: McpServer) -> list[McpToolInfo]:
+        key = (tenant, server.url, server.credentials_key)
+        cached = self._lists.get(key)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        try:
+            async with asyncio.timeout(self._settings.timeout_s), self._session(server) as session:
+                listed = await session.list_tools()
+        except OutboundRefused as exc:
+            raise McpUnavailable(str(exc)) from exc
+        except Exception as exc:  # any transport or protocol failure: one clear message, no secrets
+            log.info("mcp_list_failed", server_label=server.label, error=type(exc).__name__)
+            raise McpUnavailable(f"Error retrieving tool list from MCP server '{server.label}'") from exc
+        tools = [
+            McpToolInfo(
+                tool.name,
+                tool.description or "",
+                dict(tool.inputSchema or {"type": "object"}),
+                tool.annotations.model_dump(exclude_none=True) if tool.annotations else None,
+            )
+            for tool in listed.tools
+        ]
+        if len(self._lists) >= MAX_CACHED_LISTS:
+            self._lists.pop(next(iter(self._lists)))
+        self._lists[key] = (time.monotonic() + self._settings.list_ttl_s, tools)
+        return tools
+
+    async def call_tool(self, server: McpServer, name: str, arguments: dict[str, Any]) -> McpResult:
+        try:
+            async with asyncio.timeout(self._settings.timeout_s), self._session(server) as session:
+                result = await session.call_tool(name, arguments)
+        except OutboundRefused as exc:
+            return McpResult(None, {"type": "http_error", "code": 403, "message": str(exc)})
+        except TimeoutError:
+            return McpResult(None, {"type": "mcp_protocol_error", "code": -32001, "message": "the call timed out"})
+        except Exception as exc:
+            log.info("mcp_call_failed", server_label=server.label, error=type(exc).__name__)
+            message = str((getattr(exc, "error", None) and exc.error.message) or type(exc).__name__)  # type: ignore[attr-defined]
+            return McpResult(None, {"type": "mcp_protocol_error", "code": -32603, "message": message[:1000]})
+        text = self._text(result)
+        if result.isError:
+            return McpResult(None, {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": text}]})
+        return McpResult(text, None)
+
+    def _text(self, result: Any) -> str:
+        parts = []
+        for block in result.content:
+            if getattr(block, "type", None) == "text":
+                parts.append(block.text)
+            else:
+                parts.append(f"[{getattr(block, 'type', 'content')} content omitted]")
+        if not parts and result.structuredContent is not None:
+            parts.append(orjson.dumps(result.structuredContent).decode())
+        text = "\n".join(parts)
+        limit = self._settings.max_output_chars
+        return text if len(text) <= limit else text[:limit] + f"\n[output truncated at {limit} characters]"

@@ -1,0 +1,164 @@
+"""A request's server-side tools: what the model is offered (browser and python in the system message, each
+MCP server as a namespace), how its calls are routed, and running them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+from harmony import ToolDescription, ToolNamespace, browser_namespace, python_namespace
+
+from ..assembler import HostedKind, OutputItem
+from ..errors import ApiError, invalid
+from .browser import BrowserSession
+from .mcp_servers import McpServer, McpToolInfo, McpUnavailable
+from .runtime import HostedRuntime
+from .sandbox import SandboxUnavailable
+
+BROWSER = "browser"
+PYTHON = "python"
+
+
+@dataclass(slots=True)
+class McpBinding:
+    server: McpServer
+    tools: list[McpToolInfo]
+    always_approve: frozenset[str] | None  # tools needing approval; None: every tool
+    never_approve: frozenset[str]
+    listed: bool  # the client already holds this server's tool list (no mcp_list_tools item again)
+
+    def needs_approval(self, name: str) -> bool:
+        if name in self.never_approve:
+            return False
+        return self.always_approve is None or name in self.always_approve
+
+
+@dataclass(slots=True)
+class ToolOutcome:
+    text: str  # the tool's answer, as the model reads it
+
+
+@dataclass(slots=True)
+class Toolset:
+    tenant: str
+    runtime: HostedRuntime
+    browser: BrowserSession | None = None
+    container_id: str | None = None  # the python sandbox, when offered
+    mcp: dict[str, McpBinding] = field(default_factory=dict)
+    deadline: float = 0.0  # monotonic time by which the tool calls of this response must be done
+
+    @property
+    def kinds(self) -> dict[str, HostedKind]:
+        """The recipients' namespaces (or bare names) the gateway answers, and their item kinds."""
+        kinds: dict[str, HostedKind] = {label: "mcp_call" for label in self.mcp}
+        if self.browser is not None:
+            kinds[BROWSER] = "web_search_call"
+        if self.container_id is not None:
+            kinds[PYTHON] = "code_interpreter_call"
+        return kinds
+
+    @property
+    def builtin(self) -> list[ToolNamespace]:
+        """For the system message, as the Harmony reference renders them."""
+        namespaces = []
+        if self.browser is not None:
+            namespaces.append(browser_namespace())
+        if self.container_id is not None:
+            namespaces.append(python_namespace())
+        return namespaces
+
+    @property
+    def namespaces(self) -> list[ToolNamespace]:
+        """Each MCP server's tools as a developer-message namespace named by its label."""
+        return [
+            ToolNamespace(
+                label,
+                None,
+                [ToolDescription(tool.name, tool.description, tool.input_schema) for tool in binding.tools],
+            )
+            for label, binding in self.mcp.items()
+        ]
+
+    @property
+    def approvals(self) -> frozenset[str]:
+        """The MCP tools (`label.name`) whose calls wait for the client's approval."""
+        return frozenset(
+            f"{label}.{tool.name}"
+            for label, binding in self.mcp.items()
+            for tool in binding.tools
+            if binding.needs_approval(tool.name)
+        )
+
+    async def run(self, item: OutputItem) -> ToolOutcome:
+        """Run a settled call of the model; its API fields go to `item.detail`."""
+        if item.kind == "web_search_call":
+            assert self.browser is not None
+            call = await self.browser.call(item.name or "", item.text)
+            item.detail = {"action": call.action, "status": "failed" if call.failed else "completed"}
+            return ToolOutcome(call.text)
+        if item.kind == "code_interpreter_call":
+            return await self._run_python(item)
+        return await self.run_mcp(item, item.namespace or "", item.name or "", item.text)
+
+    async def _run_python(self, item: OutputItem) -> ToolOutcome:
+        assert self.container_id is not None
+        try:
+            cell = await self.runtime.sandboxes.run(self.tenant, self.container_id, item.text)
+        except SandboxUnavailable as exc:
+            item.detail = {"container_id": self.container_id, "outputs": None, "status": "failed"}
+            return ToolOutcome(f"[python is unavailable: {exc}]")
+        item.detail = {
+            "container_id": self.container_id,
+            "outputs": [{"type": "logs", "logs": cell.output}],
+            "status": "failed" if cell.failed else "completed",
+        }
+        return ToolOutcome(cell.output or "[no output]")
+
+    async def run_mcp(self, item: OutputItem, label: str, name: str, arguments: str) -> ToolOutcome:
+        binding = self.mcp[label]
+        item.detail = {"server_label": label, "arguments": arguments}
+        try:
+            parsed = orjson.loads(arguments) if arguments.strip() else {}
+        except orjson.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            error = {"type": "mcp_protocol_error", "code": -32602, "message": "the arguments are not a JSON object"}
+            item.detail |= {"output": None, "error": error, "status": "failed"}
+            return ToolOutcome("Error: the arguments are not a JSON object.")
+        if name not in {tool.name for tool in binding.tools}:
+            error = {"type": "mcp_protocol_error", "code": -32602, "message": f"unknown tool '{name}'"}
+            item.detail |= {"output": None, "error": error, "status": "failed"}
+            return ToolOutcome(f"Error: server '{label}' has no tool '{name}'.")
+        result = await self.runtime.mcp.call_tool(binding.server, name, parsed)
+        item.detail |= {"output": result.output, "error": result.error}
+        item.detail["status"] = "failed" if result.error else "completed"
+        if result.error is not None:
+            return ToolOutcome(f"Error: {orjson.dumps(result.error).decode()}")
+        return ToolOutcome(result.output or "")
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def mcp_binding_problem(exc: McpUnavailable, param: str) -> ApiError:
+    """A tool list that cannot be had fails the request: 424, as OpenAI answers it."""
+    return ApiError(424, str(exc), param=param, code="mcp_list_tools_failed")
+
+
+def allowed(url: str, prefixes: list[str]) -> bool:
+    """`url` is one of the prefixes or below one (a path boundary, so `https://a.example` does not let
+    `https://a.example.evil` through)."""
+    for prefix in prefixes:
+        stem = prefix.rstrip("/")
+        if url in (prefix, stem) or url.startswith(stem + "/") or url.startswith(stem + "?"):
+            return True
+    return False
+
+
+def check_mcp_url(url: str, prefixes: list[str], param: str) -> None:
+    if not url.startswith(("http://", "https://")):
+        raise invalid(param, "An MCP server_url must be an http or https URL.")
+    if not allowed(url, prefixes):
+        raise invalid(param, "This MCP server_url is not allowed for this API key; an operator can allow it.")
