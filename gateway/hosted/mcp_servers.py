@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,8 @@ from .outbound import OutboundPolicy, OutboundRefused, guarded_http_client
 from .settings import McpSettings
 
 log = structlog.get_logger("gateway.mcp")
+for _chatty in ("httpx2", "mcp"):  # they log request URLs (which may carry tokens) at INFO
+    logging.getLogger(_chatty).setLevel(logging.WARNING)
 
 MAX_CACHED_LISTS = 1024
 
@@ -96,16 +99,17 @@ class McpClient:
         try:
             async with asyncio.timeout(self._settings.timeout_s), self._session(server) as session:
                 listed = await session.list_tools()
-        except OutboundRefused as exc:
-            raise McpUnavailable(str(exc)) from exc
         except Exception as exc:  # any transport or protocol failure: one clear message, no secrets
+            refused = _refusal(exc)
+            if refused is not None:
+                raise McpUnavailable(f"MCP server '{server.label}': {refused}") from exc
             log.info("mcp_list_failed", server_label=server.label, error=type(exc).__name__)
             raise McpUnavailable(f"Error retrieving tool list from MCP server '{server.label}'") from exc
         tools = [
             McpToolInfo(
                 tool.name,
                 tool.description or "",
-                dict(tool.inputSchema or {"type": "object"}),
+                dict(tool.input_schema or {"type": "object"}),
                 tool.annotations.model_dump(exclude_none=True) if tool.annotations else None,
             )
             for tool in listed.tools
@@ -119,16 +123,17 @@ class McpClient:
         try:
             async with asyncio.timeout(self._settings.timeout_s), self._session(server) as session:
                 result = await session.call_tool(name, arguments)
-        except OutboundRefused as exc:
-            return McpResult(None, {"type": "http_error", "code": 403, "message": str(exc)})
         except TimeoutError:
             return McpResult(None, {"type": "mcp_protocol_error", "code": -32001, "message": "the call timed out"})
         except Exception as exc:
+            refused = _refusal(exc)
+            if refused is not None:
+                return McpResult(None, {"type": "http_error", "code": 403, "message": str(refused)})
             log.info("mcp_call_failed", server_label=server.label, error=type(exc).__name__)
             message = str((getattr(exc, "error", None) and exc.error.message) or type(exc).__name__)  # type: ignore[attr-defined]
             return McpResult(None, {"type": "mcp_protocol_error", "code": -32603, "message": message[:1000]})
         text = self._text(result)
-        if result.isError:
+        if result.is_error:
             return McpResult(None, {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": text}]})
         return McpResult(text, None)
 
@@ -139,8 +144,21 @@ class McpClient:
                 parts.append(block.text)
             else:
                 parts.append(f"[{getattr(block, 'type', 'content')} content omitted]")
-        if not parts and result.structuredContent is not None:
-            parts.append(orjson.dumps(result.structuredContent).decode())
+        if not parts and result.structured_content is not None:
+            parts.append(orjson.dumps(result.structured_content).decode())
         text = "\n".join(parts)
         limit = self._settings.max_output_chars
         return text if len(text) <= limit else text[:limit] + f"\n[output truncated at {limit} characters]"
+
+
+def _refusal(exc: BaseException) -> OutboundRefused | None:
+    """The outbound refusal behind a failure, however deep the SDK's task groups wrapped it."""
+    if isinstance(exc, OutboundRefused):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _refusal(inner)
+            if found is not None:
+                return found
+    cause = exc.__cause__ or exc.__context__
+    return _refusal(cause) if cause is not None and cause is not exc else None

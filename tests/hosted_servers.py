@@ -1,0 +1,128 @@
+"""Servers the server-side tool tests talk to: a real MCP server (the `mcp` SDK's own, over streamable
+HTTP, run by uvicorn), a fake SearXNG speaking its JSON API, and a small web site; each on a free port."""
+
+import asyncio
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import uvicorn
+from aiohttp import web
+from mcp.server.mcpserver import Context, MCPServer
+from redis_servers import free_port
+
+
+class McpTestServer:
+    """`add`, `echo_headers` (what the server received, to show the gateway forwards a client's token) and
+    `fail` tools; `calls` records the arguments of every call."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.calls: list[dict[str, Any]] = []
+        self.headers_seen: list[str] = []
+        server = MCPServer("test-tools")
+        calls = self.calls
+        headers_seen = self.headers_seen
+
+        @server.tool(description="Add two integers.")
+        def add(a: int, b: int) -> str:
+            calls.append({"tool": "add", "a": a, "b": b})
+            return str(a + b)
+
+        @server.tool(description="Says whether the request carried the expected token.")
+        def whoami(ctx: Context) -> str:
+            request = ctx.request_context.request
+            auth = request.headers.get("authorization", "") if request is not None else ""
+            headers_seen.append(auth)
+            calls.append({"tool": "whoami"})
+            return "authorized" if auth == "Bearer secret-token-123" else "anonymous"
+
+        @server.tool(description="Always fails.")
+        def fail() -> str:
+            raise ValueError("this tool always fails")
+
+        app = server.streamable_http_app()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self) -> "McpTestServer":
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the MCP test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+
+class WebFixtures:
+    """A fake SearXNG (`/search?q=…&format=json`) and a small site (`/pages/…`) on one aiohttp server."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.queries: list[str] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _search(self, request: web.Request) -> web.Response:
+        if request.query.get("format") != "json":
+            return web.Response(status=403, text="json format disabled")
+        query = request.query.get("q", "")
+        self.queries.append(query)
+        results = [
+            {"url": f"{self.url}/pages/tides", "title": "Tides explained", "content": "Why the sea rises twice a day."},
+            {"url": f"{self.url}/pages/moon", "title": "The Moon", "content": "Earth's only natural satellite."},
+        ]
+        return web.json_response({"query": query, "results": results, "number_of_results": 2})
+
+    async def _page(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name == "big":
+            return web.Response(
+                text="<html><body>" + "<p>filler line</p>" * 200_000 + "</body></html>", content_type="text/html"
+            )
+        if name == "redirect":
+            raise web.HTTPFound("http://169.254.169.254/latest/meta-data")
+        body = (
+            "<html><head><title>Tides explained</title><script>var x = 1;</script></head><body>"
+            "<h1>Tides</h1><p>Tides are caused mainly by the gravity of the Moon.</p>"
+            "<p>The Sun contributes about 46 percent of the tidal force.</p>"
+            "<p>See <a href='/pages/moon'>the Moon page</a>.</p></body></html>"
+        )
+        return web.Response(text=body, content_type="text/html")
+
+    def start(self) -> "WebFixtures":
+        self._thread.start()
+
+        async def boot() -> None:
+            app = web.Application()
+            app.router.add_get("/search", self._search)
+            app.router.add_get("/pages/{name}", self._page)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+        asyncio.run_coroutine_threadsafe(boot(), self._loop).result(10)
+        urllib.request.urlopen(f"{self.url}/pages/tides", timeout=5).read()
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
