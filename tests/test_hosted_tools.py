@@ -4,6 +4,7 @@ JSON API with a small web site, and the local Python sandbox, all inside one res
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -428,3 +429,47 @@ def test_tools_the_operator_did_not_enable_are_not_offered(tmp_path):
         assert "## python" not in live.backend.prompt_text()
     finally:
         live.stop()
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+def test_the_agents_sdks_hosted_tool_classes_work_unmodified(memory_gateway, mcp_server, streamed):
+    from agents import (
+        Agent,
+        CodeInterpreterTool,
+        HostedMCPTool,
+        MCPToolApprovalFunctionResult,
+        OpenAIResponsesModel,
+        Runner,
+        WebSearchTool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    approvals: list[str] = []
+
+    def approve(request) -> MCPToolApprovalFunctionResult:
+        approvals.append(request.data.name)
+        return {"approve": True}
+
+    client = openai.AsyncOpenAI(base_url=memory_gateway.url + "/v1", api_key="sk-agents", max_retries=0)
+    tools = [
+        CodeInterpreterTool(tool_config={"type": "code_interpreter", "container": {"type": "auto"}}),
+        WebSearchTool(),
+        HostedMCPTool(tool_config=_mcp_tool(mcp_server), on_approval_request=approve),
+    ]
+    agent = Agent(name="helper", model=OpenAIResponsesModel(model=MODEL, openai_client=client), tools=tools)
+
+    async def run(question: str) -> str:
+        if not streamed:
+            return (await Runner.run(agent, question)).final_output
+        result = Runner.run_streamed(agent, question)
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+
+    async def scenario() -> list[str]:
+        return [await run(q) for q in ("compute the answer", "search the web: tides?", "add 2 and 3")]
+
+    answers = asyncio.run(scenario())
+    assert answers == ["The answer is 42.", "The Moon causes tides【1†L2】.", "2 + 3 = 5"]
+    assert approvals == ["add"]  # the SDK's approval callback answered the gateway's approval request
