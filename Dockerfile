@@ -17,7 +17,7 @@ COPY gateway gateway
 COPY backends backends
 COPY harmony harmony
 COPY state state
-RUN /opt/gateway/bin/pip install --no-cache-dir '.[engine]' \
+RUN /opt/gateway/bin/pip install --no-cache-dir '.[engine,mcp]' \
     && /opt/gateway/bin/pip uninstall --yes pip
 # x86-64-v3 (AVX2, FMA): any server CPU of the last decade, not only the one building the image
 RUN HOME=/tmp /opt/gateway/bin/gpt-oss-gateway build-kernels --march x86-64-v3 --output /opt/gateway/kernels
@@ -25,7 +25,7 @@ RUN HOME=/tmp /opt/gateway/bin/gpt-oss-gateway build-kernels --march x86-64-v3 -
 # the same, plus CUDA 13 and cuDNN 9 as the NVIDIA wheels onnxruntime-gpu is built against
 FROM build-cpu AS build-cuda
 RUN /opt/gateway/bin/python -m ensurepip \
-    && /opt/gateway/bin/python -m pip install --no-cache-dir '.[cuda]' \
+    && /opt/gateway/bin/python -m pip install --no-cache-dir '.[cuda,mcp]' \
     && /opt/gateway/bin/python -m pip uninstall --yes pip
 # again, now with nvcc (from the cuda extra's wheels): the library gains the CUDA kernel (sm_80, sm_90)
 RUN HOME=/tmp /opt/gateway/bin/gpt-oss-gateway build-kernels --march x86-64-v3 --output /opt/gateway/kernels

@@ -17,8 +17,9 @@ class McpTestServer:
     """`add`, `echo_headers` (what the server received, to show the gateway forwards a client's token) and
     `fail` tools; `calls` records the arguments of every call."""
 
-    def __init__(self) -> None:
+    def __init__(self, transport: str = "streamable-http") -> None:
         self.port = free_port()
+        self.transport = transport
         self.calls: list[dict[str, Any]] = []
         self.headers_seen: list[str] = []
         server = MCPServer("test-tools")
@@ -42,14 +43,14 @@ class McpTestServer:
         def fail() -> str:
             raise ValueError("this tool always fails")
 
-        app = server.streamable_http_app()
+        app = server.sse_app() if transport == "sse" else server.streamable_http_app()
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
+        return f"http://127.0.0.1:{self.port}/{'sse' if self.transport == 'sse' else 'mcp'}"
 
     def start(self) -> "McpTestServer":
         self._thread.start()
@@ -66,7 +67,8 @@ class McpTestServer:
 
 
 class WebFixtures:
-    """A fake SearXNG (`/search?q=…&format=json`) and a small site (`/pages/…`) on one aiohttp server."""
+    """A fake SearXNG (`/search?q=…&format=json`), a fake Brave Search API (`/res/v1/web/search`) and a
+    small site (`/pages/…`) on one aiohttp server."""
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -90,6 +92,15 @@ class WebFixtures:
         ]
         return web.json_response({"query": query, "results": results, "number_of_results": 2})
 
+    async def _brave(self, request: web.Request) -> web.Response:
+        if request.headers.get("X-Subscription-Token") != "brave-key":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        query = request.query.get("q", "")
+        self.queries.append(query)
+        count = int(request.query.get("count", "20"))
+        results = [{"title": f"Result {i}", "url": f"{self.url}/pages/{i}", "description": "d"} for i in range(count)]
+        return web.json_response({"type": "search", "web": {"type": "search", "results": results}})
+
     async def _page(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name == "big":
@@ -112,6 +123,7 @@ class WebFixtures:
         async def boot() -> None:
             app = web.Application()
             app.router.add_get("/search", self._search)
+            app.router.add_get("/res/v1/web/search", self._brave)
             app.router.add_get("/pages/{name}", self._page)
             self._runner = web.AppRunner(app)
             await self._runner.setup()

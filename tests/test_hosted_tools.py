@@ -20,7 +20,7 @@ from hosted_servers import McpTestServer, WebFixtures
 from live_gateway import LiveGateway
 from pydantic import TypeAdapter
 
-from gateway.config import Settings
+from gateway.config import Settings, load_settings
 
 MODEL = "gpt-oss-120b"
 RESPONSE = TypeAdapter(openai.types.responses.Response)
@@ -473,3 +473,98 @@ def test_the_agents_sdks_hosted_tool_classes_work_unmodified(memory_gateway, mcp
     answers = asyncio.run(scenario())
     assert answers == ["The answer is 42.", "The Moon causes tides【1†L2】.", "2 + 3 = 5"]
     assert approvals == ["add"]  # the SDK's approval callback answered the gateway's approval request
+
+
+def test_an_approval_of_an_unknown_request_is_a_400(memory_gateway, mcp_server):
+    answer = {"type": "mcp_approval_response", "approval_request_id": "mcpr_nothing", "approve": True}
+    with pytest.raises(openai.BadRequestError) as refused:
+        _client(memory_gateway).responses.create(model=MODEL, input=[answer], tools=[_mcp_tool(mcp_server)])
+    assert refused.value.body["param"] == "input[0].approval_request_id"
+
+
+def test_a_container_serves_its_own_tenant_alone(memory_gateway):
+    pool = memory_gateway.services.hosted.sandboxes
+    assert not memory_gateway.call(pool.run("tenant-a", "cntr_mine", "secret = 7")).failed
+    other = memory_gateway.call(pool.run("tenant-b", "cntr_mine", "secret"))
+    assert other.failed and "not available" in other.output and "7" not in other.output
+    assert memory_gateway.call(pool.run("tenant-a", "cntr_mine", "secret")).output == "7\n"
+
+
+def test_settings_name_what_a_search_provider_lacks():
+    with pytest.raises(ValueError, match=r"GATEWAY_HOSTED_TOOLS.*searxng provider needs"):
+        load_settings(hosted_tools={"web_search": {"provider": "searxng"}})
+
+
+def test_an_interpreter_the_sandbox_uid_cannot_read_is_refused_with_the_reason():
+    if _sandbox_python() == sys.executable:
+        pytest.skip("this interpreter's standard library is readable by every user here")
+    from gateway.hosted.sandbox import SandboxPool, SandboxSettings, SandboxUnavailable
+
+    async def start() -> None:
+        pool = SandboxPool(SandboxSettings(enabled=True, python=sys.executable))
+        try:
+            with pytest.raises(SandboxUnavailable, match="cannot read"):
+                await pool.run("tenant-a", "cntr_x", "1")
+        finally:
+            await pool.aclose()
+
+    asyncio.run(start())
+
+
+def test_the_system_message_offers_the_built_in_tools_token_exact_as_the_reference_renders_it(memory_gateway):
+    from datetime import UTC, datetime
+
+    from reference import harmony_module, reference_encoding
+
+    oh = harmony_module()
+    _client(memory_gateway).responses.create(model=MODEL, input="hello", tools=[SEARCH_TOOL, PYTHON_TOOL])
+    prompt = list(memory_gateway.backend.prompts[-1])
+    system = (
+        oh.SystemContent.new()
+        .with_reasoning_effort(oh.ReasoningEffort.MEDIUM)
+        .with_conversation_start_date(datetime.now(UTC).date().isoformat())
+        .with_browser_tool()
+        .with_python_tool()
+    )
+    expected = reference_encoding().render(oh.Message.from_role_and_content(oh.Role.SYSTEM, system))
+    assert prompt[: len(expected)] == expected
+
+
+def test_brave_search_api_is_the_hosted_provider(web):
+    from gateway.hosted.search import BraveProvider, SearchFailed
+    from gateway.hosted.settings import SearchSettings
+
+    async def search(key: str) -> list:
+        provider = BraveProvider(SearchSettings(provider="brave", url=web.url + "/res/v1", api_key=key))
+        try:
+            return await provider.search("tides", 3)
+        finally:
+            await provider.aclose()
+
+    results = asyncio.run(search("brave-key"))
+    assert [r.url for r in results] == [f"{web.url}/pages/{i}" for i in range(3)] and web.queries[-1] == "tides"
+    with pytest.raises(SearchFailed, match="HTTP 401"):
+        asyncio.run(search("wrong-key"))
+
+
+def test_mcp_over_sse_too(tmp_path, web):
+    server = McpTestServer(transport="sse").start()
+    live = LiveGateway(_settings(tmp_path, web, server.url)).start()
+    try:
+        tool = {"type": "mcp", "server_label": "calc", "server_url": server.url, "require_approval": "never"}
+        response, _ = _create(_client(live), False, input="add 2 and 3", tools=[tool])
+        assert _of(response, "mcp_call")[0].output == "5" and response.output_text == "2 + 3 = 5"
+    finally:
+        live.stop()
+        server.stop()
+
+
+def test_an_idle_sandbox_is_dropped(tmp_path, web, mcp_server):
+    live = LiveGateway(_settings(tmp_path, web, mcp_server.url, idle_s=0.2)).start()
+    try:
+        pool = live.services.hosted.sandboxes
+        assert live.call(pool.run("tenant-a", "cntr_idle", "x = 1")).output == ""
+        time.sleep(1.0)
+        assert "NameError" in live.call(pool.run("tenant-a", "cntr_idle", "x")).output  # a fresh sandbox
+    finally:
+        live.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from .outbound import OutboundSettings
 from .sandbox import SandboxSettings
@@ -20,6 +20,14 @@ class SearchSettings(BaseModel):
     api_key: SecretStr | None = None  # Brave's subscription token
     max_results: int = Field(default=10, ge=1, le=50)
     timeout_s: float = Field(default=10.0, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _complete(self) -> SearchSettings:
+        if self.provider == "searxng" and not self.url:
+            raise ValueError("the searxng provider needs its instance's url")
+        if self.provider == "brave" and self.api_key is None:
+            raise ValueError("the brave provider needs an api_key")
+        return self
 
 
 class McpAllowList(BaseModel):
