@@ -44,7 +44,18 @@ class McpTestServer:
             raise ValueError("this tool always fails")
 
         app = server.sse_app() if transport == "sse" else server.streamable_http_app()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.listings = 0  # tools/list requests received
+
+        async def counting(scope: Any, receive: Any, send: Any) -> None:
+            async def counted() -> Any:
+                message = await receive()
+                if b'"tools/list"' in message.get("body", b""):
+                    self.listings += 1
+                return message
+
+            await app(scope, counted, send)
+
+        config = uvicorn.Config(counting, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 

@@ -568,3 +568,45 @@ def test_an_idle_sandbox_is_dropped(tmp_path, web, mcp_server):
         assert "NameError" in live.call(pool.run("tenant-a", "cntr_idle", "x")).output  # a fresh sandbox
     finally:
         live.stop()
+
+
+def test_page_fetches_are_bounded_and_every_redirect_hop_is_checked(web):
+    from gateway.hosted.outbound import OutboundPolicy, OutboundRefused, OutboundSettings, PageFetcher
+
+    settings = OutboundSettings(allowed_private_networks=["127.0.0.0/8"], max_page_bytes=100_000)
+    fetcher = PageFetcher(OutboundPolicy.from_settings(settings), settings)
+
+    async def fetch(path: str):
+        return await fetcher.fetch(web.url + path)
+
+    async def scenario() -> None:
+        try:
+            big = await fetch("/pages/big")
+            assert big.truncated and len(big.text.encode()) == 100_000
+            with pytest.raises(OutboundRefused, match="may not reach"):  # 127.0.0.1 allowed, 169.254 not
+                await fetch("/pages/redirect")
+        finally:
+            await fetcher.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_tool_lists_are_cached_per_tenant_and_credentials_and_tokens_stay_out_of_logs(
+    memory_gateway, mcp_server, capfd
+):
+    # approvals: the responses end at an approval request, so the only listings are the gateway's own (a tool
+    # call lists too: the SDK checks the result against the tool's output schema)
+    tool = _mcp_tool(mcp_server, authorization="secret-token-123")
+    api_a = _client(memory_gateway)
+    api_b = openai.OpenAI(base_url=memory_gateway.url + "/v1", api_key="sk-tenant-b", max_retries=0, timeout=60)
+    before = mcp_server.listings
+    for _ in range(3):
+        _create(api_a, False, input="who am I", tools=[tool])
+    assert mcp_server.listings == before + 1  # listed once for tenant-a, then from the cache
+    _create(api_b, False, input="who am I", tools=[tool])
+    assert mcp_server.listings == before + 2  # another tenant lists for itself
+    _create(api_a, False, input="who am I", tools=[{**tool, "authorization": "another-token"}])
+    assert mcp_server.listings == before + 3  # other credentials, another list
+    captured = capfd.readouterr()
+    assert "secret-token-123" not in captured.out + captured.err
+    assert "who am I" not in captured.out + captured.err  # nor prompts

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from .html_text import html_to_text
 from .outbound import OutboundRefused, PageFetcher
 from .search import SearchFailed, SearchProvider
@@ -82,7 +84,7 @@ class BrowserSession:
                 return self._find(args)
         except (BrowserError, SearchFailed, OutboundRefused) as exc:
             return BrowserCall(f"Error: {exc}", _action(name, args), failed=True)
-        except (TimeoutError, OSError) as exc:
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
             return BrowserCall(
                 f"Error: the page could not be fetched ({type(exc).__name__}).", _action(name, args), True
             )

@@ -127,7 +127,9 @@ class PageFetcher:
                 if response.status >= 400:
                     raise OutboundRefused(f"{url[:200]} answered HTTP {response.status}")
                 limit = self._settings.max_page_bytes
-                body = await response.content.read(limit + 1)
+                body = b""
+                while len(body) <= limit and (chunk := await response.content.read(limit + 1 - len(body))):
+                    body += chunk
                 charset = response.charset or "utf-8"
                 try:
                     text = body[:limit].decode(charset, "replace")

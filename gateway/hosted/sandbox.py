@@ -229,17 +229,19 @@ class SandboxPool:
     def __init__(self, settings: SandboxSettings) -> None:
         self.settings = settings
         self._sandboxes: dict[str, Sandbox] = {}
+        self._opening = asyncio.Lock()
         self._reaper: asyncio.Task[None] | None = None
 
     async def run(self, tenant: str, container_id: str, code: str) -> CellResult:
-        sandbox = self._sandboxes.get(container_id)
-        if sandbox is not None and (sandbox.tenant != tenant or not sandbox.alive):
-            if sandbox.tenant != tenant:
+        async with self._opening:  # one sandbox per container, however many cells arrive at once
+            sandbox = self._sandboxes.get(container_id)
+            if sandbox is not None and sandbox.tenant != tenant:
                 return CellResult(f"[container {container_id} is not available]", failed=True)
-            await self._drop(container_id)
-            sandbox = None
-        if sandbox is None:
-            sandbox = await self._open(tenant, container_id)
+            if sandbox is not None and not sandbox.alive:
+                await self._drop(container_id)
+                sandbox = None
+            if sandbox is None:
+                sandbox = await self._open(tenant, container_id)
         result = await sandbox.run(code)
         if result.reset:
             self._sandboxes.pop(container_id, None)
