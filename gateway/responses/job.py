@@ -1,0 +1,197 @@
+"""One response being produced: its request, prompt and generation, and the objects made of them (the
+response, its stored record)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from state import StoredResponse, StoreUnavailable
+from state.conversations import ConversationFull
+
+from ..assembler import OutputItem
+from ..cot_recovery import index_cot
+from ..dialog import Entry
+from ..hosted.loop import Generation
+from ..limits import MAX_HISTORY_MESSAGES
+from ..services import Services
+from ..tenants.admission import Ticket
+from ..turn import Outcome
+from .models import McpTool, ResponsesRequest
+from .output import item_json
+from .record_keeper import RecordKeeper
+
+NOT_OFFERED_HEADER = "X-Gateway-Tools-Not-Offered"
+
+log = structlog.get_logger("gateway.responses")
+
+TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+
+
+@dataclass(slots=True)
+class Job:
+    """One response being produced: the request, its prompt, and what the turn has made of it so far."""
+
+    services: Services
+    request: ResponsesRequest
+    tenant: str
+    response_id: str
+    created_at: int
+    dialog: list[Entry]
+    input_items: list[dict[str, Any]]
+    generation: Generation
+    request_id: str
+    ticket: Ticket
+    keeper: RecordKeeper
+    not_offered: list[str] = field(default_factory=list)  # hosted tool types left out of the prompt
+    conversation_id: str | None = None
+    sealed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {"X-Request-ID": self.request_id}
+        if self.not_offered:
+            headers[NOT_OFFERED_HEADER] = ", ".join(dict.fromkeys(self.not_offered))
+        return headers
+
+    @property
+    def first_status(self) -> str:
+        return "queued" if self.request.background else "in_progress"
+
+    def seal(self, item: OutputItem) -> str | None:
+        if "reasoning.encrypted_content" not in self.request.include:
+            return None
+        if item.id not in self.sealed:
+            self.sealed[item.id] = self.services.sealer.seal(self.tenant, item.text)
+        return self.sealed[item.id]
+
+    def response(self, status: str, outcome: Outcome | None = None) -> dict[str, Any]:
+        req = self.request
+        generation = self.generation
+        assembler = generation.assembler
+        finished = status in TERMINAL
+        usage = None
+        if finished:
+            usage = {
+                "input_tokens": generation.prompt_tokens,
+                # cache writes are not reported by any backend here: 0 (the SDK requires the field)
+                "input_tokens_details": {"cached_tokens": generation.cached_tokens, "cache_write_tokens": 0},
+                "output_tokens": assembler.output_tokens,
+                "output_tokens_details": {"reasoning_tokens": assembler.reasoning_tokens},
+                "total_tokens": generation.prompt_tokens + assembler.output_tokens,
+            }
+        error = None
+        if outcome is not None and outcome.error_code:
+            error = _response_error(outcome.error_code, outcome.error_message or "")
+        incomplete = {"reason": outcome.incomplete_reason} if outcome and outcome.incomplete_reason else None
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "status": status,
+            "error": error,
+            "incomplete_details": incomplete,
+            "background": req.background,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "max_tool_calls": req.max_tool_calls,
+            "model": req.model,
+            "output": [item_json(item, self.seal) for item in assembler.items] if finished else [],
+            "parallel_tool_calls": req.parallel_tool_calls,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": req.reasoning.effort or "medium", "summary": req.reasoning.summary},
+            "service_tier": "default",
+            "store": req.store and self.keeper.stored,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "text": req.text.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
+            "tools": [
+                tool.echo() if isinstance(tool, McpTool) else tool.model_dump(mode="json", exclude_none=True)
+                for tool in req.tools
+            ],
+            "top_logprobs": req.top_logprobs or 0,
+            "top_p": 1.0 if req.top_p is None else req.top_p,
+            "truncation": req.truncation,
+            "usage": usage,
+            "user": req.user,
+            "safety_identifier": req.safety_identifier,
+            "prompt_cache_key": req.prompt_cache_key,
+            "metadata": req.metadata or {},
+            "conversation": {"id": self.conversation_id} if self.conversation_id else None,
+        }
+
+    def record(self, response: dict[str, Any]) -> StoredResponse:
+        conversation = [entry.to_data() for entry in (*self.dialog, *self.generation.assembler.entries)]
+        return StoredResponse(
+            id=self.response_id,
+            tenant=self.tenant,
+            created_at=self.created_at,
+            response=response,
+            conversation=conversation[-MAX_HISTORY_MESSAGES:],
+            input_items=self.input_items,
+            client_metadata=self.request.client_metadata or {},
+        )
+
+    async def save_running(self, status: str) -> None:
+        """Store the queued or in-progress response under a lease (when asked to store it at all)."""
+        if self.request.store:
+            await self.keeper.save_running(self.record(self.response(status)))
+
+    async def store_final(self, response: dict[str, Any]) -> StoredResponse | None:
+        """Save the final response; when the store is down and a running record waits for it, the record
+        to keep retrying (the client hears `store: false` now; a background response's record, which
+        nobody has seen, keeps `store: true`)."""
+        if not self.request.store:
+            return None
+        record = self.record(response)
+        if await self.keeper.save_final(record):
+            response["store"] = self.keeper.stored
+            if self.keeper.stored:
+                await self._index_cot()
+            return None
+        pending = self.record({**response, "store": self.request.background})
+        response["store"] = False
+        return pending
+
+    async def store_later(self, pending: StoredResponse | None) -> None:
+        """Retry a final save that found the store down until it lands (see RecordKeeper)."""
+        if pending is not None and await self.keeper.save_until_stored(pending):
+            await self._index_cot()
+
+    async def extend_conversation(self, status: str) -> None:
+        """A finished (or cut-short) response adds its input and output items to its conversation."""
+        if self.conversation_id is None or status not in ("completed", "incomplete"):
+            return
+        output = [item_json(item) for item in self.generation.assembler.items]
+        try:
+            kept = await self.services.conversations.append(
+                self.tenant, self.conversation_id, [*self.input_items, *output]
+            )
+        except (StoreUnavailable, ConversationFull) as exc:
+            log.warning("conversation_not_extended", response_id=self.response_id, error=type(exc).__name__)
+            return
+        if not kept:
+            log.info("conversation_gone", response_id=self.response_id)
+
+    async def _index_cot(self) -> None:
+        if not self.keeper.deleted:
+            assembler = self.generation.assembler
+            await index_cot(self.services.store, self.tenant, assembler.items, assembler.entries, self.response_id)
+
+
+# the codes a response's `error` may carry (the SDK's enum); the gateway's own (constraint_not_enforced,
+# server_shutting_down) go as server_error with the specific code leading the message, as the stream's
+# `error` event keeps it in its own `code`
+RESPONSE_ERROR_CODES = frozenset(
+    {"server_error", "rate_limit_exceeded", "invalid_prompt", "vector_store_timeout", "invalid_image"}
+)
+
+
+def _response_error(code: str, message: str) -> dict[str, str]:
+    if code in RESPONSE_ERROR_CODES:
+        return {"code": code, "message": message}
+    return {"code": "server_error", "message": f"{code}: {message}"}
