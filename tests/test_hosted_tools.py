@@ -610,3 +610,21 @@ def test_tool_lists_are_cached_per_tenant_and_credentials_and_tokens_stay_out_of
     captured = capfd.readouterr()
     assert "secret-token-123" not in captured.out + captured.err
     assert "who am I" not in captured.out + captured.err  # nor prompts
+
+
+def test_an_allowed_mcp_url_on_a_private_address_is_still_refused_unless_its_network_is_allowed(
+    tmp_path, web, mcp_server
+):
+    settings = _settings(tmp_path, web, mcp_server.url)
+    hosted = settings.hosted_tools.model_copy(
+        update={"outbound": settings.hosted_tools.outbound.model_copy(update={"allowed_private_networks": []})}
+    )
+    live = LiveGateway(settings.model_copy(update={"hosted_tools": hosted})).start()
+    try:
+        with pytest.raises(openai.APIStatusError) as refused:
+            _client(live).responses.create(model=MODEL, input="add", tools=[_mcp_tool(mcp_server)])
+        assert refused.value.status_code == 424
+        assert refused.value.body["param"] == "tools[0].server_url"
+        assert "may not reach" in refused.value.body["message"]
+    finally:
+        live.stop()
