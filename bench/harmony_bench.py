@@ -18,6 +18,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,16 +162,37 @@ def render_times(repeats: int, tools: int) -> dict[str, float]:
         renderer.clear_cache()
         renderer.render_for_completion(next(fresh), cot=_reference_policy())
 
+    rounds = interleaved(
+        repeats,
+        {
+            "ref": lambda: ref.render_conversation_for_completion(ref_conversation, oh.Role.ASSISTANT),
+            "cold": ours_cold,
+            "warm": lambda: renderer.render_for_completion(next(fresh), cot=_reference_policy()),
+        },
+        20,
+    )
     return {
         f"prompt_tokens_{tools}": len(prompt),
-        f"render_ref_s_{tools}": best_of(
-            repeats, lambda: ref.render_conversation_for_completion(ref_conversation, oh.Role.ASSISTANT), 20
-        ),
-        f"render_ours_cold_s_{tools}": best_of(repeats, ours_cold, 20),
-        f"render_ours_warm_s_{tools}": best_of(
-            repeats, lambda: renderer.render_for_completion(next(fresh), cot=_reference_policy()), 20
-        ),
+        f"render_ref_s_{tools}": statistics.median(rounds["ref"]),
+        f"render_ours_cold_s_{tools}": statistics.median(rounds["cold"]),
+        f"render_ours_warm_s_{tools}": statistics.median(rounds["warm"]),
+        # the speed-ups: the median of each round's own ratio (both sides timed back to back in that round)
+        f"speedup_cold_{tools}": statistics.median(r / c for r, c in zip(rounds["ref"], rounds["cold"], strict=True)),
+        f"speedup_warm_{tools}": statistics.median(r / w for r, w in zip(rounds["ref"], rounds["warm"], strict=True)),
     }
+
+
+def interleaved(repeats: int, fns: dict[str, Callable[[], object]], number: int) -> dict[str, list[float]]:
+    """Seconds per call of each function, in rounds that time every function once in turn: a slow spell of
+    the machine touches all sides of a round alike."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            samples[name].append((time.perf_counter() - start) / number)
+    return samples
 
 
 def run(repeats: int) -> dict[str, float]:
@@ -222,9 +244,8 @@ def render_rows(r: dict[str, float], us) -> list[str]:
         rows += [
             f"{head} openai-harmony `render_conversation_for_completion` | {us(ref)} | 1.0x |",
             f"{head} ours, cold (caches cleared each render) | {us(r[f'render_ours_cold_s_{tools}'])} | "
-            f"{ref / r[f'render_ours_cold_s_{tools}']:.1f}x |",
-            f"{head} ours, warm | {us(r[f'render_ours_warm_s_{tools}'])} | "
-            f"{ref / r[f'render_ours_warm_s_{tools}']:.1f}x |",
+            f"{r[f'speedup_cold_{tools}']:.1f}x |",
+            f"{head} ours, warm | {us(r[f'render_ours_warm_s_{tools}'])} | {r[f'speedup_warm_{tools}']:.1f}x |",
         ]
     return rows
 
@@ -242,7 +263,9 @@ def report(r: dict[str, float]) -> str:
         "## Harmony render and parse (`bench/harmony_bench.py`)",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"openai-harmony {oh_version}. Both sides in the same process and run; medians.",
+        f"openai-harmony {oh_version}. Both sides in the same process and run; medians. Renders are timed",
+        "in interleaved rounds (openai-harmony, ours cold, ours warm; 20 renders each), and each speed-up is",
+        "the median of the rounds' own ratios.",
         "",
         "Render a tool-calling conversation (identical tokens on both sides); warm renders get a freshly",
         "built copy of the conversation each time, as requests do:",

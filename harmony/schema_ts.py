@@ -86,37 +86,66 @@ def _property_one_of(key: str, optional: str, prop: dict[str, Any], indent: str)
     return "".join(out)
 
 
+_LEAF_TYPES = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean"}
+_PLAIN_KEYS = frozenset({"type", "description", "default"})  # a property with no other key is a plain leaf
+
+
+def _leaf(prop: dict[str, Any]) -> str | None:
+    """The type of a plain string, number or boolean property without the keys that change it; None
+    otherwise (the general conversion then applies)."""
+    if "oneOf" in prop:
+        return None
+    kind = prop.get("type")
+    if kind == "string" and "enum" in prop:
+        return None
+    return _LEAF_TYPES.get(kind) if isinstance(kind, str) else None
+
+
 def _object(schema: dict[str, Any], indent: str) -> str:
-    out = []
-    if isinstance(schema.get("description"), str):
-        out.append(f"{indent}// {schema['description']}\n")
-    out.append("{\n")
+    description = schema.get("description")
+    out = [f"{indent}// {description}\n{{\n" if isinstance(description, str) else "{\n"]
     properties = schema.get("properties")
     required_list = schema.get("required")
     required = {r for r in required_list if isinstance(r, str)} if isinstance(required_list, list) else set()
     if isinstance(properties, dict):
+        inner = indent + "    "
         for key, prop in properties.items():
             optional = "" if key in required else "?"
             if not isinstance(prop, dict):
                 out.append(f"{indent}{key}{optional}: any,\n")
                 continue
+            if prop.keys() <= _PLAIN_KEYS:  # the common case, in fewer steps
+                kind = prop.get("type")
+                leaf = _LEAF_TYPES.get(kind) if isinstance(kind, str) else None
+                if leaf is not None:
+                    prop_description = prop.get("description")
+                    if isinstance(prop_description, str):
+                        out.append(f"{indent}// {prop_description}\n")
+                    if "default" in prop:
+                        out.append(f"{indent}{key}{optional}: {leaf}, // {_default_text(prop['default'], prop)}\n")
+                    else:
+                        out.append(f"{indent}{key}{optional}: {leaf},\n")
+                    continue
             has_one_of = "oneOf" in prop
-            if isinstance(prop.get("title"), str):
-                out.append(f"{indent}// {prop['title']}\n{indent}//\n")
-            if not has_one_of and isinstance(prop.get("description"), str):
-                out.append(f"{indent}// {prop['description']}\n")
+            title = prop.get("title")
+            if isinstance(title, str):
+                out.append(f"{indent}// {title}\n{indent}//\n")
+            prop_description = prop.get("description")
+            if not has_one_of and isinstance(prop_description, str):
+                out.append(f"{indent}// {prop_description}\n")
             examples = prop.get("examples")
             if isinstance(examples, list) and examples:
                 out.append(f"{indent}// Examples:\n")
                 out.extend(f'{indent}// - "{ex}"\n' for ex in examples if isinstance(ex, str))
-            if isinstance(prop.get("oneOf"), list):
+            if has_one_of and isinstance(prop["oneOf"], list):
                 out.append(_property_one_of(key, optional, prop, indent))
                 continue
-            rendered = _with_nullable(prop, to_typescript(prop, indent + "    "))
-            out.append(f"{indent}{key}{optional}: {rendered},")
+            leaf = _leaf(prop)
+            rendered = _with_nullable(prop, leaf if leaf is not None else to_typescript(prop, inner))
             if not has_one_of and "default" in prop:
-                out.append(" // " + _default_text(prop["default"], prop))
-            out.append("\n")
+                out.append(f"{indent}{key}{optional}: {rendered}, // {_default_text(prop['default'], prop)}\n")
+            else:
+                out.append(f"{indent}{key}{optional}: {rendered},\n")
     out.append(f"{indent}}}")
     return "".join(out)
 
