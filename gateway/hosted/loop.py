@@ -55,7 +55,7 @@ class Generation:
     ) -> None:
         self.turn = first
         self.assembler = first.assembler
-        self.outcome: Outcome | None = None
+        self._outcome: Outcome | None = None
         self.calls = 0
         self._services = services
         self._plan = plan
@@ -70,6 +70,11 @@ class Generation:
         self._refused = 0
 
     @property
+    def outcome(self) -> Outcome | None:
+        """The loop's own (a cap it hit), else its last turn's."""
+        return self._outcome if self._outcome is not None else self.turn.outcome
+
+    @property
     def prompt_tokens(self) -> int:
         """Every turn's prompt: each sampling reads the whole dialog again."""
         return self._earlier_prompt + self.turn.prompt_tokens
@@ -78,36 +83,36 @@ class Generation:
     def cached_tokens(self) -> int:
         return self._earlier_cached + self.turn.cached_tokens
 
-    async def events(self) -> AsyncIterator[list[ItemEvent]]:
-        toolset = self._toolset
-        if toolset is not None:
-            for batch in self._listings(toolset):
+    def events(self) -> AsyncIterator[list[ItemEvent]]:
+        """Batches of item events. Without server-side tools, the one turn's own (no layer between: this
+        runs once per chunk of every answer)."""
+        if self._toolset is None:
+            return self.turn.events()
+        return self._loop(self._toolset)
+
+    async def _loop(self, toolset: Toolset) -> AsyncIterator[list[ItemEvent]]:
+        for batch in self._listings(toolset):
+            yield batch
+        if self._approvals:
+            async for batch in self._answer_approvals(toolset):
                 yield batch
-            if self._approvals:
-                async for batch in self._answer_approvals(toolset):
-                    yield batch
-                if not await self._continue():
-                    return
+            if not await self._continue():
+                return
         while True:
             async for batch in self.turn.events():
-                if toolset is not None and toolset.browser is not None:
+                if toolset.browser is not None:
                     _cite(batch, toolset)
                 yield batch
-            outcome = self.turn.outcome
-            call = self._pending_call(outcome)
-            if toolset is None or call is None:
-                self.outcome = outcome
+            call = self._pending_call(self.turn.outcome)
+            if call is None:
                 return
             if call.kind == "mcp_approval_request":  # the client answers it in its next request
                 call.detail = {"server_label": call.namespace, "arguments": call.text}
                 yield [settle(call)]
-                self.outcome = outcome
                 return
             async for batch in self._run(toolset, call):
                 yield batch
             if self._refused > MAX_REFUSED_CALLS or not await self._continue():
-                if self.outcome is None:
-                    self.outcome = outcome
                 return
 
     def _listings(self, toolset: Toolset) -> list[list[ItemEvent]]:
@@ -192,7 +197,7 @@ class Generation:
         except ApiError:  # the dialog no longer fits the context
             plan = None
         if plan is None or plan.max_new_tokens <= 0:
-            self.outcome = Outcome("incomplete", incomplete_reason="max_output_tokens")
+            self._outcome = Outcome("incomplete", incomplete_reason="max_output_tokens")
             return False
         self._earlier_prompt += self.turn.prompt_tokens if self.turn.outcome is not None else 0
         self._earlier_cached += self.turn.cached_tokens if self.turn.outcome is not None else 0

@@ -96,6 +96,8 @@ async def hosted_toolset(
 ) -> tuple[Toolset | None, list[str]]:
     """The toolset (None when the request has no server-side tool the gateway runs) and the hosted tool
     types it does not run here (not offered to the model; reported)."""
+    if not any(isinstance(tool, McpTool | CodeInterpreterTool | HostedTool) for tool in req.tools):
+        return None, []
     toolset = Toolset(tenant, runtime, deadline=time.monotonic() + runtime.settings.max_seconds)
     not_offered: list[str] = []
     listed = _listed_labels(req, previous_output)
