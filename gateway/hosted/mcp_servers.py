@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import structlog
 
-from .outbound import OutboundPolicy, OutboundRefused, guarded_http_client
+from .outbound import OutboundPolicy, OutboundRefused
 from .settings import McpSettings
 
 log = structlog.get_logger("gateway.mcp")
@@ -69,6 +69,8 @@ class McpClient:
         from mcp import ClientSession
         from mcp.client.sse import sse_client
         from mcp.client.streamable_http import streamable_http_client
+
+        from .mcp_transport import guarded_http_client
 
         timeout = self._settings.timeout_s
         if server.url.rstrip("/").endswith("/sse"):
