@@ -10,13 +10,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from harmony import Renderer, load_harmony_encoding
 
-from .assembler import new_id
 from .chat.api import add_routes as add_chat_routes
 from .config import Settings
 from .conversations.api import add_routes as add_conversation_routes
 from .errors import ApiError, error_middleware
+from .ids import new_id
 from .json_out import json_response
 from .lifecycle import SHUTTING_DOWN
+from .logs import AccessLog
 from .metrics import STATS, RequestStats
 from .models_api import add_routes as add_models_routes
 from .openapi import serve_openapi
@@ -26,7 +27,7 @@ from .sse import STREAM_OPENED
 from .tenants.auth import TENANT
 from .tenants.tenancy import REQUEST_ID, valid_request_id
 
-access_log = structlog.get_logger("gateway.access")
+access_log = AccessLog()
 QUIET_ROUTES = ("/healthz", "/readyz")  # probes: counted in the metrics, not logged every few seconds
 
 
@@ -81,8 +82,8 @@ async def observe_middleware(request: web.Request, handler):
                 if services.lifecycle.draining:
                     response.force_close()  # "Connection: close": the next request goes to another replica
             tenant = request.get(TENANT)
-            metrics.requests.labels(route, str(status), metrics.tenant_label(tenant)).inc()
-            metrics.request_seconds.labels(route).observe(seconds)
+            metrics.child(metrics.requests, route, str(status), metrics.tenant_label(tenant)).inc()
+            metrics.child(metrics.request_seconds, route).observe(seconds)
             if request.get(STREAM_OPENED):
                 metrics.active_streams.dec()
             if route not in QUIET_ROUTES:

@@ -10,7 +10,6 @@ Messages the model wrongly authored as another role are kept as reasoning, never
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,6 +27,7 @@ from harmony import (
 
 from .conversation import FUNCTIONS_PREFIX
 from .dialog import Entry
+from .ids import new_id
 
 HostedKind = Literal["web_search_call", "code_interpreter_call", "mcp_call", "mcp_list_tools", "mcp_approval_request"]
 ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"] | HostedKind
@@ -70,10 +70,6 @@ class CallRouting:
         if dot and (namespace in self.namespaces or namespace in self.hosted):
             return namespace, name
         return None, recipient
-
-
-def new_id(prefix: str) -> str:
-    return prefix + secrets.token_hex(24)
 
 
 @dataclass(slots=True)

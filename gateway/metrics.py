@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -46,6 +47,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._allowed = set(tenant_allow_list or [])
         self._seen: set[str] = set()
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "gateway_requests", "HTTP requests by route, status and tenant", ["route", "status", "tenant"], registry=r
@@ -105,6 +107,17 @@ class Metrics:
         if engines:
             self.registry.register(EngineCollector(engines))
 
+    def child(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)`, looked up in a dict after the first time (several per request; the
+        label sets are bounded: routes, statuses, models, tenant labels)."""
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            found = metric.labels(*values)
+            if len(self._children) < MAX_CACHED_CHILDREN:
+                self._children[key] = found
+        return found
+
     def tenant_label(self, tenant: str | None) -> str:
         if tenant is None:
             return "none"
@@ -119,11 +132,12 @@ class Metrics:
 
     def turn_observer(self, model: str, tenant: str, stats: RequestStats | None) -> TurnObserver:
         return TurnObserver(
-            self, model, self.tenant_label(tenant), stats or RequestStats(), self.inter_token.labels(model)
+            self, model, self.tenant_label(tenant), stats or RequestStats(), self.child(self.inter_token, model)
         )
 
 
 INTER_TOKEN_WINDOW = 16
+MAX_CACHED_CHILDREN = 8192
 
 
 @dataclass(slots=True)
@@ -145,7 +159,7 @@ class TurnObserver:
         the rest at the end): one observation, with its lock, per window instead of per token."""
         now = time.monotonic()
         if self.last_token is None:
-            self.metrics.ttft.labels(self.model).observe(now - self.started)
+            self.metrics.child(self.metrics.ttft, self.model).observe(now - self.started)
             self.last_token = now
         else:
             self.window_tokens += count
@@ -153,7 +167,7 @@ class TurnObserver:
                 self._observe_window(now)
         if content and not self.content_seen:
             self.content_seen = True
-            self.metrics.ttfct.labels(self.model).observe(now - self.started)
+            self.metrics.child(self.metrics.ttfct, self.model).observe(now - self.started)
 
     def _observe_window(self, now: float) -> None:
         assert self.last_token is not None
@@ -164,11 +178,12 @@ class TurnObserver:
         if self.window_tokens:
             self._observe_window(time.monotonic())
         metrics, model, tenant = self.metrics, self.model, self.tenant
-        metrics.generation_seconds.labels(model).observe(time.monotonic() - self.started)
+        child = metrics.child
+        child(metrics.generation_seconds, model).observe(time.monotonic() - self.started)
         if failed:
             metrics.backend_errors.labels(model).inc()
         for kind, count in (("input", prompt), ("cached", cached), ("output", output), ("reasoning", reasoning)):
-            metrics.tokens.labels(kind, model, tenant).inc(count)
+            child(metrics.tokens, kind, model, tenant).inc(count)
         stats = self.stats
         stats.input_tokens += prompt
         stats.cached_tokens += cached

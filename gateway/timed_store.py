@@ -26,7 +26,7 @@ class TimedStore:
             self._metrics.store_errors.labels(operation).inc()
             raise
         finally:
-            self._metrics.store_seconds.labels(operation).observe(time.perf_counter() - started)
+            self._metrics.child(self._metrics.store_seconds, operation).observe(time.perf_counter() - started)
 
     async def save(self, record: StoredResponse, lease_s: float | None = None) -> bool:
         return await self._timed("save", self.inner.save(record, lease_s))

@@ -12,10 +12,10 @@ from aiohttp import web
 
 from backends.base import Sampling
 
-from ..assembler import new_id
 from ..constraints import NOT_ENFORCED
 from ..cot_recovery import index_cot
 from ..errors import ApiError, invalid
+from ..ids import new_id
 from ..json_body import read_model
 from ..json_out import json_response
 from ..lifecycle import SHUTTING_DOWN

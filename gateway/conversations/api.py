@@ -13,8 +13,8 @@ from aiohttp import web
 from state import StoreUnavailable
 from state.conversations import ConversationFull, StoredConversation
 
-from ..assembler import new_id
 from ..errors import invalid, not_found, unavailable
+from ..ids import new_id
 from ..json_body import read_model
 from ..json_out import json_response
 from ..pagination import page

@@ -40,6 +40,11 @@ class Feed:
         if self._sink is not None:
             self._sink.publish(payload)
 
+    @property
+    def on(self) -> bool:
+        """Someone receives the events (a stream, a background response's event log)."""
+        return self._events is not None
+
     def lifecycle(self, kind: str, response: dict[str, Any]) -> None:
         if self._events is not None:
             self._publish(self._events.lifecycle(kind, response))
@@ -98,8 +103,9 @@ async def _generate(job: Job, feed: Feed) -> dict[str, Any]:
         await job.save_running("in_progress")
         if job.keeper.deleted:  # deleted while queued: nothing to produce
             return job.response("cancelled")
-    feed.lifecycle("response.created", job.response(job.first_status))
-    feed.lifecycle("response.in_progress", job.response("in_progress"))
+    if feed.on:  # building the objects costs; a plain request has nobody to send them to
+        feed.lifecycle("response.created", job.response(job.first_status))
+        feed.lifecycle("response.in_progress", job.response("in_progress"))
     try:
         async for batch in job.generation.events():
             feed.items(batch)

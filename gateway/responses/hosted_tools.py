@@ -10,13 +10,13 @@ from typing import Any
 
 from harmony import Role
 
-from ..assembler import new_id
 from ..dialog import Approval, DialogItem, Entry
 from ..errors import invalid
 from ..hosted.loop import PendingApproval
 from ..hosted.mcp_servers import McpServer, McpToolInfo, McpUnavailable
 from ..hosted.runtime import HostedRuntime
 from ..hosted.toolset import McpBinding, Toolset, check_mcp_url, mcp_binding_problem
+from ..ids import new_id
 from .models import (
     WEB_SEARCH_KINDS,
     CodeInterpreterCallInput,

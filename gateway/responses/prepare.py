@@ -14,11 +14,12 @@ from pydantic import TypeAdapter, ValidationError
 from backends.base import Sampling
 from state import StoredResponse, StoreUnavailable
 
-from ..assembler import OutputAssembler, new_id
+from ..assembler import OutputAssembler
 from ..conversations.api import conversation_items
 from ..dialog import Entry
 from ..errors import invalid, not_found, unavailable
 from ..hosted.loop import Generation
+from ..ids import new_id
 from ..json_body import read_model
 from ..metrics import STATS
 from ..pipeline import Plan, plan_turn, start_turn
