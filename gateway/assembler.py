@@ -143,6 +143,13 @@ class Settled:
 ItemEvent = Opened | Delta | Closed | Executing | Settled
 
 
+def is_content(event: ItemEvent) -> bool:
+    """Answer text or a call, as opposed to reasoning: what the time to first content token measures."""
+    if isinstance(event, Delta):
+        return event.item.kind != "reasoning"
+    return isinstance(event, Opened) and (event.item.is_call or event.item.is_hosted)
+
+
 def _kind_of(start: MessageStart, routing: CallRouting) -> ItemKind:
     if start.role is not Role.ASSISTANT:
         return "reasoning"

@@ -19,6 +19,8 @@ from prometheus_client.registry import Collector
 
 from backends.base import Backend, ReportsEngineStats
 
+from .assembler import is_content
+
 MAX_TENANT_LABELS = 20
 OTHER = "other"
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -154,20 +156,22 @@ class TurnObserver:
     window_tokens: int = 0
     content_seen: bool = False
 
-    def tokens(self, count: int, content: bool) -> None:
+    def tokens(self, count: int, events: list[Any]) -> None:
         """Per chunk; the inter-token histogram gets the mean gap of each INTER_TOKEN_WINDOW tokens (and of
-        the rest at the end): one observation, with its lock, per window instead of per token."""
-        now = time.monotonic()
+        the rest at the end): one observation, with its lock, per window instead of per token. `events`
+        are the chunk's item events: the first that is content (answer text or a call) stops the time to
+        first content token. The clock is read only when something is observed."""
         if self.last_token is None:
+            now = time.monotonic()
             self.metrics.child(self.metrics.ttft, self.model).observe(now - self.started)
             self.last_token = now
         else:
             self.window_tokens += count
             if self.window_tokens >= INTER_TOKEN_WINDOW:
-                self._observe_window(now)
-        if content and not self.content_seen:
+                self._observe_window(time.monotonic())
+        if not self.content_seen and any(map(is_content, events)):
             self.content_seen = True
-            self.metrics.child(self.metrics.ttfct, self.model).observe(now - self.started)
+            self.metrics.child(self.metrics.ttfct, self.model).observe(time.monotonic() - self.started)
 
     def _observe_window(self, now: float) -> None:
         assert self.last_token is not None

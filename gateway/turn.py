@@ -13,7 +13,7 @@ import structlog
 from backends.base import Backend, BackendError, Constraint, GenerateRequest, Sampling
 from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReason
 
-from .assembler import CallRouting, Delta, ItemEvent, Opened, OutputAssembler
+from .assembler import CallRouting, ItemEvent, OutputAssembler
 from .constraints import NOT_ENFORCED, violation
 from .lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
 from .metrics import TurnObserver
@@ -127,7 +127,7 @@ class Turn:
                         tokens, ended = self._accept(chunk.tokens)
                         events = assembler.feed(tokens)
                         if tokens and observer is not None:
-                            observer.tokens(len(tokens), any(map(_is_content, events)))
+                            observer.tokens(len(tokens), events)
                         if events:
                             yield events
             except asyncio.CancelledError:
@@ -177,10 +177,3 @@ class Turn:
             if problem:
                 return Outcome("failed", error_code=NOT_ENFORCED, error_message=problem)
         return Outcome("completed")
-
-
-def _is_content(event: ItemEvent) -> bool:
-    """Answer text or a tool call, as opposed to reasoning: what the time to first content token measures."""
-    if isinstance(event, Delta):
-        return event.item.kind != "reasoning"
-    return isinstance(event, Opened) and event.item.is_call
