@@ -141,7 +141,7 @@ class MockBackend:
         rule, completions = self._rules[index], self._completions[index]
         seed = request.sampling.seed
         chooser = random.Random(seed) if seed is not None else _UNSEEDED
-        tokens = completions[chooser.randrange(len(completions))]
+        tokens = completions[chooser.randrange(len(completions))] if len(completions) > 1 else completions[0]
         delay_s = self._delay_s if rule.delay_s is None else rule.delay_s
         first_delay_s = self._first_delay_s if rule.first_delay_s is None else rule.first_delay_s
         stops = set(request.stop_ids)

@@ -59,8 +59,11 @@ def check_tree(value: Any, max_depth: int = MAX_DEPTH) -> None:
 async def read_json(request: web.Request) -> Any:
     """The request body as JSON, or a 400/413 that says what is wrong with it."""
     try:
-        async with asyncio.timeout(request.app[SERVICES].settings.body_timeout_s):
+        if request.content.is_eof():  # all of it arrived with the head (a small body): nothing to wait for
             raw = await request.read()
+        else:
+            async with asyncio.timeout(request.app[SERVICES].settings.body_timeout_s):
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise ApiError(413, f"Request body too large. {exc.text}", code="request_too_large") from exc
     except TimeoutError:

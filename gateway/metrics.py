@@ -187,7 +187,9 @@ class TurnObserver:
         if failed:
             metrics.backend_errors.labels(model).inc()
         for kind, count in (("input", prompt), ("cached", cached), ("output", output), ("reasoning", reasoning)):
-            child(metrics.tokens, kind, model, tenant).inc(count)
+            counter = child(metrics.tokens, kind, model, tenant)  # the series exists from the first request
+            if count:  # adding 0 would only take the counter's lock
+                counter.inc(count)
         stats = self.stats
         stats.input_tokens += prompt
         stats.cached_tokens += cached

@@ -107,7 +107,7 @@ class Job:
             "service_tier": "default",
             "store": req.store and self.keeper.stored,
             "temperature": 1.0 if req.temperature is None else req.temperature,
-            "text": req.text.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "text": _text_echo(req),
             "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
             "tools": [
                 tool.echo() if isinstance(tool, McpTool) else tool.model_dump(mode="json", exclude_none=True)
@@ -181,6 +181,12 @@ class Job:
         if not self.keeper.deleted:
             assembler = self.generation.assembler
             await index_cot(self.services.store, self.tenant, assembler.items, assembler.entries, self.response_id)
+
+
+def _text_echo(req: ResponsesRequest) -> dict[str, Any]:
+    if "text" not in req.model_fields_set:
+        return {"format": {"type": "text"}}  # the default, without a model dump
+    return req.text.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 # the codes a response's `error` may carry (the SDK's enum); the gateway's own (constraint_not_enforced,

@@ -49,6 +49,8 @@ class LimitsConfig(BaseModel):
         }
 
     def for_tenant(self, tenant: str) -> TenantLimits:
+        if not self.tenants:  # no overrides: skip pydantic's private-attribute lookup (several per request)
+            return self.default
         return self._merged.get(tenant, self.default)
 
 
