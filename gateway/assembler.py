@@ -197,11 +197,18 @@ class OutputAssembler:
 
     def feed(self, tokens: list[int]) -> list[ItemEvent]:
         events: list[ItemEvent] = []
+        parse = self._parser.feed
         for token in tokens:
             self.output_tokens += 1
             self._tokens_in_message += 1
-            for event in self._parser.feed(token):
-                self._on(event, events)
+            for event in parse(token):
+                if type(event) is ContentDelta:  # most tokens: text of the open item, handled here
+                    item = self._open
+                    if item is not None and event.text:
+                        item.parts.append(event.text)
+                        events.append(Delta(item, event.text))
+                else:
+                    self._on(event, events)
         return events
 
     def finish(self) -> list[ItemEvent]:

@@ -72,6 +72,8 @@ class Turn:
             cache_key=cache_key,
         )
         self._constraint = constraint
+        self._stops = frozenset(self._request.stop_ids)
+        self._output_limit = self._base_output + max_new_tokens  # the assembler's count where this turn must end
 
     def cut(self) -> None:
         """End the generation now (the drain budget is spent): the answer fails with a shutting-down error."""
@@ -159,13 +161,16 @@ class Turn:
 
     def _accept(self, tokens: list[int]) -> tuple[list[int], bool]:
         """The tokens up to the first stop id and within the limit, and whether the output ends there."""
-        request = self._request
-        room = request.max_new_tokens - self.output_tokens
-        for index, token in enumerate(tokens[:room]):
-            if token in request.stop_ids:
-                return tokens[: index + 1], True
-        accepted = tokens[:room]
-        return accepted, self.output_tokens + len(accepted) >= request.max_new_tokens
+        room = self._output_limit - self.assembler.output_tokens
+        if len(tokens) == 1:  # most chunks: one token
+            if room <= 0:
+                return [], True
+            return tokens, tokens[0] in self._stops or room == 1
+        accepted = tokens[:room] if room > 0 else []
+        for index, token in enumerate(accepted):
+            if token in self._stops:
+                return accepted[: index + 1], True
+        return accepted, len(accepted) >= room
 
     def _judge(self) -> Outcome:
         assembler = self.assembler

@@ -95,6 +95,9 @@ def _reasoning_part(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
+_TEXT_DELTAS = {"message": "response.output_text.delta", "reasoning": "response.reasoning_text.delta"}
+
+
 class StreamEvents:
     """Numbers the stream's events and turns item events into Responses SSE payloads."""
 
@@ -112,6 +115,20 @@ class StreamEvents:
 
     def for_item_event(self, event: ItemEvent) -> list[dict[str, Any]]:
         item = event.item
+        if type(event) is Delta and item.kind in _TEXT_DELTAS:  # most events: one token of text, built directly
+            number = self.sequence_number
+            self.sequence_number = number + 1
+            payload = {
+                "type": _TEXT_DELTAS[item.kind],
+                "sequence_number": number,
+                "item_id": item.id,
+                "output_index": item.index,
+                "content_index": 0,
+                "delta": event.text,
+            }
+            if item.kind == "message":
+                payload["logprobs"] = []
+            return [payload]
         at = {"item_id": item.id, "output_index": item.index}
         if item.is_hosted:
             return self._hosted(event, at)
