@@ -183,7 +183,7 @@ class Generation:
     async def _bounded(self, toolset: Toolset, item: OutputItem) -> str:
         try:
             async with asyncio.timeout(max(toolset.seconds_left(), 0.001)):
-                return (await toolset.run(item)).text
+                return await toolset.run(item)
         except TimeoutError:
             item.detail = {**_refused_detail(item, toolset), "status": "failed"}
             return "Error: the tool call ran past this response's time for tools."

@@ -36,11 +36,6 @@ class McpBinding:
 
 
 @dataclass(slots=True)
-class ToolOutcome:
-    text: str  # the tool's answer, as the model reads it
-
-
-@dataclass(slots=True)
 class Toolset:
     tenant: str
     runtime: HostedRuntime
@@ -91,32 +86,33 @@ class Toolset:
             if binding.needs_approval(tool.name)
         )
 
-    async def run(self, item: OutputItem) -> ToolOutcome:
-        """Run a settled call of the model; its API fields go to `item.detail`."""
+    async def run(self, item: OutputItem) -> str:
+        """Run a settled call of the model: the tool's answer, as the model reads it; its API fields go to
+        `item.detail`."""
         if item.kind == "web_search_call":
             assert self.browser is not None
             call = await self.browser.call(item.name or "", item.text)
             item.detail = {"action": call.action, "status": "failed" if call.failed else "completed"}
-            return ToolOutcome(call.text)
+            return call.text
         if item.kind == "code_interpreter_call":
             return await self._run_python(item)
         return await self.run_mcp(item, item.namespace or "", item.name or "", item.text)
 
-    async def _run_python(self, item: OutputItem) -> ToolOutcome:
+    async def _run_python(self, item: OutputItem) -> str:
         assert self.container_id is not None
         try:
             cell = await self.runtime.sandboxes.run(self.tenant, self.container_id, item.text)
         except SandboxUnavailable as exc:
             item.detail = {"container_id": self.container_id, "outputs": None, "status": "failed"}
-            return ToolOutcome(f"[python is unavailable: {exc}]")
+            return f"[python is unavailable: {exc}]"
         item.detail = {
             "container_id": self.container_id,
             "outputs": [{"type": "logs", "logs": cell.output}],
             "status": "failed" if cell.failed else "completed",
         }
-        return ToolOutcome(cell.output or "[no output]")
+        return cell.output or "[no output]"
 
-    async def run_mcp(self, item: OutputItem, label: str, name: str, arguments: str) -> ToolOutcome:
+    async def run_mcp(self, item: OutputItem, label: str, name: str, arguments: str) -> str:
         binding = self.mcp[label]
         item.detail = {"server_label": label, "arguments": arguments}
         try:
@@ -126,24 +122,24 @@ class Toolset:
         if not isinstance(parsed, dict):
             error = {"type": "mcp_protocol_error", "code": -32602, "message": "the arguments are not a JSON object"}
             item.detail |= {"output": None, "error": error, "status": "failed"}
-            return ToolOutcome("Error: the arguments are not a JSON object.")
+            return "Error: the arguments are not a JSON object."
         if name not in {tool.name for tool in binding.tools}:
             error = {"type": "mcp_protocol_error", "code": -32602, "message": f"unknown tool '{name}'"}
             item.detail |= {"output": None, "error": error, "status": "failed"}
-            return ToolOutcome(f"Error: server '{label}' has no tool '{name}'.")
+            return f"Error: server '{label}' has no tool '{name}'."
         result = await self.runtime.mcp.call_tool(binding.server, name, parsed)
         item.detail |= {"output": result.output, "error": result.error}
         item.detail["status"] = "failed" if result.error else "completed"
         if result.error is not None:
-            return ToolOutcome(f"Error: {orjson.dumps(result.error).decode()}")
-        return ToolOutcome(result.output or "")
+            return f"Error: {orjson.dumps(result.error).decode()}"
+        return result.output or ""
 
     def seconds_left(self) -> float:
         return self.deadline - time.monotonic()
 
 
 def mcp_binding_problem(exc: McpUnavailable, param: str) -> ApiError:
-    """A tool list that cannot be had fails the request: 424, as OpenAI answers it."""
+    """A tool list that cannot be had fails the request: 424 (Failed Dependency), naming the server."""
     return ApiError(424, str(exc), param=param, code="mcp_list_tools_failed")
 
 
