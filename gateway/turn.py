@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Literal
 
 import structlog
@@ -19,6 +20,13 @@ from .lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
 from .metrics import TurnObserver
 
 log = structlog.get_logger("gateway.turn")
+
+# how long a generation may run on the event loop before it lets other tasks run: a backend with its tokens
+# ready (an instant one, a burst after a stall) would otherwise run a whole answer in one step while other
+# requests wait; a backend that waits on the network gives way by itself (a wait longer than
+# BACKEND_WAITED_S counts as such, and no pause is added)
+FAIR_SHARE_S = 0.0005
+BACKEND_WAITED_S = 0.0005
 
 Status = Literal["completed", "incomplete", "failed", "cancelled"]
 
@@ -108,16 +116,24 @@ class Turn:
         assembler = self.assembler
         observer = self._observer
         ended = False  # a stop token or the token limit was reached; only a usage report may follow
+        running_since = perf_counter()  # when this generation last let other tasks run
         self._task = asyncio.current_task()
         try:
             try:
                 async with aclosing(self.backend.generate(self._request)) as chunks:
                     while not self._cut:
                         self._awaiting_backend = True
+                        asked = perf_counter()
                         try:
                             chunk = await anext(chunks, None)
                         finally:
                             self._awaiting_backend = False
+                        got = perf_counter()
+                        if got - asked > BACKEND_WAITED_S:
+                            running_since = got  # the backend waited: other tasks ran meanwhile
+                        elif got - running_since > FAIR_SHARE_S:
+                            await asyncio.sleep(0)
+                            running_since = perf_counter()
                         if chunk is None:
                             break
                         if chunk.cached_tokens is not None:

@@ -29,6 +29,7 @@ class Feed:
         self._log = log
         self._events = events
         self._sink = sink
+        self._opened = False
 
     @classmethod
     def off(cls) -> Feed:
@@ -40,10 +41,12 @@ class Feed:
         if self._sink is not None:
             self._sink.publish(payload)
 
-    @property
-    def on(self) -> bool:
-        """Someone receives the events (a stream, a background response's event log)."""
-        return self._events is not None
+    def open(self, job: Job) -> None:
+        """`response.created` and `response.in_progress`, once (building them costs: only with a listener)."""
+        if self._events is not None and not self._opened:
+            self._opened = True
+            self.lifecycle("response.created", job.response(job.first_status))
+            self.lifecycle("response.in_progress", job.response("in_progress"))
 
     def lifecycle(self, kind: str, response: dict[str, Any]) -> None:
         if self._events is not None:
@@ -103,9 +106,7 @@ async def _generate(job: Job, feed: Feed) -> dict[str, Any]:
         await job.save_running("in_progress")
         if job.keeper.deleted:  # deleted while queued: nothing to produce
             return job.response("cancelled")
-    if feed.on:  # building the objects costs; a plain request has nobody to send them to
-        feed.lifecycle("response.created", job.response(job.first_status))
-        feed.lifecycle("response.in_progress", job.response("in_progress"))
+    feed.open(job)
     try:
         async for batch in job.generation.events():
             feed.items(batch)
@@ -159,6 +160,8 @@ def start_job(job: Job, stream: bool) -> Run:
             run.log.close()
             job.services.runs.remove(job.response_id)
 
+    if not job.request.background:  # nothing to check first: the stream's first events go out with its head
+        feed.open(job)
     lifecycle = job.services.lifecycle
     lifecycle.enter()  # counted from now (a drain cannot miss it) until the task is done, even if never started
     run.task = asyncio.ensure_future(main())
