@@ -123,3 +123,28 @@ def test_a_cancellation_during_a_cut_still_cancels(encoding):
 async def _consume(turn: Turn) -> None:
     async for _ in turn.events():
         pass
+
+
+@pytest.mark.parametrize("fair_share_s", [0.0, 3600.0])
+def test_a_backend_with_its_tokens_ready_does_not_hold_the_event_loop(encoding, monkeypatch, fair_share_s):
+    """A backend that never waits (an instant one, a burst) gives way after FAIR_SHARE_S of work: another task
+    gets to run while the answer is generated; with an hour's share, only after it."""
+    monkeypatch.setattr("gateway.turn.FAIR_SHARE_S", fair_share_s)
+    backend = RunawayBackend(encoding, RUN_ON * 50, 1)
+    turn = Turn(backend, encoding, [1, 2, 3], 200, Sampling(), Constraint(), "req")
+    seen_during: list[int] = []
+
+    async def scenario() -> None:
+        async def other() -> None:
+            seen_during.append(turn.assembler.output_tokens)
+
+        task = asyncio.ensure_future(other())
+        async for _ in turn.events():
+            pass
+        await task
+
+    asyncio.run(scenario())
+    if fair_share_s:
+        assert seen_during == [200]  # it ran only once the whole answer was made
+    else:
+        assert seen_during[0] < 200  # it ran in the middle of the answer
