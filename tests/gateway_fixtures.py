@@ -7,6 +7,7 @@ import json
 import subprocess
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from live_gateway import LiveGateway
@@ -101,16 +102,21 @@ def flush(server: RedisServer) -> None:
     subprocess.run(["redis-cli", "-p", str(server.port), "flushall"], check=True, capture_output=True, timeout=10)
 
 
+def gateway_settings(tmp_path: Path, script: dict | None = None, **overrides: Any) -> Settings:
+    """Settings of a test gateway: the mock with `script` (the shared SCRIPT by default), the test keys."""
+    return Settings(
+        mock_script=str(write_script(tmp_path, script)),
+        reasoning_keys=TEST_KEYS,
+        key_secret=KEY_SECRET,
+        keys_file=str(write_keys(tmp_path)),
+        **overrides,
+    )
+
+
 def start_live_gateway(request, tmp_path: Path, script: dict | None = None) -> LiveGateway:
     """A live gateway with a mock script (the shared SCRIPT by default), on the store `request.param` names:
     the in-memory store or the session's redis-server (flushed)."""
-    settings = Settings(
-        mock_script=str(write_script(tmp_path, script)),
-        reasoning_keys=TEST_KEYS,
-        keepalive_s=0.2,
-        key_secret=KEY_SECRET,
-        keys_file=str(write_keys(tmp_path)),
-    )
+    settings = gateway_settings(tmp_path, script, keepalive_s=0.2)
     if request.param == "redis":
         server = request.getfixturevalue("redis_server")
         flush(server)

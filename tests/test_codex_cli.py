@@ -15,10 +15,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gateway_fixtures import KEY_SECRET, TEST_KEYS, write_keys, write_script
+from gateway_fixtures import gateway_settings
 from live_gateway import LiveGateway
-
-from gateway.config import Settings
 
 CODEX_VERSION = "0.169.0"
 CACHE = Path(os.environ.get("CODEX_CACHE_DIR", Path.home() / ".cache" / "gpt-oss-gateway-tests" / "codex"))
@@ -99,13 +97,7 @@ def codex() -> Path:
 
 @pytest.fixture
 def gateway(tmp_path):
-    settings = Settings(
-        mock_script=str(write_script(tmp_path, SCRIPT)),
-        reasoning_keys=TEST_KEYS,
-        key_secret=KEY_SECRET,
-        keys_file=str(write_keys(tmp_path)),
-    )
-    live = LiveGateway(settings).start()
+    live = LiveGateway(gateway_settings(tmp_path, SCRIPT)).start()
     yield live
     live.stop()
 

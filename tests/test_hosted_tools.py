@@ -15,7 +15,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from gateway_fixtures import KEY_SECRET, TEST_KEYS, flush, write_keys, write_script
+from gateway_fixtures import flush, gateway_settings
 from hosted_servers import McpTestServer, WebFixtures
 from live_gateway import LiveGateway
 from pydantic import TypeAdapter
@@ -116,14 +116,7 @@ def _settings(tmp_path: Path, web: WebFixtures, mcp_url: str, **python: object) 
         "mcp": {"allowed_urls": {"default": [mcp_url]}},
         "outbound": {"allowed_private_networks": ["127.0.0.0/8"]},
     }
-    return Settings(
-        mock_script=str(write_script(tmp_path, SCRIPT)),
-        reasoning_keys=TEST_KEYS,
-        keepalive_s=0.2,
-        key_secret=KEY_SECRET,
-        keys_file=str(write_keys(tmp_path)),
-        hosted_tools=hosted,
-    )
+    return gateway_settings(tmp_path, SCRIPT, keepalive_s=0.2, hosted_tools=hosted)
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -414,13 +407,7 @@ def test_an_mcp_url_outside_the_allow_list_is_a_400(memory_gateway, mcp_server):
 
 
 def test_tools_the_operator_did_not_enable_are_not_offered(tmp_path):
-    settings = Settings(
-        mock_script=str(write_script(tmp_path, SCRIPT)),
-        reasoning_keys=TEST_KEYS,
-        key_secret=KEY_SECRET,
-        keys_file=str(write_keys(tmp_path)),
-    )
-    live = LiveGateway(settings).start()
+    live = LiveGateway(gateway_settings(tmp_path, SCRIPT)).start()
     try:
         raw = _client(live).responses.with_raw_response.create(
             model=MODEL, input="compute the answer", tools=[PYTHON_TOOL, SEARCH_TOOL]

@@ -69,6 +69,14 @@ class OutboundPolicy:
         return allowed
 
 
+def _is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 class _GuardedResolver(AbstractResolver):
     """aiohttp's resolver: only checked addresses."""
 
@@ -114,7 +122,8 @@ class PageFetcher:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise OutboundRefused(f"only http and https pages can be opened, not {url[:200]}")
-            await self._policy.addresses(parts.hostname, parts.port or 443)  # an IP literal skips the resolver
+            if _is_literal(parts.hostname):  # aiohttp skips its resolver for these: checked here instead
+                await self._policy.addresses(parts.hostname, parts.port or 443)
             headers = {"User-Agent": "gpt-oss-gateway browser", "Accept": "text/html, text/plain;q=0.9, */*;q=0.5"}
             async with self._client().get(url, allow_redirects=False, headers=headers) as response:
                 if response.status in (301, 302, 303, 307, 308) and "Location" in response.headers:

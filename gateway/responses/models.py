@@ -179,21 +179,23 @@ class McpListToolsInput(Replayed):
     error: str | None = None
 
 
-class McpCallInput(Replayed):
-    type: Literal["mcp_call"]
+class _McpCallFields(Replayed):
+    """What a replayed MCP call and approval request both carry."""
+
     server_label: str = Field(max_length=64)
     name: str = Field(min_length=1, max_length=128)
     arguments: str
+
+
+class McpCallInput(_McpCallFields):
+    type: Literal["mcp_call"]
     output: str | None = None
     error: Any = None
     approval_request_id: str | None = None
 
 
-class McpApprovalRequestInput(Replayed):
+class McpApprovalRequestInput(_McpCallFields):
     type: Literal["mcp_approval_request"]
-    server_label: str = Field(max_length=64)
-    name: str = Field(min_length=1, max_length=128)
-    arguments: str
 
 
 class McpApprovalResponseInput(Strict):
