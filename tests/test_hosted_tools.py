@@ -615,3 +615,29 @@ def test_an_allowed_mcp_url_on_a_private_address_is_still_refused_unless_its_net
         assert "may not reach" in refused.value.body["message"]
     finally:
         live.stop()
+
+
+def test_the_tool_time_budget_of_a_response_cuts_a_running_call(tmp_path, web, mcp_server):
+    settings = _settings(tmp_path, web, mcp_server.url, wall_s=30)
+    hosted = settings.hosted_tools.model_copy(update={"max_seconds": 1.0})
+    live = LiveGateway(settings.model_copy(update={"hosted_tools": hosted})).start()
+    try:
+        started = time.monotonic()
+        response, _ = _create(_client(live), False, input="loop forever", tools=[PYTHON_TOOL])
+        assert time.monotonic() - started < 5  # the 1 s budget, not the 30 s cell limit
+        assert _of(response, "code_interpreter_call")[0].status == "failed"
+        assert "ran past this response's time for tools" in live.backend.prompt_text()
+        assert response.output_text == "The tool failed."
+    finally:
+        live.stop()
+
+
+def test_a_full_pool_drops_its_least_recently_used_sandbox(tmp_path, web, mcp_server):
+    live = LiveGateway(_settings(tmp_path, web, mcp_server.url, max_sandboxes=1)).start()
+    try:
+        pool = live.services.hosted.sandboxes
+        live.call(pool.run("tenant-a", "cntr_one", "kept = 1"))
+        live.call(pool.run("tenant-a", "cntr_two", "other = 2"))  # the pool is full: cntr_one goes
+        assert "NameError" in live.call(pool.run("tenant-a", "cntr_one", "kept")).output
+    finally:
+        live.stop()
