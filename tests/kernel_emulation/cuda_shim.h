@@ -1,16 +1,20 @@
-// Just enough of CUDA to run a kernel file's device code on the host, for tests: every thread of a block is
-// a std::thread, the block's threads meet at __syncthreads on a barrier, a warp's 32 lanes exchange values
-// for __shfl_down_sync through a per-warp slot array and barrier (so the lanes run in lockstep there), and
-// blocks run one after another on the same threads (so `__shared__` variables can be function statics).
+// Just enough of CUDA to run a kernel file's device code on the host, for tests. Every thread of a block is a
+// fiber (ucontext) on one OS thread; a fiber runs until it meets a barrier, and a small scheduler resumes it
+// once every live thread of its warp (for a shuffle) or of its block (for __syncthreads) has arrived. A warp's
+// lanes exchange shuffle values through a per-warp slot array, double-buffered so that one barrier per
+// shuffle suffices. Blocks run one after another (so `__shared__` variables can be function statics).
 #pragma once
 
-#include <barrier>
+#include <ucontext.h>
+
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #define GPTOSS_HOST_EMULATION 1
@@ -19,6 +23,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __shared__ static
+#define __launch_bounds__(...)
 
 struct dim3 {
   unsigned x, y, z;
@@ -45,58 +50,147 @@ inline uint32_t __float_as_uint(float value) {
   std::memcpy(&bits, &value, sizeof bits);
   return bits;
 }
-inline int atomicAdd(int* address, int value) { return __atomic_fetch_add(address, value, __ATOMIC_SEQ_CST); }
+inline int atomicAdd(int* address, int value) {  // fibers share one OS thread: nothing runs in between
+  const int old = *address;
+  *address = value + old;
+  return old;
+}
 
 namespace emulation {
 
-inline thread_local dim3 thread_index, block_index;
-inline dim3 block_dim, grid_dim;
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr int kWarp = 32;
+
+enum class Wait { kNone, kWarp, kBlock };
+
+struct Fiber {
+  ucontext_t context;
+  std::unique_ptr<char[]> stack{new char[kStackBytes]};
+  dim3 index;
+  unsigned linear = 0;      // its thread's index in the block
+  Wait wait = Wait::kNone;
+  unsigned generation = 0;  // of the barrier it waits at
+  unsigned shuffles = 0;    // shuffles done: picks the slot buffer
+  bool done = false;
+};
+
+// A barrier over the live threads of a warp or a block: `generation` moves on when all of them arrived.
+struct Barrier {
+  unsigned live = 0, arrived = 0, generation = 0;
+  void Arrive() {
+    if (++arrived == live) Release();
+  }
+  void Leave() {  // a thread returned: the others no longer wait for it
+    --live;
+    if (arrived > 0 && arrived == live) Release();
+  }
+  void Release() {
+    arrived = 0;
+    ++generation;
+  }
+};
 
 struct Warp {
-  std::barrier<> meet{32};
-  float slots[32];
+  Barrier barrier;
+  float slots[2][kWarp];
 };
-struct Block {
-  std::unique_ptr<std::barrier<>> all;
-  std::vector<std::unique_ptr<Warp>> warps;
-};
-inline thread_local Block* current_block;
+
+inline dim3 thread_index, block_index, block_dim, grid_dim;
+inline ucontext_t scheduler;
+inline Fiber* current = nullptr;
+inline std::vector<Warp> warps;
+inline Barrier block_barrier;
+inline std::function<void()> body;  // the kernel call of the block being run
+
+inline void Yield(Wait wait, Barrier& barrier) {
+  Fiber& self = *current;
+  self.wait = wait;
+  self.generation = barrier.generation;
+  barrier.Arrive();
+  swapcontext(&self.context, &scheduler);
+  self.wait = Wait::kNone;
+}
+
+inline void SyncThreads() { Yield(Wait::kBlock, block_barrier); }
 
 inline float ShuffleDown(float value, int offset) {
-  const unsigned lane = thread_index.x % 32;
-  Warp& warp = *current_block->warps[thread_index.x / 32];
-  warp.slots[lane] = value;
-  warp.meet.arrive_and_wait();
-  const float other = lane + offset < 32 ? warp.slots[lane + offset] : value;
-  warp.meet.arrive_and_wait();
-  return other;
+  const unsigned lane = current->linear % kWarp;
+  Warp& warp = warps[current->linear / kWarp];
+  float* slots = warp.slots[current->shuffles++ % 2];
+  slots[lane] = value;
+  Yield(Wait::kWarp, warp.barrier);
+  return lane + offset < kWarp ? slots[lane + offset] : value;
+}
+
+inline void Entry() {
+  body();
+  current->done = true;
+}  // returns to `scheduler` through uc_link
+
+inline bool Released(const Fiber& fiber) {
+  switch (fiber.wait) {
+    case Wait::kNone:
+      return true;
+    case Wait::kWarp:
+      return warps[fiber.linear / kWarp].barrier.generation != fiber.generation;
+    case Wait::kBlock:
+      return block_barrier.generation != fiber.generation;
+  }
+  return false;
+}
+
+// Runs every thread of the current block to its end, each fiber until its next barrier in turn.
+inline void RunBlock(std::vector<Fiber>& fibers) {
+  const unsigned threads = static_cast<unsigned>(fibers.size());
+  warps.assign((threads + kWarp - 1) / kWarp, Warp{});
+  for (unsigned t = 0; t < threads; ++t) warps[t / kWarp].barrier.live++;
+  block_barrier = Barrier{threads, 0, 0};
+  for (unsigned t = 0; t < threads; ++t) {
+    Fiber& fiber = fibers[t];
+    fiber.index = dim3(t % block_dim.x, t / block_dim.x % block_dim.y, t / (block_dim.x * block_dim.y));
+    fiber.linear = t;
+    fiber.wait = Wait::kNone;
+    fiber.shuffles = 0;
+    fiber.done = false;
+    getcontext(&fiber.context);
+    fiber.context.uc_stack.ss_sp = fiber.stack.get();
+    fiber.context.uc_stack.ss_size = kStackBytes;
+    fiber.context.uc_link = &scheduler;
+    makecontext(&fiber.context, Entry, 0);
+  }
+  for (unsigned remaining = threads; remaining > 0;) {
+    bool progressed = false;
+    for (Fiber& fiber : fibers) {
+      if (fiber.done || !Released(fiber)) continue;
+      current = &fiber;
+      thread_index = fiber.index;
+      swapcontext(&scheduler, &fiber.context);
+      progressed = true;
+      if (fiber.done) {
+        --remaining;
+        warps[fiber.linear / kWarp].barrier.Leave();
+        block_barrier.Leave();
+      }
+    }
+    if (!progressed) {
+      std::fprintf(stderr, "emulation: threads of a block wait at barriers that none of the others reach\n");
+      std::abort();
+    }
+  }
 }
 
 template <typename Kernel, typename... Args>
 void Launch(Kernel kernel, dim3 grid, dim3 block, Args... args) {
-  // One std::thread per thread of a block, reused for every block in turn (a barrier between blocks).
-  const unsigned threads = block.x * block.y * block.z;
   block_dim = block;
   grid_dim = grid;
-  Block state;
-  state.all = std::make_unique<std::barrier<>>(threads);
-  for (unsigned w = 0; w < (threads + 31) / 32; ++w) state.warps.push_back(std::make_unique<Warp>());
-  std::barrier<> block_done(threads);
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      thread_index = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
-      current_block = &state;
-      for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-          for (unsigned bx = 0; bx < grid.x; ++bx) {
-            block_index = dim3(bx, by, bz);
-            kernel(args...);
-            block_done.arrive_and_wait();
-          }
-    });
-  }
-  for (auto& thread : pool) thread.join();
+  std::vector<Fiber> fibers(block.x * block.y * block.z);
+  body = [&] { kernel(args...); };
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        block_index = dim3(bx, by, bz);
+        RunBlock(fibers);
+      }
 }
 
 }  // namespace emulation
@@ -105,6 +199,6 @@ void Launch(Kernel kernel, dim3 grid, dim3 block, Args... args) {
 #define blockIdx emulation::block_index
 #define blockDim emulation::block_dim
 #define gridDim emulation::grid_dim
-#define __syncthreads() emulation::current_block->all->arrive_and_wait()
+#define __syncthreads() emulation::SyncThreads()
 #define __shfl_down_sync(mask, value, offset) emulation::ShuffleDown(value, offset)
 #define GPTOSS_LAUNCH(kernel, grid, block, stream, ...) emulation::Launch(kernel, grid, block, __VA_ARGS__)

@@ -3,8 +3,9 @@
 // 1. Route (one block): each token's top-k experts, softmax over those k logits, and the step's tokens
 //    grouped by expert (per-expert offsets into one list of (token, choice) indices).
 // 2. Fc1 / Fc2: a block per (routed expert, 8 output rows), a warp per row (a gate/linear pair for fc1).
-//    Each lane decodes 4 bytes of MXFP4 codes (8 values) at a time in registers and uses them for up to
-//    kChunk of the expert's tokens, so an expert's weights are read once per step for all its tokens.
+//    Each lane loads whole MXFP4 blocks (16 code bytes, one scale), several before it uses any, decodes
+//    them in registers and uses them for up to kChunk of the expert's tokens, so an expert's weights are
+//    read from memory once per step for its first kChunk tokens (from the cache for the next ones).
 // 3. Combine: y[t] = the routing-weighted sum of its k choices, in choice order (deterministic).
 //
 // The file is also compiled as host C++ with a warp-emulation shim (tests/kernel_emulation), so it keeps
@@ -16,6 +17,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <initializer_list>
 
 #include "mxfp4_moe_launch.h"
 
@@ -29,8 +31,10 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kBlock = 32;       // MXFP4 values per scale
-constexpr int kChunk = 8;        // tokens sharing one decoded weight block
+constexpr int kChunk = 8;        // tokens sharing one decoded weight block (a one-token step uses 1)
 constexpr int kRouteThreads = 256;
+// Fc1/Fc2 blocks resident per SM (the register budget follows): enough warps to keep the loads in flight.
+constexpr int MinBlocks(int chunk) { return chunk == 1 ? 3 : 2; }
 
 // Storage of the 16-bit activation dtypes (bit patterns; converted with round-to-nearest-even).
 struct Half {
@@ -100,14 +104,22 @@ __device__ __forceinline__ float WarpSum(float value) {
   return value;
 }
 
-// A warp walks a row 8 values per lane (4 code bytes, one uint32), 256 values per step, so that the codes
-// (128 bytes) and each token's activations (8 values per lane, one or two 16-byte loads) are read by the
-// warp as contiguous, coalesced runs; the E8M0 scale of those 8 values multiplies their partial sum.
+// A warp walks a row one MXFP4 block per lane at a time: 16 code bytes (one uint4, 32 values) and their E8M0
+// scale, so that each lane's loads are 16 bytes wide and the warp's 512 bytes contiguous. A lane loads its
+// kRound blocks of a row before it uses any of them, so that they are in flight together (gpt-oss's rows of
+// 2,880 values are 90 blocks: three rounds of the warp's 32 lanes, all loaded at once); the activations
+// (8 values at a time, one or two 16-byte loads) come from the caches, shared by every row.
 constexpr int kLaneValues = 8;
+constexpr int kBlockBytes = kBlock / 2;
+constexpr int kRound = 3;
 
 __device__ __forceinline__ void Codes8(uint32_t word, float* out) {
 #pragma unroll
   for (int j = 0; j < kLaneValues; ++j) out[j] = E2M1((word >> (4 * j)) & 0xFu);  // low nibble first
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& codes, int i) {
+  return i == 0 ? codes.x : i == 1 ? codes.y : i == 2 ? codes.z : codes.w;
 }
 
 __device__ __forceinline__ void Load8(const float* p, float* out) {
@@ -132,6 +144,30 @@ __device__ __forceinline__ float Dot8(const float* a, const float* b) {
   for (int j = 0; j < kLaneValues; ++j) sum += a[j] * b[j];
   return sum;
 }
+
+// One round of a row: the lane's blocks `base + r * kWarp + lane` (r < kRound) of `rows` rows sharing the
+// same columns (fc1's gate and linear rows; fc2's one row), codes and scales loaded before any is used;
+// false for a block past the row's end.
+template <int kRows>
+struct Round {
+  uint4 codes[kRows][kRound];
+  float scales[kRows][kRound];
+  bool present[kRound];
+
+  __device__ __forceinline__ Round(const uint8_t* const* rows, const uint8_t* const* row_scales, int64_t groups,
+                                   int64_t base, int lane) {
+#pragma unroll
+    for (int r = 0; r < kRound; ++r) {
+      const int64_t block = base + r * kWarp + lane;
+      present[r] = block < groups;
+#pragma unroll
+      for (int w = 0; w < kRows; ++w) {
+        codes[w][r] = present[r] ? *reinterpret_cast<const uint4*>(rows[w] + block * kBlockBytes) : uint4{0, 0, 0, 0};
+        scales[w][r] = present[r] ? E8M0(row_scales[w][block]) : 0.0f;
+      }
+    }
+  }
+};
 
 // The step's routing, and its tokens grouped by expert (all device pointers into the workspace).
 struct Plan {
@@ -207,59 +243,91 @@ __device__ __forceinline__ bool ExpertRange(const Plan& plan, int* expert, int* 
   return true;
 }
 
-// Up to kChunk (token, choice) indices of the list from `from` (padded with 0); how many there are.
+// Up to C (token, choice) indices of the list from `from` (padded with 0); how many there are.
+template <int C>
 __device__ __forceinline__ int LoadChunk(const Plan& plan, int from, int last, int* choices) {
-  const int n = last - from < kChunk ? last - from : kChunk;
-  for (int t = 0; t < kChunk; ++t) choices[t] = t < n ? plan.list[from + t] : 0;
+  const int n = last - from < C ? last - from : C;
+  for (int t = 0; t < C; ++t) choices[t] = t < n ? plan.list[from + t] : 0;
   return n;
 }
 
-// A warp per gate/linear row pair of one routed expert: activated[c] = swiglu(W1 x + b1) per choice c.
-template <typename T>
-__global__ void Fc1(MoeArgs a, Plan plan) {
+// sums[w][t] = row w · inputs[t] (t < n), whole rows: the lane's part, then the warp's sum in every lane.
+template <int kRows, int C, typename In>
+__device__ __forceinline__ void RowDots(const uint8_t* const* rows, const uint8_t* const* row_scales, int64_t groups,
+                                        const In* const* inputs, int n, int lane, float (&sums)[kRows][C]) {
+#pragma unroll
+  for (int w = 0; w < kRows; ++w)
+#pragma unroll
+    for (int t = 0; t < C; ++t) sums[w][t] = 0.0f;
+  for (int64_t base = 0; base < groups; base += kWarp * kRound) {
+    const Round<kRows> round(rows, row_scales, groups, base, lane);
+#pragma unroll
+    for (int r = 0; r < kRound; ++r) {
+      if (!round.present[r]) continue;
+      const int64_t column = (base + r * kWarp + lane) * kBlock;
+      float block_sums[kRows][C];
+#pragma unroll
+      for (int w = 0; w < kRows; ++w)
+#pragma unroll
+        for (int t = 0; t < C; ++t) block_sums[w][t] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kBlock / kLaneValues; ++i) {
+        float weights[kRows][kLaneValues];
+#pragma unroll
+        for (int w = 0; w < kRows; ++w) Codes8(Word(round.codes[w][r], i), weights[w]);
+#pragma unroll
+        for (int t = 0; t < C; ++t) {
+          if (t < n) {
+            float v[kLaneValues];
+            Load8(inputs[t] + column + i * kLaneValues, v);
+#pragma unroll
+            for (int w = 0; w < kRows; ++w) block_sums[w][t] += Dot8(weights[w], v);
+          }
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < kRows; ++w)
+#pragma unroll
+        for (int t = 0; t < C; ++t) sums[w][t] += round.scales[w][r] * block_sums[w][t];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < C; ++t) {
+    if (t < n) {  // n is the same in every lane of the warp
+#pragma unroll
+      for (int w = 0; w < kRows; ++w) sums[w][t] = WarpSum(sums[w][t]);
+    }
+  }
+}
+
+// A warp per gate/linear row pair of one routed expert: activated[c] = swiglu(W1 x + b1) per choice c, C of
+// the expert's choices at a time.
+template <typename T, int C>
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(C)) Fc1(MoeArgs a, Plan plan) {
   const int lane = threadIdx.x % kWarp;
   const int64_t pair = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   int expert, first, last;
   if (pair >= a.inter || !ExpertRange(plan, &expert, &first, &last)) return;
   const int64_t gate_row = expert * 2 * a.inter + 2 * pair, lin_row = gate_row + 1;
   const int64_t bytes = a.hidden / 2, groups = a.hidden / kBlock;
+  const uint8_t* rows[2] = {a.w1 + gate_row * bytes, a.w1 + lin_row * bytes};
+  const uint8_t* row_scales[2] = {a.s1 + gate_row * groups, a.s1 + lin_row * groups};
   const T* x = static_cast<const T*>(a.x);
   const T* b1 = static_cast<const T*>(a.b1);
   const float gate_bias = ToFloat(b1[gate_row]), lin_bias = ToFloat(b1[lin_row]);
-  for (int start = first; start < last; start += kChunk) {
-    int choices[kChunk];
-    const int n = LoadChunk(plan, start, last, choices);
-    const T* inputs[kChunk];  // each token's activations (the division by k kept out of the inner loop)
-    for (int t = 0; t < kChunk; ++t) {
+  for (int start = first; start < last; start += C) {
+    int choices[C];
+    const int n = LoadChunk<C>(plan, start, last, choices);
+    const T* inputs[C];  // each token's activations (the division by k kept out of the inner loop)
+    for (int t = 0; t < C; ++t) {
       inputs[t] = x + static_cast<int64_t>(choices[t] / static_cast<int>(a.k)) * a.hidden;
     }
-    float gate[kChunk], lin[kChunk];
-    for (int t = 0; t < kChunk; ++t) gate[t] = lin[t] = 0.0f;
-    for (int64_t col = lane * kLaneValues; col < a.hidden; col += kWarp * kLaneValues) {
-      float g[kLaneValues], l[kLaneValues];
-      Codes8(*reinterpret_cast<const uint32_t*>(a.w1 + gate_row * bytes + col / 2), g);
-      Codes8(*reinterpret_cast<const uint32_t*>(a.w1 + lin_row * bytes + col / 2), l);
-      const float gate_scale = E8M0(a.s1[gate_row * groups + col / kBlock]);
-      const float lin_scale = E8M0(a.s1[lin_row * groups + col / kBlock]);
-#pragma unroll
-      for (int t = 0; t < kChunk; ++t) {
-        if (t < n) {
-          float v[kLaneValues];
-          Load8(inputs[t] + col, v);
-          gate[t] += gate_scale * Dot8(g, v);
-          lin[t] += lin_scale * Dot8(l, v);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) {
-      gate[t] = WarpSum(gate[t]);
-      lin[t] = WarpSum(lin[t]);
-    }
+    float sums[2][C];
+    RowDots<2>(rows, row_scales, groups, inputs, n, lane, sums);
     if (lane == 0) {
       for (int t = 0; t < n; ++t) {
-        const float g = fminf(gate[t] + gate_bias, a.limit);
-        const float l = fmaxf(fminf(lin[t] + lin_bias, a.limit), -a.limit);
+        const float g = fminf(sums[0][t] + gate_bias, a.limit);
+        const float l = fmaxf(fminf(sums[1][t] + lin_bias, a.limit), -a.limit);
         plan.activated[choices[t] * a.inter + pair] = g / (1.0f + expf(-a.alpha * g)) * (l + 1.0f);
       }
     }
@@ -267,38 +335,25 @@ __global__ void Fc1(MoeArgs a, Plan plan) {
 }
 
 // A warp per output row of one routed expert: partial[c] = W2 activated[c] + b2 per choice c.
-template <typename T>
-__global__ void Fc2(MoeArgs a, Plan plan) {
+template <typename T, int C>
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(C)) Fc2(MoeArgs a, Plan plan) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   int expert, first, last;
   if (row >= a.hidden || !ExpertRange(plan, &expert, &first, &last)) return;
   const int64_t flat = expert * a.hidden + row, bytes = a.inter / 2, groups = a.inter / kBlock;
+  const uint8_t* rows[1] = {a.w2 + flat * bytes};
+  const uint8_t* row_scales[1] = {a.s2 + flat * groups};
   const float bias = ToFloat(static_cast<const T*>(a.b2)[flat]);
-  for (int start = first; start < last; start += kChunk) {
-    int choices[kChunk];
-    const int n = LoadChunk(plan, start, last, choices);
-    const float* inputs[kChunk];
-    for (int t = 0; t < kChunk; ++t) inputs[t] = plan.activated + static_cast<int64_t>(choices[t]) * a.inter;
-    float sum[kChunk];
-    for (int t = 0; t < kChunk; ++t) sum[t] = 0.0f;
-    for (int64_t col = lane * kLaneValues; col < a.inter; col += kWarp * kLaneValues) {
-      float w[kLaneValues];
-      Codes8(*reinterpret_cast<const uint32_t*>(a.w2 + flat * bytes + col / 2), w);
-      const float scale = E8M0(a.s2[flat * groups + col / kBlock]);
-#pragma unroll
-      for (int t = 0; t < kChunk; ++t) {
-        if (t < n) {
-          float v[kLaneValues];
-          Load8(inputs[t] + col, v);
-          sum[t] += scale * Dot8(w, v);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kChunk; ++t) sum[t] = WarpSum(sum[t]);
+  for (int start = first; start < last; start += C) {
+    int choices[C];
+    const int n = LoadChunk<C>(plan, start, last, choices);
+    const float* inputs[C];
+    for (int t = 0; t < C; ++t) inputs[t] = plan.activated + static_cast<int64_t>(choices[t]) * a.inter;
+    float sums[1][C];
+    RowDots<1>(rows, row_scales, groups, inputs, n, lane, sums);
     if (lane == 0) {
-      for (int t = 0; t < n; ++t) plan.partial[choices[t] * a.hidden + row] = sum[t] + bias;
+      for (int t = 0; t < n; ++t) plan.partial[choices[t] * a.hidden + row] = sums[0][t] + bias;
     }
   }
 }
@@ -351,8 +406,9 @@ void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
   const int64_t slots = a.experts < a.tokens * a.k ? a.experts : a.tokens * a.k;
   const int threads = kWarp * kWarpsPerBlock;
   auto* route = &Route<T>;
-  auto* fc1 = &Fc1<T>;
-  auto* fc2 = &Fc2<T>;
+  // a one-token step (batch-1 decode) has one choice per routed expert: no registers for a chunk
+  auto* fc1 = a.tokens == 1 ? &Fc1<T, 1> : &Fc1<T, kChunk>;
+  auto* fc2 = a.tokens == 1 ? &Fc2<T, 1> : &Fc2<T, kChunk>;
   auto* combine = &Combine<T>;
   GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
   GPTOSS_LAUNCH(fc1, dim3(slots, (a.inter + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
@@ -367,6 +423,9 @@ size_t MoeWorkspaceBytes(const MoeArgs& args) { return Layout(args, nullptr, nul
 const char* LaunchMoe(const MoeArgs& a, void* workspace, void* raw_stream) {
   if (a.tokens == 0) return nullptr;
   if (a.k > kMaxTopK || a.experts > kMaxExperts) return "k above 8 or more than 1024 experts";
+  for (const void* p : {a.x, static_cast<const void*>(a.w1), static_cast<const void*>(a.w2)}) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return "x and the MXFP4 weights must be 16-byte aligned";
+  }
   cudaStream_t stream = static_cast<cudaStream_t>(raw_stream);
   Plan plan{};
   Layout(a, static_cast<char*>(workspace), &plan);
