@@ -171,7 +171,54 @@ def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
                 "max_abs_diff": float(np.abs(got - expected).max()),
                 "output_scale": float(np.abs(expected).max()),
             }
+        if dtype == "bfloat16":
+            report["timing"] = kernel_timing(sessions[device], device, config, options)
     return report
+
+
+def expert_bytes(config: ModelConfig, value_bytes: int) -> int:
+    """What one routed expert's rows weigh: MXFP4 codes, E8M0 scales and biases of fc1 and fc2."""
+    h, i = config.hidden_size, config.intermediate_size
+    return (2 * i * h + h * i) // 2 + (2 * i * h + h * i) // 32 + (2 * i + h) * value_bytes
+
+
+def kernel_timing(session, device: str, config: ModelConfig, options: GraphOptions) -> dict[str, Any]:
+    """The layer alone on the device, inputs and output in device memory bound by address: µs per session
+    run (ONNX Runtime's per-run overhead included) and the expert bytes it must read per µs."""
+    import onnxruntime as ort
+
+    timing = {}
+    value_bytes = options.numpy_type.itemsize
+    for tokens in (1, 8, 64, 1024):
+        rng = np.random.default_rng(tokens)
+        x = rng.standard_normal((tokens, config.hidden_size)).astype(np.float32).astype(options.numpy_type)
+        logits = rng.standard_normal((tokens, config.num_experts)).astype(np.float32)
+        routed = len(np.unique(np.argsort(-logits, axis=1)[:, : config.experts_per_token]))
+        buffers = {
+            "x": x.view(np.uint16),
+            "router_logits": logits.astype(options.numpy_type).view(np.uint16),
+            "y": np.zeros((tokens, config.hidden_size), np.uint16),
+        }
+        values = {name: ort.OrtValue.ortvalue_from_numpy(array, device, 0) for name, array in buffers.items()}
+        binding = session.io_binding()
+        for name, value in values.items():
+            bind = binding.bind_output if name == "y" else binding.bind_input
+            bind(name, device, 0, options.onnx_type, list(buffers[name].shape), value.data_ptr())
+        for _ in range(3):
+            session.run_with_iobinding(binding)
+        repeats = 50 if tokens < 1024 else 10
+        started = time.perf_counter()
+        for _ in range(repeats):
+            session.run_with_iobinding(binding)
+        seconds = (time.perf_counter() - started) / repeats
+        read = routed * expert_bytes(config, value_bytes)
+        timing[f"tokens_{tokens}"] = {
+            "us": round(seconds * 1e6, 1),
+            "experts_routed": routed,
+            "expert_bytes": read,
+            "gb_per_s": round(read / seconds / 1e9, 1),
+        }
+    return timing
 
 
 def bytes_per_token(config: ModelConfig, dtype_bytes: int) -> dict[str, float]:
@@ -356,6 +403,21 @@ def markdown(results: dict[str, Any]) -> str:
             "apart.",
             "",
         ]
+        timing = kernel.get("timing", {})
+        if timing:
+            lines += [
+                "The layer alone (bfloat16, inputs and output in device memory, ONNX Runtime's per-run overhead "
+                "included), against the expert bytes it must read:",
+                "",
+                "| tokens | experts routed | expert bytes | µs per layer | GB/s |",
+                "|---|---|---|---|---|",
+                *(
+                    f"| {key.split('_')[1]} | {t['experts_routed']} | {t['expert_bytes'] / 1e6:.1f} MB | {t['us']} "
+                    f"| {t['gb_per_s']} |"
+                    for key, t in timing.items()
+                ),
+                "",
+            ]
     scale = results.get("scale", {})
     if "decode_tok_s_batch_1" in scale:
         lines += [

@@ -42,6 +42,7 @@ NAME = "gateway_bench"
 MODEL = "gpt-oss-120b"
 SHORT = "<|channel|>analysis<|message|>The user greets me. Reply briefly.<|end|><|start|>assistant<|channel|>final<|message|>Hello! How can I help you today?<|return|>"  # noqa: E501
 STREAM_WORDS = 256
+STREAM_WARMUP_S = 6.0
 
 
 def stream_completion() -> str:
@@ -173,7 +174,16 @@ def throughput(args: argparse.Namespace, scratch: Path, short_tokens: list[int],
         rounds: dict[tuple[str, str], list[LoopResult]] = {key: [] for key in servers}
         loads = {
             "short": Load(request_body(False), args.clients, args.duration / args.rounds),
-            "stream": Load(request_body(True), args.clients, args.duration / args.rounds, stream=True),
+            # the reference's streams take seconds each: its clients' starts are spread and the window opens
+            # once they are in a steady state, so that completions do not come in one wave at its edge
+            "stream": Load(
+                request_body(True),
+                args.clients,
+                args.duration / args.rounds,
+                warmup_s=STREAM_WARMUP_S,
+                stagger_s=STREAM_WARMUP_S - 1,
+                stream=True,
+            ),
         }
         for _ in range(args.rounds):
             for (side, kind), server in servers.items():
@@ -317,8 +327,9 @@ def report(figures: dict, args: argparse.Namespace) -> str:
             "in-memory store, one process, its per-request prompt print sent to /dev/null. Both answer from an "
             "instant backend emitting the same Harmony tokens; the client (aiohttp, this process, same machine) "
             f"runs {args.clients} closed loops on keep-alive connections, timed for {args.duration:g} s per row in "
-            f"{args.rounds} rounds that alternate between the servers, each after a 1 s warm-up. Server CPU is the "
-            "server process's user+system time over the timed windows.",
+            f"{args.rounds} rounds that alternate between the servers, each after a warm-up (1 s; streams "
+            f"{STREAM_WARMUP_S:g} s, the clients' starts spread over the first {STREAM_WARMUP_S - 1:g}). Server CPU "
+            "is the server process's user+system time over the timed windows.",
             "",
             f"Short request: `POST /v1/responses`, non-streaming, {figures['short_tokens']} completion tokens "
             f"(analysis and a one-line answer). Stream: `stream: true`, {stream_tokens} completion tokens "

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Literal
+from weakref import WeakKeyDictionary
 
 import structlog
 
@@ -27,6 +29,53 @@ log = structlog.get_logger("gateway.turn")
 # BACKEND_WAITED_S counts as such, and no pause is added)
 FAIR_SHARE_S = 0.0005
 BACKEND_WAITED_S = 0.0005
+# generations resumed per loop iteration after their share: the other callbacks of an iteration (a new
+# request's next step, a socket's data) wait for at most this many slices, not for every running generation's
+SLICES_PER_ITERATION = 2
+
+
+class _Turns:
+    """The generations of one event loop waiting to run again after their share, resumed in arrival order,
+    SLICES_PER_ITERATION in each loop iteration."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._releasing = False
+
+    def wait(self) -> asyncio.Future[None]:
+        future = self._loop.create_future()
+        self._waiting.append(future)
+        if not self._releasing:
+            self._releasing = True
+            self._loop.call_soon(self._release)
+        return future
+
+    def _release(self) -> None:
+        waiting = self._waiting
+        released = 0
+        while waiting and released < SLICES_PER_ITERATION:
+            future = waiting.popleft()
+            if not future.done():  # done: its generation was cancelled meanwhile
+                future.set_result(None)
+                released += 1
+        if waiting:
+            self._loop.call_soon(self._release)  # the next iteration's
+        else:
+            self._releasing = False
+
+
+_TURNS: WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = WeakKeyDictionary()
+
+
+def _next_turn() -> asyncio.Future[None]:
+    """Resolves when this generation may run again."""
+    loop = asyncio.get_running_loop()
+    turns = _TURNS.get(loop)
+    if turns is None:
+        turns = _TURNS[loop] = _Turns(loop)
+    return turns.wait()
+
 
 Status = Literal["completed", "incomplete", "failed", "cancelled"]
 
@@ -132,7 +181,7 @@ class Turn:
                         if got - asked > BACKEND_WAITED_S:
                             running_since = got  # the backend waited: other tasks ran meanwhile
                         elif got - running_since > FAIR_SHARE_S:
-                            await asyncio.sleep(0)
+                            await _next_turn()
                             running_since = perf_counter()
                         if chunk is None:
                             break

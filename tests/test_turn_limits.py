@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from backends.base import Capabilities, Chunk, Constraint, Sampling
+from gateway import turn as turn_module
 from gateway.lifecycle import Lifecycle
 from gateway.turn import Turn
 
@@ -148,3 +149,31 @@ def test_a_backend_with_its_tokens_ready_does_not_hold_the_event_loop(encoding, 
         assert seen_during == [200]  # it ran only once the whole answer was made
     else:
         assert seen_during[0] < 200  # it ran in the middle of the answer
+
+
+def test_ready_generations_take_turns_so_a_new_callback_waits_for_few_of_them(encoding, monkeypatch):
+    """Twenty generations with their tokens ready, each giving way after every chunk: a callback that arrives
+    meanwhile (a new request's next step) runs after at most SLICES_PER_ITERATION of them have moved on, not
+    after all twenty; every generation still makes its whole answer."""
+    monkeypatch.setattr("gateway.turn.FAIR_SHARE_S", 0.0)
+    turns = [
+        Turn(RunawayBackend(encoding, RUN_ON * 5, 1), encoding, [1, 2, 3], 100, Sampling(), Constraint(), f"r{i}")
+        for i in range(20)
+    ]
+    moved_on: list[int] = []
+
+    def produced() -> int:
+        return sum(turn.assembler.output_tokens for turn in turns)
+
+    async def scenario() -> None:
+        generations = [asyncio.ensure_future(_consume(turn)) for turn in turns]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        before = produced()
+        assert 0 < before < 20 * 100
+        asyncio.get_running_loop().call_soon(lambda: moved_on.append(produced() - before))
+        await asyncio.gather(*generations)
+
+    asyncio.run(scenario())
+    assert moved_on and moved_on[0] <= turn_module.SLICES_PER_ITERATION  # one token per slice here
+    assert all(turn.assembler.output_tokens == 100 for turn in turns)
