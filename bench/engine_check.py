@@ -7,7 +7,10 @@ Steps (each reported, a failure recorded and the next step run):
 1. parity: small random checkpoints (real vocabulary and head size) converted for the CPU (float32) and for
    the device in bf16 and fp16: logits after a 150-token prompt (past the 128 window), greedy runs of 100
    tokens compared token by token, and the device's argmax agreement when fed the CPU's tokens;
-2. kernel: the device MXFP4MoE kernel against the CPU kernel on a 20b-shaped layer (1, 3 and 64 tokens);
+2. kernel: the device MXFP4MoE kernel against the CPU kernel on a 20b-shaped layer (1, 3 and 64 tokens), the
+   layer alone timed (1 to 1,024 tokens) against the expert bytes it reads, and on CUDA ONNX Runtime's contrib
+   QMoE (fp4) on the same layer in both weight layouts it may read (bench/qmoe_layer.py): its outputs against
+   our kernel's, and its timing;
 3. scale: a random checkpoint of gpt-oss-20b's shape, converted to bf16, loaded on the device: decode
    tokens/s at batch 1, 8, 32, 64, time to first token for 1k and 8k prompts, KV capacity, and batch-1
    decode as a fraction of the HBM bound (bytes read per token / measured copy bandwidth).
@@ -36,6 +39,7 @@ except ImportError:
     torch = None
 
 import numpy as np
+from qmoe_layer import LAYOUTS, qmoe_layer_model
 from report import write_section
 
 from backends.engine.checkpoint import Checkpoint
@@ -132,47 +136,82 @@ def parity_of(
         }
 
 
+def run_layer(session, x: np.ndarray, logits: np.ndarray, options: GraphOptions) -> np.ndarray:
+    """One MoE layer model's y for x and router logits (host arrays in the layer's dtype), as float32."""
+    import onnxruntime as ort
+
+    storage = np.uint16 if options.numpy_type.itemsize == 2 else np.float32  # 16-bit values as raw bits
+    binding = session.io_binding()
+    for name, array in (("x", x), ("router_logits", logits)):
+        raw = array.view(storage)
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, options.onnx_type))
+    out = np.zeros((x.shape[0], x.shape[1]), storage)
+    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, options.onnx_type))
+    session.run_with_iobinding(binding)
+    return out.view(options.numpy_type).astype(np.float32)
+
+
+def layer_inputs(tokens: int, config: ModelConfig, options: GraphOptions) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(tokens)
+    x = rng.standard_normal((tokens, config.hidden_size)).astype(np.float32).astype(options.numpy_type)
+    logits = rng.standard_normal((tokens, config.num_experts)).astype(np.float32).astype(options.numpy_type)
+    return x, logits
+
+
+KERNEL_TOKENS = (1, 3, 64)
+
+
 def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
     import onnxruntime as ort
 
     config = GPT_OSS_20B
     layer = random_moe_layer(config, seed=1)
-    report = {}
+    report: dict[str, Any] = {}
     for dtype in ("float32", "bfloat16"):
         model = moe_layer_model(config, layer, work / "moe", dtype)
         options = GraphOptions(16, dtype)
-        storage = np.uint16 if options.numpy_type.itemsize == 2 else np.float32  # 16-bit values as raw bits
         sessions = {}
         for where in ("cpu", device):
             session_options = ort.SessionOptions()
             session_options.register_custom_ops_library(str(kernels))
             providers = ["CUDAExecutionProvider"] if where == "cuda" else ["CPUExecutionProvider"]
             sessions[where] = ort.InferenceSession(str(model), session_options, providers=providers)
-        for tokens in (1, 3, 64):
-            rng = np.random.default_rng(tokens)
-            x = rng.standard_normal((tokens, config.hidden_size)).astype(np.float32).astype(options.numpy_type)
-            logits = rng.standard_normal((tokens, config.num_experts)).astype(np.float32).astype(options.numpy_type)
-            outputs = {}
-            for where, session in sessions.items():
-                binding = session.io_binding()
-                for name, array in (("x", x), ("router_logits", logits)):
-                    raw = array.view(storage)
-                    binding.bind_ortvalue_input(
-                        name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, options.onnx_type)
-                    )
-                out = np.zeros((tokens, config.hidden_size), storage)
-                binding.bind_ortvalue_output(
-                    "y", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, options.onnx_type)
-                )
-                session.run_with_iobinding(binding)
-                outputs[where] = out.view(options.numpy_type).astype(np.float32)
-            expected, got = outputs["cpu"], outputs[device]
+        for tokens in KERNEL_TOKENS:
+            x, logits = layer_inputs(tokens, config, options)
+            expected, got = (run_layer(sessions[where], x, logits, options) for where in ("cpu", device))
             report[f"{dtype}_tokens_{tokens}"] = {
                 "max_abs_diff": float(np.abs(got - expected).max()),
                 "output_scale": float(np.abs(expected).max()),
             }
         if dtype == "bfloat16":
             report["timing"] = kernel_timing(sessions[device], device, config, options)
+            if device == "cuda":
+                report["qmoe"] = qmoe_vs_kernel(work, config, layer, sessions[device], options)
+    return report
+
+
+def qmoe_vs_kernel(work: Path, config: ModelConfig, layer: dict[str, np.ndarray], kernel, options: GraphOptions):
+    """ONNX Runtime's contrib QMoE (fp4) on the same layer, in each weight layout it may read: its outputs
+    against our kernel's (the layout it reads is the one that agrees), and its timing."""
+    import onnxruntime as ort
+
+    report: dict[str, Any] = {}
+    for layout in LAYOUTS:
+        try:
+            model = qmoe_layer_model(config, layer, work / "qmoe", "bfloat16", layout)
+            session = ort.InferenceSession(str(model), providers=["CUDAExecutionProvider"])
+            rows = {}
+            for tokens in KERNEL_TOKENS:
+                x, logits = layer_inputs(tokens, config, options)
+                ours, theirs = run_layer(kernel, x, logits, options), run_layer(session, x, logits, options)
+                rows[f"tokens_{tokens}"] = {
+                    "max_abs_diff": float(np.abs(theirs - ours).max()),
+                    "output_scale": float(np.abs(ours).max()),
+                }
+            rows["timing"] = kernel_timing(session, "cuda", config, options)
+            report[layout] = rows
+        except Exception as exc:  # a layout it rejects is a finding too
+            report[layout] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
     return report
 
 
@@ -416,6 +455,17 @@ def markdown(results: dict[str, Any]) -> str:
                     f"| {t['gb_per_s']} |"
                     for key, t in timing.items()
                 ),
+                "",
+            ]
+        for layout, rows in kernel.get("qmoe", {}).items():
+            if "error" in rows:
+                lines += [f"ONNX Runtime's QMoE (fp4), weights by {layout}: failed: {rows['error']}", ""]
+                continue
+            worst = max(v["max_abs_diff"] / v["output_scale"] for k, v in rows.items() if k.startswith("tokens_"))
+            times = ", ".join(f"{key.split('_')[1]} tokens {t['us']} µs" for key, t in rows["timing"].items())
+            lines += [
+                f"ONNX Runtime's QMoE (fp4), weights by {layout}: largest difference from our kernel {worst:.1e} of "
+                f"the output's magnitude (1, 3, 64 tokens); per layer: {times}.",
                 "",
             ]
     scale = results.get("scale", {})
