@@ -38,20 +38,19 @@ class _Turns:
     """The generations of one event loop waiting to run again after their share, resumed in arrival order,
     SLICES_PER_ITERATION in each loop iteration."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:  # holds no reference to its loop: the loop is the key it is kept under
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._releasing = False
 
-    def wait(self) -> asyncio.Future[None]:
-        future = self._loop.create_future()
+    def wait(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        future = loop.create_future()
         self._waiting.append(future)
         if not self._releasing:
             self._releasing = True
-            self._loop.call_soon(self._release)
+            loop.call_soon(self._release, loop)
         return future
 
-    def _release(self) -> None:
+    def _release(self, loop: asyncio.AbstractEventLoop) -> None:
         waiting = self._waiting
         released = 0
         while waiting and released < SLICES_PER_ITERATION:
@@ -60,7 +59,7 @@ class _Turns:
                 future.set_result(None)
                 released += 1
         if waiting:
-            self._loop.call_soon(self._release)  # the next iteration's
+            loop.call_soon(self._release, loop)  # the next iteration's
         else:
             self._releasing = False
 
@@ -73,8 +72,8 @@ def _next_turn() -> asyncio.Future[None]:
     loop = asyncio.get_running_loop()
     turns = _TURNS.get(loop)
     if turns is None:
-        turns = _TURNS[loop] = _Turns(loop)
-    return turns.wait()
+        turns = _TURNS[loop] = _Turns()
+    return turns.wait(loop)
 
 
 Status = Literal["completed", "incomplete", "failed", "cancelled"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -177,3 +178,11 @@ def test_ready_generations_take_turns_so_a_new_callback_waits_for_few_of_them(en
     asyncio.run(scenario())
     assert moved_on and moved_on[0] <= turn_module.SLICES_PER_ITERATION  # one token per slice here
     assert all(turn.assembler.output_tokens == 100 for turn in turns)
+
+
+def test_the_turn_queue_does_not_keep_a_finished_loop(encoding, monkeypatch):
+    monkeypatch.setattr("gateway.turn.FAIR_SHARE_S", 0.0)
+    for _ in range(3):
+        _run(Turn(RunawayBackend(encoding, RUN_ON, 1), encoding, [1, 2, 3], 20, Sampling(), Constraint(), "r"))
+    gc.collect()
+    assert len(turn_module._TURNS) == 0
