@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 
 import pytest
 
@@ -182,7 +183,14 @@ def test_ready_generations_take_turns_so_a_new_callback_waits_for_few_of_them(en
 
 def test_the_turn_queue_does_not_keep_a_finished_loop(encoding, monkeypatch):
     monkeypatch.setattr("gateway.turn.FAIR_SHARE_S", 0.0)
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def scenario() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        turn = Turn(RunawayBackend(encoding, RUN_ON, 1), encoding, [1, 2, 3], 20, Sampling(), Constraint(), "r")
+        await _consume(turn)  # waits in the loop's turn queue after every chunk
+
     for _ in range(3):
-        _run(Turn(RunawayBackend(encoding, RUN_ON, 1), encoding, [1, 2, 3], 20, Sampling(), Constraint(), "r"))
+        asyncio.run(scenario())
     gc.collect()
-    assert len(turn_module._TURNS) == 0
+    assert [ref() for ref in loops] == [None, None, None]
