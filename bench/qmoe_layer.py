@@ -15,7 +15,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from backends.engine.config import ModelConfig
-from backends.engine.graph import IR_VERSION, SWIGLU_ALPHA, Dtype, GraphOptions, TensorWriter
+from backends.engine.graph import IR_VERSION, SWIGLU_ALPHA, Dtype, GraphOptions, TensorWriter, moe_layer_graph
 
 MS_DOMAIN = "com.microsoft"
 LAYOUTS = ("rows", "columns")  # rows: [E, N, K/2] as the checkpoint stores them; columns: [E, K, N/2]
@@ -86,17 +86,7 @@ def qmoe_layer_model(
         expert_weight_bits=4,
         block_size=32,
     )
-    act = options.onnx_type
-    graph = helper.make_graph(
-        [node],
-        "qmoe",
-        [
-            helper.make_tensor_value_info("x", act, ["tokens", config.hidden_size]),
-            helper.make_tensor_value_info("router_logits", act, ["tokens", config.num_experts]),
-        ],
-        [helper.make_tensor_value_info("y", act, ["tokens", config.hidden_size])],
-        initializers,
-    )
+    graph = moe_layer_graph("qmoe", node, config, options, initializers)
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)], producer_name="bench"
     )

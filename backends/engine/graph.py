@@ -391,10 +391,19 @@ def moe_layer_model(
     finally:
         writer.close()
     node = helper.make_node("MXFP4MoE", inputs, ["y"], domain=ENGINE_DOMAIN, **moe_attributes(config))
+    graph = moe_layer_graph("mxfp4_moe", node, config, options, initializers)
+    path.write_bytes(_model(graph, config, options).SerializeToString())
+    return path
+
+
+def moe_layer_graph(
+    name: str, node: onnx.NodeProto, config: ModelConfig, options: GraphOptions, initializers: list[TensorProto]
+) -> onnx.GraphProto:
+    """A graph of one MoE layer's node: x [T, H] and router_logits [T, E] in, y [T, H] out."""
     act = options.onnx_type
-    graph = helper.make_graph(
+    return helper.make_graph(
         [node],
-        "mxfp4_moe",
+        name,
         [
             helper.make_tensor_value_info("x", act, ["tokens", config.hidden_size]),
             helper.make_tensor_value_info("router_logits", act, ["tokens", config.num_experts]),
@@ -402,8 +411,6 @@ def moe_layer_model(
         [helper.make_tensor_value_info("y", act, ["tokens", config.hidden_size])],
         initializers,
     )
-    path.write_bytes(_model(graph, config, options).SerializeToString())
-    return path
 
 
 def write_model(
