@@ -3,8 +3,9 @@
     python bench/harmony_bench.py [--repeats 7] [--write docs/benchmarks.md]
 
 Render: a tool-calling conversation with 8 and with 50 tools to prompt tokens, cold (our caches cleared
-before every render) and warm (the same conversation rebuilt from fresh objects, as each request of a
-serving tool loop arrives, with the caches kept).
+before every render), warm (the same conversation rebuilt from fresh objects, as each request of a
+serving tool loop arrives, with the caches kept), and with new instructions on every render beside
+tools seen before.
 Parse: 100,000 completion tokens fed one at a time to each streaming parser.
 """
 
@@ -74,16 +75,17 @@ def _with_schema_json(name: str, description: str, parameters: dict) -> ToolDesc
     return ToolDescription(name, description, parameters, json.dumps(parameters, separators=(",", ":")))
 
 
-def conversation(tools: int = 8) -> list[Message]:
+INSTRUCTIONS = "You are a careful support agent. " * 8
+
+
+def conversation(tools: int = 8, instructions: str = INSTRUCTIONS) -> list[Message]:
     messages = [
         Message.of(
             Role.SYSTEM, SystemContent(reasoning_effort=ReasoningEffort.HIGH, conversation_start_date="2026-11-21")
         ),
         Message.of(
             Role.DEVELOPER,
-            DeveloperContent(instructions="You are a careful support agent. " * 8).with_function_tools(
-                [_tool(i) for i in range(tools)]
-            ),
+            DeveloperContent(instructions=instructions).with_function_tools([_tool(i) for i in range(tools)]),
         ),
     ]
     for turn in range(6):
@@ -145,6 +147,7 @@ def best_of(repeats: int, fn, number: int) -> float:
 
 
 TOOL_COUNTS = (8, 50)
+RENDERS_PER_ROUND = 20
 
 
 def render_times(repeats: int, tools: int) -> dict[str, float]:
@@ -157,6 +160,8 @@ def render_times(repeats: int, tools: int) -> dict[str, float]:
     ref_conversation = oh.Conversation.from_messages([to_reference(m) for m in messages])
     assert prompt == ref.render_conversation_for_completion(ref_conversation, oh.Role.ASSISTANT), "renders differ"
     fresh = itertools.cycle([conversation(tools) for _ in range(25)])
+    # each render new instructions with the tools seen before (apps that put the date or the user in them)
+    renamed = iter([conversation(tools, f"Request {i}. {INSTRUCTIONS}") for i in range(repeats * RENDERS_PER_ROUND)])
 
     def ours_cold():
         renderer.clear_cache()
@@ -168,17 +173,22 @@ def render_times(repeats: int, tools: int) -> dict[str, float]:
             "ref": lambda: ref.render_conversation_for_completion(ref_conversation, oh.Role.ASSISTANT),
             "cold": ours_cold,
             "warm": lambda: renderer.render_for_completion(next(fresh), cot=_reference_policy()),
+            "instructions": lambda: renderer.render_for_completion(next(renamed), cot=_reference_policy()),
         },
-        20,
+        RENDERS_PER_ROUND,
     )
     return {
         f"prompt_tokens_{tools}": len(prompt),
         f"render_ref_s_{tools}": statistics.median(rounds["ref"]),
         f"render_ours_cold_s_{tools}": statistics.median(rounds["cold"]),
         f"render_ours_warm_s_{tools}": statistics.median(rounds["warm"]),
+        f"render_ours_instructions_s_{tools}": statistics.median(rounds["instructions"]),
         # the speed-ups: the median of each round's own ratio (both sides timed back to back in that round)
         f"speedup_cold_{tools}": statistics.median(r / c for r, c in zip(rounds["ref"], rounds["cold"], strict=True)),
         f"speedup_warm_{tools}": statistics.median(r / w for r, w in zip(rounds["ref"], rounds["warm"], strict=True)),
+        f"speedup_instructions_{tools}": statistics.median(
+            r / i for r, i in zip(rounds["ref"], rounds["instructions"], strict=True)
+        ),
     }
 
 
@@ -246,6 +256,8 @@ def render_rows(r: dict[str, float], us) -> list[str]:
             f"{head} ours, cold (caches cleared each render) | {us(r[f'render_ours_cold_s_{tools}'])} | "
             f"{r[f'speedup_cold_{tools}']:.1f}x |",
             f"{head} ours, warm | {us(r[f'render_ours_warm_s_{tools}'])} | {r[f'speedup_warm_{tools}']:.1f}x |",
+            f"{head} ours, new instructions each render, tools seen before | "
+            f"{us(r[f'render_ours_instructions_s_{tools}'])} | {r[f'speedup_instructions_{tools}']:.1f}x |",
         ]
     return rows
 
@@ -264,7 +276,8 @@ def report(r: dict[str, float]) -> str:
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"openai-harmony {oh_version}. Both sides in the same process and run; medians. Renders are timed",
-        "in interleaved rounds (openai-harmony, ours cold, ours warm; 20 renders each), and each speed-up is",
+        f"in interleaved rounds (openai-harmony, ours cold, warm, new instructions; {RENDERS_PER_ROUND} renders each), "
+        "and each speed-up is",
         "the median of the rounds' own ratios.",
         "",
         "Render a tool-calling conversation (identical tokens on both sides); warm renders get a freshly",

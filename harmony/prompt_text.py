@@ -83,7 +83,8 @@ def response_formats_section(formats: list[ResponseFormat]) -> str:
     return "\n\n".join(["# Response Formats", *(_response_format_text(f) for f in formats)])
 
 
-def system_text(content: SystemContent, function_tools: bool) -> str:
+def system_sections(content: SystemContent, function_tools: bool) -> list[str]:
+    """The system message's sections, in order; its text is them joined by blank lines."""
     header = [
         line
         for line in (
@@ -106,10 +107,11 @@ def system_text(content: SystemContent, function_tools: bool) -> str:
         if function_tools:
             line += "\nCalls to these tools must go to the commentary channel: 'functions'."
         sections.append(line)
-    return "\n\n".join(sections)
+    return sections
 
 
-def developer_text(content: DeveloperContent) -> str:
+def developer_sections(content: DeveloperContent) -> list[str]:
+    """The developer message's sections, in order; its text is them joined by blank lines."""
     sections = []
     if content.instructions is not None:
         sections.append(f"# Instructions\n\n{content.instructions}")
@@ -117,4 +119,27 @@ def developer_text(content: DeveloperContent) -> str:
         sections.append(tools_section(content.tools))
     if content.response_formats:
         sections.append(response_formats_section(content.response_formats))
-    return "\n\n".join(sections)
+    return sections
+
+
+def _starts_a_piece(text: str) -> bool:
+    """Whether o200k's pre-tokenizer ends a piece before this text whenever a newline precedes it: a
+    piece runs on past a newline only through whitespace, or through `/` after punctuation."""
+    return bool(text) and not text[0].isspace() and text[0] != "/"
+
+
+def token_pieces(sections: list[str]) -> list[str]:
+    """The sections joined by blank lines, cut after each blank line that a new piece always follows.
+
+    Encoding the parts one by one gives the tokens of the whole text, so each part's tokens can be
+    cached on their own: the tools section's survive a change of instructions."""
+    pieces: list[str] = []
+    for section in sections:
+        if not pieces:
+            pieces.append(section)
+        elif _starts_a_piece(section):
+            pieces[-1] += "\n\n"
+            pieces.append(section)
+        else:
+            pieces[-1] += "\n\n" + section
+    return pieces

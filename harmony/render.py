@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .cot import CotPolicy, apply_cot_policy
 from .encoding import HarmonyEncoding, load_harmony_encoding
-from .prompt_text import clear_tool_texts, developer_text, has_function_tools, system_text
+from .prompt_text import clear_tool_texts, developer_sections, has_function_tools, system_sections, token_pieces
 from .tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
 from .types import Conversation, DeveloperContent, Message, Role, SystemContent
 
@@ -80,11 +80,13 @@ class Renderer:
             elif isinstance(part, SystemContent):
                 if role is not Role.SYSTEM:
                     raise RenderError(f"SystemContent may only appear in system messages, found in {role.value}")
-                out += cached(system_text(part, function_tools))
+                for piece in token_pieces(system_sections(part, function_tools)):
+                    out += cached(piece)
             elif isinstance(part, DeveloperContent):
                 if role is not Role.DEVELOPER:
                     raise RenderError(f"DeveloperContent may only appear in developer messages, found in {role.value}")
-                out += cached(developer_text(part))
+                for piece in token_pieces(developer_sections(part)):
+                    out += cached(piece)
             else:
                 raise RenderError(f"unsupported content part {type(part).__name__}")
         out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)

@@ -87,17 +87,27 @@ def _property_one_of(key: str, optional: str, prop: dict[str, Any], indent: str)
 
 
 _LEAF_TYPES = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean"}
-_PLAIN_KEYS = frozenset({"type", "description", "default"})  # a property with no other key is a plain leaf
+# The keys that add comments or variants to a property; a property without them takes the short path.
+_DECORATIONS = frozenset({"title", "examples", "oneOf", "nullable"})
+
+
+def _string_type(enum: Any) -> str:
+    """A string's type: the union of its enum's string values, if it has any."""
+    if isinstance(enum, list):
+        values = [f'"{v}"' for v in enum if isinstance(v, str)]
+        if values:
+            return " | ".join(values)
+    return "string"
 
 
 def _leaf(prop: dict[str, Any]) -> str | None:
-    """The type of a plain string, number or boolean property without the keys that change it; None
+    """The type of a string, number or boolean property without the keys that change it; None
     otherwise (the general conversion then applies)."""
     if "oneOf" in prop:
         return None
     kind = prop.get("type")
-    if kind == "string" and "enum" in prop:
-        return None
+    if kind == "string":
+        return _string_type(prop.get("enum"))
     return _LEAF_TYPES.get(kind) if isinstance(kind, str) else None
 
 
@@ -105,8 +115,9 @@ def _object(schema: dict[str, Any], indent: str) -> str:
     description = schema.get("description")
     out = [f"{indent}// {description}\n{{\n" if isinstance(description, str) else "{\n"]
     properties = schema.get("properties")
-    required_list = schema.get("required")
-    required = {r for r in required_list if isinstance(r, str)} if isinstance(required_list, list) else set()
+    required = schema.get("required")
+    if not isinstance(required, list):
+        required = ()  # membership of a str key: the list's other items never match, as if filtered out
     if isinstance(properties, dict):
         inner = indent + "    "
         for key, prop in properties.items():
@@ -114,18 +125,22 @@ def _object(schema: dict[str, Any], indent: str) -> str:
             if not isinstance(prop, dict):
                 out.append(f"{indent}{key}{optional}: any,\n")
                 continue
-            if prop.keys() <= _PLAIN_KEYS:  # the common case, in fewer steps
+            if prop.keys().isdisjoint(_DECORATIONS):  # the common case, in fewer steps
                 kind = prop.get("type")
-                leaf = _LEAF_TYPES.get(kind) if isinstance(kind, str) else None
-                if leaf is not None:
-                    prop_description = prop.get("description")
-                    if isinstance(prop_description, str):
-                        out.append(f"{indent}// {prop_description}\n")
-                    if "default" in prop:
-                        out.append(f"{indent}{key}{optional}: {leaf}, // {_default_text(prop['default'], prop)}\n")
-                    else:
-                        out.append(f"{indent}{key}{optional}: {leaf},\n")
-                    continue
+                if kind == "string":
+                    rendered = _string_type(prop.get("enum"))
+                else:
+                    rendered = _LEAF_TYPES.get(kind) if isinstance(kind, str) else None
+                    if rendered is None:
+                        rendered = to_typescript(prop, inner)
+                prop_description = prop.get("description")
+                if isinstance(prop_description, str):
+                    out.append(f"{indent}// {prop_description}\n")
+                if "default" in prop:
+                    out.append(f"{indent}{key}{optional}: {rendered}, // {_default_text(prop['default'], prop)}\n")
+                else:
+                    out.append(f"{indent}{key}{optional}: {rendered},\n")
+                continue
             has_one_of = "oneOf" in prop
             title = prop.get("title")
             if isinstance(title, str):
@@ -154,31 +169,21 @@ def to_typescript(schema: Any, indent: str = "") -> str:
     """Render one JSON Schema value as a Harmony TypeScript type."""
     if not isinstance(schema, dict):
         return "any"
-    one_of = schema.get("oneOf")
-    if isinstance(one_of, list):
-        return _nested_one_of(one_of, indent)
-    kind = schema.get("type")
+    if "oneOf" in schema and isinstance(schema["oneOf"], list):
+        return _nested_one_of(schema["oneOf"], indent)
+    kind = schema.get("type")  # compared with strings first: a list or other value equals none of them
+    if kind == "object":
+        return _object(schema, indent)
+    if kind == "string":
+        return _string_type(schema.get("enum"))
+    if kind == "array":
+        return to_typescript(schema["items"], indent) + "[]" if "items" in schema else "Array<any>"
+    if kind == "number" or kind == "integer":
+        return "number"
+    if kind == "boolean":
+        return "boolean"
     if isinstance(kind, list):
         names = ["number" if k == "integer" else k for k in kind if isinstance(k, str)]
         if names:
             return " | ".join(names)
-    if not isinstance(kind, str):
-        return "any"
-    if kind == "object":
-        return _object(schema, indent)
-    if kind == "string":
-        enum = schema.get("enum")
-        if isinstance(enum, list):
-            values = [v for v in enum if isinstance(v, str)]
-            if values:
-                return " | ".join(f'"{v}"' for v in values)
-        return "string"
-    if kind in ("number", "integer"):
-        return "number"
-    if kind == "boolean":
-        return "boolean"
-    if kind == "array":
-        if "items" in schema:
-            return to_typescript(schema["items"], indent) + "[]"
-        return "Array<any>"
     return "any"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from reference import reference_render
 
 from harmony import (
@@ -18,8 +20,10 @@ from harmony import (
     ToolDescription,
     ToolNamespace,
     browser_namespace,
+    load_harmony_encoding,
     python_namespace,
 )
+from harmony.render import Renderer
 
 U = Role.USER
 A = Role.ASSISTANT
@@ -195,3 +199,37 @@ def test_tool_signatures_are_converted_once_per_content_whatever_the_objects(ren
     assert renderer.render_conversation(developer(reordered)) != first and len(calls) == 2  # order matters
     given = developer(dict(schema), json.dumps(schema, separators=(",", ":")))  # the gateway's schema text
     assert renderer.render_conversation(given) == first and len(calls) == 2
+
+
+_SECTION_TEXT = st.text(alphabet="aZ09 \t\n\r/#.,'-💡中\u0301", max_size=12)
+
+
+@given(st.lists(_SECTION_TEXT, min_size=1, max_size=5))
+def test_sections_encoded_piece_by_piece_give_the_tokens_of_the_whole_text(sections):
+    from harmony.prompt_text import token_pieces
+
+    encode = load_harmony_encoding().encode_ordinary
+    pieces = token_pieces(sections)
+    assert "".join(pieces) == "\n\n".join(sections)
+    assert [t for piece in pieces for t in encode(piece)] == encode("\n\n".join(sections))
+
+
+def test_the_tools_sections_tokens_survive_a_change_of_instructions(renderer):
+    encoded: list[str] = []
+
+    class Counting:
+        def __init__(self, encoding):
+            self.encoding = encoding
+
+        def encode_ordinary(self, text: str) -> list[int]:
+            encoded.append(text)
+            return self.encoding.encode_ordinary(text)
+
+    counting = Renderer(Counting(load_harmony_encoding()))
+    tools = [ToolDescription(f"tool_{i}", f"Tool number {i}.", {"type": "object"}) for i in range(3)]
+    for instructions in ("Be brief.", "Answer in French. Today is Tuesday/", "Be brief."):
+        prompt = counting.render_conversation([dev(tools, instructions), Message.of(U, "hi")])
+        assert prompt == renderer.render_conversation([dev(tools, instructions), Message.of(U, "hi")])
+    tool_pieces = [text for text in encoded if "# Tools" in text]
+    assert len(tool_pieces) == 1 and "Instructions" not in tool_pieces[0]
+    assert sum("Answer in French" in text for text in encoded) == 1
