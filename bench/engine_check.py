@@ -6,7 +6,8 @@ kernel, then the full gpt-oss-20b shape (random weights) for speed and memory.
 Steps (each reported, a failure recorded and the next step run):
 1. parity: small random checkpoints (real vocabulary and head size) converted for the CPU (float32) and for
    the device in bf16 and fp16: logits after a 150-token prompt (past the 128 window), greedy runs of 100
-   tokens compared token by token, and the device's argmax agreement when fed the CPU's tokens;
+   tokens compared token by token, and the device's argmax agreement when fed the CPU's tokens, each
+   disagreement weighed against the CPU's top-two margin there (a near tie or an error);
 2. kernel: the device MXFP4MoE kernel against the CPU kernel on a 20b-shaped layer (1, 3 and 64 tokens), the
    layer alone timed (1 to 1,024 tokens) against the expert bytes it reads, and on CUDA ONNX Runtime's contrib
    QMoE (fp4) on the same layer in both weight layouts it may read (bench/qmoe_layer.py): its outputs against
@@ -117,23 +118,36 @@ def parity_of(
     positions = 512
     scale = float(np.abs(reference_logits[0]).max())
     work = checkpoint.directory.parent
-    if True:
-        model = compiled_model(checkpoint, GraphOptions(positions, dtype), work / "graphs")
-        runtime = DecoderRuntime(
-            str(model), PARITY_CONFIG, 1, positions, kernels=kernels, device=device, dtype=dtype, cuda_graph=cuda_graph
-        )
-        tokens, _ = greedy(runtime, GREEDY_TOKENS)
-        same = next((i for i, (a, b) in enumerate(zip(tokens, reference_tokens, strict=True)) if a != b), len(tokens))
-        forced_tokens, forced_logits = greedy(runtime, GREEDY_TOKENS, forced=reference_tokens)
-        differences = [float(np.abs(a - b).max()) for a, b in zip(forced_logits, reference_logits, strict=True)]
-        agree = sum(a == b for a, b in zip(forced_tokens, reference_tokens, strict=True))
-        return {
-            "prompt_logits_max_abs_diff": round(differences[0], 5),
-            "max_abs_diff_over_run": round(max(differences), 5),
-            "relative_to_logit_scale": round(max(differences) / scale, 5),
-            "greedy_tokens_equal_before_first_difference": same,
-            "argmax_agreement_fed_cpu_tokens": f"{agree}/{len(forced_tokens)}",
-        }
+    model = compiled_model(checkpoint, GraphOptions(positions, dtype), work / "graphs")
+    runtime = DecoderRuntime(
+        str(model), PARITY_CONFIG, 1, positions, kernels=kernels, device=device, dtype=dtype, cuda_graph=cuda_graph
+    )
+    tokens, _ = greedy(runtime, GREEDY_TOKENS)
+    same = next((i for i, (a, b) in enumerate(zip(tokens, reference_tokens, strict=True)) if a != b), len(tokens))
+    forced_tokens, forced_logits = greedy(runtime, GREEDY_TOKENS, forced=reference_tokens)
+    differences = [float(np.abs(a - b).max()) for a, b in zip(forced_logits, reference_logits, strict=True)]
+    agree = sum(a == b for a, b in zip(forced_tokens, reference_tokens, strict=True))
+    # A step's argmax can differ only where the CPU's top two logits are within twice the step's largest
+    # logit difference of each other (each moved by at most that much): a near tie, not an error.
+    margins = [top_margin(logits) for logits in reference_logits[:-1]]
+    disagreements = [i for i, (a, b) in enumerate(zip(forced_tokens, reference_tokens, strict=True)) if a != b]
+    decisive = [i for i in disagreements if margins[i] > 2 * differences[i]]
+    return {
+        "prompt_logits_max_abs_diff": round(differences[0], 5),
+        "max_abs_diff_over_run": round(max(differences), 5),
+        "relative_to_logit_scale": round(max(differences) / scale, 5),
+        "greedy_tokens_equal_before_first_difference": same,
+        "cpu_margin_at_first_difference": round(margins[same], 5) if same < len(margins) else None,
+        "argmax_agreement_fed_cpu_tokens": f"{agree}/{len(forced_tokens)}",
+        "cpu_margins_at_disagreements": [round(margins[i], 5) for i in disagreements],
+        "disagreements_beyond_a_near_tie": len(decisive),
+    }
+
+
+def top_margin(logits: np.ndarray) -> float:
+    """How far the largest logit stands above the second."""
+    top_two = np.partition(logits.astype(np.float64), -2)[-2:]
+    return float(top_two[1] - top_two[0])
 
 
 def run_layer(session, x: np.ndarray, logits: np.ndarray, options: GraphOptions) -> np.ndarray:
@@ -419,20 +433,28 @@ def markdown(results: dict[str, Any]) -> str:
             f"(largest logit {parity['logit_scale']}):",
             "",
             "| dtype | prompt logits, max abs diff | over the run (fed the CPU's tokens) | argmax agreement "
-            "| greedy tokens equal before the first difference |",
-            "|---|---|---|---|---|",
+            "| of the disagreements, beyond a near tie | greedy tokens equal before the first difference "
+            "(the CPU's top-two margin there) |",
+            "|---|---|---|---|---|---|",
         ]
         for dtype in ("float16", "bfloat16"):
             row = parity.get(dtype, {})
             if "error" in row:
-                lines.append(f"| {dtype} | failed: {row['error']} | | | |")
+                lines.append(f"| {dtype} | failed: {row['error']} | | | | |")
             elif row:
                 first_difference = row["greedy_tokens_equal_before_first_difference"]
+                margin = row.get("cpu_margin_at_first_difference")
                 lines.append(
                     f"| {dtype} | {row['prompt_logits_max_abs_diff']} | {row['max_abs_diff_over_run']} "
-                    f"| {row['argmax_agreement_fed_cpu_tokens']} | {first_difference} |"
+                    f"| {row['argmax_agreement_fed_cpu_tokens']} | {row.get('disagreements_beyond_a_near_tie', '-')} "
+                    f"| {first_difference}" + ("" if margin is None else f" ({margin})") + " |"
                 )
-        lines.append("")
+        lines += [
+            "",
+            "A near tie: a step where the CPU's top two logits lie within twice that step's largest logit "
+            "difference, so either could come first within the dtype's error; random weights make many.",
+            "",
+        ]
     kernel = results.get("kernel", {})
     if kernel and "error" not in kernel:
         worst = max(v["max_abs_diff"] / v["output_scale"] for k, v in kernel.items() if k.startswith("float32"))
