@@ -8,8 +8,9 @@ Steps (each reported, a failure recorded and the next step run):
    the device in bf16 and fp16: logits after a 150-token prompt (past the 128 window), greedy runs of 100
    tokens compared token by token, and the device's argmax agreement when fed the CPU's tokens, each
    disagreement weighed against the CPU's top-two margin there (a near tie or an error);
-2. kernel: the device MXFP4MoE kernel against the CPU kernel on a 20b-shaped layer (1, 3 and 64 tokens), the
-   layer alone timed (1 to 1,024 tokens) against the expert bytes it reads, and on CUDA ONNX Runtime's contrib
+2. kernel: the device MXFP4MoE kernel against the CPU kernel on a 20b-shaped layer (1, 3, 64 and 256 tokens: the
+   last on the GEMM path), the layer alone timed (1 to 1,024 tokens) against the expert bytes it reads, with and
+   without the GEMM path, and on CUDA ONNX Runtime's contrib
    QMoE (fp4) on the same layer in both weight layouts it may read (bench/qmoe_layer.py): its outputs against
    our kernel's, and its timing;
 3. scale: a random checkpoint of gpt-oss-20b's shape, converted to bf16, loaded on the device: decode
@@ -172,7 +173,8 @@ def layer_inputs(tokens: int, config: ModelConfig, options: GraphOptions) -> tup
     return x, logits
 
 
-KERNEL_TOKENS = (1, 3, 64)
+KERNEL_TOKENS = (1, 3, 64, 256)  # 256: a prefill's step, on the GEMM path in 16-bit activations
+GEMM_ENV = "GATEWAY_MOE_GEMM_MIN_TOKENS"  # read when a session makes its kernel
 
 
 def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
@@ -200,8 +202,26 @@ def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
         if dtype == "bfloat16":
             report["timing"] = kernel_timing(sessions[device], device, config, options)
             if device == "cuda":
+                report["timing_cuda_cores"] = kernel_timing(cuda_cores_only(model, kernels), device, config, options)
                 report["qmoe"] = qmoe_vs_kernel(work, config, layer, sessions[device], options)
     return report
+
+
+def cuda_cores_only(model: Path, kernels: Path):
+    """A CUDA session of the layer whose kernel never takes the GEMM path (the other one, kept selectable)."""
+    import onnxruntime as ort
+
+    before = os.environ.get(GEMM_ENV)
+    os.environ[GEMM_ENV] = "0"
+    try:
+        session_options = ort.SessionOptions()
+        session_options.register_custom_ops_library(str(kernels))
+        return ort.InferenceSession(str(model), session_options, providers=["CUDAExecutionProvider"])
+    finally:
+        if before is None:
+            del os.environ[GEMM_ENV]
+        else:
+            os.environ[GEMM_ENV] = before
 
 
 def qmoe_vs_kernel(work: Path, config: ModelConfig, layer: dict[str, np.ndarray], kernel, options: GraphOptions):
@@ -459,9 +479,14 @@ def markdown(results: dict[str, Any]) -> str:
     if kernel and "error" not in kernel:
         worst = max(v["max_abs_diff"] / v["output_scale"] for k, v in kernel.items() if k.startswith("float32"))
         lines += [
-            f"**MXFP4MoE kernel**, CUDA against the CPU kernel on a 20b-shaped layer (1, 3, 64 tokens): float32 "
-            f"largest difference {worst:.1e} of the output's magnitude; bfloat16 outputs equal or one bf16 step "
-            "apart.",
+            f"**MXFP4MoE kernel**, CUDA against the CPU kernel on a 20b-shaped layer (1, 3, 64, 256 tokens): "
+            f"float32 largest difference {worst:.1e} of the output's magnitude; bfloat16: "
+            + ", ".join(
+                f"{key.split('_')[-1]} tokens {v['max_abs_diff'] / v['output_scale']:.1e}"
+                for key, v in kernel.items()
+                if key.startswith("bfloat16_tokens_")
+            )
+            + " (256 tokens: the GEMM path).",
             "",
         ]
         timing = kernel.get("timing", {})
@@ -479,6 +504,10 @@ def markdown(results: dict[str, Any]) -> str:
                 ),
                 "",
             ]
+        cores = kernel.get("timing_cuda_cores", {})
+        if cores:
+            times = ", ".join(f"{key.split('_')[1]} tokens {t['us']} µs" for key, t in cores.items())
+            lines += [f"The CUDA-core kernel alone ({GEMM_ENV}=0), per layer: {times}.", ""]
         for layout, rows in kernel.get("qmoe", {}).items():
             if "error" in rows:
                 lines += [f"ONNX Runtime's QMoE (fp4), weights by {layout}: failed: {rows['error']}", ""]
@@ -487,7 +516,7 @@ def markdown(results: dict[str, Any]) -> str:
             times = ", ".join(f"{key.split('_')[1]} tokens {t['us']} µs" for key, t in rows["timing"].items())
             lines += [
                 f"ONNX Runtime's QMoE (fp4), weights by {layout}: largest difference from our kernel {worst:.1e} of "
-                f"the output's magnitude (1, 3, 64 tokens); per layer: {times}.",
+                f"the output's magnitude (1, 3, 64, 256 tokens); per layer: {times}.",
                 "",
             ]
     scale = results.get("scale", {})

@@ -55,6 +55,16 @@ inline int atomicAdd(int* address, int value) {  // fibers share one OS thread: 
   *address = value + old;
   return old;
 }
+enum cudaMemcpyKind { cudaMemcpyDeviceToHost = 2 };
+inline cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+  std::memcpy(to, from, bytes);  // "device" memory is host memory here
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
 
 namespace emulation {
 
@@ -191,6 +201,47 @@ void Launch(Kernel kernel, dim3 grid, dim3 block, Args... args) {
         block_index = dim3(bx, by, bz);
         RunBlock(fibers);
       }
+}
+
+// cuBLAS's three calls for the kernel file's GEMM path, on the host: cublasGemmEx's column-major
+// C = alpha op(A) op(B) + beta C (C not read when beta is 0) with float32 accumulation, inputs float32 (0),
+// float16 (2) or bfloat16 (14), output float32 and compute type 32F only (68), as the kernel file calls it.
+inline float Element(const void* data, int type, int64_t index) {
+  if (type == 0) return static_cast<const float*>(data)[index];
+  const uint32_t bits = static_cast<const uint16_t*>(data)[index];
+  if (type == 14) return __uint_as_float(bits << 16);
+  const uint32_t sign = (bits & 0x8000u) << 16, exponent = (bits >> 10) & 0x1Fu, mantissa = bits & 0x3FFu;
+  if (exponent == 0x1F) return __uint_as_float(sign | 0x7F800000u | (mantissa << 13));
+  if (exponent == 0) return (sign ? -1.0f : 1.0f) * std::ldexp(static_cast<float>(mantissa), -24);
+  return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+inline int CublasCreate(void** handle) {
+  *handle = nullptr;
+  return 0;
+}
+inline int CublasSetStream(void*, cudaStream_t) { return 0; }
+inline int CublasGemmEx(void*, int transa, int transb, int m, int n, int k, const void* alpha, const void* a,
+                        int a_type, int lda, const void* b, int b_type, int ldb, const void* beta, void* c, int c_type,
+                        int ldc, int compute_type, int) {
+  const auto known = [](int type) { return type == 0 || type == 2 || type == 14; };
+  const auto op = [](int value) { return value == 0 || value == 1; };
+  if (!known(a_type) || !known(b_type) || c_type != 0 || compute_type != 68 || !op(transa) || !op(transb)) return 15;
+  const float scale = *static_cast<const float*>(alpha), keep = *static_cast<const float*>(beta);
+  float* out = static_cast<float*>(c);
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      float sum = 0.0f;
+      for (int l = 0; l < k; ++l) {
+        const int64_t at = transa ? l + static_cast<int64_t>(i) * lda : i + static_cast<int64_t>(l) * lda;
+        const int64_t bt = transb ? j + static_cast<int64_t>(l) * ldb : l + static_cast<int64_t>(j) * ldb;
+        sum += Element(a, a_type, at) * Element(b, b_type, bt);
+      }
+      float& target = out[i + static_cast<int64_t>(j) * ldc];
+      target = scale * sum + (keep == 0.0f ? 0.0f : keep * target);
+    }
+  }
+  return 0;
 }
 
 }  // namespace emulation

@@ -8,6 +8,11 @@
 //    read from memory once per step for its first kChunk tokens (from the cache for the next ones).
 // 3. Combine: y[t] = the routing-weighted sum of its k choices, in choice order (deterministic).
 //
+// A step of many tokens (a prefill: gemm_min_tokens or more) in 16-bit activations runs steps 2 and 3 as GEMMs
+// on tensor cores instead, where cuBLAS loads: the choices' tokens gathered in expert order, then per routed
+// expert its MXFP4 rows decoded once into a 16-bit matrix (exact: an E2M1 value times a power of two) and
+// multiplied with its tokens (float32 accumulation), swiglu between fc1 and fc2, and the same combine.
+//
 // The file is also compiled as host C++ with a warp-emulation shim (tests/kernel_emulation), so it keeps
 // to threadIdx/blockIdx, __shfl_down_sync, __syncthreads, atomicAdd and GPTOSS_LAUNCH.
 
@@ -17,7 +22,14 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <initializer_list>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+#ifndef GPTOSS_HOST_EMULATION
+#include <dlfcn.h>
+#endif
 
 #include "mxfp4_moe_launch.h"
 
@@ -177,8 +189,18 @@ struct Plan {
   int* offsets;      // [E+1] each expert's start in `list`
   int* active;       // [E] experts with tokens, ascending
   int* active_count; // [1]
-  float* activated;  // [T*k, I] swiglu(fc1) per choice
-  float* partial;    // [T*k, H] fc2 + bias per choice
+  int* position;     // [T*k] each choice's place in `list`
+  float* activated;  // [T*k, I] swiglu(fc1) per choice (CUDA-core path)
+  float* partial;    // [T*k, H] fc2 + bias per choice (CUDA-core path)
+};
+
+// The GEMM path's scratch; rows in `list` order (grouped by expert).
+struct GemmScratch {
+  void* gathered;   // [T*k, H] 16-bit: each choice's token
+  float* fc1;       // [T*k, 2I] W1 x
+  void* activated;  // [T*k, I] 16-bit: swiglu(fc1 + b1)
+  float* fc2;       // [T*k, H] W2 activated
+  void* decoded;    // one expert's W1 [2I, H] or W2 [H, I], 16-bit
 };
 
 template <typename T>
@@ -230,7 +252,9 @@ __global__ void Route(MoeArgs a, Plan plan) {
   }
   __syncthreads();
   for (int64_t c = threadIdx.x; c < a.tokens * a.k; c += blockDim.x) {
-    plan.list[atomicAdd(&cursor[plan.chosen[c]], 1)] = static_cast<int>(c);
+    const int slot = atomicAdd(&cursor[plan.chosen[c]], 1);
+    plan.list[slot] = static_cast<int>(c);
+    plan.position[c] = slot;
   }
 }
 
@@ -371,34 +395,235 @@ __global__ void Combine(MoeArgs a, Plan plan) {
   static_cast<T*>(a.y)[index] = FromFloat<T>(sum);
 }
 
+// ---- The GEMM path (prefill) ----
+
+// gathered[i] = the token of choice list[i]: a thread per 8 values (one 16-byte load and store).
+template <typename T>
+__global__ void Gather(MoeArgs a, Plan plan, T* gathered) {
+  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t per_row = a.hidden / kLaneValues;
+  if (index >= a.tokens * a.k * per_row) return;
+  const int64_t row = index / per_row, part = index % per_row;
+  const int64_t token = plan.list[row] / a.k;
+  const uint4* source = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + token * a.hidden);
+  reinterpret_cast<uint4*>(gathered + row * a.hidden)[part] = source[part];
+}
+
+// out [rows, columns] = the MXFP4 matrix (codes, scales) in T: a thread per block of 32 values.
+template <typename T>
+__global__ void Decode(const uint8_t* codes, const uint8_t* scales, int64_t blocks, T* out) {
+  const int64_t block = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (block >= blocks) return;
+  const uint4 v = reinterpret_cast<const uint4*>(codes)[block];
+  const float scale = E8M0(scales[block]);
+  uint4* target = reinterpret_cast<uint4*>(out + block * kBlock);
+#pragma unroll
+  for (int i = 0; i < kBlock / kLaneValues; ++i) {
+    float values[kLaneValues];
+    Codes8(Word(v, i), values);
+    uint32_t words[kLaneValues / 2];
+#pragma unroll
+    for (int j = 0; j < kLaneValues / 2; ++j) {
+      words[j] = static_cast<uint32_t>(FromFloat<T>(values[2 * j] * scale).bits) |
+                 static_cast<uint32_t>(FromFloat<T>(values[2 * j + 1] * scale).bits) << 16;
+    }
+    target[i] = uint4{words[0], words[1], words[2], words[3]};
+  }
+}
+
+// activated[i, p] = swiglu of fc1 row i's gate/linear pair p plus its expert's biases (as Fc1 computes it).
+template <typename T>
+__global__ void Activate(MoeArgs a, Plan plan, GemmScratch s) {
+  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (index >= a.tokens * a.k * a.inter) return;
+  const int64_t row = index / a.inter, pair = index % a.inter;
+  const int64_t expert = plan.chosen[plan.list[row]];
+  const T* b1 = static_cast<const T*>(a.b1) + expert * 2 * a.inter;
+  const float* sums = s.fc1 + row * 2 * a.inter;
+  const float g = fminf(sums[2 * pair] + ToFloat(b1[2 * pair]), a.limit);
+  const float l = fmaxf(fminf(sums[2 * pair + 1] + ToFloat(b1[2 * pair + 1]), a.limit), -a.limit);
+  static_cast<T*>(s.activated)[index] = FromFloat<T>(g / (1.0f + expf(-a.alpha * g)) * (l + 1.0f));
+}
+
+// y[t] = the routing-weighted sum of its choices' fc2 rows plus their experts' biases, in choice order.
+template <typename T>
+__global__ void CombineRows(MoeArgs a, Plan plan, GemmScratch s) {
+  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (index >= a.tokens * a.hidden) return;
+  const int64_t token = index / a.hidden, column = index % a.hidden;
+  const T* b2 = static_cast<const T*>(a.b2);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < a.k; ++j) {
+    const int64_t choice = token * a.k + j;
+    const float bias = ToFloat(b2[plan.chosen[choice] * a.hidden + column]);
+    const float value = s.fc2[plan.position[choice] * a.hidden + column] + bias;
+    sum += plan.weights[choice] * value;
+  }
+  static_cast<T*>(a.y)[index] = FromFloat<T>(sum);
+}
+
+// cuBLAS, loaded at run time (no link-time dependency; the CUDA execution provider has it in the process).
+// Its C ABI for the three calls used; enums are ints.
+using CublasCreate = int (*)(void** handle);
+using CublasSetStream = int (*)(void* handle, cudaStream_t stream);
+using CublasGemmEx = int (*)(void* handle, int transa, int transb, int m, int n, int k, const void* alpha,
+                             const void* A, int a_type, int lda, const void* B, int b_type, int ldb, const void* beta,
+                             void* C, int c_type, int ldc, int compute_type, int algo);
+constexpr int kOpN = 0, kOpT = 1, kR32F = 0, kR16F = 2, kR16BF = 14, kCompute32F = 68, kGemmDefault = -1;
+
+struct Cublas {
+  CublasCreate create;
+  CublasSetStream set_stream;
+  CublasGemmEx gemm;
+};
+
+#ifdef GPTOSS_HOST_EMULATION
+const Cublas* LoadCublas() {
+  static const Cublas functions{emulation::CublasCreate, emulation::CublasSetStream, emulation::CublasGemmEx};
+  return &functions;
+}
+#else
+const Cublas* LoadCublas() {
+  static const Cublas* loaded = []() -> const Cublas* {
+    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
+      void* library = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (!library) continue;
+      const Cublas functions{reinterpret_cast<CublasCreate>(dlsym(library, "cublasCreate_v2")),
+                             reinterpret_cast<CublasSetStream>(dlsym(library, "cublasSetStream_v2")),
+                             reinterpret_cast<CublasGemmEx>(dlsym(library, "cublasGemmEx"))};
+      if (functions.create && functions.set_stream && functions.gemm) return new Cublas(functions);
+    }
+    return nullptr;
+  }();
+  return loaded;
+}
+#endif
+
+// A cuBLAS handle per device, made on first use; its mutex keeps one caller's stream and GEMMs together.
+struct Handle {
+  void* handle = nullptr;
+  std::mutex mutex;
+};
+
+Handle* DeviceHandle(const Cublas& cublas) {
+  static std::mutex guard;
+  static std::vector<Handle*> handles;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return nullptr;
+  std::lock_guard<std::mutex> lock(guard);
+  if (static_cast<size_t>(device) >= handles.size()) handles.resize(device + 1, nullptr);
+  if (!handles[device]) {
+    auto* made = new Handle();
+    if (cublas.create(&made->handle) != 0) {
+      delete made;
+      return nullptr;
+    }
+    handles[device] = made;
+  }
+  return handles[device];
+}
+
+bool UsesGemms(const MoeArgs& a) {
+  return a.dtype != Dtype::kFloat32 && a.gemm_min_tokens > 0 && a.tokens >= a.gemm_min_tokens &&
+         LoadCublas() != nullptr;
+}
+
 constexpr size_t kAlign = 256;
 
 size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// The workspace's parts in order; `base` null: only the total.
-size_t Layout(const MoeArgs& a, char* base, Plan* plan) {
+// The workspace's parts in order (the GEMM path's or the CUDA-core path's); `base` null: only the total.
+size_t Layout(const MoeArgs& a, bool gemms, char* base, Plan* plan, GemmScratch* scratch) {
   const size_t choices = static_cast<size_t>(a.tokens * a.k), experts = static_cast<size_t>(a.experts);
-  const size_t sizes[] = {choices * sizeof(int),
-                          choices * sizeof(float),
-                          choices * sizeof(int),
-                          (experts + 1) * sizeof(int),
-                          experts * sizeof(int),
-                          sizeof(int),
-                          choices * a.inter * sizeof(float),
-                          choices * a.hidden * sizeof(float)};
+  const size_t hidden = static_cast<size_t>(a.hidden), inter = static_cast<size_t>(a.inter), half = 2;
+  std::vector<size_t> sizes = {choices * sizeof(int), choices * sizeof(float), choices * sizeof(int),
+                               (experts + 1) * sizeof(int), experts * sizeof(int), sizeof(int),
+                               choices * sizeof(int)};
+  if (gemms) {
+    sizes.insert(sizes.end(), {choices * hidden * half, choices * 2 * inter * sizeof(float), choices * inter * half,
+                               choices * hidden * sizeof(float), 2 * inter * hidden * half});
+  } else {
+    sizes.insert(sizes.end(), {choices * inter * sizeof(float), choices * hidden * sizeof(float)});
+  }
   size_t offset = 0;
-  char* parts[8];
-  for (int i = 0; i < 8; ++i) {
-    parts[i] = base ? base + offset : nullptr;
-    offset += Aligned(sizes[i]);
+  std::vector<char*> parts;
+  for (const size_t size : sizes) {
+    parts.push_back(base ? base + offset : nullptr);
+    offset += Aligned(size);
   }
   if (plan) {
     *plan = Plan{reinterpret_cast<int*>(parts[0]), reinterpret_cast<float*>(parts[1]),
                  reinterpret_cast<int*>(parts[2]), reinterpret_cast<int*>(parts[3]),
                  reinterpret_cast<int*>(parts[4]), reinterpret_cast<int*>(parts[5]),
-                 reinterpret_cast<float*>(parts[6]), reinterpret_cast<float*>(parts[7])};
+                 reinterpret_cast<int*>(parts[6]),
+                 gemms ? nullptr : reinterpret_cast<float*>(parts[7]),
+                 gemms ? nullptr : reinterpret_cast<float*>(parts[8])};
+  }
+  if (scratch && gemms) {
+    *scratch = GemmScratch{parts[7], reinterpret_cast<float*>(parts[8]), parts[9],
+                           reinterpret_cast<float*>(parts[10]), parts[11]};
   }
   return offset;
+}
+
+int64_t Blocks(int64_t threads, int per_block) { return (threads + per_block - 1) / per_block; }
+
+// Steps 2 and 3 as GEMMs (after Route has run on `stream`); an error message, or nullptr.
+template <typename T>
+const char* LaunchGemms(const MoeArgs& a, const Plan& plan, const GemmScratch& s, cudaStream_t stream) {
+  static_assert(sizeof(T) == 2, "the GEMM path runs in 16-bit activations");
+  const Cublas& cublas = *LoadCublas();
+  Handle* handle = DeviceHandle(cublas);
+  if (!handle) return "cuBLAS did not make a handle";
+  std::vector<int> offsets(a.experts + 1);  // the experts' row ranges, needed here for the GEMMs' sizes
+  if (cudaMemcpyAsync(offsets.data(), plan.offsets, offsets.size() * sizeof(int), cudaMemcpyDeviceToHost, stream) !=
+          cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess) {
+    return cudaGetErrorString(cudaGetLastError());
+  }
+  T* gathered = static_cast<T*>(s.gathered);
+  T* decoded = static_cast<T*>(s.decoded);
+  T* activated = static_cast<T*>(s.activated);
+  const int type = std::is_same<T, BFloat>::value ? kR16BF : kR16F;
+  const int64_t choices = a.tokens * a.k, h = a.hidden, i2 = 2 * a.inter, in = a.inter;
+  const float one = 1.0f, zero = 0.0f;
+  auto* gather = &Gather<T>;
+  auto* decode = &Decode<T>;
+  auto* activate = &Activate<T>;
+  auto* combine = &CombineRows<T>;
+  GPTOSS_LAUNCH(gather, dim3(Blocks(choices * h / kLaneValues, 256)), dim3(256), stream, a, plan, gathered);
+  std::lock_guard<std::mutex> lock(handle->mutex);
+  if (cublas.set_stream(handle->handle, stream) != 0) return "cuBLAS did not take the stream";
+  // Per routed expert e with n rows: out [n, rows] = in [n, columns] W[e]^T, W[e] decoded to T first. In cuBLAS's
+  // column-major terms: out^T [rows, n] = W[e] ([columns, rows] column-major, transposed) in^T.
+  const auto expert_gemms = [&](const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t columns,
+                                const T* in, float* out) {
+    const int64_t blocks = rows * columns / kBlock;
+    for (int64_t e = 0; e < a.experts; ++e) {
+      const int n = offsets[e + 1] - offsets[e];
+      if (n == 0) continue;
+      GPTOSS_LAUNCH(decode, dim3(Blocks(blocks, 256)), dim3(256), stream, codes + e * blocks * kBlockBytes,
+                    scales + e * blocks, blocks, decoded);
+      const int status = cublas.gemm(handle->handle, kOpT, kOpN, static_cast<int>(rows), n, static_cast<int>(columns),
+                                     &one, decoded, type, static_cast<int>(columns), in + offsets[e] * columns, type,
+                                     static_cast<int>(columns), &zero, out + offsets[e] * rows, kR32F,
+                                     static_cast<int>(rows), kCompute32F, kGemmDefault);
+      if (status != 0) return status;
+    }
+    return 0;
+  };
+  int status = expert_gemms(a.w1, a.s1, i2, h, gathered, s.fc1);  // fc1 = W1 x
+  if (status == 0) {
+    GPTOSS_LAUNCH(activate, dim3(Blocks(choices * in, 256)), dim3(256), stream, a, plan, s);
+    status = expert_gemms(a.w2, a.s2, h, in, activated, s.fc2);  // fc2 = W2 swiglu(...)
+  }
+  if (status != 0) {
+    static thread_local char message[64];
+    std::snprintf(message, sizeof message, "cuBLAS GemmEx failed (status %d)", status);
+    return message;
+  }
+  GPTOSS_LAUNCH(combine, dim3(Blocks(a.tokens * h, 256)), dim3(256), stream, a, plan, s);
+  return nullptr;
 }
 
 template <typename T>
@@ -418,7 +643,7 @@ void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
 
 }  // namespace
 
-size_t MoeWorkspaceBytes(const MoeArgs& args) { return Layout(args, nullptr, nullptr); }
+size_t MoeWorkspaceBytes(const MoeArgs& args) { return Layout(args, UsesGemms(args), nullptr, nullptr, nullptr); }
 
 const char* LaunchMoe(const MoeArgs& a, void* workspace, void* raw_stream) {
   if (a.tokens == 0) return nullptr;
@@ -428,17 +653,27 @@ const char* LaunchMoe(const MoeArgs& a, void* workspace, void* raw_stream) {
   }
   cudaStream_t stream = static_cast<cudaStream_t>(raw_stream);
   Plan plan{};
-  Layout(a, static_cast<char*>(workspace), &plan);
-  switch (a.dtype) {
-    case Dtype::kFloat32:
-      Launch<float>(a, plan, stream);
-      break;
-    case Dtype::kFloat16:
-      Launch<Half>(a, plan, stream);
-      break;
-    case Dtype::kBFloat16:
-      Launch<BFloat>(a, plan, stream);
-      break;
+  GemmScratch scratch{};
+  const bool gemms = UsesGemms(a);
+  Layout(a, gemms, static_cast<char*>(workspace), &plan, &scratch);
+  if (gemms) {
+    auto* route = a.dtype == Dtype::kBFloat16 ? &Route<BFloat> : &Route<Half>;
+    GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
+    const char* error = a.dtype == Dtype::kBFloat16 ? LaunchGemms<BFloat>(a, plan, scratch, stream)
+                                                     : LaunchGemms<Half>(a, plan, scratch, stream);
+    if (error) return error;
+  } else {
+    switch (a.dtype) {
+      case Dtype::kFloat32:
+        Launch<float>(a, plan, stream);
+        break;
+      case Dtype::kFloat16:
+        Launch<Half>(a, plan, stream);
+        break;
+      case Dtype::kBFloat16:
+        Launch<BFloat>(a, plan, stream);
+        break;
+    }
   }
   const cudaError_t status = cudaGetLastError();
   return status == cudaSuccess ? nullptr : cudaGetErrorString(status);

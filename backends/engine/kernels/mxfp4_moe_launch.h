@@ -23,7 +23,12 @@ struct MoeArgs {
   const uint8_t* s2;   // [E, H, I/32]
   const void* b2;      // [E, H]
   void* y;             // [T, H]
+  // CUDA, 16-bit activations: from this many tokens in a step (a prefill) the experts run as GEMMs on tensor
+  // cores through cuBLAS, where it loads; 0: never. The CPU kernel ignores it.
+  int64_t gemm_min_tokens;
 };
+
+constexpr int64_t kDefaultGemmMinTokens = 128;  // above the largest decode batch a CUDA graph captures
 
 constexpr int64_t kMaxTopK = 8;
 constexpr int64_t kMaxExperts = 1024;

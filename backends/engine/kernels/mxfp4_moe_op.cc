@@ -1,6 +1,7 @@
 // What both MXFP4MoE kernels share: attributes, input types, and reading the inputs.
 #include "mxfp4_moe_op.h"
 
+#include <cstdlib>
 #include <vector>
 
 namespace gptoss {
@@ -10,6 +11,8 @@ MoeAttributes::MoeAttributes(const OrtKernelInfo* info) {
   k = kernel_info.GetAttribute<int64_t>("k");
   limit = kernel_info.GetAttribute<float>("swiglu_limit");
   alpha = kernel_info.GetAttribute<float>("activation_alpha");
+  const char* gemm = std::getenv("GATEWAY_MOE_GEMM_MIN_TOKENS");
+  gemm_min_tokens = gemm && *gemm ? std::strtoll(gemm, nullptr, 10) : kDefaultGemmMinTokens;
 }
 
 ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType activation) {
@@ -64,6 +67,7 @@ MoeArgs ReadMoeArgs(Ort::KernelContext& context, const MoeAttributes& attributes
   a.k = attributes.k;
   a.limit = attributes.limit;
   a.alpha = attributes.alpha;
+  a.gemm_min_tokens = attributes.gemm_min_tokens;
   if (w1_shape[1] != 2 * a.inter || w1_shape[2] != a.hidden || w2_shape[0] != a.experts || w2_shape[1] != a.hidden ||
       a.hidden % kBlock || a.inter % kBlock || a.k < 1 || a.k > a.experts || a.k > kMaxTopK ||
       a.experts > kMaxExperts) {

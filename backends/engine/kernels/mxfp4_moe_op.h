@@ -17,6 +17,7 @@ struct MoeAttributes {
   int64_t k;
   float limit;
   float alpha;
+  int64_t gemm_min_tokens;  // GATEWAY_MOE_GEMM_MIN_TOKENS, else kDefaultGemmMinTokens
 };
 
 ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType activation);
