@@ -9,8 +9,8 @@ from .serde_json import display
 
 def rust_lines(text: str) -> list[str]:
     """Rust's `str::lines()`: split on `\\n`, drop one `\\r` before it, no empty last line."""
-    if not text:
-        return []
+    if "\n" not in text:
+        return [text] if text else []
     parts = text.split("\n")
     ended = parts[-1] == ""
     if ended:
@@ -128,7 +128,8 @@ def _object(schema: dict[str, Any], indent: str) -> str:
             if prop.keys().isdisjoint(_DECORATIONS):  # the common case, in fewer steps
                 kind = prop.get("type")
                 if kind == "string":
-                    rendered = _string_type(prop.get("enum"))
+                    enum = prop.get("enum")
+                    rendered = "string" if enum is None else _string_type(enum)
                 else:
                     rendered = _LEAF_TYPES.get(kind) if isinstance(kind, str) else None
                     if rendered is None:
