@@ -115,7 +115,7 @@ def test_the_cuda_kernel_computes_what_the_cpu_kernel_does(emulated, config, tok
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize(("config", "tokens"), SHAPES[:2], ids=lambda v: getattr(v, "hidden_size", v))
+@pytest.mark.parametrize(("config", "tokens"), [*SHAPES[:2], SHAPES[3]], ids=lambda v: getattr(v, "hidden_size", v))
 def test_the_gemm_path_computes_what_the_cpu_kernel_does(emulated, config, tokens, dtype, tmp_path):
     """A prefill's path: tokens gathered by expert, each expert's MXFP4 rows decoded to 16 bits, the GEMMs as
     cuBLAS's cublasGemmEx defines them (column-major, transposed weights), the choices combined."""
