@@ -10,7 +10,7 @@ Steps (each reported, a failure recorded and the next step run):
    disagreement weighed against the CPU's top-two margin there (a near tie or an error);
 2. kernel: the device MXFP4MoE kernel against the CPU kernel on a 20b-shaped layer (1, 3, 64 and 256 tokens: the
    last on the GEMM path), the layer alone timed (1 to 1,024 tokens) against the expert bytes it reads, with and
-   without the GEMM path, and on CUDA ONNX Runtime's contrib
+   each path alone (to choose the threshold), and on CUDA ONNX Runtime's contrib
    QMoE (fp4) on the same layer in both weight layouts it may read (bench/qmoe_layer.py): its outputs against
    our kernel's, and its timing;
 3. scale: a random checkpoint of gpt-oss-20b's shape, converted to bf16, loaded on the device: decode
@@ -202,17 +202,19 @@ def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
         if dtype == "bfloat16":
             report["timing"] = kernel_timing(sessions[device], device, config, options)
             if device == "cuda":
-                report["timing_cuda_cores"] = kernel_timing(cuda_cores_only(model, kernels), device, config, options)
+                for name, threshold in (("timing_cuda_cores", 0), ("timing_gemms", 1)):  # each path alone
+                    session = with_gemm_threshold(model, kernels, threshold)
+                    report[name] = kernel_timing(session, device, config, options)
                 report["qmoe"] = qmoe_vs_kernel(work, config, layer, sessions[device], options)
     return report
 
 
-def cuda_cores_only(model: Path, kernels: Path):
-    """A CUDA session of the layer whose kernel never takes the GEMM path (the other one, kept selectable)."""
+def with_gemm_threshold(model: Path, kernels: Path, threshold: int):
+    """A CUDA session of the layer whose kernel takes the GEMM path from `threshold` tokens (0: never)."""
     import onnxruntime as ort
 
     before = os.environ.get(GEMM_ENV)
-    os.environ[GEMM_ENV] = "0"
+    os.environ[GEMM_ENV] = str(threshold)
     try:
         session_options = ort.SessionOptions()
         session_options.register_custom_ops_library(str(kernels))
@@ -504,10 +506,11 @@ def markdown(results: dict[str, Any]) -> str:
                 ),
                 "",
             ]
-        cores = kernel.get("timing_cuda_cores", {})
-        if cores:
-            times = ", ".join(f"{key.split('_')[1]} tokens {t['us']} µs" for key, t in cores.items())
-            lines += [f"The CUDA-core kernel alone ({GEMM_ENV}=0), per layer: {times}.", ""]
+        for name, path in (("timing_cuda_cores", f"CUDA cores only ({GEMM_ENV}=0)"),
+                           ("timing_gemms", f"the GEMM path at every size ({GEMM_ENV}=1)")):  # fmt: skip
+            if kernel.get(name):
+                times = ", ".join(f"{key.split('_')[1]} tokens {t['us']} µs" for key, t in kernel[name].items())
+                lines += [f"The layer on {path}, per layer: {times}.", ""]
         for layout, rows in kernel.get("qmoe", {}).items():
             if "error" in rows:
                 lines += [f"ONNX Runtime's QMoE (fp4), weights by {layout}: failed: {rows['error']}", ""]
