@@ -9,7 +9,7 @@ Steps (each reported, a failure recorded and the next step run):
    tokens compared token by token, and the device's argmax agreement when fed the CPU's tokens, each
    disagreement weighed against the CPU's top-two margin there (a near tie or an error);
 2. kernel: the device MXFP4MoE kernel against the CPU kernel on a 20b-shaped layer (1, 3, 64 and 256 tokens: the
-   last on the GEMM path), the layer alone timed (1 to 1,024 tokens) against the expert bytes it reads, with and
+   last on the GEMM path), the layer alone timed (1 to 1,024 tokens) against the expert bytes it reads, and on
    each path alone (to choose the threshold), and on CUDA ONNX Runtime's contrib
    QMoE (fp4) on the same layer in both weight layouts it may read (bench/qmoe_layer.py): its outputs against
    our kernel's, and its timing;
