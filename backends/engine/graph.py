@@ -32,7 +32,7 @@ from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .rope import cos_sin
 
-BUILDER_VERSION = "4"
+BUILDER_VERSION = "5"
 OPSET = 23
 IR_VERSION = 11  # FLOAT4E2M1 needs 11; onnxruntime 1.31 loads up to 13
 ENGINE_DOMAIN = "gptoss.engine"
@@ -235,8 +235,10 @@ class _Builder:
         self.nodes.append(helper.make_node(op, inputs, outputs, domain=domain, **attributes))
         return outputs[0]
 
-    def norm(self, x: str, scale_name: str, out: str, residual: str | None = None) -> tuple[str, str]:
-        """RMSNorm of x (+ residual when given, fused): (normed, the residual stream after the add)."""
+    def norm(
+        self, x: str, scale_name: str, out: str, residual: str | None = None, bias: str | None = None
+    ) -> tuple[str, str]:
+        """RMSNorm of x (+ residual and bias when given, fused): (normed, the residual stream after the add)."""
         scale = self.stored(scale_name)
         if residual is None:
             self.node("SimplifiedLayerNormalization", [x, scale], [out], axis=-1, epsilon=RMS_EPSILON, stash_type=1)
@@ -244,16 +246,18 @@ class _Builder:
         total = out + "_residual"
         self.node(
             "SkipSimplifiedLayerNormalization",
-            [x, residual, scale],
+            [x, residual, scale, *([bias] if bias else [])],
             [out, "", "", total],
             domain=MS_DOMAIN,
             epsilon=RMS_EPSILON,
         )
         return out, total
 
+    def product(self, x: str, name: str, out: str) -> str:
+        return self.node("MatMul", [x, self.stored(name + ".weight", transpose=True)], [out + "_mm"])
+
     def linear(self, x: str, name: str, out: str) -> str:
-        product = self.node("MatMul", [x, self.stored(name + ".weight", transpose=True)], [out + "_mm"])
-        return self.node("Add", [product, self.stored(name + ".bias")], [out])
+        return self.node("Add", [self.product(x, name, out), self.stored(name + ".bias")], [out])
 
     def layer(self, n: int, x: str, residual: str | None) -> tuple[str, str]:
         """One block: (its MoE output, the residual stream it is to be added to)."""
@@ -287,8 +291,9 @@ class _Builder:
             do_rotary=1,
             rotary_interleaved=0,
         )
-        out = self.linear(attention, b + "attn.out", f"l{n}_o")
-        h, residual = self.norm(out, b + "mlp.norm.scale", f"l{n}_mlp_in", residual)
+        # the output projection's bias is added by the norm, with the residual: one node fewer per layer
+        out = self.product(attention, b + "attn.out", f"l{n}_o")
+        h, residual = self.norm(out, b + "mlp.norm.scale", f"l{n}_mlp_in", residual, self.stored(b + "attn.out.bias"))
         logits = self.linear(h, b + "mlp.gate", f"l{n}_router")
         w1, s1 = self.mxfp4(b + "mlp.mlp1_weight")
         w2, s2 = self.mxfp4(b + "mlp.mlp2_weight")
