@@ -69,7 +69,9 @@ def _widen(raw: np.ndarray, dtype: str) -> np.ndarray:
     return raw if dtype == "float32" else raw.view(GraphOptions(16, dtype).numpy_type).astype(np.float32)  # type: ignore[arg-type]
 
 
-def _emulated_and_cpu(emulated, config, tokens, dtype, tmp_path, gemm_min_tokens) -> tuple[np.ndarray, np.ndarray]:
+def _emulated_and_cpu(
+    emulated, config, tokens, dtype, tmp_path, gemm_min_tokens, capturing=False
+) -> tuple[np.ndarray, np.ndarray]:
     """The emulated CUDA kernel's output and the CPU kernel's, widened to float32, on a random layer."""
     layer = random_moe_layer(config, seed=tokens)
     numpy_type = GraphOptions(16, dtype).numpy_type  # type: ignore[arg-type]
@@ -96,7 +98,7 @@ def _emulated_and_cpu(emulated, config, tokens, dtype, tmp_path, gemm_min_tokens
         ctypes.c_int(DTYPE_CODES[dtype]), pointer(x), pointer(logits),
         pointer(layer["mlp1_weight.blocks"]), pointer(layer["mlp1_weight.scales"]), pointer(biases["mlp1_bias"]),
         pointer(layer["mlp2_weight.blocks"]), pointer(layer["mlp2_weight.scales"]), pointer(biases["mlp2_bias"]),
-        pointer(out), ctypes.c_int64(gemm_min_tokens),
+        pointer(out), ctypes.c_int64(gemm_min_tokens), ctypes.c_int(capturing),
     )  # fmt: skip
     assert error is None
     return _widen(out, dtype), expected
@@ -129,6 +131,16 @@ def test_the_gemm_path_computes_what_the_cpu_kernel_does(emulated, config, token
     assert error.max() <= 1.0, f"largest error {error.max():.3f} of the bound"  # 0.50 to 0.67 seen
 
 
+def test_a_step_captured_into_a_cuda_graph_stays_off_the_gemm_path(emulated, tmp_path):
+    """That path waits for the host (the experts' row counts), which a capture cannot: the CUDA-core kernel runs."""
+    config, tokens = SHAPES[1]
+    runs = {
+        name: _emulated_and_cpu(emulated, config, tokens, "bfloat16", tmp_path / name, threshold, capturing)[0]
+        for name, threshold, capturing in (("cores", 0, False), ("gemms", 1, False), ("captured", 1, True))
+    }
+    assert np.array_equal(runs["captured"], runs["cores"]) and not np.array_equal(runs["gemms"], runs["cores"])
+
+
 def test_the_emulated_routing_is_a_softmax_over_the_top_k(emulated, tmp_path):
     """Top logits [6.75, 6.03] weigh 0.67 / 0.33 (the old kernel gave 0.0065 / 0.9935)."""
     config = ModelConfig(num_experts=4, experts_per_token=2, hidden_size=32, intermediate_size=32)
@@ -147,7 +159,7 @@ def test_the_emulated_routing_is_a_softmax_over_the_top_k(emulated, tmp_path):
             ctypes.c_float(attributes["swiglu_limit"]), ctypes.c_float(attributes["activation_alpha"]), ctypes.c_int(0),
             pointer(x), pointer(routed), pointer(layer["mlp1_weight.blocks"]), pointer(layer["mlp1_weight.scales"]),
             pointer(biases[0]), pointer(layer["mlp2_weight.blocks"]), pointer(layer["mlp2_weight.scales"]),
-            pointer(biases[1]), pointer(out), ctypes.c_int64(0),
+            pointer(biases[1]), pointer(out), ctypes.c_int64(0), ctypes.c_int(0),
         ) is None  # fmt: skip
         outputs.append(out)
     first = 1 / (1 + np.exp(6.03 - 6.75))

@@ -61,6 +61,12 @@ inline cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cud
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1 };
+inline cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  // the emulation driver passes a non-null stream to stand for one being captured
+  *status = stream ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;

@@ -643,6 +643,14 @@ void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
 
 }  // namespace
 
+void KeepMoeOnDevice(MoeArgs& args, void* stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    args.gemm_min_tokens = 0;
+  }
+}
+
 size_t MoeWorkspaceBytes(const MoeArgs& args) { return Layout(args, UsesGemms(args), nullptr, nullptr, nullptr); }
 
 const char* LaunchMoe(const MoeArgs& a, void* workspace, void* raw_stream) {

@@ -33,6 +33,10 @@ constexpr int64_t kDefaultGemmMinTokens = 128;  // above the largest decode batc
 constexpr int64_t kMaxTopK = 8;
 constexpr int64_t kMaxExperts = 1024;
 
+// Turns the GEMM path off while `stream` (a cudaStream_t) is being captured into a CUDA graph: that path reads
+// the experts' row counts back to the host, which a capture cannot wait for. Call before MoeWorkspaceBytes.
+void KeepMoeOnDevice(MoeArgs& args, void* stream);
+
 // Device scratch the CUDA launcher needs for these arguments (the caller allocates it).
 size_t MoeWorkspaceBytes(const MoeArgs& args);
 
