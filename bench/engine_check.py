@@ -178,20 +178,13 @@ GEMM_ENV = "GATEWAY_MOE_GEMM_MIN_TOKENS"  # read when a session makes its kernel
 
 
 def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
-    import onnxruntime as ort
-
     config = GPT_OSS_20B
     layer = random_moe_layer(config, seed=1)
     report: dict[str, Any] = {}
     for dtype in ("float32", "bfloat16"):
         model = moe_layer_model(config, layer, work / "moe", dtype)
         options = GraphOptions(16, dtype)
-        sessions = {}
-        for where in ("cpu", device):
-            session_options = ort.SessionOptions()
-            session_options.register_custom_ops_library(str(kernels))
-            providers = ["CUDAExecutionProvider"] if where == "cuda" else ["CPUExecutionProvider"]
-            sessions[where] = ort.InferenceSession(str(model), session_options, providers=providers)
+        sessions = {where: layer_session(model, kernels, where) for where in ("cpu", device)}
         for tokens in KERNEL_TOKENS:
             x, logits = layer_inputs(tokens, config, options)
             expected, got = (run_layer(sessions[where], x, logits, options) for where in ("cpu", device))
@@ -203,25 +196,28 @@ def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
             report["timing"] = kernel_timing(sessions[device], device, config, options)
             if device == "cuda":
                 for name, threshold in (("timing_cuda_cores", 0), ("timing_gemms", 1)):  # each path alone
-                    session = with_gemm_threshold(model, kernels, threshold)
+                    session = layer_session(model, kernels, device, gemm_min_tokens=threshold)
                     report[name] = kernel_timing(session, device, config, options)
                 report["qmoe"] = qmoe_vs_kernel(work, config, layer, sessions[device], options)
     return report
 
 
-def with_gemm_threshold(model: Path, kernels: Path, threshold: int):
-    """A CUDA session of the layer whose kernel takes the GEMM path from `threshold` tokens (0: never)."""
+def layer_session(model: Path, kernels: Path, device: str, gemm_min_tokens: int | None = None):
+    """A session of a one-layer model on the device with our kernels; with `gemm_min_tokens`, its CUDA kernel
+    takes the GEMM path from that many tokens (0: never) instead of the default."""
     import onnxruntime as ort
 
     before = os.environ.get(GEMM_ENV)
-    os.environ[GEMM_ENV] = str(threshold)
+    if gemm_min_tokens is not None:
+        os.environ[GEMM_ENV] = str(gemm_min_tokens)  # read when the session makes its kernel
     try:
         session_options = ort.SessionOptions()
         session_options.register_custom_ops_library(str(kernels))
-        return ort.InferenceSession(str(model), session_options, providers=["CUDAExecutionProvider"])
+        providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+        return ort.InferenceSession(str(model), session_options, providers=providers)
     finally:
         if before is None:
-            del os.environ[GEMM_ENV]
+            os.environ.pop(GEMM_ENV, None)
         else:
             os.environ[GEMM_ENV] = before
 

@@ -77,18 +77,19 @@ class Renderer:
         for part in message.content:
             if isinstance(part, str):
                 out += self._encode(part)
-            elif isinstance(part, SystemContent):
+                continue
+            if isinstance(part, SystemContent):
                 if role is not Role.SYSTEM:
                     raise RenderError(f"SystemContent may only appear in system messages, found in {role.value}")
-                for piece in token_pieces(system_sections(part, function_tools)):
-                    out += cached(piece)
+                sections = system_sections(part, function_tools)
             elif isinstance(part, DeveloperContent):
                 if role is not Role.DEVELOPER:
                     raise RenderError(f"DeveloperContent may only appear in developer messages, found in {role.value}")
-                for piece in token_pieces(developer_sections(part)):
-                    out += cached(piece)
+                sections = developer_sections(part)
             else:
                 raise RenderError(f"unsupported content part {type(part).__name__}")
+            for piece in token_pieces(sections):  # each section's tokens cached on their own
+                out += cached(piece)
         out.append(CALL if role is Role.ASSISTANT and recipient is not None else END)
 
     def render_message(self, message: Message, function_tools: bool = False) -> list[int]:

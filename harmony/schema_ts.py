@@ -126,14 +126,7 @@ def _object(schema: dict[str, Any], indent: str) -> str:
                 out.append(f"{indent}{key}{optional}: any,\n")
                 continue
             if prop.keys().isdisjoint(_DECORATIONS):  # the common case, in fewer steps
-                kind = prop.get("type")
-                if kind == "string":
-                    enum = prop.get("enum")
-                    rendered = "string" if enum is None else _string_type(enum)
-                else:
-                    rendered = _LEAF_TYPES.get(kind) if isinstance(kind, str) else None
-                    if rendered is None:
-                        rendered = to_typescript(prop, inner)
+                rendered = _leaf(prop) or to_typescript(prop, inner)
                 prop_description = prop.get("description")
                 if isinstance(prop_description, str):
                     out.append(f"{indent}// {prop_description}\n")
