@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 from engine_fixtures import make_checkpoint
 from engine_reference import ReferenceModel
 
@@ -63,6 +65,19 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
 
     model = compiled_model(Checkpoint(checkpoint), GraphOptions(64), cache)  # the backend's cached graph
     assert model.with_name(model.name + ".data").stat().st_size > 2**31  # past protobuf's limit
+    nodes = onnx.load(str(model), load_external_data=False).graph.node
+    layers = REAL_WIDTH.num_hidden_layers
+    ops = Counter(node.op_type for node in nodes)
+    # nine nodes a layer: two norms, three projections (the router's and QKV's with a bias Add; the attention
+    # output's bias goes to the following norm, as its fourth input), attention and the MoE
+    assert (ops["MatMul"], ops["Add"], ops["GroupQueryAttention"], ops["MXFP4MoE"]) == (
+        3 * layers + 1,
+        2 * layers,
+        layers,
+        layers,
+    )
+    biased = [n for n in nodes if n.op_type == "SkipSimplifiedLayerNormalization" and len(n.input) == 4]
+    assert len(biased) == layers and all(n.input[3].endswith("attn.out.bias") for n in biased)
     runtime = DecoderRuntime(str(model), REAL_WIDTH, 1, 64, kernels=kernel_library())
     reference = ReferenceModel(checkpoint)
     logits = runtime.prefill(0, PROMPT)
