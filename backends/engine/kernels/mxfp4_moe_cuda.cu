@@ -644,6 +644,7 @@ void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
 }  // namespace
 
 void KeepMoeOnDevice(MoeArgs& args, void* stream) {
+  if (args.gemm_min_tokens <= 0 || args.tokens < args.gemm_min_tokens) return;  // a decode step: no CUDA call
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture) != cudaSuccess ||
       capture != cudaStreamCaptureStatusNone) {
