@@ -97,19 +97,23 @@ def parity(work: Path, device: str, kernels: Path | None, cuda_graph: bool) -> d
     reference_tokens, reference_logits = greedy(cpu, GREEDY_TOKENS)
     scale = float(np.abs(reference_logits[0]).max())
     report: dict[str, Any] = {"logit_scale": round(scale, 3)}
-    for dtype in ("bfloat16", "float16"):
-        try:
-            report[dtype] = parity_of(
-                checkpoint, dtype, device, kernels, cuda_graph, reference_tokens, reference_logits
-            )
-        except Exception as exc:
-            report[dtype] = {"error": f"{type(exc).__name__}: {exc}"}
+    realizations = ("mxfp4moe", "qmoe") if device == "cuda" else ("mxfp4moe",)  # QMoE fp4: CUDA kernels only
+    for moe in realizations:
+        for dtype in ("bfloat16", "float16"):
+            key = dtype if moe == "mxfp4moe" else f"{moe}_{dtype}"
+            try:
+                report[key] = parity_of(
+                    checkpoint, dtype, moe, device, kernels, cuda_graph, reference_tokens, reference_logits
+                )
+            except Exception as exc:
+                report[key] = {"error": f"{type(exc).__name__}: {exc}"}
     return report
 
 
 def parity_of(
     checkpoint: Checkpoint,
     dtype: str,
+    moe: str,
     device: str,
     kernels: Path | None,
     cuda_graph: bool,
@@ -119,7 +123,7 @@ def parity_of(
     positions = 512
     scale = float(np.abs(reference_logits[0]).max())
     work = checkpoint.directory.parent
-    model = compiled_model(checkpoint, GraphOptions(positions, dtype), work / "graphs")
+    model = compiled_model(checkpoint, GraphOptions(positions, dtype, moe), work / "graphs")
     runtime = DecoderRuntime(
         str(model), PARITY_CONFIG, 1, positions, kernels=kernels, device=device, dtype=dtype, cuda_graph=cuda_graph
     )
@@ -376,6 +380,12 @@ def scale(work: Path, device: str, kernels: Path | None, results: dict[str, Any]
         report[f"decode_tok_s_batch_{batch}"] = round(timed_decode(runtime, batch, 48 if batch == 1 else 24), 1)
         log(f"batch {batch}: {report[f'decode_tok_s_batch_{batch}']} tok/s")
         SAVE()
+    for batch in (1, 64):  # what each step's copy of the logits to the host costs, against the step
+        copy_s = logits_copy_seconds(config, batch, device)
+        report[f"logits_copy_us_batch_{batch}"] = round(copy_s * 1e6, 1)
+        report[f"logits_copy_share_of_step_batch_{batch}"] = round(
+            copy_s / (batch / report[f"decode_tok_s_batch_{batch}"]), 4
+        )
     for length in (1024, 8192):
         prompt = [(31 * i) % 200000 + 5 for i in range(length)]
         runtime.prefill(0, prompt[:64])  # warm
@@ -404,6 +414,46 @@ def scale(work: Path, device: str, kernels: Path | None, results: dict[str, Any]
     report.update(graph_decode(model, config, kernels, device))
     if bandwidth and "cuda_graph_decode_tok_s_batch_1" in report:
         report["cuda_graph_batch_1_fraction_of_bound"] = round(report["cuda_graph_decode_tok_s_batch_1"] / bound, 3)
+    SAVE()
+    if device == "cuda":
+        report.update(qmoe_decode(directory, work, device, positions))
+        if bandwidth and "qmoe_decode_tok_s_batch_1" in report:
+            report["qmoe_batch_1_fraction_of_bound"] = round(report["qmoe_decode_tok_s_batch_1"] / bound, 3)
+    return report
+
+
+def logits_copy_seconds(config: ModelConfig, rows: int, device: str) -> float:
+    """One copy of `rows` float32 logits rows from the device to the host, as the runtime makes each step."""
+    import onnxruntime as ort
+
+    value = ort.OrtValue.ortvalue_from_shape_and_type([rows, config.vocab_size], np.float32, device, 0)
+    value.numpy()
+    repeats = 20
+    started = time.perf_counter()
+    for _ in range(repeats):
+        value.numpy()
+    return (time.perf_counter() - started) / repeats
+
+
+def qmoe_decode(directory: Path, work: Path, device: str, positions: int) -> dict[str, Any]:
+    """The same checkpoint with each MoE as ONNX Runtime's QMoE (the engine's `moe` qmoe): decode tokens/s
+    and the 1k prompt's time to first token, to set against our kernel's."""
+    report: dict[str, Any] = {}
+    try:
+        started = time.perf_counter()
+        model = compiled_model(Checkpoint(directory), GraphOptions(positions, SCALE_DTYPE, "qmoe"), work / "graphs")
+        report["qmoe_convert_s"] = round(time.perf_counter() - started, 1)
+        runtime = DecoderRuntime(str(model), SCALE_CONFIG, 64, positions, device=device, dtype=SCALE_DTYPE)
+        for batch in (1, 8, 64):
+            report[f"qmoe_decode_tok_s_batch_{batch}"] = round(timed_decode(runtime, batch, 24), 1)
+            log(f"qmoe batch {batch}: {report[f'qmoe_decode_tok_s_batch_{batch}']} tok/s")
+        prompt = [(31 * i) % 200000 + 5 for i in range(1024)]
+        runtime.prefill(0, prompt[:64])
+        started = time.perf_counter()
+        runtime.prefill(0, prompt)
+        report["qmoe_ttft_1024_s"] = round(time.perf_counter() - started, 3)
+    except Exception as exc:
+        report["qmoe_error"] = f"{type(exc).__name__}: {exc}"[:600]
     return report
 
 
@@ -455,15 +505,16 @@ def markdown(results: dict[str, Any]) -> str:
             "(the CPU's top-two margin there) |",
             "|---|---|---|---|---|---|",
         ]
-        for dtype in ("float16", "bfloat16"):
-            row = parity.get(dtype, {})
+        for key in ("float16", "bfloat16", "qmoe_float16", "qmoe_bfloat16"):
+            row = parity.get(key, {})
+            label = key.replace("qmoe_", "") + (", MoE as QMoE" if key.startswith("qmoe_") else "")
             if "error" in row:
-                lines.append(f"| {dtype} | failed: {row['error']} | | | | |")
+                lines.append(f"| {label} | failed: {row['error']} | | | | |")
             elif row:
                 first_difference = row["greedy_tokens_equal_before_first_difference"]
                 margin = row.get("cpu_margin_at_first_difference")
                 lines.append(
-                    f"| {dtype} | {row['prompt_logits_max_abs_diff']} | {row['max_abs_diff_over_run']} "
+                    f"| {label} | {row['prompt_logits_max_abs_diff']} | {row['max_abs_diff_over_run']} "
                     f"| {row['argmax_agreement_fed_cpu_tokens']} | {row.get('disagreements_beyond_a_near_tie', '-')} "
                     f"| {first_difference}" + ("" if margin is None else f" ({margin})") + " |"
                 )
@@ -532,7 +583,18 @@ def markdown(results: dict[str, Any]) -> str:
             "| tokens/s, CUDA graphs | "
             + " | ".join(str(scale.get(f"cuda_graph_decode_tok_s_batch_{b}", "-")) for b in (1, 8))
             + " | - | - |",
+            "| tokens/s, MoE as ONNX Runtime's QMoE | "
+            + " | ".join(str(scale.get(f"qmoe_decode_tok_s_batch_{b}", "-")) for b in (1, 8, 32, 64))
+            + " |",
             "",
+            f"- QMoE: {scale['qmoe_error']}"
+            if "qmoe_error" in scale
+            else f"- QMoE: converted in {scale.get('qmoe_convert_s')} s; 1k prompt's time to first token "
+            f"{scale.get('qmoe_ttft_1024_s')} s; batch-1 decode at {scale.get('qmoe_batch_1_fraction_of_bound')} "
+            "of the bound.",
+            f"- Copying each step's logits to the host: {scale.get('logits_copy_us_batch_1')} µs at batch 1 "
+            f"({scale.get('logits_copy_share_of_step_batch_1')} of the step), {scale.get('logits_copy_us_batch_64')} "
+            f"µs at batch 64 ({scale.get('logits_copy_share_of_step_batch_64')}).",
             f"- Time to first token (one prefill call): 1k prompt {scale.get('ttft_1024_s')} s, 8k prompt "
             f"{scale.get('ttft_8192_s')} s.",
             f"- Bytes a batch-1 step must read: {scale.get('weights_read_per_token_gb')} GB (the bf16 unembedding "

@@ -15,9 +15,9 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from backends.engine.config import ModelConfig
-from backends.engine.graph import IR_VERSION, SWIGLU_ALPHA, Dtype, GraphOptions, TensorWriter, moe_layer_graph
+from backends.engine.graph import IR_VERSION, Dtype, GraphOptions, TensorWriter, moe_layer_graph
+from backends.engine.qmoe import MS_DOMAIN, qmoe_node, qmoe_weights
 
-MS_DOMAIN = "com.microsoft"
 LAYOUTS = ("rows", "columns")  # rows: [E, N, K/2] as the checkpoint stores them; columns: [E, K, N/2]
 
 
@@ -40,52 +40,27 @@ def qmoe_layer_model(
     config: ModelConfig, tensors: dict[str, np.ndarray], directory: Path, dtype: Dtype, layout: str
 ) -> Path:
     """One QMoE node (x [T, H], router_logits [T, E] in; y out; the names of the MXFP4MoE layer model) over the
-    layer's checkpoint tensors, its weights in `layout`. The .onnx path."""
+    layer's checkpoint tensors, its weights in `layout` (rows: the engine's `moe` qmoe graph). The .onnx path."""
     options = GraphOptions(16, dtype)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"qmoe-{layout}-{dtype}.onnx"
     writer = TensorWriter(path.with_suffix(".onnx.data"))
-    initializers: list[TensorProto] = []
-    names: dict[str, str] = {}
+    initializers: list[TensorProto] = [writer.array("global_scale", np.ones(config.num_experts, np.float32))]
+    projections = []
     try:
-        for fc, number in (("mlp1", 1), ("mlp2", 2)):
-            blocks, scales = tensors[f"{fc}_weight.blocks"], tensors[f"{fc}_weight.scales"]
-            experts, rows, groups, _ = blocks.shape
-            if layout == "rows":
-                weights = writer.tensor(f"fc{number}.w", TensorProto.UINT8, [experts, rows, groups * 16], blocks)
-            else:
+        for fc in ("mlp1", "mlp2"):
+            blocks = tensors[f"{fc}_weight.blocks"]
+            codes, scales = qmoe_weights(fc, blocks, tensors[f"{fc}_weight.scales"])
+            if layout == "columns":
                 by_column = codes_by_column(blocks)
-                weights = writer.tensor(f"fc{number}.w", TensorProto.UINT8, list(by_column.shape), by_column)
-            bias = tensors[f"{fc}_bias"].astype(np.float32).astype(options.numpy_type)
-            initializers += [
-                weights,
-                writer.tensor(f"fc{number}.s", TensorProto.FLOAT8E8M0, list(scales.shape), scales),
-                writer.array(f"fc{number}.b", bias),
-                writer.array(f"fc{number}.g", np.ones(experts, np.float32)),  # no global scale
-            ]
-            names.update({f"w{number}": f"fc{number}.w", f"s{number}": f"fc{number}.s"})
-            names.update({f"b{number}": f"fc{number}.b", f"g{number}": f"fc{number}.g"})
+                codes = (codes[0], codes[1], list(by_column.shape), by_column)
+            initializers += [writer.tensor(*codes), writer.tensor(*scales)]
+            bias = writer.array(f"{fc}.bias", tensors[f"{fc}_bias"].astype(np.float32).astype(options.numpy_type))
+            initializers.append(bias)
+            projections.append((codes[0], scales[0], bias.name))
     finally:
         writer.close()
-    unused = ""  # fc3 (fused into fc1 by swiglu_fusion), zero points, separate routing weights
-    inputs = ["x", "router_logits", names["w1"], names["s1"], names["b1"], names["w2"], names["s2"], names["b2"]]
-    inputs += [unused] * 7 + [names["g1"], names["g2"]]
-    node = helper.make_node(
-        "QMoE",
-        inputs,
-        ["y"],
-        domain=MS_DOMAIN,
-        k=config.experts_per_token,
-        activation_type="swiglu",
-        swiglu_fusion=1,  # gate and linear rows interleaved, as the checkpoint has them
-        swiglu_limit=config.swiglu_limit,
-        activation_alpha=SWIGLU_ALPHA,
-        activation_beta=1.0,
-        normalize_routing_weights=1,  # softmax over the top-k logits
-        quant_type="fp4",
-        expert_weight_bits=4,
-        block_size=32,
-    )
+    node = qmoe_node(config, "x", "router_logits", projections[0], projections[1], ("global_scale",) * 2, "y")
     graph = moe_layer_graph("qmoe", node, config, options, initializers)
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(MS_DOMAIN, 1)], producer_name="bench"

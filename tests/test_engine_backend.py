@@ -190,6 +190,8 @@ def test_bad_engine_options_stop_the_gateway_at_start(tmp_path):
         ({"checkpoint": str(tmp_path / "absent")}, "options.checkpoint"),
         ({"max_batch": 0}, "options.max_batch"),
         ({"weights": "x"}, "options.weights"),
+        ({"moe": "dense"}, "options.moe"),
+        ({"moe": "qmoe", "device": "cpu"}, "options.moe qmoe needs the cuda device"),
     ):
         settings = Settings(backends={"engine": {"kind": "onnx", "options": options, "models": [MODEL]}})
         with pytest.raises(ConfigError) as error:
@@ -233,17 +235,18 @@ def test_a_float16_engine_on_the_cpu_generates_what_the_float32_engine_does(chec
         return described, tokens
 
     (wide, wide_tokens), (narrow, narrow_tokens) = asyncio.run(run("float32")), asyncio.run(run("float16"))
-    assert wide == {"status": "ready", "device": "cpu", "dtype": "float32"}
-    assert narrow == {"status": "ready", "device": "cpu", "dtype": "float16"}
+    assert wide == {"status": "ready", "device": "cpu", "dtype": "float32", "moe": "mxfp4moe"}
+    assert narrow == {"status": "ready", "device": "cpu", "dtype": "float16", "moe": "mxfp4moe"}
     assert narrow_tokens == wide_tokens and len(set(wide_tokens)) > 3
 
 
 def test_an_engine_that_cannot_run_says_why(checkpoint):
-    """bf16 on the CPU, and CUDA asked for where it does not load: unready, the reason in describe() and in
-    every request's error, never None."""
+    """bf16 on the CPU, CUDA asked for where it does not load, and QMoE where `auto` found no CUDA: unready,
+    the reason in describe() and in every request's error, never None."""
     cases = [({"device": "cpu", "dtype": "bfloat16"}, "bfloat16 needs the cuda device")]
     if cuda_unavailable_reason(0) is not None:
         cases.append(({"device": "cuda"}, "device cuda was asked for, but"))
+        cases.append(({"moe": "qmoe", "dtype": "float16"}, "moe qmoe needs the cuda device"))
     for extra, reason in cases:
         backend = EngineBackend(_options(checkpoint, **extra), ENCODING)
         described = _loaded(backend)

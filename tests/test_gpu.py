@@ -1,7 +1,8 @@
 """The engine on CUDA, wherever onnxruntime's CUDA provider runs (elsewhere these tests are skipped, and the
 skip says why): the CUDA MXFP4MoE kernel against the CPU kernel at gpt-oss's width on both of its paths,
-and the decoder on CUDA against the CPU float32 decoder. `pytest -m gpu` runs just these; the kernel
-library is GATEWAY_ENGINE_KERNELS's where set (a library built elsewhere with nvcc), else built here."""
+and the decoder on CUDA (MoE by our kernel or by ONNX Runtime's QMoE) against the CPU float32 decoder.
+`pytest -m gpu` runs just these; the kernel library is GATEWAY_ENGINE_KERNELS's where set (a library built
+elsewhere with nvcc), else built here."""
 
 from __future__ import annotations
 
@@ -56,13 +57,21 @@ def test_the_cuda_moe_kernel_computes_what_the_cpu_kernel_does_on_both_paths(ker
             assert not np.array_equal(got, run_layer(cores, x, logits, options))
 
 
-def test_the_decoder_on_cuda_follows_the_cpu_float32_decoder(kernels, tmp_path):
-    """bench/engine_check.py's parity step (a 150-token prompt, past the window and on the GEMM path, then 100
-    greedy steps): fed the CPU's tokens, the device picks the same token at every step but near ties, and its
-    prompt logits lie within a share of their scale (float16 0.5%, bfloat16 3%)."""
-    report = parity(tmp_path, DEVICE, kernels, cuda_graph=False)
+@pytest.fixture(scope="module")
+def parity_report(kernels, tmp_path_factory) -> dict:
+    """bench/engine_check.py's parity step: a 150-token prompt (past the window, and on the GEMM path), then 100
+    greedy steps, on CUDA in float16 and bfloat16 with each MoE realization, against the CPU float32 decoder."""
+    return parity(tmp_path_factory.mktemp("parity"), DEVICE, kernels, cuda_graph=False)
+
+
+@pytest.mark.parametrize("moe", ["mxfp4moe", "qmoe"])
+def test_the_decoder_on_cuda_follows_the_cpu_float32_decoder(parity_report, moe):
+    """Fed the CPU's tokens, the device picks the same token at every step but near ties, and its prompt
+    logits lie within a share of their scale (float16 0.5%, bfloat16 3%); with our MXFP4MoE kernel and with
+    ONNX Runtime's QMoE (the engine's `moe` qmoe)."""
+    report = parity_report
     for dtype, tolerance in (("float16", 0.005), ("bfloat16", 0.03)):
-        row = report[dtype]
+        row = report[dtype if moe == "mxfp4moe" else f"{moe}_{dtype}"]
         assert "error" not in row, row
         assert row["disagreements_beyond_a_near_tie"] == 0, row
         assert row["prompt_logits_max_abs_diff"] <= tolerance * report["logit_scale"], row

@@ -5,8 +5,9 @@ generated once and cached, whose output is noise), `max_batch` (sequences decode
 its own KV slot), `max_positions` (KV capacity per sequence: prompt + output), `device` (`auto`: CUDA
 when onnxruntime's CUDA provider loads here, else the CPU; `cuda`: fail at load if it cannot; `cpu`),
 `device_id`, `dtype` (activations, non-expert weights, KV cache: `float32`, `float16`, `bfloat16`;
-default bfloat16 on CUDA, float32 on the CPU), `cuda_graph` (decode steps replayed as CUDA graphs),
-`threads`, `cache_dir`.
+default bfloat16 on CUDA, float32 on the CPU), `moe` (`mxfp4moe`: our MXFP4MoE op, compiled kernels unless
+`kernels` is false; `qmoe`: ONNX Runtime's contrib QMoE, CUDA in float16/bfloat16 only), `cuda_graph`
+(decode steps replayed as CUDA graphs), `threads`, `cache_dir`.
 The model loads in the background; readiness says when it is there.
 """
 
@@ -35,6 +36,7 @@ from .graph import Dtype, GraphOptions
 from .kernels.build import kernel_library
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
+from .qmoe import MoeRealization, qmoe_unsupported_reason
 from .runtime import DecoderRuntime, Device, EngineDeviceError, resolve_device
 
 log = structlog.get_logger("backends.engine")
@@ -56,6 +58,7 @@ class EngineOptions(BaseModel):
     device: Device = "auto"
     device_id: int = Field(default=0, ge=0)
     dtype: Dtype | None = None  # None: by device
+    moe: MoeRealization = "mxfp4moe"
     cuda_graph: bool = False
     threads: int = Field(default=0, ge=0)
     cache_dir: str | None = None
@@ -107,10 +110,13 @@ class EngineBackend:
             dtype = options.dtype or ("bfloat16" if device == "cuda" else "float32")
             if device == "cpu" and dtype == "bfloat16":
                 raise EngineDeviceError("dtype bfloat16 needs the cuda device (ONNX Runtime has no CPU bf16 attention)")
-            self._placement = {"device": device, "dtype": dtype}
-            log.info("engine_device", device=device, dtype=dtype, asked=options.device)
-            model = compiled_model(checkpoint, GraphOptions(options.max_positions, dtype), cache, _progress)
-            kernels = kernel_library() if options.kernels else None
+            if options.moe == "qmoe" and (reason := qmoe_unsupported_reason(device, dtype)):
+                raise EngineDeviceError(reason)
+            self._placement = {"device": device, "dtype": dtype, "moe": options.moe}
+            log.info("engine_device", device=device, dtype=dtype, asked=options.device, moe=options.moe)
+            graph_options = GraphOptions(options.max_positions, dtype, options.moe)
+            model = compiled_model(checkpoint, graph_options, cache, _progress)
+            kernels = kernel_library() if options.kernels and options.moe == "mxfp4moe" else None
             runtime = DecoderRuntime(
                 str(model),
                 checkpoint.config,
@@ -129,7 +135,7 @@ class EngineBackend:
                 layout=checkpoint.layout,
                 kv_bytes=runtime.kv_bytes,
                 slots=options.max_batch,
-                moe="compiled kernel" if kernels else "pure ONNX",
+                moe="ONNX Runtime QMoE" if options.moe == "qmoe" else "compiled kernel" if kernels else "pure ONNX",
                 device=device,
                 dtype=dtype,
             )
@@ -195,4 +201,8 @@ def from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> EngineBa
     parsed = parse_options(EngineOptions, options, "onnx")
     if parsed.checkpoint is not None and not Path(parsed.checkpoint).is_dir():
         raise ValueError(f"onnx backend: options.checkpoint: {parsed.checkpoint} is not a directory")
+    if parsed.moe == "qmoe":  # what the options alone rule out; the device `auto` resolves to is checked at load
+        reason = qmoe_unsupported_reason("cpu" if parsed.device == "cpu" else "cuda", parsed.dtype or "bfloat16")
+        if reason is not None:
+            raise ValueError(f"onnx backend: options.{reason}")
     return EngineBackend(parsed, encoding)

@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+SWIGLU_ALPHA = 1.702  # gpt-oss's swiglu: x * sigmoid(1.702 x)
+
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file or tensor and what is wrong."""

@@ -9,7 +9,8 @@ dtype (float32, float16 or bfloat16). Each MoE is one node of the custom-domain 
 checkpoint's own bytes (FLOAT4E2M1 codes, 1-byte E8M0 scales): a model-local function whose body is the
 portable realization (exact MXFP4 dequantization by GatherBlockQuantized of the experts the step's tokens
 route to, then the contrib MoE with the interleaved clamped SwiGLU, in float32); a compiled kernel
-registered for the domain takes precedence.
+registered for the domain takes precedence. With `moe` qmoe, each MoE is ONNX Runtime's contrib QMoE (fp4)
+over the same bytes instead (backends/engine/qmoe.py; CUDA only).
 
 Initializers never sit in one protobuf message: each is written to the external data file as it is
 made (and dropped), so neither protobuf's 2 GiB limit nor the host's memory caps the model.
@@ -29,7 +30,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .checkpoint import Checkpoint
-from .config import ModelConfig
+from .config import SWIGLU_ALPHA, ModelConfig
+from .qmoe import MoeRealization, qmoe_node, qmoe_weights
 from .rope import cos_sin
 
 BUILDER_VERSION = "5"
@@ -38,7 +40,6 @@ IR_VERSION = 11  # FLOAT4E2M1 needs 11; onnxruntime 1.31 loads up to 13
 ENGINE_DOMAIN = "gptoss.engine"
 MS_DOMAIN = "com.microsoft"
 RMS_EPSILON = 1e-5
-SWIGLU_ALPHA = 1.702
 INLINE_BYTES = 1024
 STREAM_BLOCK_BYTES = 32 * 1024 * 1024  # a large weight is converted and written in blocks of this size
 DATA_ALIGNMENT = 4096  # each tensor's offset in the data file (page-aligned: ONNX Runtime can map it)
@@ -55,6 +56,7 @@ DTYPES: dict[str, tuple[int, np.dtype]] = {
 class GraphOptions:
     max_positions: int  # KV capacity per sequence (and the rotary table length)
     dtype: Dtype = "float32"  # activations, non-expert weights, KV cache
+    moe: MoeRealization = "mxfp4moe"  # each MoE as our MXFP4MoE op, or as ONNX Runtime's QMoE (CUDA only)
 
     @property
     def onnx_type(self) -> int:
@@ -295,6 +297,8 @@ class _Builder:
         out = self.product(attention, b + "attn.out", f"l{n}_o")
         h, residual = self.norm(out, b + "mlp.norm.scale", f"l{n}_mlp_in", residual, self.stored(b + "attn.out.bias"))
         logits = self.linear(h, b + "mlp.gate", f"l{n}_router")
+        if self.options.moe == "qmoe":
+            return self.qmoe(n, h, logits), residual
         w1, s1 = self.mxfp4(b + "mlp.mlp1_weight")
         w2, s2 = self.mxfp4(b + "mlp.mlp2_weight")
         moe = self.node(
@@ -306,11 +310,30 @@ class _Builder:
         )
         return moe, residual
 
+    def qmoe(self, n: int, h: str, logits: str) -> str:
+        """Layer n's MoE as ONNX Runtime's QMoE over the checkpoint's MXFP4 bytes; its output's name."""
+        c, b = self.config, f"block.{n}.mlp."
+        projections = []
+        for fc in ("mlp1", "mlp2"):
+            name = b + fc + "_weight"
+            blocks, scales = self.checkpoint.tensor(name + ".blocks"), self.checkpoint.tensor(name + ".scales")
+            parts = qmoe_weights(name, blocks, scales)
+            for tensor_name, onnx_type, shape, data in parts:
+                self.initializers.append(self.writer.tensor(tensor_name, onnx_type, shape, data))
+            projections.append((parts[0][0], parts[1][0], self.stored(b + fc + "_bias")))
+        rows = self.node("Reshape", [logits, "qmoe_router_rows"], [f"l{n}_router_rows"])  # QMoE takes [T, E]
+        scales = ("qmoe_global_scale", "qmoe_global_scale")
+        self.nodes.append(qmoe_node(c, h, rows, projections[0], projections[1], scales, f"l{n}_moe"))
+        return f"l{n}_moe"
+
     def build(self, progress: Callable[[int, int], None] | None) -> onnx.ModelProto:
         c, layers = self.config, self.config.num_hidden_layers
         cos, sin = cos_sin(c, self.options.max_positions)
         self.weight("cos_cache", cos.astype(self.options.numpy_type))
         self.weight("sin_cache", sin.astype(self.options.numpy_type))
+        if self.options.moe == "qmoe":  # shared by every layer's QMoE
+            self.weight("qmoe_router_rows", np.array([-1, c.num_experts], np.int64))
+            self.weight("qmoe_global_scale", np.ones(c.num_experts, np.float32))
         x = self.node("Gather", [self.stored("embedding.weight"), "input_ids"], ["embedded"], axis=0)
         residual: str | None = None
         for n in range(layers):
@@ -356,9 +379,8 @@ class _Builder:
 
 def _model(graph: onnx.GraphProto, config: ModelConfig, options: GraphOptions) -> onnx.ModelProto:
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1), helper.make_opsetid(ENGINE_DOMAIN, 1)]
-    model = helper.make_model(
-        graph, opset_imports=opsets, functions=[_moe_function(config, options)], producer_name="gpt-oss-gateway"
-    )
+    functions = [_moe_function(config, options)] if options.moe == "mxfp4moe" else []
+    model = helper.make_model(graph, opset_imports=opsets, functions=functions, producer_name="gpt-oss-gateway")
     model.ir_version = IR_VERSION
     return model
 
