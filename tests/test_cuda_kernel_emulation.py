@@ -29,6 +29,10 @@ SHAPES = [
     (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=3136, intermediate_size=64), 3),
     # gpt-oss's width (rows of 90 blocks), one token: the batch-1 decode kernels
     (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=2880, intermediate_size=2880), 1),
+    # one token routed among gpt-oss-20b's 32 experts by its top 4 (two output rows per fc2 block)
+    (ModelConfig(num_experts=32, experts_per_token=4, hidden_size=64, intermediate_size=96), 1),
+    # k = 3: two rows per fc2 block and two idle warps
+    (ModelConfig(num_experts=5, experts_per_token=3, hidden_size=96, intermediate_size=64), 1),
 ]
 
 

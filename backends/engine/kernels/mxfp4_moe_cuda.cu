@@ -7,6 +7,8 @@
 //    them in registers and uses them for up to kChunk of the expert's tokens, so an expert's weights are
 //    read from memory once per step for its first kChunk tokens (from the cache for the next ones).
 // 3. Combine: y[t] = the routing-weighted sum of its k choices, in choice order (deterministic).
+// A one-token step (batch-1 decode) runs two kernels instead of four: each fc1 block routes the token itself,
+// and fc2's blocks combine their rows' k choices in shared memory, with the same arithmetic.
 //
 // A step of many tokens (a prefill: gemm_min_tokens or more) in 16-bit activations runs steps 2 and 3 as GEMMs
 // on tensor cores instead, where cuBLAS loads: the choices' tokens gathered in expert order, then per routed
@@ -203,6 +205,31 @@ struct GemmScratch {
   void* decoded;    // one expert's W1 [2I, H] or W2 [H, I], 16-bit
 };
 
+// One token's top-k experts of its router logits `row` (ties: the lower index first), in order, and their
+// routing weights: the softmax over those k logits.
+template <typename Logit>
+__device__ __forceinline__ void TopK(const Logit* row, int64_t experts, int64_t k, int* picked, float* weights) {
+  float values[kMaxTopK];
+  for (int64_t j = 0; j < k; ++j) {
+    int best = -1;
+    float best_value = -FLT_MAX;
+    for (int64_t e = 0; e < experts; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken |= picked[i] == e;
+      const float value = ToFloat(row[e]);
+      if (!taken && (best < 0 || value > best_value)) {
+        best = static_cast<int>(e);
+        best_value = value;
+      }
+    }
+    picked[j] = best;
+    values[j] = best_value;
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < k; ++j) total += weights[j] = expf(values[j] - values[0]);
+  for (int64_t j = 0; j < k; ++j) weights[j] /= total;
+}
+
 template <typename T>
 __global__ void Route(MoeArgs a, Plan plan) {
   __shared__ int counts[kMaxExperts];
@@ -211,30 +238,12 @@ __global__ void Route(MoeArgs a, Plan plan) {
   for (int64_t e = threadIdx.x; e < a.experts; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   for (int64_t t = threadIdx.x; t < a.tokens; t += blockDim.x) {
-    const T* row = logits + t * a.experts;
     int picked[kMaxTopK];
-    float values[kMaxTopK];
-    for (int64_t j = 0; j < a.k; ++j) {
-      int best = -1;
-      float best_value = -FLT_MAX;
-      for (int64_t e = 0; e < a.experts; ++e) {
-        bool taken = false;
-        for (int64_t i = 0; i < j; ++i) taken |= picked[i] == e;
-        const float value = ToFloat(row[e]);
-        if (!taken && (best < 0 || value > best_value)) {  // ties: the lower index first
-          best = static_cast<int>(e);
-          best_value = value;
-        }
-      }
-      picked[j] = best;
-      values[j] = best_value;
-    }
-    float exps[kMaxTopK];
-    float total = 0.0f;
-    for (int64_t j = 0; j < a.k; ++j) total += exps[j] = expf(values[j] - values[0]);
+    float weights[kMaxTopK];
+    TopK(logits + t * a.experts, a.experts, a.k, picked, weights);
     for (int64_t j = 0; j < a.k; ++j) {
       plan.chosen[t * a.k + j] = picked[j];
-      plan.weights[t * a.k + j] = exps[j] / total;
+      plan.weights[t * a.k + j] = weights[j];
       atomicAdd(&counts[picked[j]], 1);
     }
   }
@@ -393,6 +402,75 @@ __global__ void Combine(MoeArgs a, Plan plan) {
     sum += plan.weights[choice] * plan.partial[choice * a.hidden + column];
   }
   static_cast<T*>(a.y)[index] = FromFloat<T>(sum);
+}
+
+// ---- One token (batch-1 decode): routing fused into fc1 and the combine into fc2, two kernels in all ----
+
+// Fc1 for a one-token step: block (choice j, 8 gate/linear pairs). Each block routes the token itself (its
+// logits staged in shared memory, thread 0 picks the top k as Route does) and works on its j-th expert; the
+// blocks of the first pairs record the routing for Fc2Token.
+template <typename T>
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(1)) Fc1Token(MoeArgs a, Plan plan) {
+  __shared__ float logits[kMaxExperts];
+  __shared__ int picked[kMaxTopK];
+  __shared__ float weights[kMaxTopK];
+  const T* row = static_cast<const T*>(a.logits);
+  for (int64_t e = threadIdx.x; e < a.experts; e += blockDim.x) logits[e] = ToFloat(row[e]);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    TopK(logits, a.experts, a.k, picked, weights);
+    if (blockIdx.y == 0) {
+      plan.chosen[blockIdx.x] = picked[blockIdx.x];
+      plan.weights[blockIdx.x] = weights[blockIdx.x];
+    }
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % kWarp;
+  const int64_t pair = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  if (pair >= a.inter) return;
+  const int64_t choice = blockIdx.x, expert = picked[choice];
+  const int64_t gate_row = expert * 2 * a.inter + 2 * pair, lin_row = gate_row + 1;
+  const int64_t bytes = a.hidden / 2, groups = a.hidden / kBlock;
+  const uint8_t* rows[2] = {a.w1 + gate_row * bytes, a.w1 + lin_row * bytes};
+  const uint8_t* row_scales[2] = {a.s1 + gate_row * groups, a.s1 + lin_row * groups};
+  const T* b1 = static_cast<const T*>(a.b1);
+  const T* inputs[1] = {static_cast<const T*>(a.x)};
+  float sums[2][1];
+  RowDots<2>(rows, row_scales, groups, inputs, 1, lane, sums);
+  if (lane == 0) {
+    const float g = fminf(sums[0][0] + ToFloat(b1[gate_row]), a.limit);
+    const float l = fmaxf(fminf(sums[1][0] + ToFloat(b1[lin_row]), a.limit), -a.limit);
+    plan.activated[choice * a.inter + pair] = g / (1.0f + expf(-a.alpha * g)) * (l + 1.0f);
+  }
+}
+
+// Fc2 and the combine for a one-token step: a block of 8 warps holds 8 / k output rows, a warp per (row,
+// choice); each warp's W2 row · activated + bias goes to shared memory, and the row's first warp sums its k
+// choices in choice order with their routing weights (Combine's arithmetic, without its kernel).
+template <typename T>
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(1)) Fc2Token(MoeArgs a, Plan plan) {
+  __shared__ float partial[kWarpsPerBlock];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int k = static_cast<int>(a.k), rows_per_block = kWarpsPerBlock / k;
+  const int local_row = warp / k, choice = warp % k;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(rows_per_block) + local_row;
+  const bool working = local_row < rows_per_block && row < a.hidden;
+  if (working) {
+    const int64_t expert = plan.chosen[choice];
+    const int64_t flat = expert * a.hidden + row, bytes = a.inter / 2, groups = a.inter / kBlock;
+    const uint8_t* rows[1] = {a.w2 + flat * bytes};
+    const uint8_t* row_scales[1] = {a.s2 + flat * groups};
+    const float* inputs[1] = {plan.activated + choice * a.inter};
+    float sums[1][1];
+    RowDots<1>(rows, row_scales, groups, inputs, 1, lane, sums);
+    if (lane == 0) partial[warp] = sums[0][0] + ToFloat(static_cast<const T*>(a.b2)[flat]);
+  }
+  __syncthreads();
+  if (working && choice == 0 && lane == 0) {
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum += plan.weights[j] * partial[local_row * k + j];
+    static_cast<T*>(a.y)[row] = FromFloat<T>(sum);
+  }
 }
 
 // ---- The GEMM path (prefill) ----
@@ -628,12 +706,19 @@ const char* LaunchGemms(const MoeArgs& a, const Plan& plan, const GemmScratch& s
 
 template <typename T>
 void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
-  const int64_t slots = a.experts < a.tokens * a.k ? a.experts : a.tokens * a.k;
   const int threads = kWarp * kWarpsPerBlock;
+  if (a.tokens == 1) {  // batch-1 decode: two kernels, one choice per routed expert, no chunk registers
+    auto* fc1 = &Fc1Token<T>;
+    auto* fc2 = &Fc2Token<T>;
+    const int64_t rows_per_block = kWarpsPerBlock / a.k;
+    GPTOSS_LAUNCH(fc1, dim3(a.k, (a.inter + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
+    GPTOSS_LAUNCH(fc2, dim3((a.hidden + rows_per_block - 1) / rows_per_block), dim3(threads), stream, a, plan);
+    return;
+  }
+  const int64_t slots = a.experts < a.tokens * a.k ? a.experts : a.tokens * a.k;
   auto* route = &Route<T>;
-  // a one-token step (batch-1 decode) has one choice per routed expert: no registers for a chunk
-  auto* fc1 = a.tokens == 1 ? &Fc1<T, 1> : &Fc1<T, kChunk>;
-  auto* fc2 = a.tokens == 1 ? &Fc2<T, 1> : &Fc2<T, kChunk>;
+  auto* fc1 = &Fc1<T, kChunk>;
+  auto* fc2 = &Fc2<T, kChunk>;
   auto* combine = &Combine<T>;
   GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
   GPTOSS_LAUNCH(fc1, dim3(slots, (a.inter + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
