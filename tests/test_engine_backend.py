@@ -200,6 +200,16 @@ def test_bad_engine_options_stop_the_gateway_at_start(tmp_path):
     assert from_options({"checkpoint": str(tmp_path)}, encoding) is not None  # exists: checked when loading
 
 
+@pytest.mark.skipif(cuda_unavailable_reason(0) is None, reason="CUDA runs here: device cuda is no error")
+def test_device_cuda_where_it_cannot_run_stops_the_gateway_at_start_with_the_reason():
+    settings = Settings(backends={"engine": {"kind": "onnx", "options": {"device": "cuda"}, "models": [MODEL]}})
+    with pytest.raises(ConfigError) as error:
+        build_services(settings, Renderer(ENCODING))
+    message = str(error.value)
+    assert message.startswith("backends.engine: onnx backend: options.device: cuda was asked for, but")
+    assert cuda_unavailable_reason(0) in message
+
+
 def test_a_checkpoint_that_fails_to_load_fails_requests_cleanly(tmp_path):
     (tmp_path / "config.json").write_text("{}")
 
@@ -245,7 +255,7 @@ def test_an_engine_that_cannot_run_says_why(checkpoint):
     the reason in describe() and in every request's error, never None."""
     cases = [({"device": "cpu", "dtype": "bfloat16"}, "bfloat16 needs the cuda device")]
     if cuda_unavailable_reason(0) is not None:
-        cases.append(({"device": "cuda"}, "device cuda was asked for, but"))
+        cases.append(({"device": "cuda"}, "device cuda was asked for, but"))  # the backend made directly
         cases.append(({"moe": "qmoe", "dtype": "float16"}, "moe qmoe needs the cuda device"))
     for extra, reason in cases:
         backend = EngineBackend(_options(checkpoint, **extra), ENCODING)

@@ -3,8 +3,8 @@
 Options: `checkpoint` (a gpt-oss checkpoint directory, either layout; unset: a small random-weight model
 generated once and cached, whose output is noise), `max_batch` (sequences decoded together, each with
 its own KV slot), `max_positions` (KV capacity per sequence: prompt + output), `device` (`auto`: CUDA
-when onnxruntime's CUDA provider loads here, else the CPU; `cuda`: fail at load if it cannot; `cpu`),
-`device_id`, `dtype` (activations, non-expert weights, KV cache: `float32`, `float16`, `bfloat16`;
+when onnxruntime's CUDA provider loads here, else the CPU; `cuda`: the gateway stops at start if it
+cannot; `cpu`), `device_id`, `dtype` (activations, non-expert weights, KV cache: `float32`, `float16`, `bfloat16`;
 default bfloat16 on CUDA, float32 on the CPU), `moe` (`mxfp4moe`: our MXFP4MoE op, compiled kernels unless
 `kernels` is false; `qmoe`: ONNX Runtime's contrib QMoE, CUDA in float16/bfloat16 only), `cuda_graph`
 (decode steps replayed as CUDA graphs), `threads`, `cache_dir`.
@@ -37,7 +37,7 @@ from .kernels.build import kernel_library
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
 from .qmoe import MoeRealization, qmoe_unsupported_reason
-from .runtime import DecoderRuntime, Device, EngineDeviceError, resolve_device
+from .runtime import DecoderRuntime, Device, EngineDeviceError, cuda_unavailable_reason, resolve_device
 
 log = structlog.get_logger("backends.engine")
 
@@ -201,6 +201,8 @@ def from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> EngineBa
     parsed = parse_options(EngineOptions, options, "onnx")
     if parsed.checkpoint is not None and not Path(parsed.checkpoint).is_dir():
         raise ValueError(f"onnx backend: options.checkpoint: {parsed.checkpoint} is not a directory")
+    if parsed.device == "cuda" and (reason := cuda_unavailable_reason(parsed.device_id)):
+        raise ValueError(f"onnx backend: options.device: cuda was asked for, but {reason}")  # stops the start
     if parsed.moe == "qmoe":  # what the options alone rule out; the device `auto` resolves to is checked at load
         reason = qmoe_unsupported_reason("cpu" if parsed.device == "cpu" else "cuda", parsed.dtype or "bfloat16")
         if reason is not None:
