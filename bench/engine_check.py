@@ -355,6 +355,15 @@ def timed_decode(runtime: DecoderRuntime, batch: int, steps: int) -> float:
     return batch * steps / (time.perf_counter() - started)
 
 
+def time_to_first_token(runtime: DecoderRuntime, length: int) -> float:
+    """Seconds for one prefill call of a `length`-token prompt into slot 0 (after a short warm-up prefill)."""
+    prompt = [(31 * i) % 200000 + 5 for i in range(length)]
+    runtime.prefill(0, prompt[:64])
+    started = time.perf_counter()
+    runtime.prefill(0, prompt)
+    return time.perf_counter() - started
+
+
 def scale(work: Path, device: str, kernels: Path | None, results: dict[str, Any], cuda_graph: bool) -> dict[str, Any]:
     config = SCALE_CONFIG
     report: dict[str, Any] = results.setdefault("scale", {})  # partial figures survive a timeout
@@ -387,11 +396,7 @@ def scale(work: Path, device: str, kernels: Path | None, results: dict[str, Any]
             copy_s / (batch / report[f"decode_tok_s_batch_{batch}"]), 4
         )
     for length in (1024, 8192):
-        prompt = [(31 * i) % 200000 + 5 for i in range(length)]
-        runtime.prefill(0, prompt[:64])  # warm
-        started = time.perf_counter()
-        runtime.prefill(0, prompt)
-        report[f"ttft_{length}_s"] = round(time.perf_counter() - started, 3)
+        report[f"ttft_{length}_s"] = round(time_to_first_token(runtime, length), 3)
         log(f"ttft {length}: {report[f'ttft_{length}_s']} s")
     after = device_memory()
     kv_allocated = runtime.kv_bytes
@@ -447,11 +452,7 @@ def qmoe_decode(directory: Path, work: Path, device: str, positions: int) -> dic
         for batch in (1, 8, 64):
             report[f"qmoe_decode_tok_s_batch_{batch}"] = round(timed_decode(runtime, batch, 24), 1)
             log(f"qmoe batch {batch}: {report[f'qmoe_decode_tok_s_batch_{batch}']} tok/s")
-        prompt = [(31 * i) % 200000 + 5 for i in range(1024)]
-        runtime.prefill(0, prompt[:64])
-        started = time.perf_counter()
-        runtime.prefill(0, prompt)
-        report["qmoe_ttft_1024_s"] = round(time.perf_counter() - started, 3)
+        report["qmoe_ttft_1024_s"] = round(time_to_first_token(runtime, 1024), 3)
     except Exception as exc:
         report["qmoe_error"] = f"{type(exc).__name__}: {exc}"[:600]
     return report

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
+import pytest
 from engine_fixtures import make_checkpoint
 from engine_reference import ReferenceModel
 
@@ -90,3 +92,29 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
         worst = max(worst, float(np.abs(logits - expected).max()))
     assert reference_tokens == tokens
     assert worst < TOLERANCE, f"largest logit difference {worst:.2e}"
+    del runtime
+    gc.collect()
+    _qmoe_graph_at_real_width(Checkpoint(checkpoint), cache)
+
+
+def _qmoe_graph_at_real_width(checkpoint: Checkpoint, cache: Path) -> None:
+    """The `moe` qmoe graph of the same checkpoint: each QMoE node's experts at the schema's real-width shapes
+    (fc1 [E, 5760, 1440], fc2 [E, 2880, 1440]), byte for byte the checkpoint's, and ONNX Runtime loads the
+    whole graph but the CUDA-only QMoE kernel (tests/test_engine_qmoe.py checks the rest at small width)."""
+    model = compiled_model(checkpoint, GraphOptions(64, "float16", "qmoe"), cache)
+    graph = onnx.load(str(model), load_external_data=False).graph
+    tensors = {tensor.name: tensor for tensor in graph.initializer}
+    nodes = [node for node in graph.node if node.op_type == "QMoE"]
+    assert len(nodes) == REAL_WIDTH.num_hidden_layers
+    e, h, i = REAL_WIDTH.num_experts, REAL_WIDTH.hidden_size, REAL_WIDTH.intermediate_size
+    for layer, node in enumerate(nodes):
+        for codes, scales, fc, rows, columns in ((2, 3, "mlp1", 2 * i, h), (5, 6, "mlp2", h, i)):
+            code_tensor, scale_tensor = tensors[node.input[codes]], tensors[node.input[scales]]
+            assert list(code_tensor.dims) == [e, rows, columns // 2]
+            assert list(scale_tensor.dims) == [e, rows, columns // 32]
+            onnx.external_data_helper.load_external_data_for_tensor(code_tensor, str(model.parent))
+            blocks = checkpoint.tensor(f"block.{layer}.mlp.{fc}_weight.blocks")
+            assert code_tensor.raw_data == blocks.tobytes()
+    with pytest.raises(Exception, match="QMoE") as error:
+        ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    assert "NOT_IMPLEMENTED" in str(error.value)

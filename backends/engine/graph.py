@@ -31,14 +31,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .checkpoint import Checkpoint
 from .config import SWIGLU_ALPHA, ModelConfig
-from .qmoe import MoeRealization, qmoe_node, qmoe_weights
+from .qmoe import MS_DOMAIN, MoeRealization, qmoe_node, qmoe_weights
 from .rope import cos_sin
 
 BUILDER_VERSION = "5"
 OPSET = 23
 IR_VERSION = 11  # FLOAT4E2M1 needs 11; onnxruntime 1.31 loads up to 13
 ENGINE_DOMAIN = "gptoss.engine"
-MS_DOMAIN = "com.microsoft"
 RMS_EPSILON = 1e-5
 INLINE_BYTES = 1024
 STREAM_BLOCK_BYTES = 32 * 1024 * 1024  # a large weight is converted and written in blocks of this size
@@ -297,34 +296,32 @@ class _Builder:
         out = self.product(attention, b + "attn.out", f"l{n}_o")
         h, residual = self.norm(out, b + "mlp.norm.scale", f"l{n}_mlp_in", residual, self.stored(b + "attn.out.bias"))
         logits = self.linear(h, b + "mlp.gate", f"l{n}_router")
-        if self.options.moe == "qmoe":
-            return self.qmoe(n, h, logits), residual
-        w1, s1 = self.mxfp4(b + "mlp.mlp1_weight")
-        w2, s2 = self.mxfp4(b + "mlp.mlp2_weight")
-        moe = self.node(
-            "MXFP4MoE",
-            [h, logits, w1, s1, self.stored(b + "mlp.mlp1_bias"), w2, s2, self.stored(b + "mlp.mlp2_bias")],
-            [f"l{n}_moe"],
-            domain=ENGINE_DOMAIN,
-            **moe_attributes(self.config),
-        )
-        return moe, residual
+        moe = self.qmoe if self.options.moe == "qmoe" else self.mxfp4moe
+        return moe(b + "mlp.", h, logits, f"l{n}_moe"), residual
 
-    def qmoe(self, n: int, h: str, logits: str) -> str:
-        """Layer n's MoE as ONNX Runtime's QMoE over the checkpoint's MXFP4 bytes; its output's name."""
-        c, b = self.config, f"block.{n}.mlp."
+    def mxfp4moe(self, prefix: str, h: str, logits: str, out: str) -> str:
+        """A layer's MoE as one MXFP4MoE node (our compiled kernel, else the graph's function body)."""
+        w1, s1 = self.mxfp4(prefix + "mlp1_weight")
+        w2, s2 = self.mxfp4(prefix + "mlp2_weight")
+        b1, b2 = self.stored(prefix + "mlp1_bias"), self.stored(prefix + "mlp2_bias")
+        return self.node(
+            "MXFP4MoE", [h, logits, w1, s1, b1, w2, s2, b2], [out], domain=ENGINE_DOMAIN, **moe_attributes(self.config)
+        )
+
+    def qmoe(self, prefix: str, h: str, logits: str, out: str) -> str:
+        """A layer's MoE as ONNX Runtime's QMoE over the checkpoint's MXFP4 bytes."""
         projections = []
         for fc in ("mlp1", "mlp2"):
-            name = b + fc + "_weight"
-            blocks, scales = self.checkpoint.tensor(name + ".blocks"), self.checkpoint.tensor(name + ".scales")
-            parts = qmoe_weights(name, blocks, scales)
-            for tensor_name, onnx_type, shape, data in parts:
-                self.initializers.append(self.writer.tensor(tensor_name, onnx_type, shape, data))
-            projections.append((parts[0][0], parts[1][0], self.stored(b + fc + "_bias")))
-        rows = self.node("Reshape", [logits, "qmoe_router_rows"], [f"l{n}_router_rows"])  # QMoE takes [T, E]
+            name = prefix + fc + "_weight"
+            codes, scales = qmoe_weights(
+                name, self.checkpoint.tensor(name + ".blocks"), self.checkpoint.tensor(name + ".scales")
+            )
+            self.initializers += [self.writer.tensor(*codes), self.writer.tensor(*scales)]
+            projections.append((codes[0], scales[0], self.stored(prefix + fc + "_bias")))
+        rows = self.node("Reshape", [logits, "qmoe_router_rows"], [out + "_router_rows"])  # QMoE takes [T, E]
         scales = ("qmoe_global_scale", "qmoe_global_scale")
-        self.nodes.append(qmoe_node(c, h, rows, projections[0], projections[1], scales, f"l{n}_moe"))
-        return f"l{n}_moe"
+        self.nodes.append(qmoe_node(self.config, h, rows, projections[0], projections[1], scales, out))
+        return out
 
     def build(self, progress: Callable[[int, int], None] | None) -> onnx.ModelProto:
         c, layers = self.config, self.config.num_hidden_layers

@@ -45,10 +45,12 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kBlock = 32;       // MXFP4 values per scale
-constexpr int kChunk = 8;        // tokens sharing one decoded weight block (a one-token step uses 1)
+constexpr int kChunk = 8;        // tokens sharing one decoded weight block (steps of more than one token)
 constexpr int kRouteThreads = 256;
-// Fc1/Fc2 blocks resident per SM (the register budget follows): enough warps to keep the loads in flight.
-constexpr int MinBlocks(int chunk) { return chunk == 1 ? 3 : 2; }
+// Fc1/Fc2 blocks resident per SM (the register budget follows): enough warps to keep the loads in flight;
+// the one-token kernels hold no chunk of tokens in registers, so more of them fit.
+constexpr int kChunkMinBlocks = 2;
+constexpr int kTokenMinBlocks = 3;
 
 // Storage of the 16-bit activation dtypes (bit patterns; converted with round-to-nearest-even).
 struct Half {
@@ -333,10 +335,10 @@ __device__ __forceinline__ void RowDots(const uint8_t* const* rows, const uint8_
   }
 }
 
-// A warp per gate/linear row pair of one routed expert: activated[c] = swiglu(W1 x + b1) per choice c, C of
-// the expert's choices at a time.
-template <typename T, int C>
-__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(C)) Fc1(MoeArgs a, Plan plan) {
+// A warp per gate/linear row pair of one routed expert: activated[c] = swiglu(W1 x + b1) per choice c,
+// kChunk of the expert's choices at a time.
+template <typename T>
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, kChunkMinBlocks) Fc1(MoeArgs a, Plan plan) {
   const int lane = threadIdx.x % kWarp;
   const int64_t pair = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   int expert, first, last;
@@ -348,14 +350,14 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(C)) Fc1(MoeA
   const T* x = static_cast<const T*>(a.x);
   const T* b1 = static_cast<const T*>(a.b1);
   const float gate_bias = ToFloat(b1[gate_row]), lin_bias = ToFloat(b1[lin_row]);
-  for (int start = first; start < last; start += C) {
-    int choices[C];
-    const int n = LoadChunk<C>(plan, start, last, choices);
-    const T* inputs[C];  // each token's activations (the division by k kept out of the inner loop)
-    for (int t = 0; t < C; ++t) {
+  for (int start = first; start < last; start += kChunk) {
+    int choices[kChunk];
+    const int n = LoadChunk<kChunk>(plan, start, last, choices);
+    const T* inputs[kChunk];  // each token's activations (the division by k kept out of the inner loop)
+    for (int t = 0; t < kChunk; ++t) {
       inputs[t] = x + static_cast<int64_t>(choices[t] / static_cast<int>(a.k)) * a.hidden;
     }
-    float sums[2][C];
+    float sums[2][kChunk];
     RowDots<2>(rows, row_scales, groups, inputs, n, lane, sums);
     if (lane == 0) {
       for (int t = 0; t < n; ++t) {
@@ -368,8 +370,8 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(C)) Fc1(MoeA
 }
 
 // A warp per output row of one routed expert: partial[c] = W2 activated[c] + b2 per choice c.
-template <typename T, int C>
-__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(C)) Fc2(MoeArgs a, Plan plan) {
+template <typename T>
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, kChunkMinBlocks) Fc2(MoeArgs a, Plan plan) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = blockIdx.y * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   int expert, first, last;
@@ -378,12 +380,12 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(C)) Fc2(MoeA
   const uint8_t* rows[1] = {a.w2 + flat * bytes};
   const uint8_t* row_scales[1] = {a.s2 + flat * groups};
   const float bias = ToFloat(static_cast<const T*>(a.b2)[flat]);
-  for (int start = first; start < last; start += C) {
-    int choices[C];
-    const int n = LoadChunk<C>(plan, start, last, choices);
-    const float* inputs[C];
-    for (int t = 0; t < C; ++t) inputs[t] = plan.activated + static_cast<int64_t>(choices[t]) * a.inter;
-    float sums[1][C];
+  for (int start = first; start < last; start += kChunk) {
+    int choices[kChunk];
+    const int n = LoadChunk<kChunk>(plan, start, last, choices);
+    const float* inputs[kChunk];
+    for (int t = 0; t < kChunk; ++t) inputs[t] = plan.activated + static_cast<int64_t>(choices[t]) * a.inter;
+    float sums[1][kChunk];
     RowDots<1>(rows, row_scales, groups, inputs, n, lane, sums);
     if (lane == 0) {
       for (int t = 0; t < n; ++t) plan.partial[choices[t] * a.hidden + row] = sums[0][t] + bias;
@@ -410,7 +412,7 @@ __global__ void Combine(MoeArgs a, Plan plan) {
 // logits staged in shared memory, thread 0 picks the top k as Route does) and works on its j-th expert; the
 // blocks of the first pairs record the routing for Fc2Token.
 template <typename T>
-__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(1)) Fc1Token(MoeArgs a, Plan plan) {
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, kTokenMinBlocks) Fc1Token(MoeArgs a, Plan plan) {
   __shared__ float logits[kMaxExperts];
   __shared__ int picked[kMaxTopK];
   __shared__ float weights[kMaxTopK];
@@ -448,7 +450,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(1)) Fc1Token
 // choice); each warp's W2 row · activated + bias goes to shared memory, and the row's first warp sums its k
 // choices in choice order with their routing weights (Combine's arithmetic, without its kernel).
 template <typename T>
-__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, MinBlocks(1)) Fc2Token(MoeArgs a, Plan plan) {
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, kTokenMinBlocks) Fc2Token(MoeArgs a, Plan plan) {
   __shared__ float partial[kWarpsPerBlock];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int k = static_cast<int>(a.k), rows_per_block = kWarpsPerBlock / k;
@@ -717,8 +719,8 @@ void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
   }
   const int64_t slots = a.experts < a.tokens * a.k ? a.experts : a.tokens * a.k;
   auto* route = &Route<T>;
-  auto* fc1 = &Fc1<T, kChunk>;
-  auto* fc2 = &Fc2<T, kChunk>;
+  auto* fc1 = &Fc1<T>;
+  auto* fc2 = &Fc2<T>;
   auto* combine = &Combine<T>;
   GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
   GPTOSS_LAUNCH(fc1, dim3(slots, (a.inter + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
