@@ -51,6 +51,7 @@ class GenerateRequest:
     sampling: Sampling = field(default_factory=Sampling)
     constraint: Constraint = field(default_factory=Constraint)
     cache_key: str | None = None  # requests sharing it share a prompt prefix: a backend may route them together
+    tenant: str = ""  # whose request: an in-process prefix cache reuses a prompt only within its tenant
 
 
 @dataclass(slots=True)
@@ -97,6 +98,10 @@ class EngineStats:
     decode_steps: int  # since start
     prefill_tokens: int
     decode_tokens: int
+    prefix_lookup_tokens: int = 0  # prompt tokens of the sequences started, since start
+    prefix_hit_tokens: int = 0  # of those, tokens reused from the prefix cache instead of prefilled
+    prefix_blocks: int = 0  # prefix-cache blocks held in KV slots now
+    prefix_evicted_blocks: int = 0  # blocks given up for the budget or for another prefix, since start
 
 
 @runtime_checkable

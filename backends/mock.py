@@ -13,7 +13,7 @@ raw text without `<|constrain|>json`), or `{"raw": TEXT}` where
 token (as a prefill takes), which the script can also set for every rule. Instead of `emit`, a rule
 may give `alternatives`, a list of step lists: one is emitted, chosen by the request's seed (at
 random without one), so that `n` and `seed` behave as with a sampling model. The first matching rule
-wins. The backend records the prompts it receives (most recent last).
+wins. The backend records the prompts it receives and the tokens it emits for each (most recent last).
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ class MockBackend:
         self._completions = [[self._completion(steps) for steps in rule.alternatives] for rule in self._rules]
         self.capabilities = Capabilities(context_length=131_072)
         self.prompts: deque[list[int]] = deque(maxlen=RECORDED_PROMPTS)
+        self.outputs: deque[list[int]] = deque(maxlen=RECORDED_PROMPTS)  # what each recorded prompt got
         self.active = 0  # generations in flight (tests check that cancellation reaches the backend)
 
     @classmethod
@@ -137,6 +138,8 @@ class MockBackend:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
         self.prompts.append(list(request.prompt))
+        emitted: list[int] = []
+        self.outputs.append(emitted)
         index = self._rule_for(request.prompt)
         rule, completions = self._rules[index], self._completions[index]
         seed = request.sampling.seed
@@ -152,6 +155,7 @@ class MockBackend:
             for token in tokens[: request.max_new_tokens]:
                 if delay_s:
                     await asyncio.sleep(delay_s)
+                emitted.append(token)
                 yield Chunk([token])
                 if token in stops:
                     return

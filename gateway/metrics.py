@@ -218,6 +218,17 @@ class EngineCollector(Collector):
         tokens = CounterMetricFamily(
             "gateway_engine_tokens", "Tokens run: prompt tokens prefilled, tokens decoded", labels=["backend", "phase"]
         )
+        prompt = CounterMetricFamily(
+            "gateway_engine_prefix_tokens",
+            "Prompt tokens of started sequences: all looked up, and those reused from the prefix cache (hit ratio)",
+            labels=["backend", "outcome"],
+        )
+        blocks = GaugeMetricFamily("gateway_engine_prefix_blocks", "Prefix-cache blocks held in KV", labels=["backend"])
+        evicted = CounterMetricFamily(
+            "gateway_engine_prefix_evicted_blocks",
+            "Prefix-cache blocks given up, for the budget or for another prefix",
+            labels=["backend"],
+        )
         for name, engine in self._engines.items():
             stats = engine.engine_stats()
             if stats is None:
@@ -230,4 +241,8 @@ class EngineCollector(Collector):
             steps.add_metric([name], stats.decode_steps)
             tokens.add_metric([name, "prefill"], stats.prefill_tokens)
             tokens.add_metric([name, "decode"], stats.decode_tokens)
-        yield from (sequences, slots, kv, steps, tokens)
+            prompt.add_metric([name, "lookup"], stats.prefix_lookup_tokens)
+            prompt.add_metric([name, "hit"], stats.prefix_hit_tokens)
+            blocks.add_metric([name], stats.prefix_blocks)
+            evicted.add_metric([name], stats.prefix_evicted_blocks)
+        yield from (sequences, slots, kv, steps, tokens, prompt, blocks, evicted)

@@ -85,6 +85,7 @@ async def _render(
 
 def start_turn(
     services: Services,
+    tenant: str,
     plan: Plan,
     sampling: Sampling,
     constraint: Constraint,
@@ -108,4 +109,5 @@ def start_turn(
         routing,
         cache_key,
         assembler,
+        tenant,
     )

@@ -104,6 +104,7 @@ class Turn:
         routing: CallRouting | None = None,
         cache_key: str | None = None,
         assembler: OutputAssembler | None = None,
+        tenant: str = "",
     ) -> None:
         self.backend = backend
         self._observer = observer
@@ -126,6 +127,7 @@ class Turn:
             sampling=sampling,
             constraint=constraint if backend.capabilities.constraints else Constraint(),
             cache_key=cache_key,
+            tenant=tenant,
         )
         self._constraint = constraint
         self._stops = frozenset(self._request.stop_ids)

@@ -7,7 +7,10 @@ when onnxruntime's CUDA provider loads here, else the CPU; `cuda`: the gateway s
 cannot; `cpu`), `device_id`, `dtype` (activations, non-expert weights, KV cache: `float32`, `float16`, `bfloat16`;
 default bfloat16 on CUDA, float32 on the CPU), `moe` (`mxfp4moe`: our MXFP4MoE op, compiled kernels unless
 `kernels` is false; `qmoe`: ONNX Runtime's contrib QMoE, CUDA in float16/bfloat16 only), `cuda_graph`
-(decode steps replayed as CUDA graphs), `threads`, `cache_dir`.
+(decode steps replayed as CUDA graphs), `threads`, `cache_dir`; the prefix cache: `prefix_cache_tokens`
+(tokens that ended sequences' KV slots keep for later prompts that start the same way; unset: all of
+the KV, 0: no reuse), `prefix_block` (tokens per block), `prefix_cache_scope` (`tenant`: a prompt is
+reused only within its tenant and `prompt_cache_key`; `shared`: across tenants, see docs/backends.md).
 The model loads in the background; readiness says when it is there.
 """
 
@@ -18,7 +21,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import structlog
@@ -36,6 +39,7 @@ from .graph import Dtype, GraphOptions
 from .kernels.build import kernel_library
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
+from .prefix_cache import namespace_of
 from .qmoe import MoeRealization, qmoe_unsupported_reason
 from .runtime import DecoderRuntime, Device, EngineDeviceError, cuda_unavailable_reason, resolve_device
 
@@ -62,6 +66,14 @@ class EngineOptions(BaseModel):
     cuda_graph: bool = False
     threads: int = Field(default=0, ge=0)
     cache_dir: str | None = None
+    prefix_cache_tokens: int | None = Field(default=None, ge=0)
+    prefix_block: int = Field(default=32, ge=1, le=1024)
+    prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
+
+    def prefix_budget(self) -> int:
+        """Tokens idle KV slots keep for reuse: by default all of them (their memory is allocated anyway)."""
+        everything = self.max_batch * self.max_positions
+        return everything if self.prefix_cache_tokens is None else min(self.prefix_cache_tokens, everything)
 
 
 def _demo_checkpoint(cache: Path) -> Path:
@@ -129,7 +141,7 @@ class EngineBackend:
                 dtype=dtype,
                 cuda_graph=options.cuda_graph,
             )
-            self._batcher = Batcher(runtime, options.prefill_chunk)
+            self._batcher = Batcher(runtime, options.prefill_chunk, options.prefix_block, options.prefix_budget())
             log.info(
                 "engine_ready",
                 layout=checkpoint.layout,
@@ -178,9 +190,11 @@ class EngineBackend:
             request,
             lambda item: loop.call_soon_threadsafe(arrivals.put_nowait, item),
             np.random.default_rng(seed),
+            namespace=namespace_of(request.tenant, request.cache_key, self.options.prefix_cache_scope == "shared"),
             guide=guide,
         )
         batcher.submit(sequence)
+        first = True
         try:
             while True:
                 item = await arrivals.get()
@@ -188,7 +202,8 @@ class EngineBackend:
                     return
                 if isinstance(item, BaseException):
                     raise BackendError(f"The engine failed: {item}")
-                yield Chunk(item)
+                yield Chunk(item, cached_tokens=sequence.reused) if first else Chunk(item)
+                first = False
         finally:
             sequence.cancelled.set()  # frees the slot before the next step, or drops it from the queue
 

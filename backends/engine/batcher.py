@@ -1,7 +1,8 @@
 """Continuous batching on one engine thread: sequences join between decode steps (their prompt is
-prefilled into a free KV slot, one chunk per step, so that a long prompt does not stall the others),
+prefilled into a KV slot, one chunk per step, so that a long prompt does not stall the others),
 every decoding sequence advances by one token per step, and a finished or cancelled sequence frees its
-slot at once."""
+slot at once. A sequence starts from the longest prefix of its prompt that a slot already holds in its
+namespace (prefix_cache.py): it takes that slot over, or the held positions are copied into its own."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import structlog
 from backends.base import EngineStats, GenerateRequest
 
 from .grammar import TokenGuide
+from .prefix_cache import PrefixCache
 from .runtime import DecoderRuntime
 from .sampler import next_token
 
@@ -29,7 +31,9 @@ class Sequence:
     request: GenerateRequest
     emit: Emit
     rng: np.random.Generator
+    namespace: bytes = b""  # the prefix cache's: only a slot filled in the same namespace is reused
     slot: int = -1
+    reused: int = 0  # prompt tokens taken from the prefix cache (set before the first token is emitted)
     position: int = 0  # positions filled in the slot's KV cache
     decoding: bool = False  # the prompt is all in; each step feeds `token`
     generated: int = 0
@@ -39,13 +43,18 @@ class Sequence:
 
 
 class Batcher:
-    def __init__(self, runtime: DecoderRuntime, prefill_chunk: int = 512) -> None:
+    def __init__(
+        self, runtime: DecoderRuntime, prefill_chunk: int = 512, prefix_block: int = 32, prefix_budget: int = 0
+    ) -> None:
+        """`prefix_budget`: tokens idle slots keep for later sequences to reuse (0: no reuse)."""
         self.runtime = runtime
         self.prefill_chunk = prefill_chunk
+        self.prefix = PrefixCache(runtime.slots, prefix_block, prefix_budget)
+        self._prefix_stats = self.prefix.stats()
         self._incoming: queue.Queue[Sequence | None] = queue.Queue()
+        self._waiting: Sequence | None = None  # taken from the queue, waiting for a slot
         self._active: dict[int, Sequence] = {}  # slot → the sequence holding it (prefilling or decoding)
         self._prefilling: list[Sequence] = []  # in arrival order
-        self._free = list(range(runtime.slots))
         self._kv_tokens = 0  # positions filled in active slots, as of the last step
         self._decode_steps = 0
         self._prefill_tokens = 0
@@ -59,16 +68,20 @@ class Batcher:
 
     def stats(self) -> EngineStats:
         """Read from other threads: each figure is one the engine thread last wrote."""
-        runtime = self.runtime
+        runtime, prefix = self.runtime, self._prefix_stats
         return EngineStats(
             running=len(self._active),
-            waiting=self._incoming.qsize(),
+            waiting=self._incoming.qsize() + (self._waiting is not None),
             slots=runtime.slots,
             kv_tokens=self._kv_tokens,
             kv_capacity_tokens=runtime.slots * runtime.max_positions,
             decode_steps=self._decode_steps,
             prefill_tokens=self._prefill_tokens,
             decode_tokens=self._decode_tokens,
+            prefix_lookup_tokens=prefix.lookup_tokens,
+            prefix_hit_tokens=prefix.hit_tokens,
+            prefix_blocks=prefix.blocks,
+            prefix_evicted_blocks=prefix.evicted_blocks,
         )
 
     def submit(self, sequence: Sequence) -> None:
@@ -89,23 +102,41 @@ class Batcher:
             if any(sequence.decoding for sequence in self._active.values()):
                 self._step()
             self._kv_tokens = sum(sequence.position for sequence in self._active.values())
+            self._prefix_stats = self.prefix.stats()
 
     def _admit(self) -> bool:
-        """Give waiting sequences free slots (blocking while idle); False once closed."""
-        while self._free:
-            try:
-                sequence = self._incoming.get(block=not self._active)
-            except queue.Empty:
-                return True
+        """Give waiting sequences slots, in arrival order (blocking while idle); False once closed."""
+        while True:
+            sequence = self._waiting
             if sequence is None:
-                self._fail_all(RuntimeError("the engine stopped"))
-                return False
+                if self.prefix.free_slots() == 0:
+                    return True
+                try:
+                    sequence = self._incoming.get(block=not self._active)
+                except queue.Empty:
+                    return True
+                if sequence is None:
+                    self._fail_all(RuntimeError("the engine stopped"))
+                    return False
+            self._waiting = None
             if sequence.cancelled.is_set():
                 continue
-            sequence.slot = min(self._free)
-            self._free.remove(sequence.slot)
-            self._active[sequence.slot] = sequence
-            self._prefilling.append(sequence)
+            if not self._place(sequence):
+                self._waiting = sequence
+                return True
+
+    def _place(self, sequence: Sequence) -> bool:
+        """Give the sequence a slot holding as much of its prompt as any slot does; False: none is free."""
+        prompt = sequence.request.prompt
+        placement = self.prefix.place(sequence.namespace, prompt)
+        if placement is None:
+            return False
+        if placement.source is not None:
+            self.runtime.copy_prefix(placement.source, placement.slot, placement.reused)
+        self.prefix.count(len(prompt), placement.reused)
+        sequence.slot, sequence.position, sequence.reused = placement.slot, placement.reused, placement.reused
+        self._active[sequence.slot] = sequence
+        self._prefilling.append(sequence)
         return True
 
     def _prefill_chunk(self, sequence: Sequence) -> None:
@@ -115,8 +146,10 @@ class Batcher:
         try:
             logits = self.runtime.prefill(sequence.slot, chunk, sequence.position)
         except Exception as exc:  # a bad prompt fails its own sequence only
+            self.prefix.forget(sequence.slot)
             self._finish(sequence, exc)
             return
+        self.prefix.extend(sequence.slot, chunk)
         sequence.position += len(chunk)
         self._prefill_tokens += len(chunk)
         if sequence.position == len(prompt):
@@ -127,16 +160,23 @@ class Batcher:
     def _step(self) -> None:
         decoding = [s for s in self._active.values() if s.decoding]
         rows = [(s.slot, s.token, s.position) for s in decoding]
-        parked = {s.slot: s.position for s in self._prefilling}  # their next chunk rewrites that position
+        span = max(slot for slot, _, _ in rows) + 1
+        # the batch's other slots write a spare row past what they keep: a prefilling slot's next chunk
+        # rewrites that position, an idle slot's kept prefix stays whole
+        parked = {slot: self.prefix.held(slot) for slot in range(span) if slot not in self._active}
+        parked.update((s.slot, s.position) for s in self._prefilling)
         try:
             logits = self.runtime.decode(rows, parked)
         except Exception as exc:
             log.exception("engine_step_failed")
+            for slot in range(span):
+                self.prefix.forget(slot)
             self._fail_all(exc)
             return
         self._decode_steps += 1
         self._decode_tokens += len(rows)
         for sequence in decoding:
+            self.prefix.extend(sequence.slot, [sequence.token])
             sequence.position += 1
             self._accept(sequence, logits[sequence.slot])
 
@@ -169,7 +209,7 @@ class Batcher:
 
     def _release(self, sequence: Sequence) -> None:
         if self._active.pop(sequence.slot, None) is not None:
-            self._free.append(sequence.slot)
+            self.prefix.release(sequence.slot)
         if sequence in self._prefilling:
             self._prefilling.remove(sequence)
 

@@ -7,6 +7,7 @@ length inputs sit in fixed device buffers, updated in place."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import io
 from pathlib import Path
@@ -79,6 +80,42 @@ def resolve_device(device: Device, device_id: int = 0) -> Literal["cpu", "cuda"]
     return "cpu"
 
 
+def _host_view(address: int, shape: tuple[int, int, int]) -> np.ndarray:
+    """A writable byte view of host memory that an OrtValue owns."""
+    size = shape[0] * shape[1] * shape[2]
+    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address)).reshape(shape)
+
+
+@functools.cache
+def _cudart() -> ctypes.CDLL:
+    """The CUDA runtime the CUDA provider loaded (its soname first: the process holds it already)."""
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        with contextlib.suppress(OSError):
+            return ctypes.CDLL(name)
+    raise EngineDeviceError("the CUDA runtime library (libcudart) is not loadable to copy KV between slots")
+
+
+DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice
+
+
+def copy_device_rows(target: int, source: int, pitch: int, width: int, rows: int) -> None:
+    """`rows` rows of `width` bytes, `pitch` apart, from device address `source` to `target`; done on return."""
+    cudart = _cudart()
+    status = cudart.cudaMemcpy2D(
+        ctypes.c_void_p(target),
+        ctypes.c_size_t(pitch),
+        ctypes.c_void_p(source),
+        ctypes.c_size_t(pitch),
+        ctypes.c_size_t(width),
+        ctypes.c_size_t(rows),
+        ctypes.c_int(DEVICE_TO_DEVICE),
+    )
+    if status == 0:
+        status = cudart.cudaDeviceSynchronize()  # a device-to-device copy may return before it is done
+    if status != 0:
+        raise EngineDeviceError(f"copying KV between slots failed (CUDA error {status})")
+
+
 class DecoderRuntime:
     """`prefill` fills one slot from position 0; `decode` advances any set of slots by one token each."""
 
@@ -126,6 +163,7 @@ class DecoderRuntime:
         self._cache = [
             self._zeros((slots, *self._kv_shape), DTYPES[dtype][1]) for _ in range(2 * config.num_hidden_layers)
         ]
+        self._kv_itemsize = DTYPES[dtype][1].itemsize
         self._logits = self._zeros((slots, config.vocab_size), np.dtype(np.float32))
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._graph_inputs: dict[int, tuple[ort.OrtValue, ort.OrtValue]] = {}
@@ -139,6 +177,23 @@ class DecoderRuntime:
         if self.device == "cpu":
             return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(storage, helper.np_dtype_to_tensor_dtype(dtype))
         return ort.OrtValue.ortvalue_from_numpy(storage, *self._place)
+
+    def copy_prefix(self, source: int, target: int, count: int) -> None:
+        """Copy positions [0, count) of every layer's keys and values from slot `source` to slot `target`."""
+        if count <= 0 or source == target:
+            return
+        heads, positions, head_dim = self._kv_shape
+        row = head_dim * self._kv_itemsize  # one position of one head
+        slot_bytes = heads * positions * row
+        for buffer in self._cache:
+            base = buffer.data_ptr()
+            if self.device == "cpu":
+                storage = _host_view(base, (self.slots, heads, positions * row))
+                storage[target, :, : count * row] = storage[source, :, : count * row]
+            else:
+                copy_device_rows(
+                    base + target * slot_bytes, base + source * slot_bytes, positions * row, count * row, heads
+                )
 
     @property
     def kv_bytes(self) -> int:

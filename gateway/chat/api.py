@@ -199,7 +199,9 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         )
         observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
         request_key = f"{request_id}/{index}"
-        turn = start_turn(services, plan, sampling, constraint, request_key, observer, cache_key=req.prompt_cache_key)
+        turn = start_turn(
+            services, tenant, plan, sampling, constraint, request_key, observer, cache_key=req.prompt_cache_key
+        )
         choices.append(Choice(index, turn, StopMatcher(req.stop_sequences)))
     completion = Completion(services, req, tenant, choices)
     try:

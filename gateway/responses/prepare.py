@@ -128,7 +128,7 @@ async def prepare(request: web.Request) -> Job:
     def start(plan: Plan, assembler: OutputAssembler | None = None) -> Turn:
         observer = services.metrics.turn_observer(req.model, tenant, stats)  # each turn its own timings
         return start_turn(
-            services, plan, sampling, constraint, request_id, observer, routing, req.prompt_cache_key, assembler
+            services, tenant, plan, sampling, constraint, request_id, observer, routing, req.prompt_cache_key, assembler
         )
 
     max_calls = min(

@@ -1,0 +1,190 @@
+"""Prefix reuse in the engine: a prompt that starts the way an earlier one did (same tenant, same cache key)
+prefills only the rest, and the answer is the one a full prefill gives; running sequences are never
+disturbed by others reusing, copying or evicting blocks."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from engine_fixtures import make_checkpoint, tiny_config
+
+from backends.base import EngineStats, GenerateRequest, Sampling
+from backends.engine.backend import EngineBackend, EngineOptions
+from backends.engine.prefix_cache import PrefixCache, namespace_of
+from harmony import load_harmony_encoding
+
+ENCODING = load_harmony_encoding()
+GREEDY = Sampling(temperature=0)
+BLOCK = 16
+SHARED = [200006, 17360, 200008, *range(3000, 3000 + 150)]  # a system prompt many requests start with
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("prefix") / "model", tiny_config(), "hf")
+
+
+def _backend(checkpoint: Path, **extra) -> EngineBackend:
+    options = EngineOptions(
+        checkpoint=str(checkpoint),
+        max_positions=512,
+        cache_dir=str(checkpoint.parent / "graphs"),
+        prefill_chunk=48,
+        prefix_block=BLOCK,
+        **extra,
+    )
+    return EngineBackend(options, ENCODING)
+
+
+async def _ready(backend: EngineBackend) -> EngineBackend:
+    while not await backend.ready():
+        assert backend.describe()["status"] != "failed", backend.describe()
+        await asyncio.sleep(0.02)
+    return backend
+
+
+async def _generate(backend, prompt, count=12, tenant="a", key=None) -> tuple[list[int], int]:
+    """(greedy tokens, prompt tokens the engine reused)."""
+    tokens, cached = [], -1
+    request = GenerateRequest(prompt, count, (), "t", GREEDY, cache_key=key, tenant=tenant)
+    async for chunk in backend.generate(request):
+        tokens += chunk.tokens
+        if chunk.cached_tokens is not None:
+            cached = chunk.cached_tokens
+    return tokens, cached
+
+
+async def _settled(backend: EngineBackend) -> EngineStats:
+    await asyncio.sleep(0.05)  # the engine thread's bookkeeping after the last token
+    stats = backend.engine_stats()
+    assert stats is not None
+    return stats
+
+
+def _conversation() -> list[list[int]]:
+    """A growing dialog: each prompt is the previous one plus some new tokens."""
+    first = [*SHARED, *range(5000, 5040)]
+    second = [*first, *range(6000, 6070)]
+    return [first, first, second, [*second, *range(7000, 7033)]]
+
+
+def test_reuse_gives_exactly_the_tokens_a_full_prefill_gives(checkpoint):
+    prompts = _conversation()
+
+    async def run(budget: int | None) -> tuple[list[tuple[list[int], int]], EngineStats]:
+        backend = await _ready(_backend(checkpoint, max_batch=2, prefix_cache_tokens=budget))
+        results = [await _generate(backend, prompt) for prompt in prompts]
+        stats = await _settled(backend)
+        await backend.aclose()
+        return results, stats
+
+    reused, with_stats = asyncio.run(run(None))
+    fresh, without_stats = asyncio.run(run(0))
+    assert [tokens for tokens, _ in reused] == [tokens for tokens, _ in fresh]
+    assert [cached for _, cached in fresh] == [0, 0, 0, 0]
+    cached = [cached for _, cached in reused]
+    # the first prompt runs whole; its repeat keeps all but the block its last token is in (that token is
+    # run again for its logits); a continuation reuses every full block of what came before
+    assert cached[0] == 0
+    assert cached[1] == (len(prompts[1]) - 1) // BLOCK * BLOCK
+    assert cached[2] == len(prompts[1]) // BLOCK * BLOCK
+    assert cached[3] >= len(prompts[2]) // BLOCK * BLOCK
+    total = sum(len(prompt) for prompt in prompts)
+    assert with_stats.prefix_lookup_tokens == total == without_stats.prefix_lookup_tokens
+    assert with_stats.prefix_hit_tokens == sum(cached)
+    assert with_stats.prefill_tokens == total - sum(cached)
+    assert without_stats.prefill_tokens == total and without_stats.prefix_hit_tokens == 0
+
+
+def test_a_prompt_is_reused_only_in_its_own_tenant_and_cache_key(checkpoint):
+    prompt = SHARED[:33]  # short: every position of it weighs on the answer
+
+    async def scenario() -> list[tuple[list[int], int]]:
+        backend = await _ready(_backend(checkpoint, max_batch=3))  # a slot each for a, b and a's session
+        results = [
+            await _generate(backend, prompt, tenant="a"),
+            await _generate(backend, prompt, tenant="b"),  # another tenant: nothing
+            await _generate(backend, prompt, tenant="a", key="session-1"),  # another cache key: nothing
+            await _generate(backend, prompt, tenant="a"),
+            await _generate(backend, prompt, tenant="b"),
+        ]
+        await backend.aclose()
+        return results
+
+    results = asyncio.run(scenario())
+    hit = (len(prompt) - 1) // BLOCK * BLOCK
+    assert [cached for _, cached in results] == [0, 0, 0, hit, hit]
+    # b and the session decoded in slots above a's idle one: a's kept positions came through them intact
+    assert all(tokens == results[0][0] for tokens, _ in results)
+
+
+def test_an_operator_may_share_the_cache_across_tenants(checkpoint):
+    prompt = _conversation()[0]
+
+    async def scenario() -> list[int]:
+        backend = await _ready(_backend(checkpoint, max_batch=2, prefix_cache_scope="shared"))
+        cached = [(await _generate(backend, prompt, tenant=tenant))[1] for tenant in ("a", "b")]
+        await backend.aclose()
+        return cached
+
+    assert asyncio.run(scenario()) == [0, (len(prompt) - 1) // BLOCK * BLOCK]
+
+
+def test_a_running_sequences_prefix_is_copied_for_another_and_both_answers_stay_exact(checkpoint):
+    first, second = [*SHARED, *range(5000, 5030)], [*SHARED, *range(8000, 8045)]
+
+    async def scenario() -> tuple[list[list[int]], list[list[int]], list[int], EngineStats]:
+        backend = await _ready(_backend(checkpoint, max_batch=3, prefix_cache_tokens=0))
+        solo = [(await _generate(backend, prompt, 40))[0] for prompt in (first, second)]
+        await backend.aclose()
+        backend = await _ready(_backend(checkpoint, max_batch=3))
+        running = asyncio.create_task(_generate(backend, first, 40))
+        while (await _settled(backend)).decode_tokens < 5:
+            await asyncio.sleep(0.005)  # the first decodes; its prompt's blocks are in its slot
+        copied = await _generate(backend, second, 40)
+        together = [(await running)[0], copied[0]]
+        stats = await _settled(backend)
+        await backend.aclose()
+        return solo, together, [copied[1]], stats
+
+    solo, together, cached, stats = asyncio.run(scenario())
+    assert together == solo
+    assert cached == [len(SHARED) // BLOCK * BLOCK]
+    assert stats.prefix_hit_tokens == cached[0]
+
+
+def test_eviction_under_a_small_budget_never_breaks_a_running_sequence(checkpoint):
+    prompts = [[*SHARED[:40], *range(base, base + 60)] for base in (10000, 11000, 12000, 13000, 14000, 15000)]
+
+    async def scenario(budget: int) -> tuple[list[list[int]], EngineStats]:
+        backend = await _ready(_backend(checkpoint, max_batch=2, prefix_cache_tokens=budget))
+        answers = await asyncio.gather(*(_generate(backend, prompt, 30) for prompt in prompts * 2))
+        stats = await _settled(backend)
+        await backend.aclose()
+        return [tokens for tokens, _ in answers], stats
+
+    alone, _ = asyncio.run(scenario(0))
+    squeezed, stats = asyncio.run(scenario(2 * BLOCK))
+    assert squeezed == alone  # 12 requests through 2 slots, blocks reused and dropped under them
+    assert stats.prefix_evicted_blocks > 0 and stats.prefix_hit_tokens > 0
+    assert stats.prefix_blocks <= 2 * (512 // BLOCK)
+
+
+def test_the_index_keeps_idle_slots_within_the_budget_least_recently_used_first():
+    space = namespace_of("tenant", None, shared=False)
+    cache = PrefixCache(slots=3, block=4, budget=12)
+    prompts = [list(range(base, base + 10)) for base in (100, 200, 300)]
+    for slot, prompt in enumerate(prompts):
+        placement = cache.place(space, prompt)
+        assert placement is not None and (placement.slot, placement.reused) == (slot, 0)
+        cache.extend(slot, prompt)
+    for slot in range(3):
+        cache.release(slot)  # 30 tokens idle against a budget of 12: the oldest give up blocks
+    assert [cache.held(slot) for slot in range(3)] == [0, 0, 10]
+    assert cache.stats().evicted_blocks == 2 + 2
+    again = cache.place(space, prompts[2])
+    assert again is not None and (again.slot, again.reused, again.source) == (2, 8, None)  # taken over
+    other = cache.place(namespace_of("other", None, shared=False), prompts[1])
+    assert other is not None and other.reused == 0  # another namespace finds nothing
