@@ -172,7 +172,11 @@ def create_app(settings: Settings, services: Services | None = None) -> web.Appl
     """`services` lets tests inject a backend or store; by default they come from the settings."""
     middlewares = [observe_middleware, error_middleware, drain_middleware, tenant_middleware]
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
-    app[SERVICES] = services or build_services(settings, Renderer(load_harmony_encoding(settings.vocab_path)))
+    if services is None:  # the model's own header layout in the history: prompts repeat its tokens
+        services = build_services(
+            settings, Renderer(load_harmony_encoding(settings.vocab_path), recipient_in_channel=True)
+        )
+    app[SERVICES] = services
     if settings.metrics_public:
         app.router.add_get("/metrics", serve_metrics)
     if settings.metrics_port is not None:

@@ -23,10 +23,16 @@ def _messages(conversation: Conversation | list[Message]) -> list[Message]:
 
 
 class Renderer:
-    """Renders Harmony messages; repeated pieces (headers, system and developer texts) are cached."""
+    """Renders Harmony messages; repeated pieces (headers, system and developer texts) are cached.
 
-    def __init__(self, encoding: HarmonyEncoding | None = None) -> None:
+    An assistant message's recipient goes in the role part of its header, as openai-harmony renders it,
+    or with `recipient_in_channel` after its channel, as the model writes it
+    (`<|channel|>commentary to=functions.x <|constrain|>json`): then a prompt that repeats the model's
+    calls repeats its tokens too, and a prefix cache finds them."""
+
+    def __init__(self, encoding: HarmonyEncoding | None = None, recipient_in_channel: bool = False) -> None:
         self.encoding = encoding or load_harmony_encoding()
+        self.recipient_in_channel = recipient_in_channel
         self._encode = self.encoding.encode_ordinary
         self._cache: dict[str, list[int]] = {}
 
@@ -58,11 +64,17 @@ class Renderer:
             if name is not None:
                 out += cached(":" + name)
         recipient = message.recipient
-        if recipient is not None and recipient != "all":
+        addressed = recipient is not None and recipient != "all"
+        after_channel = (
+            addressed and self.recipient_in_channel and role is Role.ASSISTANT and message.channel is not None
+        )
+        if addressed and not after_channel:
             out += cached(" to=" + recipient)
         if message.channel is not None:
             out.append(CHANNEL)
             out += cached(message.channel)
+            if after_channel:
+                out += cached(" to=" + recipient)
         content_type = message.content_type
         if content_type is not None:
             if content_type.startswith(CONSTRAIN_TEXT):

@@ -145,7 +145,7 @@ def test_codex_runs_a_shell_command_with_its_default_tools(codex, gateway, tmp_p
     assert "namespace multi_agent_v1 {" in first and "type exec_command" in first  # its namespace, rendered
     assert "web_search" not in first  # not offered: nothing here runs it
     assert ANALYSIS_SHELL in second  # carried back by Codex as an encrypted reasoning item (store: false)
-    assert "<|start|>assistant to=functions.exec_command<|channel|>commentary <|constrain|>json" in second
+    assert "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json" in second
 
 
 def test_codex_adds_a_file_with_its_freeform_apply_patch(codex, gateway, tmp_path):
@@ -156,4 +156,4 @@ def test_codex_adds_a_file_with_its_freeform_apply_patch(codex, gateway, tmp_pat
     assert "type apply_patch = (_: string) => any;" in first and "// start: begin_patch hunk+ end_patch" in first
     assert "tool_search" not in first
     assert ANALYSIS_PATCH in second
-    assert f"<|start|>assistant to=functions.apply_patch<|channel|>commentary<|message|>{PATCH}<|call|>" in second
+    assert f"<|start|>assistant<|channel|>commentary to=functions.apply_patch<|message|>{PATCH}<|call|>" in second

@@ -22,6 +22,7 @@ from seeds_examples import (
 
 from harmony import CotPolicy, DeveloperContent, Message, Role, SystemContent
 from harmony.parser import parse_completion
+from harmony.render import Renderer
 
 
 def both(renderer, messages, mode="completion", policy=CotPolicy.REFERENCE):
@@ -188,6 +189,22 @@ def test_tool_round_trip_keeps_the_cot_of_the_turn_in_progress(renderer, policy)
     # The guide writes the recipient after the channel; the renderer (ours and the reference)
     # always puts it in the role part of the header, which the guide allows.
     assert renderer.encoding.decode(ours) == FUNCTION_CALLING_PROMPT + TOOL_ROUND_TRIP_TAIL
+
+
+def test_the_gateways_layout_writes_the_recipient_after_the_channel_as_the_guide_and_the_model_do(renderer):
+    """The gateway renders with `recipient_in_channel`: the guide's own history text, holding token for token
+    what the model wrote (so the prefix cache reuses it); tool messages keep their recipient in the role part."""
+    gateway = Renderer(renderer.encoding, recipient_in_channel=True)
+    messages = tool_round_trip_messages()
+    ours = gateway.render_for_completion(messages)
+    guide_tail = TOOL_ROUND_TRIP_TAIL.replace(
+        "assistant to=functions.get_current_weather<|channel|>commentary",
+        "assistant<|channel|>commentary to=functions.get_current_weather",
+    )
+    assert gateway.encoding.decode(ours) == FUNCTION_CALLING_PROMPT + guide_tail
+    asked = gateway.render_for_completion(messages[:3])
+    written = gateway.encoding.encode_marked(guide_tail[: guide_tail.index("<|start|>functions")])
+    assert ours[: len(asked) + len(written)] == asked + written
 
 
 def test_cot_of_a_completed_turn_is_dropped(renderer):

@@ -125,7 +125,7 @@ def test_a_namespace_is_its_own_harmony_namespace_and_its_calls_carry_it(gateway
     assert second.output_text == "Agent closed."
     prompt = gateway.backend.prompt_text()
     assert (
-        "<|start|>assistant to=multi_agent_v1.close_agent<|channel|>commentary <|constrain|>json<|message|>" in prompt
+        "<|start|>assistant<|channel|>commentary to=multi_agent_v1.close_agent <|constrain|>json<|message|>" in prompt
     )
     assert "<|start|>multi_agent_v1.close_agent to=assistant<|channel|>commentary<|message|>closed<|end|>" in prompt
     assert ANALYSIS_NS in prompt  # recovered by call id: the client sent no reasoning item
@@ -156,7 +156,7 @@ def test_a_custom_tool_takes_raw_text_and_comes_back_as_a_custom_tool_call(gatew
     assert second.output_text == "Patched."
     prompt = gateway.backend.prompt_text()
     assert f"<|channel|>analysis<|message|>{ANALYSIS_PATCH}<|end|>" in prompt
-    assert f"<|start|>assistant to=functions.apply_patch<|channel|>commentary<|message|>{PATCH}<|call|>" in prompt
+    assert f"<|start|>assistant<|channel|>commentary to=functions.apply_patch<|message|>{PATCH}<|call|>" in prompt
     assert "<|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>patched<|end|>" in prompt
 
 
