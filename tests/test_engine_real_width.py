@@ -35,35 +35,45 @@ GENERATED = 4
 TOLERANCE = 2e-4  # float32 sums over 2880-wide rows against float64
 
 
-def _generate(checkpoint: Path, cache: Path) -> tuple[list[int], float]:
-    """Greedy tokens through the backend, and the seconds its load took."""
-    backend = EngineBackend(
-        EngineOptions(checkpoint=str(checkpoint), max_positions=64, max_batch=1, cache_dir=str(cache), device="cpu"),
-        load_harmony_encoding(),
+def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int]]:
+    """Greedy (tokens, prompt tokens reused) through the backend for: the prompt; the prompt again; the prompt
+    and the first two answer tokens, whose greedy tokens must be the first answer's last two."""
+    options = EngineOptions(
+        checkpoint=str(checkpoint), max_positions=64, max_batch=1, cache_dir=str(cache), device="cpu", prefix_block=4
     )
+    backend = EngineBackend(options, load_harmony_encoding())
     started = time.monotonic()
 
-    async def run() -> list[int]:
+    async def one(prompt: list[int], count: int) -> tuple[list[int], int]:
+        tokens, cached = [], -1
+        async for chunk in backend.generate(GenerateRequest(prompt, count, (), "wide", Sampling(temperature=0))):
+            tokens += chunk.tokens
+            cached = chunk.cached_tokens if chunk.cached_tokens is not None else cached
+        return tokens, cached
+
+    async def run() -> list[tuple[list[int], int]]:
         while not await backend.ready():
             assert backend.describe()["status"] != "failed", backend.describe()
             assert time.monotonic() - started < 600, "the engine did not load"
             await asyncio.sleep(0.1)
-        tokens: list[int] = []
-        async for chunk in backend.generate(GenerateRequest(PROMPT, GENERATED, (), "wide", Sampling(temperature=0))):
-            tokens += chunk.tokens
+        first = await one(PROMPT, GENERATED)
+        results = [first, await one(PROMPT, GENERATED), await one(PROMPT + first[0][:2], GENERATED - 2)]
         await backend.aclose()
-        return tokens
+        return results
 
-    tokens = asyncio.run(run())
-    return tokens, time.monotonic() - started
+    return asyncio.run(run())
 
 
 def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_path):
     checkpoint = make_checkpoint(tmp_path / "wide", REAL_WIDTH, "original")
     cache = tmp_path / "graphs"
-    tokens, _ = _generate(checkpoint, cache)
+    (tokens, fresh), (again, repeated), (rest, continued) = _generate(checkpoint, cache)
     gc.collect()  # the backend's session goes before the next one loads
     assert len(tokens) == GENERATED
+    # prefix reuse at the real width: the repeat keeps all but the last prompt token, the continuation all
+    # but the last of what the first answer filled; the answers are the ones a full prefill gave
+    assert (fresh, repeated, continued) == (0, len(PROMPT) - 1, len(PROMPT) + 1)
+    assert again == tokens and rest == tokens[2:]
 
     model = compiled_model(Checkpoint(checkpoint), GraphOptions(64), cache)  # the backend's cached graph
     assert model.with_name(model.name + ".data").stat().st_size > 2**31  # past protobuf's limit

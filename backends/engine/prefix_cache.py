@@ -111,7 +111,10 @@ class PrefixCache:
         if not self.free_slots():
             return None
         blocks, holder = self._longest(namespace, prompt) if self.budget > 0 else (0, None)
-        reused = max(0, min(blocks * self.block, len(prompt) - 1))
+        matched = blocks * self.block
+        if holder is not None:
+            matched += _common_length(prompt[matched:], self._tokens[holder][matched:])  # into a partial block
+        reused = max(0, min(matched, len(prompt) - 1))
         empty = [slot for slot in range(len(self._chains)) if slot not in self._running and slot not in self._idle]
         if holder is not None and holder not in self._running:
             loses_other_blocks = len(self._chains[holder]) > blocks
@@ -193,3 +196,12 @@ class PrefixCache:
         del self._tokens[slot][keep:]
         if not self._tokens[slot]:
             self._idle.pop(slot, None)
+
+
+def _common_length(first: list[int], second: list[int]) -> int:
+    """How many leading tokens the two lists share."""
+    size = min(len(first), len(second))
+    if size == 0:
+        return 0
+    differs = np.flatnonzero(np.asarray(first[:size]) != np.asarray(second[:size]))
+    return int(differs[0]) if differs.size else size
