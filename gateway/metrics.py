@@ -19,8 +19,6 @@ from prometheus_client.registry import Collector
 
 from backends.base import Backend, ReportsEngineStats
 
-from .assembler import is_content
-
 MAX_TENANT_LABELS = 20
 OTHER = "other"
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -156,11 +154,11 @@ class TurnObserver:
     window_tokens: int = 0
     content_seen: bool = False
 
-    def tokens(self, count: int, events: list[Any]) -> None:
+    def tokens(self, count: int, content: bool) -> None:
         """Per chunk; the inter-token histogram gets the mean gap of each INTER_TOKEN_WINDOW tokens (and of
-        the rest at the end): one observation, with its lock, per window instead of per token. `events`
-        are the chunk's item events: the first that is content (answer text or a call) stops the time to
-        first content token. The clock is read only when something is observed."""
+        the rest at the end): one observation, with its lock, per window instead of per token. `content`:
+        the chunk holds answer text or a call, which stops the time to first content token the first time.
+        The clock is read only when something is observed."""
         if self.last_token is None:
             now = time.monotonic()
             self.metrics.child(self.metrics.ttft, self.model).observe(now - self.started)
@@ -169,7 +167,7 @@ class TurnObserver:
             self.window_tokens += count
             if self.window_tokens >= INTER_TOKEN_WINDOW:
                 self._observe_window(time.monotonic())
-        if not self.content_seen and any(map(is_content, events)):
+        if content and not self.content_seen:
             self.content_seen = True
             self.metrics.child(self.metrics.ttfct, self.model).observe(time.monotonic() - self.started)
 

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from gateway.assembler import Closed, Delta, OutputAssembler
-from gateway.conversation import PromptSpec, build_prompt
-from gateway.cot_recovery import recover_cot
-from gateway.dialog import Call, CallResult, Entry, Said, Thought
 from gateway.errors import ApiError
+from gateway.generation.assembler import Closed, Delta, OutputAssembler
+from gateway.generation.cot_recovery import recover_cot
+from gateway.generation.dialog import Call, CallResult, Entry, Said, Thought
+from gateway.generation.prompt import PromptSpec, build_prompt
 from gateway.sealing import ReasoningSealer, SealError, parse_keys
 from harmony import ReasoningEffort, Role, ToolDescription
 from state import MemoryStore, StoredCot

@@ -36,6 +36,22 @@ def test_input_tokens_counts_the_prompt_a_create_would_render(gateway):
     assert caught.value.body["param"].startswith("input[0].content")
 
 
+def test_input_tokens_counts_a_conversations_items_as_a_create_in_it_would(gateway):
+    api = _client(gateway)
+    conversation = api.conversations.create(items=[{"type": "message", "role": "user", "content": "My name is Ada."}])
+    body = {"input": "What is my name?", "conversation": conversation.id}
+    counted = api.responses.input_tokens.count(model=MODEL, **body).input_tokens
+    alone = api.responses.input_tokens.count(model=MODEL, input=body["input"]).input_tokens
+    created = api.responses.create(model=MODEL, **body)
+    assert counted == created.usage.input_tokens > alone  # the conversation's items are in the prompt
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.responses.input_tokens.count(model=MODEL, previous_response_id=created.id, **body)
+    assert caught.value.body["param"] == "conversation"
+    with pytest.raises(openai.NotFoundError) as caught:
+        api.responses.input_tokens.count(model=MODEL, input="hi", conversation="conv_missing")
+    assert caught.value.body["param"] == "conversation"
+
+
 @pytest.mark.parametrize(
     "method,path",
     [("POST", "/v1/responses/resp_abc"), ("GET", "/v1/responses/resp_abc/unknown"), ("PUT", "/v1/responses/x")],

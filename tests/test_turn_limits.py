@@ -10,8 +10,8 @@ import pytest
 
 from backends.base import Capabilities, Chunk, Constraint, Sampling
 from gateway import turn as turn_module
+from gateway.generation.turn import Turn
 from gateway.lifecycle import Lifecycle
-from gateway.turn import Turn
 
 ANSWER = "<|channel|>final<|message|>done<|return|>"
 RUN_ON = "<|start|>assistant<|channel|>final<|message|>" + " more" * 40
@@ -132,7 +132,7 @@ async def _consume(turn: Turn) -> None:
 def test_a_backend_with_its_tokens_ready_does_not_hold_the_event_loop(encoding, monkeypatch, fair_share_s):
     """A backend that never waits (an instant one, a burst) gives way after FAIR_SHARE_S of work: another task
     gets to run while the answer is generated; with an hour's share, only after it."""
-    monkeypatch.setattr("gateway.turn.FAIR_SHARE_S", fair_share_s)
+    monkeypatch.setattr("gateway.generation.turn.FAIR_SHARE_S", fair_share_s)
     backend = RunawayBackend(encoding, RUN_ON * 50, 1)
     turn = Turn(backend, encoding, [1, 2, 3], 200, Sampling(), Constraint(), "req")
     seen_during: list[int] = []
@@ -157,7 +157,7 @@ def test_ready_generations_take_turns_so_a_new_callback_waits_for_few_of_them(en
     """Twenty generations with their tokens ready, each giving way after every chunk: a callback that arrives
     meanwhile (a new request's next step) runs after at most SLICES_PER_ITERATION of them have moved on, not
     after all twenty; every generation still makes its whole answer."""
-    monkeypatch.setattr("gateway.turn.FAIR_SHARE_S", 0.0)
+    monkeypatch.setattr("gateway.generation.turn.FAIR_SHARE_S", 0.0)
     turns = [
         Turn(RunawayBackend(encoding, RUN_ON * 5, 1), encoding, [1, 2, 3], 100, Sampling(), Constraint(), f"r{i}")
         for i in range(20)
@@ -182,7 +182,7 @@ def test_ready_generations_take_turns_so_a_new_callback_waits_for_few_of_them(en
 
 
 def test_the_turn_queue_does_not_keep_a_finished_loop(encoding, monkeypatch):
-    monkeypatch.setattr("gateway.turn.FAIR_SHARE_S", 0.0)
+    monkeypatch.setattr("gateway.generation.turn.FAIR_SHARE_S", 0.0)
     loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
 
     async def scenario() -> None:

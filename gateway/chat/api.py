@@ -12,16 +12,16 @@ from aiohttp import web
 
 from backends.base import Sampling
 
-from ..constraints import NOT_ENFORCED
-from ..cot_recovery import index_cot
 from ..errors import ApiError, invalid
+from ..generation.constraints import NOT_ENFORCED
+from ..generation.cot_recovery import index_cot
+from ..generation.plan import plan_turn, start_turn
 from ..ids import new_id
 from ..json_body import read_model
 from ..json_out import json_response
 from ..lifecycle import SHUTTING_DOWN
 from ..limits import MAX_STREAM_BACKLOG
 from ..metrics import STATS
-from ..pipeline import plan_turn, start_turn
 from ..services import SERVICES, Services
 from ..sse import DONE, ClientGone, frame, open_stream, pump
 from ..tenants.tenancy import request_id_of, tenant_of

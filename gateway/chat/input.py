@@ -5,9 +5,9 @@ from __future__ import annotations
 from backends.base import Constraint
 from harmony import ResponseFormat, ToolDescription
 
-from ..conversation import PromptSpec
-from ..dialog import Call, CallResult, DialogItem, Said, Thought
-from ..options import constraint, effort, output_format, verbosity_instruction
+from ..generation.dialog import Call, CallResult, DialogItem, Said, Thought
+from ..generation.options import constraint, effort, output_format, verbosity_instruction
+from ..generation.prompt import PromptSpec
 from ..tenants.limits import TenantLimits, check_caps, json_size
 from .models import AssistantMessage, ChatRequest, FormatJsonSchema, NamedToolChoice, SystemMessage, ToolMessage
 

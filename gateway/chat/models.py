@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
+from ..generation.options import Effort, ServiceTier
 from ..limits import MAX_INPUT_ITEMS, MAX_TOOLS
-from ..options import Effort, ServiceTier
 from ..responses.models import MediaPart, Metadata, SchemaText, Strict
 
 MAX_CHOICES = 8

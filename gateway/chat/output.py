@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..assembler import Closed, Delta, ItemEvent, Opened
-from ..turn import Turn
+from ..generation.assembler import Closed, Delta, ItemEvent, Opened
+from ..generation.turn import Turn
 from .stop_sequences import StopMatcher
 
 

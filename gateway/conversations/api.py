@@ -6,60 +6,23 @@ reads them as its history and, once it completed, appends its input and output i
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from aiohttp import web
 
 from state import StoreUnavailable
-from state.conversations import ConversationFull, StoredConversation
+from state.conversations import StoredConversation
 
-from ..errors import invalid, not_found, unavailable
+from ..errors import not_found, unavailable
 from ..ids import new_id
 from ..json_body import read_model
 from ..json_out import json_response
 from ..pagination import page
 from ..responses.input import item_dicts
 from ..responses.models import UNION_TAGS
-from ..services import SERVICES, Services
+from ..services import SERVICES
 from ..tenants.tenancy import tenant_of
+from .items import UNAVAILABLE, append_items, conversation_items, gone, load_conversation
 from .models import ConversationCreate, ConversationUpdate, ItemsCreate
-
-UNAVAILABLE = "The conversation store is unavailable; try again."
-
-
-def _gone(conversation_id: str) -> Exception:
-    return not_found("conversation_id", f"Conversation with id '{conversation_id}' not found.")
-
-
-async def load_conversation(services: Services, tenant: str, conversation_id: str) -> StoredConversation:
-    try:
-        conversation = await services.conversations.load(tenant, conversation_id)
-    except StoreUnavailable as exc:
-        raise unavailable(UNAVAILABLE) from exc
-    if conversation is None:
-        raise _gone(conversation_id)
-    return conversation
-
-
-async def conversation_items(services: Services, tenant: str, conversation_id: str, param: str) -> list[dict[str, Any]]:
-    """Every item of the conversation, in order; a 404 naming `param` when it does not exist."""
-    try:
-        items = await services.conversations.items(tenant, conversation_id)
-    except StoreUnavailable as exc:
-        raise unavailable(UNAVAILABLE) from exc
-    if items is None:
-        raise not_found(param, f"Conversation with id '{conversation_id}' not found.")
-    return items
-
-
-async def append_items(services: Services, tenant: str, conversation_id: str, items: list[dict[str, Any]]) -> bool:
-    """Add items at the end; False when the conversation was deleted meanwhile."""
-    try:
-        return await services.conversations.append(tenant, conversation_id, items)
-    except ConversationFull as exc:
-        raise invalid("items", "The conversation is full: it holds as many items as a conversation can.") from exc
-    except StoreUnavailable as exc:
-        raise unavailable(UNAVAILABLE) from exc
 
 
 async def create_conversation(request: web.Request) -> web.Response:
@@ -89,7 +52,7 @@ async def update_conversation(request: web.Request) -> web.Response:
     except StoreUnavailable as exc:
         raise unavailable(UNAVAILABLE) from exc
     if not updated:
-        raise _gone(conversation.id)
+        raise gone(conversation.id)
     return json_response(conversation.to_api())
 
 
@@ -101,7 +64,7 @@ async def delete_conversation(request: web.Request) -> web.Response:
     except StoreUnavailable as exc:
         raise unavailable(UNAVAILABLE) from exc
     if not deleted:
-        raise _gone(conversation_id)
+        raise gone(conversation_id)
     return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
@@ -118,7 +81,7 @@ async def add_items(request: web.Request) -> web.Response:
     conversation_id = request.match_info["conversation_id"]
     items = item_dicts(body.items)
     if not await append_items(services, tenant_of(request), conversation_id, items):
-        raise _gone(conversation_id)
+        raise gone(conversation_id)
     first, last = items[0]["id"], items[-1]["id"]
     return json_response({"object": "list", "data": items, "first_id": first, "last_id": last, "has_more": False})
 

@@ -10,8 +10,8 @@ import orjson
 
 from harmony import ToolDescription, ToolNamespace, browser_namespace, python_namespace
 
-from ..assembler import HostedKind, OutputItem
 from ..errors import ApiError, invalid
+from ..generation.assembler import HostedKind, OutputItem
 from .browser import BrowserSession
 from .mcp_servers import McpServer, McpToolInfo, McpUnavailable
 from .runtime import HostedRuntime

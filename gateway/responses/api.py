@@ -11,19 +11,20 @@ from aiohttp import web
 from state import StoreUnavailable
 
 from ..errors import ApiError, invalid, not_found, unavailable
+from ..generation.plan import count_prompt
 from ..json_body import parse_model, read_json
 from ..json_out import json_response
 from ..pagination import page
-from ..pipeline import count_prompt
 from ..services import SERVICES
 from ..sse import ClientGone, frame, open_stream, pump
 from ..tenants.tenancy import tenant_of
 from .execution import Feed, run_job, start_job
+from .history import load_history, load_record
 from .hosted_tools import hosted_toolset
 from .input import check_tenant_caps, prompt_spec
 from .job import Job
 from .models import REQUEST_TAGS, ResponsesRequest
-from .prepare import load_history, load_record, prepare
+from .prepare import prepare
 from .resume import stream_again
 from .runs import ListenerTooSlow, Run
 from .tools import offered_tools
@@ -138,9 +139,10 @@ async def count_input_tokens(request: web.Request) -> web.Response:
     tenant = tenant_of(request)
     tools = offered_tools(req)
     check_tenant_caps(req, tools, services.settings.limits.for_tenant(tenant))
-    history, previous_output = await load_history(services, tenant, req)
-    toolset, _ = await hosted_toolset(services.hosted, tenant, req, previous_output)
-    spec = prompt_spec(req, tools, history, lambda blob: services.sealer.open(tenant, blob), toolset)
+    history = await load_history(services, tenant, req)
+    toolset, _ = await hosted_toolset(services.hosted, tenant, req, history.previous_output)
+    unseal = lambda blob: services.sealer.open(tenant, blob)  # noqa: E731
+    spec = prompt_spec(history.with_input(req), tools, history.dialog, unseal, toolset)
     count = await count_prompt(services, tenant, spec, request.content_length)
     return json_response({"object": "response.input_tokens", "input_tokens": count})
 

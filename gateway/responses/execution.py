@@ -9,8 +9,8 @@ from typing import Any
 
 import structlog
 
-from ..assembler import ItemEvent
-from ..turn import Outcome
+from ..generation.assembler import ItemEvent
+from ..generation.turn import Outcome
 from .event_sink import EventSink
 from .job import Job
 from .output import StreamEvents

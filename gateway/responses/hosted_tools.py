@@ -10,9 +10,9 @@ from typing import Any
 
 from harmony import Role
 
-from ..dialog import Approval, DialogItem, Entry
 from ..errors import invalid
-from ..hosted.loop import PendingApproval
+from ..generation.dialog import Approval, DialogItem, Entry
+from ..generation.loop import PendingApproval
 from ..hosted.mcp_servers import McpServer, McpToolInfo, McpUnavailable
 from ..hosted.runtime import HostedRuntime
 from ..hosted.toolset import McpBinding, Toolset, check_mcp_url, mcp_binding_problem

@@ -9,12 +9,12 @@ from typing import Any
 from backends.base import Constraint
 from harmony import ResponseFormat
 
-from ..conversation import PromptSpec
-from ..dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Thought
 from ..errors import invalid
+from ..generation.dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Thought
+from ..generation.options import constraint, effort, output_format, verbosity_instruction
+from ..generation.prompt import PromptSpec
 from ..hosted.toolset import Toolset
 from ..ids import new_id
-from ..options import constraint, effort, output_format, verbosity_instruction
 from ..sealing import SealError
 from ..tenants.limits import TenantLimits, check_caps, json_size
 from .models import (

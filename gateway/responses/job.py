@@ -12,14 +12,14 @@ import structlog
 from state import StoredResponse, StoreUnavailable
 from state.conversations import ConversationFull
 
-from ..assembler import OutputItem
-from ..cot_recovery import index_cot
-from ..dialog import Entry
-from ..hosted.loop import Generation
+from ..generation.assembler import OutputItem
+from ..generation.cot_recovery import index_cot
+from ..generation.dialog import Entry
+from ..generation.loop import Generation
+from ..generation.turn import Outcome
 from ..limits import MAX_HISTORY_MESSAGES
 from ..services import Services
 from ..tenants.admission import Ticket
-from ..turn import Outcome
 from .models import McpTool, ResponsesRequest
 from .output import item_json
 from .record_keeper import RecordKeeper

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from ..generation.options import Effort, ServiceTier
 from ..json_schemas import schema_text
 from ..limits import (
     MAX_CLIENT_METADATA_CHARS,
@@ -18,7 +19,6 @@ from ..limits import (
     MAX_NAMESPACE_DESCRIPTION_CHARS,
     MAX_TOOLS,
 )
-from ..options import Effort, ServiceTier
 
 
 def _bounded_metadata(metadata: dict[str, str]) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..assembler import Closed, Delta, Executing, ItemEvent, Opened, OutputItem, Settled
+from ..generation.assembler import Closed, Delta, Executing, ItemEvent, Opened, OutputItem, Settled
 
 Sealer = Callable[[OutputItem], str | None]  # encrypted_content for a finished reasoning item, or None
 

@@ -5,79 +5,31 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import TypeAdapter, ValidationError
 
 from backends.base import Sampling
-from state import StoredResponse, StoreUnavailable
 
-from ..assembler import OutputAssembler
-from ..conversations.api import conversation_items
-from ..dialog import Entry
-from ..errors import invalid, not_found, unavailable
-from ..hosted.loop import Generation
+from ..errors import invalid
+from ..generation.assembler import OutputAssembler
+from ..generation.loop import Generation
+from ..generation.plan import Plan, plan_turn, start_turn
+from ..generation.turn import Turn
 from ..ids import new_id
 from ..json_body import read_model
 from ..metrics import STATS
-from ..pipeline import Plan, plan_turn, start_turn
-from ..services import SERVICES, Services
+from ..services import SERVICES
 from ..tenants.tenancy import request_id_of, tenant_of
-from ..turn import Turn
+from .history import load_history
 from .hosted_tools import hosted_toolset, pending_approvals
 from .input import check_tenant_caps, constraint_for, item_dicts, prompt_spec
-from .job import TERMINAL, Job
-from .models import REQUEST_TAGS, InputItem, MessageInput, ResponsesRequest
+from .job import Job
+from .models import REQUEST_TAGS, ResponsesRequest
 from .record_keeper import RecordKeeper
 from .tools import offered_tools
 
-STORED_ITEMS = TypeAdapter(list[InputItem])
-
 log = structlog.get_logger("gateway.responses")
-
-
-async def _with_conversation(services: Services, tenant: str, req: ResponsesRequest) -> ResponsesRequest:
-    """The request with its conversation's items in front of its input (what the prompt is built from)."""
-    conversation_id = req.conversation_id
-    if conversation_id is None:
-        return req
-    if req.previous_response_id is not None:
-        raise invalid("conversation", "conversation and previous_response_id cannot be used together.")
-    stored = await conversation_items(services, tenant, conversation_id, "conversation")
-    try:
-        earlier = STORED_ITEMS.validate_python(stored)
-    except ValidationError as exc:
-        raise invalid(
-            "conversation", f"Conversation '{conversation_id}' holds an item this gateway cannot read."
-        ) from exc
-    own = [MessageInput(role="user", content=req.input)] if isinstance(req.input, str) else req.input
-    return req.model_copy(update={"input": [*earlier, *own]})
-
-
-async def load_history(
-    services: Services, tenant: str, request: ResponsesRequest
-) -> tuple[list[Entry], list[dict[str, Any]]]:
-    """The previous response's dialog and its output items (what its tools listed and where they ran)."""
-    if request.previous_response_id is None:
-        return [], []
-    record = await load_record(services, tenant, request.previous_response_id, "previous_response_id")
-    status = record.response.get("status")
-    if status not in TERMINAL:
-        raise invalid("previous_response_id", f"Response '{record.id}' is still {status}; wait for it to finish.")
-    output = record.response.get("output")
-    return [Entry.from_data(data) for data in record.conversation], output if isinstance(output, list) else []
-
-
-async def load_record(services: Services, tenant: str, response_id: str, param: str) -> StoredResponse:
-    try:
-        record = await services.store.load(tenant, response_id)
-    except StoreUnavailable as exc:
-        raise unavailable("The response store is unavailable; try again.") from exc
-    if record is None:
-        raise not_found(param, f"Response with id '{response_id}' not found.")
-    return record
 
 
 async def prepare(request: web.Request) -> Job:
@@ -94,14 +46,14 @@ async def prepare(request: web.Request) -> Job:
     limits = services.settings.limits.for_tenant(tenant)
     tools = offered_tools(req)
     check_tenant_caps(req, tools, limits)
-    history, previous_output = await load_history(services, tenant, req)
-    toolset, hosted_not_offered = await hosted_toolset(services.hosted, tenant, req, previous_output)
+    history = await load_history(services, tenant, req)
+    toolset, hosted_not_offered = await hosted_toolset(services.hosted, tenant, req, history.previous_output)
     left_out = {*tools.not_offered, *hosted_not_offered}
     tools.not_offered = [tool.type for tool in req.tools if tool.type in left_out]  # in request order
     if tools.not_offered:
         log.info("tools_not_offered", types=sorted(set(tools.not_offered)))
-    with_earlier = await _with_conversation(services, tenant, req)
-    spec = prompt_spec(with_earlier, tools, history, lambda blob: services.sealer.open(tenant, blob), toolset)
+    unseal = lambda blob: services.sealer.open(tenant, blob)  # noqa: E731
+    spec = prompt_spec(history.with_input(req), tools, history.dialog, unseal, toolset)
     constraint = constraint_for(req, tools)
     max_output = req.max_output_tokens or limits.max_output_tokens
     plan = await plan_turn(services, tenant, backend, spec, max_output, request.content_length)

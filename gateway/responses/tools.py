@@ -12,8 +12,8 @@ import llguidance
 
 from harmony import ToolDescription, ToolNamespace
 
-from ..assembler import CallRouting
 from ..errors import invalid
+from ..generation.assembler import CallRouting
 from .models import WEB_SEARCH_KINDS, CustomTool, FunctionTool, HostedTool, NamespaceTool, ResponsesRequest
 
 FUNCTIONS = "functions"

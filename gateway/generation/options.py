@@ -7,8 +7,8 @@ from typing import Any, Literal
 from backends.base import Constraint
 from harmony import ReasoningEffort, ResponseFormat
 
-from .errors import invalid
-from .json_schemas import validator_for
+from ..errors import invalid
+from ..json_schemas import validator_for
 
 JSON_OBJECT_FORMAT = ResponseFormat("json_object", {"type": "object"}, "Answer with one JSON object.")
 

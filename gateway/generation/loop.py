@@ -15,14 +15,13 @@ from dataclasses import dataclass
 
 from harmony import StopReason
 
-from ..assembler import Closed, Executing, ItemEvent, Opened, OutputAssembler, OutputItem, Settled
-from ..conversation import PromptSpec, tool_message
-from ..dialog import Entry
 from ..errors import ApiError
-from ..pipeline import Plan, plan_continuation
-from ..services import Services
-from ..turn import Outcome, Turn
-from .toolset import Toolset
+from ..hosted.toolset import Toolset
+from .assembler import Closed, Executing, ItemEvent, Opened, OutputAssembler, OutputItem, Settled
+from .dialog import Entry
+from .plan import CoreServices, Plan, plan_continuation
+from .prompt import PromptSpec, tool_message
+from .turn import Outcome, Turn
 
 CALL_KINDS = ("web_search_call", "code_interpreter_call", "mcp_call", "mcp_approval_request")
 MAX_REFUSED_CALLS = 2  # calls past the cap answered with a refusal before the loop stops
@@ -44,7 +43,7 @@ class PendingApproval:
 class Generation:
     def __init__(
         self,
-        services: Services,
+        services: CoreServices,
         first: Turn,
         plan: Plan,
         spec: PromptSpec,

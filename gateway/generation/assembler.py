@@ -25,9 +25,9 @@ from harmony import (
     StreamParser,
 )
 
-from .conversation import FUNCTIONS_PREFIX
+from ..ids import new_id
 from .dialog import Entry
-from .ids import new_id
+from .prompt import FUNCTIONS_PREFIX
 
 HostedKind = Literal["web_search_call", "code_interpreter_call", "mcp_call", "mcp_list_tools", "mcp_approval_request"]
 ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"] | HostedKind

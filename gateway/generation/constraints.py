@@ -12,8 +12,8 @@ from typing import Any
 
 from backends.base import Constraint
 
+from ..json_schemas import first_error
 from .assembler import OutputItem
-from .json_schemas import first_error
 
 NOT_ENFORCED = "constraint_not_enforced"
 

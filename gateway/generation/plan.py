@@ -5,16 +5,36 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass
+from typing import Protocol
 
 from backends.base import Backend, Constraint, Sampling
+from harmony import HarmonyEncoding
+from harmony.render import Renderer
+from state import ResponseStore
 
+from ..lifecycle import Lifecycle
+from ..metrics import TurnObserver
 from .assembler import CallRouting, OutputAssembler
-from .conversation import BuiltPrompt, PromptSpec, build_prompt
 from .cot_recovery import recover_cot
 from .dialog import Entry
-from .metrics import TurnObserver
-from .services import Services
+from .prompt import BuiltPrompt, PromptSpec, build_prompt
 from .turn import Turn
+
+
+class CoreServices(Protocol):
+    """What the core uses of the gateway's services (gateway/services.py's Services is one)."""
+
+    @property
+    def renderer(self) -> Renderer: ...
+
+    @property
+    def store(self) -> ResponseStore: ...
+
+    @property
+    def encoding(self) -> HarmonyEncoding: ...
+
+    @property
+    def lifecycle(self) -> Lifecycle: ...
 
 
 @dataclass(slots=True)
@@ -40,7 +60,7 @@ def _large(spec: PromptSpec, body_bytes: int | None) -> bool:
 
 
 async def plan_turn(
-    services: Services,
+    services: CoreServices,
     tenant: str,
     backend: Backend,
     spec: PromptSpec,
@@ -57,7 +77,7 @@ async def plan_turn(
     return Plan(backend, built, room if max_output is None else min(max_output, room))
 
 
-async def count_prompt(services: Services, tenant: str, spec: PromptSpec, body_bytes: int | None) -> int:
+async def count_prompt(services: CoreServices, tenant: str, spec: PromptSpec, body_bytes: int | None) -> int:
     """The prompt's length in tokens as a create would render it (recovered CoT included), whatever it fits."""
     return len((await _render(services, tenant, spec, UNBOUNDED, body_bytes)).tokens)
 
@@ -65,7 +85,9 @@ async def count_prompt(services: Services, tenant: str, spec: PromptSpec, body_b
 UNBOUNDED = 2**62
 
 
-async def plan_continuation(services: Services, plan: Plan, spec: PromptSpec, dialog: list[Entry], left: int) -> Plan:
+async def plan_continuation(
+    services: CoreServices, plan: Plan, spec: PromptSpec, dialog: list[Entry], left: int
+) -> Plan:
     """The prompt once a tool the gateway runs has answered: the whole dialog so far rendered again (the
     turn in progress keeps its chain of thought); the answer may use `left` more tokens, as the context allows."""
     continued = dataclasses.replace(spec, items=[], history=dialog)
@@ -75,7 +97,7 @@ async def plan_continuation(services: Services, plan: Plan, spec: PromptSpec, di
 
 
 async def _render(
-    services: Services, tenant: str, spec: PromptSpec, budget: int, body_bytes: int | None
+    services: CoreServices, tenant: str, spec: PromptSpec, budget: int, body_bytes: int | None
 ) -> BuiltPrompt:
     spec.items = await recover_cot(services.store, tenant, spec.items)
     if _large(spec, body_bytes):
@@ -84,7 +106,7 @@ async def _render(
 
 
 def start_turn(
-    services: Services,
+    services: CoreServices,
     tenant: str,
     plan: Plan,
     sampling: Sampling,

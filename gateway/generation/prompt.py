@@ -21,8 +21,8 @@ from harmony import (
     ToolNamespace,
 )
 
+from ..errors import ApiError, invalid
 from .dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Thought
-from .errors import ApiError, invalid
 
 FUNCTIONS_PREFIX = "functions."
 JSON_CONTENT_TYPE = "<|constrain|>json"

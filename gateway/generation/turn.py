@@ -16,12 +16,12 @@ import structlog
 from backends.base import Backend, BackendError, Constraint, GenerateRequest, Sampling
 from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReason
 
-from .assembler import CallRouting, ItemEvent, OutputAssembler
+from ..lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
+from ..metrics import TurnObserver
+from .assembler import CallRouting, ItemEvent, OutputAssembler, is_content
 from .constraints import NOT_ENFORCED, violation
-from .lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
-from .metrics import TurnObserver
 
-log = structlog.get_logger("gateway.turn")
+log = structlog.get_logger("gateway.generation.turn")
 
 # how long a generation may run on the event loop before it lets other tasks run: a backend with its tokens
 # ready (an instant one, a burst after a stall) would otherwise run a whole answer in one step while other
@@ -195,7 +195,8 @@ class Turn:
                         tokens, ended = self._accept(chunk.tokens)
                         events = assembler.feed(tokens)
                         if tokens and observer is not None:
-                            observer.tokens(len(tokens), events)
+                            content = not observer.content_seen and any(map(is_content, events))
+                            observer.tokens(len(tokens), content)
                         if events:
                             yield events
             except asyncio.CancelledError:

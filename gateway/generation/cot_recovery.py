@@ -19,7 +19,7 @@ from state import ResponseStore, StoredCot, StoreUnavailable
 from .assembler import OutputItem
 from .dialog import Call, DialogItem, Entry, Said, Thought
 
-log = structlog.get_logger("gateway.cot_recovery")
+log = structlog.get_logger("gateway.generation.cot_recovery")
 
 
 def _steps(items: list[DialogItem]) -> list[tuple[int, int]]:

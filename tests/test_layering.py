@@ -1,0 +1,91 @@
+"""The gateway's packages keep their layers: infrastructure at gateway/'s top level imports no package of
+the gateway, the generation core and the tools import no API package, and no API package reaches into
+another's routes. Read from the source (every import, relative ones resolved), so a violation names its line."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
+COMPOSITION = {"gateway.app", "gateway.cli", "gateway.services", "gateway.openapi", "gateway.config"}
+API = ("gateway.responses", "gateway.chat", "gateway.conversations")
+PACKAGES = ("gateway.generation", "gateway.hosted", "gateway.tenants", *API)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(GATEWAY.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) for every import of a gateway module in `path`."""
+    name = _module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+        elif isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+    return [(line, target) for line, target in found if target == "gateway" or target.startswith("gateway.")]
+
+
+def _inside(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def _violations(forbidden_for) -> list[str]:
+    problems = []
+    for path in sorted(GATEWAY.rglob("*.py")):
+        module = _module_name(path)
+        for line, target in _imports(path):
+            reason = forbidden_for(module, target)
+            if reason:
+                problems.append(f"{path.relative_to(GATEWAY.parent)}:{line} imports {target}: {reason}")
+    return problems
+
+
+def test_infrastructure_imports_no_package_of_the_gateway():
+    def rule(module: str, target: str) -> str | None:
+        top_level = module.count(".") == 1 and module not in COMPOSITION
+        if top_level and _inside(target, PACKAGES):
+            return "top-level infrastructure depends only on other infrastructure"
+        return None
+
+    assert _violations(rule) == []
+
+
+def test_the_generation_core_and_the_tools_import_no_api_package_and_no_composition_root():
+    def rule(module: str, target: str) -> str | None:
+        core_or_tools = _inside(module, ("gateway.generation", "gateway.hosted"))
+        if core_or_tools and (_inside(target, API) or target in COMPOSITION):
+            return "the core and the tools serve every API; an API package builds on them"
+        if _inside(module, ("gateway.hosted",)) and _inside(target, ("gateway.generation",)):
+            return None if target == "gateway.generation.assembler" else "the tools answer calls, the core loops"
+        return None
+
+    assert _violations(rule) == []
+
+
+def test_no_api_package_imports_another_ones_routes():
+    def rule(module: str, target: str) -> str | None:
+        own = next((package for package in API if _inside(module, (package,))), None)
+        if own and _inside(target, API) and not _inside(target, (own,)) and target.endswith(".api"):
+            return "a route module is not a library"
+        return None
+
+    assert _violations(rule) == []
+
+
+def test_the_checks_see_imports():
+    """The rules above would pass on a tree they cannot read: they must find the imports that are there."""
+    imports = dict((target, line) for line, target in _imports(GATEWAY / "generation" / "plan.py"))
+    assert "gateway.generation.prompt" in imports and "gateway.metrics" in imports
+    responses = [target for _, target in _imports(GATEWAY / "responses" / "prepare.py")]
+    assert "gateway.generation.plan" in responses
