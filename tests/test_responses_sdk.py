@@ -12,9 +12,9 @@ from gateway_fixtures import (
     ANALYSIS_WEATHER,
     WEATHER_TOOL,
 )
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from gateway.responses.models import ResponseObject
+from gateway.responses.shape import ResponseObject
 
 MODEL = "gpt-oss-120b"
 
@@ -39,6 +39,16 @@ def test_create_returns_reasoning_answer_and_usage(gateway):
     ResponseObject.model_validate(
         response.model_dump(by_alias=True, exclude_unset=True)
     )  # what we send matches our OpenAPI models
+
+
+def test_a_key_the_output_models_do_not_describe_cannot_go_out(gateway):
+    response = client(gateway).responses.create(model=MODEL, input="Say hello")
+    sent = response.model_dump(by_alias=True, exclude_unset=True)
+    sent["output"][1]["surprise"] = 1  # as a builder that drifted from the models would send it
+    with pytest.raises(ValidationError, match="surprise"):
+        ResponseObject.model_validate(sent)
+    with pytest.raises(ValidationError, match="unexpected"):
+        ResponseObject.model_validate({**response.model_dump(by_alias=True, exclude_unset=True), "unexpected": 1})
 
 
 def test_stream_events_are_numbered_paired_and_terminal(gateway):

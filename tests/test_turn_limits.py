@@ -9,7 +9,7 @@ import weakref
 import pytest
 
 from backends.base import Capabilities, Chunk, Constraint, Sampling
-from gateway import turn as turn_module
+from gateway.generation import turn as turn_module
 from gateway.generation.turn import Turn
 from gateway.lifecycle import Lifecycle
 

@@ -3,7 +3,6 @@ response, its stored record)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +19,9 @@ from ..generation.turn import Outcome
 from ..limits import MAX_HISTORY_MESSAGES
 from ..services import Services
 from ..tenants.admission import Ticket
-from .models import McpTool, ResponsesRequest
-from .output import item_json
+from .models import ResponsesRequest
 from .record_keeper import RecordKeeper
+from .shape import ResponseState, Tokens, item_json, response_json
 
 NOT_OFFERED_HEADER = "X-Gateway-Tools-Not-Offered"
 
@@ -69,60 +68,28 @@ class Job:
         return self.sealed[item.id]
 
     def response(self, status: str, outcome: Outcome | None = None) -> dict[str, Any]:
-        req = self.request
         generation = self.generation
-        assembler = generation.assembler
         finished = status in TERMINAL
-        usage = None
-        if finished:
-            usage = {
-                "input_tokens": generation.prompt_tokens,
-                # cache writes are not reported by any backend here: 0 (the SDK requires the field)
-                "input_tokens_details": {"cached_tokens": generation.cached_tokens, "cache_write_tokens": 0},
-                "output_tokens": assembler.output_tokens,
-                "output_tokens_details": {"reasoning_tokens": assembler.reasoning_tokens},
-                "total_tokens": generation.prompt_tokens + assembler.output_tokens,
-            }
-        error = None
-        if outcome is not None and outcome.error_code:
-            error = _response_error(outcome.error_code, outcome.error_message or "")
-        incomplete = {"reason": outcome.incomplete_reason} if outcome and outcome.incomplete_reason else None
-        return {
-            "id": self.response_id,
-            "object": "response",
-            "created_at": self.created_at,
-            "completed_at": int(time.time()) if status == "completed" else None,
-            "status": status,
-            "error": error,
-            "incomplete_details": incomplete,
-            "background": req.background,
-            "instructions": req.instructions,
-            "max_output_tokens": req.max_output_tokens,
-            "max_tool_calls": req.max_tool_calls,
-            "model": req.model,
-            "output": [item_json(item, self.seal) for item in assembler.items] if finished else [],
-            "parallel_tool_calls": req.parallel_tool_calls,
-            "previous_response_id": req.previous_response_id,
-            "reasoning": {"effort": req.reasoning.effort or "medium", "summary": req.reasoning.summary},
-            "service_tier": "default",
-            "store": req.store and self.keeper.stored,
-            "temperature": 1.0 if req.temperature is None else req.temperature,
-            "text": _text_echo(req),
-            "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
-            "tools": [
-                tool.echo() if isinstance(tool, McpTool) else tool.model_dump(mode="json", exclude_none=True)
-                for tool in req.tools
-            ],
-            "top_logprobs": req.top_logprobs or 0,
-            "top_p": 1.0 if req.top_p is None else req.top_p,
-            "truncation": req.truncation,
-            "usage": usage,
-            "user": req.user,
-            "safety_identifier": req.safety_identifier,
-            "prompt_cache_key": req.prompt_cache_key,
-            "metadata": req.metadata or {},
-            "conversation": {"id": self.conversation_id} if self.conversation_id else None,
-        }
+        return response_json(
+            ResponseState(
+                self.response_id,
+                self.created_at,
+                status,
+                [item_json(item, self.seal) for item in generation.assembler.items] if finished else [],
+                Tokens(
+                    generation.prompt_tokens,
+                    generation.cached_tokens,
+                    generation.assembler.output_tokens,
+                    generation.assembler.reasoning_tokens,
+                )
+                if finished
+                else None,
+                self.request.store and self.keeper.stored,
+                self.conversation_id,
+                outcome,
+            ),
+            self.request,
+        )
 
     def record(self, response: dict[str, Any]) -> StoredResponse:
         conversation = [entry.to_data() for entry in (*self.dialog, *self.generation.assembler.entries)]
@@ -181,23 +148,3 @@ class Job:
         if not self.keeper.deleted:
             assembler = self.generation.assembler
             await index_cot(self.services.store, self.tenant, assembler.items, assembler.entries, self.response_id)
-
-
-def _text_echo(req: ResponsesRequest) -> dict[str, Any]:
-    if "text" not in req.model_fields_set:
-        return {"format": {"type": "text"}}  # the default, without a model dump
-    return req.text.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-# the codes a response's `error` may carry (the SDK's enum); the gateway's own (constraint_not_enforced,
-# server_shutting_down) go as server_error with the specific code leading the message, as the stream's
-# `error` event keeps it in its own `code`
-RESPONSE_ERROR_CODES = frozenset(
-    {"server_error", "rate_limit_exceeded", "invalid_prompt", "vector_store_timeout", "invalid_image"}
-)
-
-
-def _response_error(code: str, message: str) -> dict[str, str]:
-    if code in RESPONSE_ERROR_CODES:
-        return {"code": code, "message": message}
-    return {"code": "server_error", "message": f"{code}: {message}"}

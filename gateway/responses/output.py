@@ -1,99 +1,11 @@
-"""Responses API shapes of the assembler's items, the response object and the stream events."""
+"""The Responses stream: the assembler's item events as numbered SSE payloads (their items' JSON from shape.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from ..generation.assembler import Closed, Delta, Executing, ItemEvent, Opened, OutputItem, Settled
-
-Sealer = Callable[[OutputItem], str | None]  # encrypted_content for a finished reasoning item, or None
-
-
-def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
-    """An output item as the API returns it; in progress until the assembler closed it."""
-    status = "completed" if item.done and item.complete else "incomplete" if item.done else "in_progress"
-    if item.kind == "function_call":
-        call = {
-            "type": "function_call",
-            "id": item.id,
-            "call_id": item.call_id,
-            "name": item.name,
-            "arguments": item.text,
-            "status": status,
-        }
-        return call if item.namespace is None else {**call, "namespace": item.namespace}
-    if item.kind == "custom_tool_call":
-        call = {
-            "type": "custom_tool_call",
-            "id": item.id,
-            "call_id": item.call_id,
-            "name": item.name,
-            "input": item.text,
-        }
-        return call if item.namespace is None else {**call, "namespace": item.namespace}
-    if item.is_hosted:
-        return _hosted_json(item, status)
-    if item.kind == "reasoning":
-        data: dict[str, Any] = {
-            "type": "reasoning",
-            "id": item.id,
-            "summary": [],
-            "content": [{"type": "reasoning_text", "text": item.text}] if item.done else [],
-            "status": status,
-        }
-        sealed = seal(item) if item.done and seal is not None else None
-        if sealed is not None:
-            data["encrypted_content"] = sealed
-        return data
-    return {
-        "type": "message",
-        "id": item.id,
-        "role": "assistant",
-        "status": status,
-        "phase": "commentary" if item.preamble else "final_answer",
-        "content": [_text_part(item.text, item.annotations)] if item.done else [],
-    }
-
-
-def _hosted_json(item: OutputItem, status: str) -> dict[str, Any]:
-    """A server-side tool's item: in progress until the loop settled it, then with its result."""
-    detail = item.detail
-    base: dict[str, Any] = {"type": item.kind, "id": item.id}
-    if item.kind == "mcp_list_tools":
-        return {**base, "server_label": item.namespace, "tools": detail.get("tools", []), "error": detail.get("error")}
-    if item.kind == "mcp_approval_request":
-        return {**base, "server_label": item.namespace, "name": item.name, "arguments": item.text}
-    final = detail.get("status", status) if item.settled else "in_progress"
-    if item.kind == "web_search_call":
-        return {**base, "status": final, "action": detail.get("action") or {"type": "search"}}
-    if item.kind == "code_interpreter_call":
-        return {
-            **base,
-            "status": final,
-            "code": item.text,
-            "container_id": detail.get("container_id", ""),
-            "outputs": detail.get("outputs") if item.settled else None,
-        }
-    return {
-        **base,
-        "status": final,
-        "server_label": item.namespace,
-        "name": item.name,
-        "arguments": item.text,
-        "output": detail.get("output"),
-        "error": detail.get("error"),
-        "approval_request_id": detail.get("approval_request_id"),
-    }
-
-
-def _text_part(text: str, annotations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": annotations or [], "logprobs": []}
-
-
-def _reasoning_part(text: str) -> dict[str, Any]:
-    return {"type": "reasoning_text", "text": text}
-
+from ..generation.assembler import Closed, Delta, Executing, ItemEvent, Opened, Settled
+from .shape import Sealer, item_json, reasoning_part, text_part
 
 _TEXT_DELTAS = {"message": "response.output_text.delta", "reasoning": "response.reasoning_text.delta"}
 
@@ -135,9 +47,9 @@ class StreamEvents:
         if isinstance(event, Opened):
             out = [self.event("response.output_item.added", output_index=item.index, item=item_json(item))]
             if item.kind == "message":
-                out.append(self.event("response.content_part.added", **at, content_index=0, part=_text_part("")))
+                out.append(self.event("response.content_part.added", **at, content_index=0, part=text_part("")))
             elif item.kind == "reasoning":
-                out.append(self.event("response.content_part.added", **at, content_index=0, part=_reasoning_part("")))
+                out.append(self.event("response.content_part.added", **at, content_index=0, part=reasoning_part("")))
             return out
         if isinstance(event, Delta):
             if item.kind == "message":
@@ -162,14 +74,12 @@ class StreamEvents:
             ]
             out += [
                 self.event("response.output_text.done", **at, content_index=0, text=text, logprobs=[]),
-                self.event(
-                    "response.content_part.done", **at, content_index=0, part=_text_part(text, item.annotations)
-                ),
+                self.event("response.content_part.done", **at, content_index=0, part=text_part(text, item.annotations)),
             ]
         elif item.kind == "reasoning":
             out = [
                 self.event("response.reasoning_text.done", **at, content_index=0, text=text),
-                self.event("response.content_part.done", **at, content_index=0, part=_reasoning_part(text)),
+                self.event("response.content_part.done", **at, content_index=0, part=reasoning_part(text)),
             ]
         elif item.kind == "custom_tool_call":
             out = [self.event("response.custom_tool_call_input.done", **at, input=text)]

@@ -1,0 +1,392 @@
+"""The Responses API's output shape in one place: the models of what a response returns (the OpenAPI document
+is generated from them), the JSON of each output item, and the response object, built as a ResponseObject so
+that a field the models do not describe cannot go out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..generation.assembler import OutputItem
+from ..generation.turn import Outcome
+from .models import (
+    McpTool,
+    ReasoningConfig,
+    ReasoningText,
+    ResponsesRequest,
+    SummaryText,
+    TextConfig,
+    TextFormatText,
+)
+
+Status = Literal["in_progress", "completed", "incomplete"]
+ToolStatus = Literal["in_progress", "completed", "incomplete", "failed"]
+
+
+class Out(BaseModel):
+    """An object the gateway returns: every key it sends is a field here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class OutputTextOut(Out):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[dict[str, Any]] = Field(default_factory=list)
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class MessageOut(Out):
+    type: Literal["message"] = "message"
+    id: str
+    role: Literal["assistant"] = "assistant"
+    status: Status
+    phase: Literal["commentary", "final_answer"]
+    content: list[OutputTextOut]
+
+
+class ReasoningOut(Out):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText]
+    encrypted_content: str | None = None
+    status: Status
+
+
+class FunctionCallOut(Out):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Status
+    namespace: str | None = None
+
+
+class CustomToolCallOut(Out):
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str
+    namespace: str | None = None
+
+
+class McpListToolsOut(Out):
+    type: Literal["mcp_list_tools"] = "mcp_list_tools"
+    id: str
+    server_label: str
+    tools: list[dict[str, Any]]
+    error: dict[str, Any] | str | None = None
+
+
+class McpApprovalRequestOut(Out):
+    type: Literal["mcp_approval_request"] = "mcp_approval_request"
+    id: str
+    server_label: str
+    name: str
+    arguments: str
+
+
+class McpCallOut(Out):
+    type: Literal["mcp_call"] = "mcp_call"
+    id: str
+    status: ToolStatus
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    error: dict[str, Any] | str | None = None
+    approval_request_id: str | None = None
+
+
+class WebSearchCallOut(Out):
+    type: Literal["web_search_call"] = "web_search_call"
+    id: str
+    status: ToolStatus
+    action: dict[str, Any]
+
+
+class CodeInterpreterCallOut(Out):
+    type: Literal["code_interpreter_call"] = "code_interpreter_call"
+    id: str
+    status: ToolStatus
+    code: str
+    container_id: str
+    outputs: list[dict[str, Any]] | None = None
+
+
+OutputItemOut = Annotated[
+    MessageOut
+    | ReasoningOut
+    | FunctionCallOut
+    | CustomToolCallOut
+    | McpListToolsOut
+    | McpApprovalRequestOut
+    | McpCallOut
+    | WebSearchCallOut
+    | CodeInterpreterCallOut,
+    Field(discriminator="type"),
+]
+
+
+class InputTokensDetails(Out):
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0  # no backend here reports cache writes: 0 (the SDK requires the field)
+
+
+class OutputTokensDetails(Out):
+    reasoning_tokens: int = 0
+
+
+class Usage(Out):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class ResponseErrorOut(Out):
+    code: str
+    message: str
+
+
+class IncompleteDetails(Out):
+    reason: str
+
+
+class ConversationOut(Out):
+    id: str
+
+
+class ResponseObject(Out):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    completed_at: int | None = None
+    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+    error: ResponseErrorOut | None = None
+    incomplete_details: IncompleteDetails | None = None
+    background: bool
+    instructions: str | None
+    max_output_tokens: int | None
+    max_tool_calls: int | None
+    model: str
+    output: list[OutputItemOut]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    reasoning: ReasoningConfig
+    service_tier: str
+    store: bool
+    temperature: float
+    text: TextConfig
+    tool_choice: str | dict[str, Any]
+    tools: list[dict[str, Any]]
+    top_logprobs: int
+    top_p: float
+    truncation: str
+    usage: Usage | None
+    user: str | None
+    safety_identifier: str | None
+    prompt_cache_key: str | None
+    metadata: dict[str, str]
+    conversation: ConversationOut | None = None
+
+
+class InputItemList(Out):
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class DeletedResponse(Out):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: bool
+
+
+Sealer = Callable[[OutputItem], str | None]  # encrypted_content for a finished reasoning item, or None
+
+
+def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
+    """An output item as the API returns it; in progress until the assembler closed it."""
+    status = "completed" if item.done and item.complete else "incomplete" if item.done else "in_progress"
+    if item.kind == "function_call":
+        call = {
+            "type": "function_call",
+            "id": item.id,
+            "call_id": item.call_id,
+            "name": item.name,
+            "arguments": item.text,
+            "status": status,
+        }
+        return call if item.namespace is None else {**call, "namespace": item.namespace}
+    if item.kind == "custom_tool_call":
+        call = {
+            "type": "custom_tool_call",
+            "id": item.id,
+            "call_id": item.call_id,
+            "name": item.name,
+            "input": item.text,
+        }
+        return call if item.namespace is None else {**call, "namespace": item.namespace}
+    if item.is_hosted:
+        return _hosted_json(item, status)
+    if item.kind == "reasoning":
+        data: dict[str, Any] = {
+            "type": "reasoning",
+            "id": item.id,
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": item.text}] if item.done else [],
+            "status": status,
+        }
+        sealed = seal(item) if item.done and seal is not None else None
+        if sealed is not None:
+            data["encrypted_content"] = sealed
+        return data
+    return {
+        "type": "message",
+        "id": item.id,
+        "role": "assistant",
+        "status": status,
+        "phase": "commentary" if item.preamble else "final_answer",
+        "content": [text_part(item.text, item.annotations)] if item.done else [],
+    }
+
+
+def _hosted_json(item: OutputItem, status: str) -> dict[str, Any]:
+    """A server-side tool's item: in progress until the loop settled it, then with its result."""
+    detail = item.detail
+    base: dict[str, Any] = {"type": item.kind, "id": item.id}
+    if item.kind == "mcp_list_tools":
+        return {**base, "server_label": item.namespace, "tools": detail.get("tools", []), "error": detail.get("error")}
+    if item.kind == "mcp_approval_request":
+        return {**base, "server_label": item.namespace, "name": item.name, "arguments": item.text}
+    final = detail.get("status", status) if item.settled else "in_progress"
+    if item.kind == "web_search_call":
+        return {**base, "status": final, "action": detail.get("action") or {"type": "search"}}
+    if item.kind == "code_interpreter_call":
+        return {
+            **base,
+            "status": final,
+            "code": item.text,
+            "container_id": detail.get("container_id", ""),
+            "outputs": detail.get("outputs") if item.settled else None,
+        }
+    return {
+        **base,
+        "status": final,
+        "server_label": item.namespace,
+        "name": item.name,
+        "arguments": item.text,
+        "output": detail.get("output"),
+        "error": detail.get("error"),
+        "approval_request_id": detail.get("approval_request_id"),
+    }
+
+
+def text_part(text: str, annotations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": annotations or [], "logprobs": []}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    prompt: int
+    cached: int
+    output: int
+    reasoning: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseState:
+    """What a response is at a moment: its status, output items and (once finished) token counts."""
+
+    id: str
+    created_at: int
+    status: str
+    output: list[dict[str, Any]]
+    tokens: Tokens | None
+    stored: bool
+    conversation_id: str | None
+    outcome: Outcome | None
+
+
+def response_json(state: ResponseState, req: ResponsesRequest) -> dict[str, Any]:
+    """The response object: the request's echo and the state's output, as a checked ResponseObject."""
+    tokens, outcome = state.tokens, state.outcome
+    usage = None
+    if tokens is not None:
+        usage = Usage(
+            input_tokens=tokens.prompt,
+            input_tokens_details=InputTokensDetails(cached_tokens=tokens.cached, cache_write_tokens=0),
+            output_tokens=tokens.output,
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=tokens.reasoning),
+            total_tokens=tokens.prompt + tokens.output,
+        )
+    error = None
+    if outcome is not None and outcome.error_code:
+        error = _response_error(outcome.error_code, outcome.error_message or "")
+    incomplete = IncompleteDetails(reason=outcome.incomplete_reason) if outcome and outcome.incomplete_reason else None
+    response = ResponseObject(
+        id=state.id,
+        object="response",
+        created_at=state.created_at,
+        completed_at=int(time.time()) if state.status == "completed" else None,
+        status=state.status,  # type: ignore[arg-type]
+        error=error,
+        incomplete_details=incomplete,
+        background=req.background,
+        instructions=req.instructions,
+        max_output_tokens=req.max_output_tokens,
+        max_tool_calls=req.max_tool_calls,
+        model=req.model,
+        output=state.output,  # type: ignore[arg-type]
+        parallel_tool_calls=req.parallel_tool_calls,
+        previous_response_id=req.previous_response_id,
+        reasoning=ReasoningConfig(effort=req.reasoning.effort or "medium", summary=req.reasoning.summary),
+        service_tier="default",
+        store=state.stored,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        text=req.text if "text" in req.model_fields_set else TextConfig(format=TextFormatText(type="text")),
+        tool_choice=req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
+        tools=[
+            tool.echo() if isinstance(tool, McpTool) else tool.model_dump(mode="json", exclude_none=True)
+            for tool in req.tools
+        ],
+        top_logprobs=req.top_logprobs or 0,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        truncation=req.truncation,
+        usage=usage,
+        user=req.user,
+        safety_identifier=req.safety_identifier,
+        prompt_cache_key=req.prompt_cache_key,
+        metadata=req.metadata or {},
+        conversation=ConversationOut(id=state.conversation_id) if state.conversation_id else None,
+    )
+    return response.model_dump(mode="json", by_alias=True, exclude_unset=True)  # items keep just their keys
+
+
+# the codes a response's `error` may carry (the SDK's enum); the gateway's own (constraint_not_enforced,
+# server_shutting_down) go as server_error with the specific code leading the message, as the stream's
+# `error` event keeps it in its own `code`
+RESPONSE_ERROR_CODES = frozenset(
+    {"server_error", "rate_limit_exceeded", "invalid_prompt", "vector_store_timeout", "invalid_image"}
+)
+
+
+def _response_error(code: str, message: str) -> ResponseErrorOut:
+    if code in RESPONSE_ERROR_CODES:
+        return ResponseErrorOut(code=code, message=message)
+    return ResponseErrorOut(code="server_error", message=f"{code}: {message}")
