@@ -25,11 +25,11 @@ from harmony import (
     StreamParser,
 )
 
+from ..hosted.results import HostedKind, ToolResult
 from ..ids import new_id
 from .dialog import Entry
 from .prompt import FUNCTIONS_PREFIX
 
-HostedKind = Literal["web_search_call", "code_interpreter_call", "mcp_call", "mcp_list_tools", "mcp_approval_request"]
 ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"] | HostedKind
 CALL_KINDS = ("function_call", "custom_tool_call")
 HOSTED_KINDS = ("web_search_call", "code_interpreter_call", "mcp_call", "mcp_list_tools", "mcp_approval_request")
@@ -85,8 +85,7 @@ class OutputItem:
     done: bool = False
     complete: bool = True  # False when the stream was cut inside this item (length limit, cancellation)
     channel: str | None = None  # the Harmony channel it was written on
-    # a hosted item's state once the loop settled it: its API fields (action, output, error, ...) and status
-    detail: dict[str, Any] = field(default_factory=dict)
+    result: ToolResult | None = None  # a hosted item's, once the loop settled it
     settled: bool = False
     annotations: list[dict[str, Any]] = field(default_factory=list)  # a message's url citations
 
@@ -135,7 +134,7 @@ class Executing:
 
 @dataclass(slots=True)
 class Settled:
-    """A hosted item is final: its result (or error) is in `detail`."""
+    """A hosted item is final: its result (or error) is in `result`."""
 
     item: OutputItem
 

@@ -10,14 +10,16 @@ Without server-side tools it is exactly one turn.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from harmony import StopReason
 
 from ..errors import ApiError
+from ..hosted.results import McpListing, McpResult, NotRun, ToolResult
 from ..hosted.toolset import Toolset
-from .assembler import Closed, Executing, ItemEvent, Opened, OutputAssembler, OutputItem, Settled
+from .assembler import HOSTED_KINDS, Closed, Executing, ItemEvent, Opened, OutputAssembler, OutputItem, Settled
 from .dialog import Entry
 from .plan import CoreServices, Plan, plan_continuation
 from .prompt import PromptSpec, tool_message
@@ -106,7 +108,6 @@ class Generation:
             if call is None:
                 return
             if call.kind == "mcp_approval_request":  # the client answers it in its next request
-                call.detail = {"server_label": call.namespace, "arguments": call.text}
                 yield [settle(call)]
                 return
             async for batch in self._run(toolset, call):
@@ -120,19 +121,16 @@ class Generation:
             if binding.listed:
                 continue
             item = self.assembler.add("mcp_list_tools", namespace=label, done=True)
-            item.detail = {
-                "server_label": label,
-                "tools": [
-                    {
-                        "name": tool.name,
-                        "description": tool.description,
-                        "input_schema": tool.input_schema,
-                        "annotations": tool.annotations,
-                    }
-                    for tool in binding.tools
-                ],
-            }
-            batches.append([Opened(item), settle(item)])
+            tools = [
+                {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "input_schema": tool.input_schema,
+                    "annotations": tool.annotations,
+                }
+                for tool in binding.tools
+            ]
+            batches.append([Opened(item), settle(item, McpListing(tools))])
         return batches
 
     async def _answer_approvals(self, toolset: Toolset) -> AsyncIterator[list[ItemEvent]]:
@@ -150,9 +148,10 @@ class Generation:
             item.call_id = pending.request_id
             yield [Opened(item), Executing(item)]
             self.calls += 1
-            answer = await self._bounded(toolset, item)
-            item.detail["approval_request_id"] = pending.request_id
-            yield [settle(item)]
+            answer, result = await self._bounded(toolset, item)
+            if isinstance(result, McpResult):
+                result = dataclasses.replace(result, approval_request_id=pending.request_id)
+            yield [settle(item, result)]
             self.assembler.add_entry(Entry(tool_message(recipient, answer, pending.channel)))
 
     def _pending_call(self, outcome: Outcome | None) -> OutputItem | None:
@@ -170,22 +169,24 @@ class Generation:
             self._refused += 1
             limit = "tool calls" if self.calls >= self._max_calls else "seconds of tool time"
             answer = f"Not run: this response has used its {limit}. Answer with what you have, without tools."
-            call.detail = {**_refused_detail(call, toolset), "status": "incomplete"}
+            result: ToolResult = NotRun("incomplete", toolset.container_id)
         else:
             yield [Executing(call)]
             self.calls += 1
-            answer = await self._bounded(toolset, call)
-        yield [settle(call)]
+            answer, result = await self._bounded(toolset, call)
+        yield [settle(call, result)]
         recipient = f"{call.namespace}.{call.name}" if call.namespace else call.name or ""
         self.assembler.add_entry(Entry(tool_message(recipient, answer, call.channel or "commentary")))
 
-    async def _bounded(self, toolset: Toolset, item: OutputItem) -> str:
+    async def _bounded(self, toolset: Toolset, item: OutputItem) -> tuple[str, ToolResult]:
+        assert item.kind in HOSTED_KINDS
         try:
             async with asyncio.timeout(max(toolset.seconds_left(), 0.001)):
-                return await toolset.run(item)
+                run = await toolset.run(item.kind, item.namespace, item.name, item.text)  # type: ignore[arg-type]
+                return run.answer, run.result
         except TimeoutError:
-            item.detail = {**_refused_detail(item, toolset), "status": "failed"}
-            return "Error: the tool call ran past this response's time for tools."
+            answer = "Error: the tool call ran past this response's time for tools."
+            return answer, NotRun("failed", toolset.container_id)
 
     async def _continue(self) -> bool:
         """Start the next turn on the dialog so far; False (the outcome set) when there is no room left."""
@@ -205,17 +206,9 @@ class Generation:
         return True
 
 
-def settle(item: OutputItem) -> Settled:
-    item.settled = True
+def settle(item: OutputItem, result: ToolResult | None = None) -> Settled:
+    item.settled, item.result = True, result
     return Settled(item)
-
-
-def _refused_detail(item: OutputItem, toolset: Toolset) -> dict[str, object]:
-    if item.kind == "code_interpreter_call":
-        return {"container_id": toolset.container_id, "outputs": None}
-    if item.kind == "web_search_call":
-        return {"action": {"type": "search", "query": ""}}
-    return {"server_label": item.namespace, "arguments": item.text, "output": None}
 
 
 def _cite(batch: list[ItemEvent], toolset: Toolset) -> None:

@@ -11,9 +11,9 @@ import orjson
 from harmony import ToolDescription, ToolNamespace, browser_namespace, python_namespace
 
 from ..errors import ApiError, invalid
-from ..generation.assembler import HostedKind, OutputItem
 from .browser import BrowserSession
 from .mcp_servers import McpServer, McpToolInfo, McpUnavailable
+from .results import HostedKind, McpResult, PythonResult, SearchResult, ToolRun
 from .runtime import HostedRuntime
 from .sandbox import SandboxUnavailable
 
@@ -86,53 +86,39 @@ class Toolset:
             if binding.needs_approval(tool.name)
         )
 
-    async def run(self, item: OutputItem) -> str:
-        """Run a settled call of the model: the tool's answer, as the model reads it; its API fields go to
-        `item.detail`."""
-        if item.kind == "web_search_call":
+    async def run(self, kind: HostedKind, namespace: str | None, name: str | None, text: str) -> ToolRun:
+        """Run a settled call of the model (its item's kind, the recipient's namespace and name, its input)."""
+        if kind == "web_search_call":
             assert self.browser is not None
-            call = await self.browser.call(item.name or "", item.text)
-            item.detail = {"action": call.action, "status": "failed" if call.failed else "completed"}
-            return call.text
-        if item.kind == "code_interpreter_call":
-            return await self._run_python(item)
-        return await self.run_mcp(item, item.namespace or "", item.name or "", item.text)
+            call = await self.browser.call(name or "", text)
+            return ToolRun(call.text, SearchResult(call.action, call.failed))
+        if kind == "code_interpreter_call":
+            return await self._run_python(text)
+        return await self.run_mcp(namespace or "", name or "", text)
 
-    async def _run_python(self, item: OutputItem) -> str:
+    async def _run_python(self, code: str) -> ToolRun:
         assert self.container_id is not None
         try:
-            cell = await self.runtime.sandboxes.run(self.tenant, self.container_id, item.text)
+            cell = await self.runtime.sandboxes.run(self.tenant, self.container_id, code)
         except SandboxUnavailable as exc:
-            item.detail = {"container_id": self.container_id, "outputs": None, "status": "failed"}
-            return f"[python is unavailable: {exc}]"
-        item.detail = {
-            "container_id": self.container_id,
-            "outputs": [{"type": "logs", "logs": cell.output}],
-            "status": "failed" if cell.failed else "completed",
-        }
-        return cell.output or "[no output]"
+            return ToolRun(f"[python is unavailable: {exc}]", PythonResult(self.container_id, None, True))
+        return ToolRun(cell.output or "[no output]", PythonResult(self.container_id, cell.output, cell.failed))
 
-    async def run_mcp(self, item: OutputItem, label: str, name: str, arguments: str) -> str:
+    async def run_mcp(self, label: str, name: str, arguments: str) -> ToolRun:
         binding = self.mcp[label]
-        item.detail = {"server_label": label, "arguments": arguments}
         try:
             parsed = orjson.loads(arguments) if arguments.strip() else {}
         except orjson.JSONDecodeError:
             parsed = None
         if not isinstance(parsed, dict):
             error = {"type": "mcp_protocol_error", "code": -32602, "message": "the arguments are not a JSON object"}
-            item.detail |= {"output": None, "error": error, "status": "failed"}
-            return "Error: the arguments are not a JSON object."
+            return ToolRun("Error: the arguments are not a JSON object.", McpResult(None, error))
         if name not in {tool.name for tool in binding.tools}:
             error = {"type": "mcp_protocol_error", "code": -32602, "message": f"unknown tool '{name}'"}
-            item.detail |= {"output": None, "error": error, "status": "failed"}
-            return f"Error: server '{label}' has no tool '{name}'."
+            return ToolRun(f"Error: server '{label}' has no tool '{name}'.", McpResult(None, error))
         result = await self.runtime.mcp.call_tool(binding.server, name, parsed)
-        item.detail |= {"output": result.output, "error": result.error}
-        item.detail["status"] = "failed" if result.error else "completed"
-        if result.error is not None:
-            return f"Error: {orjson.dumps(result.error).decode()}"
-        return result.output or ""
+        answer = f"Error: {orjson.dumps(result.error).decode()}" if result.error is not None else result.output or ""
+        return ToolRun(answer, McpResult(result.output, result.error))
 
     def seconds_left(self) -> float:
         return self.deadline - time.monotonic()

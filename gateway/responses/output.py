@@ -118,7 +118,7 @@ class StreamEvents:
         assert isinstance(event, Settled)
         out = []
         if kind != "mcp_approval_request":
-            failed = item.detail.get("status") == "failed" or item.detail.get("error")
+            failed = item.result is not None and item.result.failed
             ending = "failed" if failed and kind in ("mcp_call", "mcp_list_tools") else "completed"
             out.append(self.event(f"response.{kind}.{ending}", **at))
         out.append(self.event("response.output_item.done", output_index=item.index, item=item_json(item)))

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..generation.assembler import OutputItem
 from ..generation.turn import Outcome
+from ..hosted.results import McpListing, McpResult, NotRun, PythonResult, SearchResult, ToolResult
 from .models import (
     McpTool,
     ReasoningConfig,
@@ -264,33 +265,46 @@ def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
 
 def _hosted_json(item: OutputItem, status: str) -> dict[str, Any]:
     """A server-side tool's item: in progress until the loop settled it, then with its result."""
-    detail = item.detail
+    result = item.result
     base: dict[str, Any] = {"type": item.kind, "id": item.id}
     if item.kind == "mcp_list_tools":
-        return {**base, "server_label": item.namespace, "tools": detail.get("tools", []), "error": detail.get("error")}
+        tools = result.tools if isinstance(result, McpListing) else []
+        return {**base, "server_label": item.namespace, "tools": tools, "error": None}
     if item.kind == "mcp_approval_request":
         return {**base, "server_label": item.namespace, "name": item.name, "arguments": item.text}
-    final = detail.get("status", status) if item.settled else "in_progress"
+    final = _settled_status(result, status) if item.settled else "in_progress"
     if item.kind == "web_search_call":
-        return {**base, "status": final, "action": detail.get("action") or {"type": "search"}}
+        if isinstance(result, SearchResult):
+            action = result.action
+        else:  # not run, or not yet
+            action = {"type": "search", "query": ""} if isinstance(result, NotRun) else {"type": "search"}
+        return {**base, "status": final, "action": action}
     if item.kind == "code_interpreter_call":
+        logs = result.logs if isinstance(result, PythonResult) and item.settled else None
         return {
             **base,
             "status": final,
             "code": item.text,
-            "container_id": detail.get("container_id", ""),
-            "outputs": detail.get("outputs") if item.settled else None,
+            "container_id": (result.container_id if isinstance(result, PythonResult | NotRun) else None) or "",
+            "outputs": None if logs is None else [{"type": "logs", "logs": logs}],
         }
+    mcp = result if isinstance(result, McpResult) else None
     return {
         **base,
         "status": final,
         "server_label": item.namespace,
         "name": item.name,
         "arguments": item.text,
-        "output": detail.get("output"),
-        "error": detail.get("error"),
-        "approval_request_id": detail.get("approval_request_id"),
+        "output": mcp.output if mcp else None,
+        "error": mcp.error if mcp else None,
+        "approval_request_id": mcp.approval_request_id if mcp else None,
     }
+
+
+def _settled_status(result: ToolResult | None, status: str) -> str:
+    if isinstance(result, NotRun):
+        return result.status
+    return "failed" if result is not None and result.failed else status
 
 
 def text_part(text: str, annotations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
