@@ -28,7 +28,7 @@ import openai
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from gateway_fixtures import gateway_settings  # noqa: E402
 from live_gateway import LiveGateway  # noqa: E402

@@ -12,21 +12,21 @@ from backends.base import Backend
 from backends.registry import create_backend
 from harmony import HarmonyEncoding, Renderer
 from state import MemoryStore, ResponseStore
-from state.at_rest import RecordCipher
 from state.conversations import ConversationStore, MemoryConversations, RedisConversations
 from state.event_streams import EventStreams, MemoryEventStreams, RedisEventStreams
 from state.keys import FileKeys, KeyAdminError, KeySource, RedisKeys
 from state.limiter import RedisLimiter
+from state.record_cipher import RecordCipher
 from state.redis_store import RedisStore
 
 from .config import Settings
+from .encrypted_reasoning import ReasoningSealer, parse_keys
 from .errors import ApiError
 from .hosted.runtime import HostedRuntime
 from .hosted.settings import HostedToolsSettings
 from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .responses.runs import RunRegistry
-from .sealing import ReasoningSealer, parse_keys
 from .tenants.admission import Admission
 from .tenants.auth import Authenticator
 from .timed_store import TimedStore

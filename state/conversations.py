@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from .redis_client import redis_errors_as_unavailable
-from .sealed_json import SealedJsonStore
+from .redis_json_store import RedisJsonStore
 from .store import DEFAULT_TTL_S
 
 MAX_ITEMS = 10_000  # items one conversation may hold
@@ -124,7 +124,7 @@ return 1
 """
 
 
-class RedisConversations(SealedJsonStore):
+class RedisConversations(RedisJsonStore):
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         self._append = client.register_script(_APPEND_LUA)

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 from .redis_client import redis_errors_as_unavailable
-from .sealed_json import SealedJsonStore
+from .redis_json_store import RedisJsonStore
 from .store import DEFAULT_TTL_S
 
 READ_BATCH = 1000  # events per read
@@ -75,7 +75,7 @@ class MemoryEventStreams:
         return None
 
 
-class RedisEventStreams(SealedJsonStore):
+class RedisEventStreams(RedisJsonStore):
     def _stream(self, tenant: str, response_id: str) -> str:
         return self._key("ev", tenant, response_id)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .at_rest import SEALED, RecordCipher
+from .record_cipher import SEALED, RecordCipher
 from .records import RUNNING, StoredCot, StoredResponse, decode_cot, decode_response, encode, orphaned
 from .redis_client import connect, redis_errors_as_unavailable, tenant_tag
 from .store import DEFAULT_MAX_RECORD_BYTES, DEFAULT_TTL_S, StoreUnavailable

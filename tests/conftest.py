@@ -6,9 +6,9 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))  # the tests' shared helpers
 # The gateway's own tests run on the scripted mock backend (serve processes inherit this too);
-# test_engine_default.py removes it to check that `serve` runs the built-in engine by default.
+# engine/test_engine_default.py removes it to check that `serve` runs the built-in engine by default.
 os.environ["GATEWAY_BACKEND"] = "mock"
 
 from gateway_fixtures import gateway, redis_server  # noqa: F401  (fixtures shared by the API tests)

@@ -31,7 +31,7 @@ from .dialog import Entry
 from .prompt import FUNCTIONS_PREFIX
 
 ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"] | HostedKind
-CALL_KINDS = ("function_call", "custom_tool_call")
+CLIENT_CALL_KINDS = ("function_call", "custom_tool_call")  # calls the client runs
 HOSTED_KINDS = ("web_search_call", "code_interpreter_call", "mcp_call", "mcp_list_tools", "mcp_approval_request")
 _ID_PREFIX = {
     "reasoning": "rs_",
@@ -96,7 +96,7 @@ class OutputItem:
     @property
     def is_call(self) -> bool:
         """A call the client runs."""
-        return self.kind in CALL_KINDS
+        return self.kind in CLIENT_CALL_KINDS
 
     @property
     def is_hosted(self) -> bool:

@@ -25,7 +25,12 @@ from .plan import CoreServices, Plan, plan_continuation
 from .prompt import PromptSpec, tool_message
 from .turn import Outcome, Turn
 
-CALL_KINDS = ("web_search_call", "code_interpreter_call", "mcp_call", "mcp_approval_request")
+HOSTED_CALL_KINDS = (
+    "web_search_call",
+    "code_interpreter_call",
+    "mcp_call",
+    "mcp_approval_request",
+)  # what the loop may run
 MAX_REFUSED_CALLS = 2  # calls past the cap answered with a refusal before the loop stops
 
 
@@ -160,7 +165,7 @@ class Generation:
         if outcome is None or outcome.status != "completed" or self.assembler.stop is not StopReason.CALL:
             return None
         last = items[-1] if items else None
-        if last is None or last.kind not in CALL_KINDS or not last.done or last.settled:
+        if last is None or last.kind not in HOSTED_CALL_KINDS or not last.done or last.settled:
             return None
         return last
 

@@ -13,8 +13,8 @@ from ..generation.assembler import ItemEvent
 from ..generation.turn import Outcome
 from .event_sink import EventSink
 from .job import Job
-from .output import StreamEvents
 from .runs import EventLog, Run
+from .stream_events import StreamEvents
 
 log = structlog.get_logger("gateway.responses")
 

@@ -9,13 +9,13 @@ from typing import Any
 from backends.base import Constraint
 from harmony import ResponseFormat
 
+from ..encrypted_reasoning import SealError
 from ..errors import invalid
 from ..generation.dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Thought
 from ..generation.options import constraint, effort, output_format, verbosity_instruction
 from ..generation.prompt import PromptSpec
 from ..hosted.toolset import Toolset
 from ..ids import new_id
-from ..sealing import SealError
 from ..tenants.limits import TenantLimits, check_caps, json_size
 from .models import (
     CodeInterpreterCallInput,

@@ -1,5 +1,5 @@
 """Many concurrent Responses streams against a gateway, timed per token: the load test's client (used by
-tests/test_load.py in a small form and by bench/load_test.py at full size)."""
+tests/gateway/test_load.py in a small form and by bench/load_test.py at full size)."""
 
 from __future__ import annotations
 

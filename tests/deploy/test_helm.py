@@ -15,9 +15,9 @@ import pytest
 import yaml
 from helm_tool import helm_binary
 from live_gateway import GatewayProcess
+from paths import CHART
 from redis_servers import free_port
 
-CHART = Path(__file__).resolve().parent.parent / "helm" / "gpt-oss-gateway"
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the oldest and newest schemas this chart is checked against
 CRDS = {"ServiceMonitor", "PrometheusRule"}  # not in the Kubernetes schemas; checked by hand below

@@ -7,7 +7,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
+from paths import ROOT
+
+GATEWAY = ROOT / "gateway"
 COMPOSITION = {"gateway.app", "gateway.cli", "gateway.services", "gateway.openapi", "gateway.config"}
 API = ("gateway.responses", "gateway.chat", "gateway.conversations")
 PACKAGES = ("gateway.generation", "gateway.hosted", "gateway.tenants", *API)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 from redis_servers import free_port
+from threaded_server import ThreadedServer
 
 from backends.base import Capabilities, Chunk
 from backends.mock import MockBackend
@@ -28,16 +27,14 @@ class LiveGateway:
 
     def __init__(self, settings: Settings, backend: Any | None = None) -> None:
         self._backend_override = backend
-        self.port = free_port()
+        self._server = ThreadedServer()
+        self.port = self._server.port
         self.settings = settings.model_copy(update={"port": self.port})
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
         self.services: Services | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     @property
     def backend(self) -> MockBackend:
@@ -48,29 +45,21 @@ class LiveGateway:
 
     def call(self, coroutine: Any, timeout: float = 30) -> Any:
         """Run a coroutine on the gateway's loop (e.g. to reach its store) and wait for it."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+        return self._server.call(coroutine, timeout)
 
     def start(self) -> LiveGateway:
-        self._thread.start()
-
-        async def boot() -> None:
+        def make_app() -> web.Application:
             app = create_app(self.settings)
             self.services = app[SERVICES]
             if self._backend_override is not None:
                 self.services.backends = {model: self._backend_override for model in self.services.backends}
-            self._runner = web.AppRunner(app, handle_signals=False)
-            await self._runner.setup()
-            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+            return app
 
-        self.call(boot())
+        self._server.serve(make_app, handle_signals=False)
         return self
 
     def stop(self) -> None:
-        if self._runner is not None:
-            self.call(self._runner.cleanup())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
+        self._server.close()
 
 
 class GatewayProcess:

@@ -12,8 +12,8 @@ import zipfile
 from pathlib import Path
 
 from live_gateway import GatewayProcess
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 
 

@@ -6,16 +6,16 @@ only)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+from paths import ROOT
 
 from backends.engine.config import ModelConfig
 from backends.engine.make_checkpoint import random_moe_layer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(ROOT / "bench"))
 from qmoe_layer import LAYOUTS, codes_by_column, qmoe_layer_model
 
 CONFIG = ModelConfig(num_experts=4, experts_per_token=2, hidden_size=64, intermediate_size=96)

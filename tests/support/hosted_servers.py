@@ -1,7 +1,6 @@
 """Servers the server-side tool tests talk to: a real MCP server (the `mcp` SDK's own, over streamable
 HTTP, run by uvicorn), a fake SearXNG speaking its JSON API, and a small web site; each on a free port."""
 
-import asyncio
 import threading
 import time
 import urllib.request
@@ -11,6 +10,7 @@ import uvicorn
 from aiohttp import web
 from mcp.server.mcpserver import Context, MCPServer
 from redis_servers import free_port
+from threaded_server import ThreadedServer
 
 
 class McpTestServer:
@@ -82,15 +82,13 @@ class WebFixtures:
     small site (`/pages/…`) on one aiohttp server."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        self._server = ThreadedServer()
+        self.port = self._server.port
         self.queries: list[str] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     async def _search(self, request: web.Request) -> web.Response:
         if request.query.get("format") != "json":
@@ -129,23 +127,16 @@ class WebFixtures:
         return web.Response(text=body, content_type="text/html")
 
     def start(self) -> "WebFixtures":
-        self._thread.start()
-
-        async def boot() -> None:
+        def make_app() -> web.Application:
             app = web.Application()
             app.router.add_get("/search", self._search)
             app.router.add_get("/res/v1/web/search", self._brave)
             app.router.add_get("/pages/{name}", self._page)
-            self._runner = web.AppRunner(app)
-            await self._runner.setup()
-            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+            return app
 
-        asyncio.run_coroutine_threadsafe(boot(), self._loop).result(10)
+        self._server.serve(make_app)
         urllib.request.urlopen(f"{self.url}/pages/tides", timeout=5).read()
         return self
 
     def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._server.close()

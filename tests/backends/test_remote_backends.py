@@ -1,6 +1,6 @@
 """Remote token servers (vLLM, SGLang, llama.cpp dialects) behind the gateway, through the real openai SDK.
 
-Each test runs in-repo fake servers (tests/fake_upstreams.py) that speak the dialect as documented and
+Each test runs in-repo fake servers (tests/support/fake_upstreams.py) that speak the dialect as documented and
 record what they were sent and whether the gateway aborted them.
 """
 

@@ -110,7 +110,7 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
 def _qmoe_graph_at_real_width(checkpoint: Checkpoint, cache: Path) -> None:
     """The `moe` qmoe graph of the same checkpoint: each QMoE node's experts at the schema's real-width shapes
     (fc1 [E, 5760, 1440], fc2 [E, 2880, 1440]), byte for byte the checkpoint's, and ONNX Runtime loads the
-    whole graph but the CUDA-only QMoE kernel (tests/test_engine_qmoe.py checks the rest at small width)."""
+    whole graph but the CUDA-only QMoE kernel (tests/engine/test_engine_qmoe.py checks the rest at small width)."""
     model = compiled_model(checkpoint, GraphOptions(64, "float16", "qmoe"), cache)
     graph = onnx.load(str(model), load_external_data=False).graph
     tensors = {tensor.name: tensor for tensor in graph.initializer}

@@ -1,5 +1,5 @@
 """The CUDA MXFP4 MoE kernel's arithmetic, checked without a GPU: its .cu file itself is compiled as host C++
-with a warp-emulation shim (tests/kernel_emulation: a thread per CUDA thread, lanes in lockstep at each
+with a warp-emulation shim (tests/support/kernel_emulation: a thread per CUDA thread, lanes in lockstep at each
 shuffle, block barriers) and run against the compiled CPU kernel on the same layers, routing included,
 in float32, float16 and bfloat16."""
 
@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from paths import SUPPORT
 
 from backends.engine.config import ModelConfig
 from backends.engine.graph import GraphOptions, moe_attributes, moe_layer_model
 from backends.engine.kernels import build
 from backends.engine.make_checkpoint import random_moe_layer
 
-HERE = Path(__file__).parent / "kernel_emulation"
+HERE = SUPPORT / "kernel_emulation"
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 SHAPES = [
     (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=64, intermediate_size=64), 3),

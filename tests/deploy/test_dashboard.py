@@ -8,19 +8,19 @@ import re
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import openai
 import pytest
 from engine_fixtures import make_checkpoint, tiny_config
 from gateway_fixtures import KEY_SECRET, write_keys, write_script
 from live_gateway import FailingBackend, LiveGateway
+from paths import CHART
 from prometheus_client.parser import text_string_to_metric_families
 from redis_servers import RedisServer
 
 from gateway.config import Settings
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "helm" / "gpt-oss-gateway" / "dashboards" / "gpt-oss-gateway.json"
+DASHBOARD = CHART / "dashboards" / "gpt-oss-gateway.json"
 MODEL = "gpt-oss-120b"
 BROKEN_MODEL = "gpt-oss-broken"
 ENGINE_MODEL = "gpt-oss-20b"

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from redis_servers import free_port
+from threaded_server import ThreadedServer
 
 from backends.base import GenerateRequest, Sampling
 from backends.mock import MockBackend
@@ -77,7 +76,8 @@ class FakeUpstream:
         error_after: int | None = None,
     ) -> None:
         self.dialect = dialect
-        self.port = port or free_port()
+        self._server = ThreadedServer(port)
+        self.port = self._server.port
         self.token_delay_s = token_delay_s
         self.cached_tokens = cached_tokens
         self.incremental = incremental
@@ -89,35 +89,23 @@ class FakeUpstream:
         self.mock = MockBackend(script, self.encoding)
         self.calls: list[Call] = []
         self.health_checks = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     def start(self) -> FakeUpstream:
-        app = web.Application()
-        app.router.add_post(PATHS[self.dialect], self._generate)
-        app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, handler_cancellation=True)
-        self._thread.start()
+        def make_app() -> web.Application:
+            app = web.Application()
+            app.router.add_post(PATHS[self.dialect], self._generate)
+            app.router.add_get("/health", self._health)
+            return app
 
-        async def boot() -> None:
-            assert self._runner is not None
-            await self._runner.setup()
-            await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-        asyncio.run_coroutine_threadsafe(boot(), self._loop).result(10)
+        self._server.serve(make_app, handler_cancellation=True)
         return self
 
     def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
+        self._server.close()
 
     def wait_for(self, predicate, timeout_s: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
+from gateway.encrypted_reasoning import ReasoningSealer, SealError, parse_keys
 from gateway.errors import ApiError
 from gateway.generation.assembler import Closed, Delta, OutputAssembler
 from gateway.generation.cot_recovery import recover_cot
 from gateway.generation.dialog import Call, CallResult, Entry, Said, Thought
 from gateway.generation.prompt import PromptSpec, build_prompt
-from gateway.sealing import ReasoningSealer, SealError, parse_keys
 from harmony import ReasoningEffort, Role, ToolDescription
 from state import MemoryStore, StoredCot
 

@@ -24,9 +24,9 @@ import yaml
 from engine_fixtures import make_checkpoint, tiny_config
 from gateway_fixtures import ANALYSIS_WEATHER, KEY_SECRET, WEATHER_TOOL, write_keys
 from live_gateway import GatewayProcess
+from paths import CHART
 from redis_servers import RedisServer, free_port
 
-CHART = Path(__file__).resolve().parent.parent / "helm" / "gpt-oss-gateway"
 MODEL = "gpt-oss-120b"
 ENGINE_MODEL = "gpt-oss-20b"
 LEASE_S = 2.0

@@ -1,5 +1,5 @@
 """The engine's `moe` qmoe: each MoE as ONNX Runtime's contrib QMoE (fp4) over the checkpoint's MXFP4 bytes.
-Its numbers need CUDA (tests/test_gpu.py compares the QMoE decoder with the CPU float32 decoder there); here,
+Its numbers need CUDA (tests/engine/test_gpu.py compares the QMoE decoder with the CPU float32 decoder there); here,
 the graph it builds holds what QMoE's schema asks for, ONNX Runtime resolves all of it but the CUDA-only
 kernel, and the options that cannot run it are refused naming the option."""
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import ROOT
 
 from backends.engine.config import ModelConfig
 from backends.engine.graph import GraphOptions, moe_layer_model
@@ -18,7 +19,7 @@ from backends.engine.kernels.build import kernel_library
 from backends.engine.make_checkpoint import random_moe_layer
 from backends.engine.runtime import cuda_unavailable_reason
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(ROOT / "bench"))
 from engine_check import layer_inputs, layer_session, parity, run_layer
 
 pytestmark = pytest.mark.gpu

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any, Self
 
-from .at_rest import RecordCipher
 from .fast_json import dumps, loads
+from .record_cipher import RecordCipher
 from .redis_client import connect, tenant_tag
 from .store import DEFAULT_TTL_S
 
 
-class SealedJsonStore:
+class RedisJsonStore:
     def __init__(
         self, client: Any, ttl_s: int = DEFAULT_TTL_S, prefix: str = "gw:", cipher: RecordCipher | None = None
     ) -> None:
