@@ -1,0 +1,146 @@
+"""The docs section of bench/engine_check.py: parity, kernel and 20b-shape figures as markdown, from one run's
+(or several merged runs') results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SECTION = "engine_check"
+GEMM_ENV = "GATEWAY_MOE_GEMM_MIN_TOKENS"  # read when a session makes its kernel
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The docs section: parity, kernel, and the 20b-shape figures, from one run's (or merged) results."""
+    start, end = f"<!-- {SECTION}:start -->", f"<!-- {SECTION}:end -->"
+    bandwidth = results.get("copy_bandwidth_bytes_s")
+    lines = [
+        start,
+        "## The engine on a GPU (`bench/engine_check.py`)",
+        "",
+        f"Device: {results.get('device_name', '?')}, onnxruntime-gpu {results.get('onnxruntime')}; measured "
+        f"device-to-device copy {bandwidth / 1e12:.2f} TB/s (read + written)."
+        if bandwidth
+        else "",
+        "",
+    ]
+    parity = results.get("parity", {})
+    if "logit_scale" in parity:
+        lines += [
+            "**Parity** (2-layer random checkpoint, hidden 256, head 64, real vocabulary; a 150-token prompt, past "
+            "the 128 window, then 100 greedy steps), CUDA against the CPU float32 engine "
+            f"(largest logit {parity['logit_scale']}):",
+            "",
+            "| dtype | prompt logits, max abs diff | over the run (fed the CPU's tokens) | argmax agreement "
+            "| of the disagreements, beyond a near tie | greedy tokens equal before the first difference "
+            "(the CPU's top-two margin there) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for key in ("float16", "bfloat16", "qmoe_float16", "qmoe_bfloat16"):
+            row = parity.get(key, {})
+            label = key.replace("qmoe_", "") + (", MoE as QMoE" if key.startswith("qmoe_") else "")
+            if "error" in row:
+                lines.append(f"| {label} | failed: {row['error']} | | | | |")
+            elif row:
+                first_difference = row["greedy_tokens_equal_before_first_difference"]
+                margin = row.get("cpu_margin_at_first_difference")
+                lines.append(
+                    f"| {label} | {row['prompt_logits_max_abs_diff']} | {row['max_abs_diff_over_run']} "
+                    f"| {row['argmax_agreement_fed_cpu_tokens']} | {row.get('disagreements_beyond_a_near_tie', '-')} "
+                    f"| {first_difference}" + ("" if margin is None else f" ({margin})") + " |"
+                )
+        lines += [
+            "",
+            "A near tie: a step where the CPU's top two logits lie within twice that step's largest logit "
+            "difference, so either could come first within the dtype's error; random weights make many.",
+            "",
+        ]
+    kernel = results.get("kernel", {})
+    if kernel and "error" not in kernel:
+        worst = max(v["max_abs_diff"] / v["output_scale"] for k, v in kernel.items() if k.startswith("float32"))
+        lines += [
+            f"**MXFP4MoE kernel**, CUDA against the CPU kernel on a 20b-shaped layer (1, 3, 64, 256 tokens): "
+            f"float32 largest difference {worst:.1e} of the output's magnitude; bfloat16: "
+            + ", ".join(
+                f"{key.split('_')[-1]} tokens {v['max_abs_diff'] / v['output_scale']:.1e}"
+                for key, v in kernel.items()
+                if key.startswith("bfloat16_tokens_")
+            )
+            + " (256 tokens: the GEMM path).",
+            "",
+        ]
+        timing = kernel.get("timing", {})
+        if timing:
+            lines += [
+                "The layer alone (bfloat16, inputs and output in device memory, ONNX Runtime's per-run overhead "
+                "included), against the expert bytes it must read:",
+                "",
+                "| tokens | experts routed | expert bytes | µs per layer | GB/s |",
+                "|---|---|---|---|---|",
+                *(
+                    f"| {key.split('_')[1]} | {t['experts_routed']} | {t['expert_bytes'] / 1e6:.1f} MB | {t['us']} "
+                    f"| {t['gb_per_s']} |"
+                    for key, t in timing.items()
+                ),
+                "",
+            ]
+        for name, path in (("timing_cuda_cores", f"CUDA cores only ({GEMM_ENV}=0)"),
+                           ("timing_gemms", f"the GEMM path at every size ({GEMM_ENV}=1)")):  # fmt: skip
+            if kernel.get(name):
+                times = ", ".join(f"{key.split('_')[1]} tokens {t['us']} µs" for key, t in kernel[name].items())
+                lines += [f"The layer on {path}, per layer: {times}.", ""]
+        for layout, rows in kernel.get("qmoe", {}).items():
+            if "error" in rows:
+                lines += [f"ONNX Runtime's QMoE (fp4), weights by {layout}: failed: {rows['error']}", ""]
+                continue
+            worst = max(v["max_abs_diff"] / v["output_scale"] for k, v in rows.items() if k.startswith("tokens_"))
+            times = ", ".join(f"{key.split('_')[1]} tokens {t['us']} µs" for key, t in rows["timing"].items())
+            lines += [
+                f"ONNX Runtime's QMoE (fp4), weights by {layout}: largest difference from our kernel {worst:.1e} of "
+                f"the output's magnitude (1, 3, 64, 256 tokens); per layer: {times}.",
+                "",
+            ]
+    scale = results.get("scale", {})
+    if "decode_tok_s_batch_1" in scale:
+        lines += [
+            "**gpt-oss-20b's full shape** (random weights, bf16, 24 layers, 32 experts, 64 KV slots of "
+            f"{8192 + 256} positions): checkpoint written in {scale.get('checkpoint_write_s')} s, converted in "
+            f"{scale.get('convert_s')} s ({scale.get('graph_data_gb')} GB of weights), loaded in "
+            f"{scale.get('load_s')} s.",
+            "",
+            "| decode batch | 1 | 8 | 32 | 64 |",
+            "|---|---|---|---|---|",
+            "| tokens/s | " + " | ".join(str(scale.get(f"decode_tok_s_batch_{b}", "-")) for b in (1, 8, 32, 64)) + " |",
+            "| tokens/s, CUDA graphs | "
+            + " | ".join(str(scale.get(f"cuda_graph_decode_tok_s_batch_{b}", "-")) for b in (1, 8))
+            + " | - | - |",
+            "| tokens/s, MoE as ONNX Runtime's QMoE | "
+            + " | ".join(str(scale.get(f"qmoe_decode_tok_s_batch_{b}", "-")) for b in (1, 8, 32, 64))
+            + " |",
+            "",
+            f"- QMoE: {scale['qmoe_error']}"
+            if "qmoe_error" in scale
+            else f"- QMoE: converted in {scale.get('qmoe_convert_s')} s; 1k prompt's time to first token "
+            f"{scale.get('qmoe_ttft_1024_s')} s; batch-1 decode at {scale.get('qmoe_batch_1_fraction_of_bound')} "
+            "of the bound.",
+            f"- Copying each step's logits to the host: {scale.get('logits_copy_us_batch_1')} µs at batch 1 "
+            f"({scale.get('logits_copy_share_of_step_batch_1')} of the step), {scale.get('logits_copy_us_batch_64')} "
+            f"µs at batch 64 ({scale.get('logits_copy_share_of_step_batch_64')}).",
+            f"- Time to first token (one prefill call): 1k prompt {scale.get('ttft_1024_s')} s, 8k prompt "
+            f"{scale.get('ttft_8192_s')} s.",
+            f"- Bytes a batch-1 step must read: {scale.get('weights_read_per_token_gb')} GB (the bf16 unembedding "
+            f"alone {scale.get('unembedding_gb')} GB); at the measured bandwidth the bound is "
+            f"{scale.get('hbm_bound_tok_s')} tok/s, so batch-1 decode runs at "
+            f"**{scale.get('batch_1_fraction_of_bound')}** of it "
+            f"({scale.get('cuda_graph_batch_1_fraction_of_bound')} with CUDA graphs).",
+            f"- KV cache: {scale.get('kv_bytes_per_token_per_sequence')} bytes per token per sequence "
+            f"({scale.get('kv_bytes_per_token_per_sequence', 0) * 1024 / 2**20:.0f} MiB per 1k tokens); "
+            f"{scale.get('kv_gb_allocated')} GB allocated for the 64 slots; device memory in use after the run "
+            f"{scale.get('device_memory_used_gb')} GB of {scale.get('device_memory_total_gb')} GB "
+            f"(weights and ONNX Runtime's arena after an 8k prefill: {scale.get('weights_and_workspace_gb')} GB "
+            "beside the KV).",
+            f"- CUDA-graph decode logits equal the plain runs' (largest difference "
+            f"{scale.get('cuda_graph_max_abs_logit_diff')}).",
+            "",
+        ]
+    lines.append(end)
+    return "\n".join(lines)

@@ -1,0 +1,180 @@
+"""The hosted Python tool (`code_interpreter`) through the real `openai` SDK: code runs in the local sandbox
+within one response, runaway code is stopped within its limits, and containers stay with their tenant."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+from hosted_gateway import (
+    PYTHON_TOOL,
+    client,
+    create,
+    hosted_settings,
+    of,
+    sandbox_python,
+)
+from live_gateway import LiveGateway
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_python_runs_in_the_sandbox_within_one_response_and_keeps_state_along_the_chain(gateway, stream):
+    api = client(gateway)
+    first, events = create(
+        api, stream, input="compute the answer", tools=[PYTHON_TOOL], include=["code_interpreter_call.outputs"]
+    )
+    assert first.status == "completed"
+    assert [item.type for item in first.output] == ["reasoning", "code_interpreter_call", "message"]
+    call = of(first, "code_interpreter_call")[0]
+    assert call.code == "x = 41\nx + 1" and call.status == "completed"
+    assert call.outputs[0].logs == "42\n" and call.container_id.startswith("cntr_")
+    assert first.output_text == "The answer is 42."
+    assert first.usage.input_tokens > first.usage.output_tokens  # two samplings' prompts
+    if stream:
+        kinds = [event.type for event in events]
+        expected = [
+            "response.code_interpreter_call.in_progress",
+            "response.code_interpreter_call_code.delta",
+            "response.code_interpreter_call_code.done",
+            "response.code_interpreter_call.interpreting",
+            "response.code_interpreter_call.completed",
+        ]
+        positions = [kinds.index(kind) for kind in expected]
+        assert positions == sorted(positions)
+        done = [e for e in events if e.type == "response.output_item.done" and e.item.type == "code_interpreter_call"]
+        assert done[0].item.outputs[0].logs == "42\n"
+    # the model's prompt held the tool's answer as python's Harmony message, in the same turn
+    prompt = gateway.backend.prompt_text()
+    assert "<|start|>python to=assistant<|channel|>analysis<|message|>42\n<|end|>" in prompt
+    assert "## python" in prompt.split("<|end|>")[0]  # the system message offers it
+    # the next response of the chain finds the sandbox's state (x = 41)
+    second, _ = create(
+        api,
+        False,
+        input="again",
+        tools=[PYTHON_TOOL],
+        previous_response_id=first.id,
+        include=["code_interpreter_call.outputs"],
+    )
+    assert of(second, "code_interpreter_call")[0].outputs[0].logs == "42\n"
+    assert of(second, "code_interpreter_call")[0].container_id == call.container_id
+    stored = api.responses.retrieve(second.id)
+    assert [item.type for item in stored.output] == [item.type for item in second.output]
+
+
+def _healthz_ms(url: str) -> float:
+    started = time.monotonic()
+    urllib.request.urlopen(url + "/healthz", timeout=5).read()
+    return (time.monotonic() - started) * 1000
+
+
+@pytest.mark.parametrize("bomb", ["loop forever", "memory bomb", "fork bomb"])
+def test_the_sandbox_stops_runaway_code_and_the_gateway_stays_healthy(memory_gateway, bomb):
+    api = client(memory_gateway)
+    slowest: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            slowest.append(_healthz_ms(memory_gateway.url))
+            time.sleep(0.05)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    started = time.monotonic()
+    try:
+        response, _ = create(api, False, input=bomb, tools=[PYTHON_TOOL], include=["code_interpreter_call.outputs"])
+    finally:
+        stop.set()
+        prober.join()
+    elapsed = time.monotonic() - started
+    call = of(response, "code_interpreter_call")[0]
+    assert call.status == "failed"
+    assert response.output_text == "It failed."
+    logs = call.outputs[0].logs
+    if bomb == "memory bomb":
+        assert "MemoryError" in logs and elapsed < 2  # refused at once by the address-space limit
+    else:
+        assert "timed out after 2 s" in logs and elapsed < 6
+    assert max(slowest) < 1000, slowest  # the event loop kept answering
+    uid_base = memory_gateway.settings.hosted_tools.python.uid_base
+    if os.getuid() == 0:  # nothing of the sandbox survives it (as root each sandbox has its own uid)
+        time.sleep(0.3)
+        owners = [int(line.split()[0]) for line in os.popen("ps -eo uid=").read().splitlines() if line.strip()]
+        assert not [uid for uid in owners if uid_base <= uid < uid_base + 16 and bomb != "memory bomb"]
+
+
+def test_the_sandbox_has_no_network_where_the_os_allows_it(memory_gateway, web):
+    pool = memory_gateway.services.hosted.sandboxes
+    code = f"import urllib.request\nurllib.request.urlopen('{web.url}/pages/tides', timeout=2).read()[:5]"
+    result = memory_gateway.call(pool.run("tenant-a", "cntr_net", code))
+    sandbox_isolated = memory_gateway.call(_isolation(pool, "cntr_net"))
+    if sandbox_isolated:
+        assert result.failed and ("unreachable" in result.output or "URLError" in result.output)
+    else:
+        pytest.fail("this machine allows network namespaces; the sandbox did not get one")
+
+
+async def _isolation(pool, container_id):
+    return pool._sandboxes[container_id].network_isolated
+
+
+def test_max_tool_calls_stops_the_loop(memory_gateway):
+    api = client(memory_gateway)
+    response, _ = create(api, False, input="keep calling", tools=[PYTHON_TOOL], max_tool_calls=1)
+    calls = of(response, "code_interpreter_call")
+    assert response.status == "completed"
+    assert [call.status for call in calls] == ["completed"] + ["incomplete"] * (len(calls) - 1)
+    assert len(calls) == 4  # one run; three refused (the model was told), then the loop stops
+    assert not of(response, "message")
+
+
+def test_a_container_serves_its_own_tenant_alone(memory_gateway):
+    pool = memory_gateway.services.hosted.sandboxes
+    assert not memory_gateway.call(pool.run("tenant-a", "cntr_mine", "secret = 7")).failed
+    other = memory_gateway.call(pool.run("tenant-b", "cntr_mine", "secret"))
+    assert other.failed and "not available" in other.output and "7" not in other.output
+    assert memory_gateway.call(pool.run("tenant-a", "cntr_mine", "secret")).output == "7\n"
+
+
+def test_an_interpreter_the_sandbox_uid_cannot_read_is_refused_with_the_reason():
+    if sandbox_python() == sys.executable:
+        pytest.skip("this interpreter's standard library is readable by every user here")
+    from gateway.hosted.sandbox import SandboxPool, SandboxSettings, SandboxUnavailable
+
+    async def start() -> None:
+        pool = SandboxPool(SandboxSettings(enabled=True, python=sys.executable))
+        try:
+            with pytest.raises(SandboxUnavailable, match="cannot read"):
+                await pool.run("tenant-a", "cntr_x", "1")
+        finally:
+            await pool.aclose()
+
+    asyncio.run(start())
+
+
+def test_an_idle_sandbox_is_dropped(tmp_path, web, mcp_server):
+    live = LiveGateway(hosted_settings(tmp_path, web, mcp_server.url, idle_s=0.2)).start()
+    try:
+        pool = live.services.hosted.sandboxes
+        assert live.call(pool.run("tenant-a", "cntr_idle", "x = 1")).output == ""
+        time.sleep(1.0)
+        assert "NameError" in live.call(pool.run("tenant-a", "cntr_idle", "x")).output  # a fresh sandbox
+    finally:
+        live.stop()
+
+
+def test_a_full_pool_drops_its_least_recently_used_sandbox(tmp_path, web, mcp_server):
+    live = LiveGateway(hosted_settings(tmp_path, web, mcp_server.url, max_sandboxes=1)).start()
+    try:
+        pool = live.services.hosted.sandboxes
+        live.call(pool.run("tenant-a", "cntr_one", "kept = 1"))
+        live.call(pool.run("tenant-a", "cntr_two", "other = 2"))  # the pool is full: cntr_one goes
+        assert "NameError" in live.call(pool.run("tenant-a", "cntr_one", "kept")).output
+    finally:
+        live.stop()

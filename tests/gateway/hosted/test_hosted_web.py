@@ -1,0 +1,102 @@
+"""Hosted web search as Harmony's browser, through the real `openai` SDK: SearXNG and Brave as providers,
+cited pages, and page fetches held to the outbound policy and their bounds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hosted_gateway import (
+    SEARCH_TOOL,
+    client,
+    create,
+    of,
+)
+
+from gateway.config import load_settings
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_web_search_runs_as_harmonys_browser_and_cites_pages(gateway, web, stream):
+    api = client(gateway)
+    response, events = create(
+        api,
+        stream,
+        input="search the web: what causes tides?",
+        tools=[SEARCH_TOOL],
+        include=["web_search_call.action.sources"],
+    )
+    searches = of(response, "web_search_call")
+    assert [call.action.type for call in searches] == ["search", "open_page"]
+    assert searches[0].action.query == "what causes tides" and web.queries[-1] == "what causes tides"
+    assert searches[1].action.url == f"{web.url}/pages/tides"
+    assert all(call.status == "completed" for call in searches)
+    message = of(response, "message")[0]
+    text = message.content[0].text
+    assert text == "The Moon causes tides【1†L2】."
+    (citation,) = message.content[0].annotations
+    assert citation.type == "url_citation" and citation.url == f"{web.url}/pages/tides"
+    assert text[citation.start_index : citation.end_index] == "【1†L2】"
+    prompt = gateway.backend.prompt_text()
+    assert (
+        "<|start|>browser.search to=assistant<|channel|>analysis<|message|>[0] Search results for `what causes tides`"
+        in prompt
+    )
+    assert "L2: Tides are caused mainly by the gravity of the Moon." in prompt  # the page, as numbered lines
+    assert "var x" not in prompt  # scripts are not page text
+    if stream:
+        kinds = [event.type for event in events]
+        for kind in ("in_progress", "searching", "completed"):
+            assert kinds.count(f"response.web_search_call.{kind}") == 2
+        assert "response.output_text.annotation.added" in kinds
+
+
+def test_the_browser_does_not_reach_addresses_the_operator_did_not_allow(memory_gateway):
+    api = client(memory_gateway)
+    response, _ = create(api, False, input="read the cloud metadata", tools=[SEARCH_TOOL])
+    (call,) = of(response, "web_search_call")
+    assert call.status == "failed"
+    assert "may not reach" in memory_gateway.backend.prompt_text()
+
+
+def test_settings_name_what_a_search_provider_lacks():
+    with pytest.raises(ValueError, match=r"GATEWAY_HOSTED_TOOLS.*searxng provider needs"):
+        load_settings(hosted_tools={"web_search": {"provider": "searxng"}})
+
+
+def test_brave_search_api_is_the_hosted_provider(web):
+    from gateway.hosted.search import BraveProvider, SearchFailed
+    from gateway.hosted.settings import SearchSettings
+
+    async def search(key: str) -> list:
+        provider = BraveProvider(SearchSettings(provider="brave", url=web.url + "/res/v1", api_key=key))
+        try:
+            return await provider.search("tides", 3)
+        finally:
+            await provider.aclose()
+
+    results = asyncio.run(search("brave-key"))
+    assert [r.url for r in results] == [f"{web.url}/pages/{i}" for i in range(3)] and web.queries[-1] == "tides"
+    with pytest.raises(SearchFailed, match="HTTP 401"):
+        asyncio.run(search("wrong-key"))
+
+
+def test_page_fetches_are_bounded_and_every_redirect_hop_is_checked(web):
+    from gateway.hosted.outbound import OutboundPolicy, OutboundRefused, OutboundSettings, PageFetcher
+
+    settings = OutboundSettings(allowed_private_networks=["127.0.0.0/8"], max_page_bytes=100_000)
+    fetcher = PageFetcher(OutboundPolicy.from_settings(settings), settings)
+
+    async def fetch(path: str):
+        return await fetcher.fetch(web.url + path)
+
+    async def scenario() -> None:
+        try:
+            big = await fetch("/pages/big")
+            assert big.truncated and len(big.text.encode()) == 100_000
+            with pytest.raises(OutboundRefused, match="may not reach"):  # 127.0.0.1 allowed, 169.254 not
+                await fetch("/pages/redirect")
+        finally:
+            await fetcher.aclose()
+
+    asyncio.run(scenario())
