@@ -21,7 +21,7 @@ from ..services import Services
 from ..tenants.admission import Ticket
 from .models import ResponsesRequest
 from .record_keeper import RecordKeeper
-from .shape import ResponseState, Tokens, item_json, response_json
+from .shape import item_json, response_json, usage
 
 NOT_OFFERED_HEADER = "X-Gateway-Tools-Not-Offered"
 
@@ -30,7 +30,7 @@ log = structlog.get_logger("gateway.responses")
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Job:
     """One response being produced: the request, its prompt, and what the turn has made of it so far."""
 
@@ -70,25 +70,21 @@ class Job:
     def response(self, status: str, outcome: Outcome | None = None) -> dict[str, Any]:
         generation = self.generation
         finished = status in TERMINAL
+        assembler = generation.assembler
         return response_json(
-            ResponseState(
-                self.response_id,
-                self.created_at,
-                status,
-                [item_json(item, self.seal) for item in generation.assembler.items] if finished else [],
-                Tokens(
-                    generation.prompt_tokens,
-                    generation.cached_tokens,
-                    generation.assembler.output_tokens,
-                    generation.assembler.reasoning_tokens,
-                )
-                if finished
-                else None,
-                self.request.store and self.keeper.stored,
-                self.conversation_id,
-                outcome,
-            ),
             self.request,
+            response_id=self.response_id,
+            created_at=self.created_at,
+            status=status,
+            output=[item_json(item, self.seal) for item in assembler.items] if finished else [],
+            usage=usage(
+                generation.prompt_tokens, generation.cached_tokens, assembler.output_tokens, assembler.reasoning_tokens
+            )
+            if finished
+            else None,
+            stored=self.request.store and self.keeper.stored,
+            conversation_id=self.conversation_id,
+            outcome=outcome,
         )
 
     def record(self, response: dict[str, Any]) -> StoredResponse:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -315,50 +314,40 @@ def reasoning_part(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
-@dataclass(frozen=True, slots=True)
-class Tokens:
-    prompt: int
-    cached: int
-    output: int
-    reasoning: int
+def usage(prompt: int, cached: int, output: int, reasoning: int) -> Usage:
+    return Usage(
+        input_tokens=prompt,
+        input_tokens_details=InputTokensDetails(cached_tokens=cached, cache_write_tokens=0),
+        output_tokens=output,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning),
+        total_tokens=prompt + output,
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseState:
-    """What a response is at a moment: its status, output items and (once finished) token counts."""
-
-    id: str
-    created_at: int
-    status: str
-    output: list[dict[str, Any]]
-    tokens: Tokens | None
-    stored: bool
-    conversation_id: str | None
-    outcome: Outcome | None
-
-
-def response_json(state: ResponseState, req: ResponsesRequest) -> dict[str, Any]:
-    """The response object: the request's echo and the state's output, as a checked ResponseObject."""
-    tokens, outcome = state.tokens, state.outcome
-    usage = None
-    if tokens is not None:
-        usage = Usage(
-            input_tokens=tokens.prompt,
-            input_tokens_details=InputTokensDetails(cached_tokens=tokens.cached, cache_write_tokens=0),
-            output_tokens=tokens.output,
-            output_tokens_details=OutputTokensDetails(reasoning_tokens=tokens.reasoning),
-            total_tokens=tokens.prompt + tokens.output,
-        )
+def response_json(
+    req: ResponsesRequest,
+    *,
+    response_id: str,
+    created_at: int,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: Usage | None,
+    stored: bool,
+    conversation_id: str | None,
+    outcome: Outcome | None,
+) -> dict[str, Any]:
+    """The response object at a moment: the request's echo with the output so far (and, once finished, the
+    usage), as a checked ResponseObject."""
     error = None
     if outcome is not None and outcome.error_code:
         error = _response_error(outcome.error_code, outcome.error_message or "")
     incomplete = IncompleteDetails(reason=outcome.incomplete_reason) if outcome and outcome.incomplete_reason else None
     response = ResponseObject(
-        id=state.id,
+        id=response_id,
         object="response",
-        created_at=state.created_at,
-        completed_at=int(time.time()) if state.status == "completed" else None,
-        status=state.status,  # type: ignore[arg-type]
+        created_at=created_at,
+        completed_at=int(time.time()) if status == "completed" else None,
+        status=status,  # type: ignore[arg-type]
         error=error,
         incomplete_details=incomplete,
         background=req.background,
@@ -366,12 +355,12 @@ def response_json(state: ResponseState, req: ResponsesRequest) -> dict[str, Any]
         max_output_tokens=req.max_output_tokens,
         max_tool_calls=req.max_tool_calls,
         model=req.model,
-        output=state.output,  # type: ignore[arg-type]
+        output=output,  # type: ignore[arg-type]
         parallel_tool_calls=req.parallel_tool_calls,
         previous_response_id=req.previous_response_id,
         reasoning=ReasoningConfig(effort=req.reasoning.effort or "medium", summary=req.reasoning.summary),
         service_tier="default",
-        store=state.stored,
+        store=stored,
         temperature=1.0 if req.temperature is None else req.temperature,
         text=req.text if "text" in req.model_fields_set else TextConfig(format=TextFormatText(type="text")),
         tool_choice=req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
@@ -387,7 +376,7 @@ def response_json(state: ResponseState, req: ResponsesRequest) -> dict[str, Any]
         safety_identifier=req.safety_identifier,
         prompt_cache_key=req.prompt_cache_key,
         metadata=req.metadata or {},
-        conversation=ConversationOut(id=state.conversation_id) if state.conversation_id else None,
+        conversation=ConversationOut(id=conversation_id) if conversation_id else None,
     )
     return response.model_dump(mode="json", by_alias=True, exclude_unset=True)  # items keep just their keys
 
