@@ -1,4 +1,6 @@
-"""The one output assembler: generated token ids → parser events → API-neutral output items and events.
+"""The one output assembler: generated token ids → parser events → output items and their events. Items
+carry the kinds and id prefixes of the Responses API (the richer of the two: Chat Completions maps them onto a
+choice's content, reasoning and tool_calls), so the Responses shape writes them without a second vocabulary.
 
 Analysis becomes a `reasoning` item, `final` and recipient-less `commentary` become `message` items
 (the latter flagged as preambles), and any message addressed to a recipient becomes a `function_call`
