@@ -85,9 +85,9 @@ class BrowserSession:
         except (BrowserError, SearchFailed, OutboundRefused) as exc:
             return BrowserCall(f"Error: {exc}", _action(name, args), failed=True)
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-            return BrowserCall(
-                f"Error: the page could not be fetched ({type(exc).__name__}).", _action(name, args), True
-            )
+            refusal = _refusal(exc)  # the policy, raised inside aiohttp's resolver, comes back wrapped
+            reason = str(refusal) if refusal is not None else f"the page could not be fetched ({type(exc).__name__})."
+            return BrowserCall(f"Error: {reason}", _action(name, args), True)
         return BrowserCall(f"Error: browser has no function `{name}`.", {"type": "search"}, failed=True)
 
     async def _search(self, args: dict[str, Any]) -> BrowserCall:
@@ -222,3 +222,16 @@ def _action(name: str, args: dict[str, Any]) -> dict[str, Any]:
     if name == "find":
         return {"type": "find_in_page", "url": "", "pattern": str(args.get("pattern") or "")}
     return {"type": "search", "query": str(args.get("query") or "")}
+
+
+def _refusal(exc: BaseException) -> OutboundRefused | None:
+    """The outbound policy's refusal behind a client error, however aiohttp wrapped it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OutboundRefused):
+            return current
+        seen.add(id(current))
+        wrapped = getattr(current, "os_error", None)  # aiohttp's ClientConnectorError keeps the resolver's error
+        current = wrapped if isinstance(wrapped, BaseException) else current.__cause__ or current.__context__
+    return None

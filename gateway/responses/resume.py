@@ -22,16 +22,22 @@ WAIT_S = 1.0  # one blocking read; the record is looked at between reads
 GRACE_READS = 3  # reads with nothing new after the record finished, before its own terminal event is sent
 
 
+MAX_SEQUENCE_NUMBER = 2**63 - 1  # a stream entry's number (Redis stream ids are unsigned 64-bit; ours stay signed)
+
+
 def starting_after(query: Any) -> int:
     raw = query.get("starting_after")
     if raw is None:
         return -1
     try:
-        value = int(raw)
+        value = int(raw) if len(raw) <= 20 else -2
     except ValueError:
         value = -2
-    if value < -1:
-        raise invalid("starting_after", "starting_after must be an event sequence number (an integer >= 0).")
+    if not -1 <= value < MAX_SEQUENCE_NUMBER:
+        raise invalid(
+            "starting_after",
+            f"starting_after must be an event sequence number (an integer from 0 to {MAX_SEQUENCE_NUMBER - 1}).",
+        )
     return value
 
 

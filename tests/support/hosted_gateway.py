@@ -84,6 +84,12 @@ SCRIPT = {
             ],
         },
         {
+            "match": {"user": "localhost"},
+            "emit": [
+                {"raw": '<|channel|>analysis to=browser.open code<|message|>{"id": "http://localhost:9/admin"}<|call|>'}
+            ],
+        },
+        {
             "match": {"user": "add"},
             "emit": [{"tool_call": {"namespace": "calc", "name": "add", "arguments": {"a": 2, "b": 3}}}],
         },

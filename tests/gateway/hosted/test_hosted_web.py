@@ -10,10 +10,13 @@ from hosted_gateway import (
     SEARCH_TOOL,
     client,
     create,
+    hosted_settings,
     of,
 )
+from live_gateway import LiveGateway
 
 from gateway.config import load_settings
+from gateway.hosted.outbound import OutboundSettings
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -57,6 +60,22 @@ def test_the_browser_does_not_reach_addresses_the_operator_did_not_allow(memory_
     (call,) = of(response, "web_search_call")
     assert call.status == "failed"
     assert "may not reach" in memory_gateway.backend.prompt_text()
+
+
+def test_a_host_name_the_policy_refuses_is_reported_with_the_policys_reason(tmp_path, web, mcp_server):
+    """`localhost` is refused while aiohttp resolves it: the model reads why, not a DNS error's class name."""
+    settings = hosted_settings(tmp_path, web, mcp_server.url)
+    hosted = settings.hosted_tools.model_copy(update={"outbound": OutboundSettings()})  # no private network
+    live = LiveGateway(settings.model_copy(update={"hosted_tools": hosted})).start()
+    try:
+        response, _ = create(client(live), False, input="open localhost", tools=[SEARCH_TOOL])
+        (call,) = of(response, "web_search_call")
+        assert call.status == "failed"
+        answer = live.backend.prompt_text().rsplit("<|start|>browser.open to=assistant", 1)[1]
+        assert "localhost resolves to an address this gateway may not reach" in answer
+        assert "could not be fetched" not in answer
+    finally:
+        live.stop()
 
 
 def test_settings_name_what_a_search_provider_lacks():

@@ -77,9 +77,10 @@ def test_only_background_responses_stream_again_and_bad_positions_are_400(api):
         list(api.responses.retrieve(plain.id, stream=True))
     assert caught.value.body["param"] == "stream"
     background = api.responses.create(model=MODEL, input="hi", background=True)
-    with pytest.raises(openai.BadRequestError) as caught:
-        list(api.responses.retrieve(background.id, stream=True, extra_query={"starting_after": "x"}))
-    assert caught.value.body["param"] == "starting_after"
+    for bad in ("x", "-2", str(2**64), str(2**63), "9" * 5000):  # past any sequence number: a 400, not a stream
+        with pytest.raises(openai.BadRequestError) as caught:
+            list(api.responses.retrieve(background.id, stream=True, extra_query={"starting_after": bad}))
+        assert caught.value.body["param"] == "starting_after"
     _wait_done(api, background.id)
     api.responses.delete(background.id)
     with pytest.raises(openai.NotFoundError):
