@@ -5,6 +5,7 @@ cites as `【{cursor}†L{a}(-L{b})?】`; links show as `【{id}†text】`. Cit
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import textwrap
@@ -154,7 +155,10 @@ class BrowserSession:
     async def _fetch(self, url: str) -> BrowserPage:
         fetched = await self._fetcher.fetch(url)
         if "html" in fetched.content_type or fetched.text.lstrip()[:15].lower().startswith(("<!doctype", "<html")):
-            title, text, links = html_to_text(fetched.text, fetched.url)
+            page = await asyncio.to_thread(html_to_text, fetched.text, fetched.url)  # never on the event loop
+            title, text, links = page.title, page.text, page.links
+            if page.cut:
+                text += "\n[the page was cut: it took too long to read]"
         else:
             title, text, links = "", fetched.text, {}
         if fetched.truncated:

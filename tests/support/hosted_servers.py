@@ -116,6 +116,10 @@ class WebFixtures:
             return web.Response(
                 text="<html><body>" + "<p>filler line</p>" * 200_000 + "</body></html>", content_type="text/html"
             )
+        if name == "unclosed":  # quadratic for html.parser: 60 kB of it took 31 s
+            return web.Response(text="<html><body>" + "<a " * 100_000, content_type="text/html")
+        if name == "deep":  # nesting that end tags of other elements never close
+            return web.Response(text="<html><body>" + "<span></b>" * 100_000, content_type="text/html")
         if name == "redirect":
             raise web.HTTPFound("http://169.254.169.254/latest/meta-data")
         body = (

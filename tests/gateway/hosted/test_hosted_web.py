@@ -4,8 +4,12 @@ cited pages, and page fetches held to the outbound policy and their bounds."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+import urllib.request
 
 import pytest
+from gateway_fixtures import write_script
 from hosted_gateway import (
     SEARCH_TOOL,
     client,
@@ -76,6 +80,39 @@ def test_a_host_name_the_policy_refuses_is_reported_with_the_policys_reason(tmp_
         assert "could not be fetched" not in answer
     finally:
         live.stop()
+
+
+@pytest.mark.parametrize("page", ["unclosed", "deep"])
+def test_a_hostile_page_neither_stalls_the_gateway_nor_its_answer(tmp_path, web, mcp_server, page):
+    """Pages built to make an HTML parser quadratic are read off the event loop, in bounded time."""
+    call = f'<|channel|>analysis to=browser.open code<|message|>{{"id": "{web.url}/pages/{page}"}}<|call|>'
+    script = {"rules": [{"match": {"tool": "."}, "emit": [{"final": "Read it."}]}, {"emit": [{"raw": call}]}]}
+    settings = hosted_settings(tmp_path, web, mcp_server.url)
+    live = LiveGateway(settings.model_copy(update={"mock_script": str(write_script(tmp_path, script))})).start()
+    slowest: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            started = time.monotonic()
+            urllib.request.urlopen(live.url + "/healthz", timeout=10).read()
+            slowest.append(time.monotonic() - started)
+            time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        started = time.monotonic()
+        response, _ = create(client(live), False, input="open the page", tools=[SEARCH_TOOL])
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        prober.join()
+        live.stop()
+    (opened,) = of(response, "web_search_call")
+    assert opened.status == "completed" and response.output_text == "Read it."
+    assert took < 15, took
+    assert max(slowest) < 0.5, max(slowest)  # /healthz answered throughout
 
 
 def test_settings_name_what_a_search_provider_lacks():
