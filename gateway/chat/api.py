@@ -15,7 +15,7 @@ from backends.base import Sampling
 from ..errors import ApiError, invalid
 from ..generation.constraints import NOT_ENFORCED
 from ..generation.cot_recovery import index_cot
-from ..generation.plan import plan_turn, start_turn
+from ..generation.plan import off_the_loop_if_large, plan_turn, start_turn
 from ..ids import new_id
 from ..json_body import read_model
 from ..json_out import json_response
@@ -25,7 +25,7 @@ from ..metrics import STATS
 from ..services import SERVICES, Services
 from ..sse import DONE, ClientGone, frame, open_stream, pump
 from ..tenants.tenancy import request_id_of, tenant_of
-from .input import check_tenant_caps, constraint_for, prompt_spec
+from .input import checked_constraint, prompt_spec
 from .models import CHAT_UNION_TAGS, ChatRequest
 from .output import Choice, usage
 from .stop_sequences import StopMatcher
@@ -177,9 +177,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     _refuse_unsupported(req, backend.capabilities.logprobs)
     tenant = tenant_of(request)
     limits = services.settings.limits.for_tenant(tenant)
-    check_tenant_caps(req, limits)
     asked = req.max_completion_tokens or req.max_tokens
-    constraint = constraint_for(req)
+    constraint = await off_the_loop_if_large(request.content_length, lambda: checked_constraint(req, limits))
     max_output = asked or limits.max_output_tokens
     plan = await plan_turn(services, tenant, backend, prompt_spec(req), max_output, request.content_length)
     ticket = await services.admission.admit(

@@ -96,3 +96,10 @@ def check_tenant_caps(req: ChatRequest, limits: TenantLimits) -> None:
     check_caps(
         limits, output=output, items=("messages", len(req.messages)), tools=("tools", len(tools)), schemas=schemas
     )
+
+
+def checked_constraint(req: ChatRequest, limits: TenantLimits) -> Constraint:
+    """The request's output constraint, every schema within the tenant's caps and checked (long for a large
+    schema: callers run this off the event loop then)."""
+    check_tenant_caps(req, limits)
+    return constraint_for(req)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from backends.base import Backend, Constraint, Sampling
 from harmony import HarmonyEncoding
@@ -44,7 +45,16 @@ class Plan:
     max_new_tokens: int
 
 
+T = TypeVar("T")
 OFFLOAD_CHARS = 64 * 1024  # below this much text a render takes well under the ~80 µs a thread hop costs
+
+
+async def off_the_loop_if_large(body_bytes: int | None, work: Callable[[], T]) -> T:
+    """`work` (checking a request's schemas, say) in a worker thread when the body is large enough for it to
+    take long (a 1.4 MB schema takes seconds to check), else here: the event loop serves everyone else."""
+    if body_bytes is None or body_bytes > OFFLOAD_CHARS:
+        return await asyncio.to_thread(work)
+    return work()
 
 
 def _large(spec: PromptSpec, body_bytes: int | None) -> bool:

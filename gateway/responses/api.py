@@ -11,7 +11,7 @@ from aiohttp import web
 from state import StoreUnavailable
 
 from ..errors import ApiError, invalid, not_found, unavailable
-from ..generation.plan import count_prompt
+from ..generation.plan import count_prompt, off_the_loop_if_large
 from ..json_body import parse_model, read_json
 from ..json_out import json_response
 from ..pagination import page
@@ -21,13 +21,12 @@ from ..tenants.tenancy import tenant_of
 from .execution import Feed, run_job, start_job
 from .history import load_history, load_record
 from .hosted_tools import hosted_toolset
-from .input import check_tenant_caps, prompt_spec
+from .input import checked_tools, prompt_spec
 from .job import Job
 from .models import REQUEST_TAGS, ResponsesRequest
 from .prepare import prepare
 from .resume import stream_again
 from .runs import ListenerTooSlow, Run
-from .tools import offered_tools
 
 log = structlog.get_logger("gateway.responses")
 
@@ -137,8 +136,8 @@ async def count_input_tokens(request: web.Request) -> web.Response:
     req = parse_model(body, ResponsesRequest, REQUEST_TAGS)
     services.backend_for(req.model)
     tenant = tenant_of(request)
-    tools = offered_tools(req)
-    check_tenant_caps(req, tools, services.settings.limits.for_tenant(tenant))
+    limits = services.settings.limits.for_tenant(tenant)
+    tools, _ = await off_the_loop_if_large(request.content_length, lambda: checked_tools(req, limits))
     history = await load_history(services, tenant, req)
     toolset, _ = await hosted_toolset(services.hosted, tenant, req, history.previous_output)
     unseal = lambda blob: services.sealer.open(tenant, blob)  # noqa: E731

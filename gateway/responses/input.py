@@ -37,7 +37,7 @@ from .models import (
     TextFormatJsonSchema,
     WebSearchCallInput,
 )
-from .tools import FUNCTIONS, OfferedTools
+from .tools import FUNCTIONS, OfferedTools, offered_tools
 
 Unseal = Callable[[str], str]  # encrypted_content → raw CoT text, raising SealError
 
@@ -196,3 +196,11 @@ def check_tenant_caps(req: ResponsesRequest, tools: OfferedTools, limits: Tenant
     output = ("max_output_tokens", req.max_output_tokens)
     offered = len(tools.parameters) + len(tools.grammars)
     check_caps(limits, output=output, items=("input", items), tools=("tools", offered), schemas=schemas)
+
+
+def checked_tools(req: ResponsesRequest, limits: TenantLimits) -> tuple[OfferedTools, Constraint]:
+    """The request's tools and output constraint, every schema within the tenant's caps and checked (long for
+    a large schema: callers run this off the event loop then)."""
+    tools = offered_tools(req)
+    check_tenant_caps(req, tools, limits)
+    return tools, constraint_for(req, tools)

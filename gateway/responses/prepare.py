@@ -14,7 +14,7 @@ from backends.base import Sampling
 from ..errors import invalid
 from ..generation.assembler import OutputAssembler
 from ..generation.loop import Generation
-from ..generation.plan import Plan, plan_turn, start_turn
+from ..generation.plan import Plan, off_the_loop_if_large, plan_turn, start_turn
 from ..generation.turn import Turn
 from ..ids import new_id
 from ..json_body import read_model
@@ -23,11 +23,10 @@ from ..services import SERVICES
 from ..tenants.tenancy import request_id_of, tenant_of
 from .history import load_history
 from .hosted_tools import hosted_toolset, pending_approvals
-from .input import check_tenant_caps, constraint_for, item_dicts, prompt_spec
+from .input import checked_tools, item_dicts, prompt_spec
 from .job import Job
 from .models import REQUEST_TAGS, ResponsesRequest
 from .record_keeper import RecordKeeper
-from .tools import offered_tools
 
 log = structlog.get_logger("gateway.responses")
 
@@ -44,8 +43,7 @@ async def prepare(request: web.Request) -> Job:
         raise invalid("background", "background responses need store: true.", "unsupported_parameter")
     tenant = tenant_of(request)
     limits = services.settings.limits.for_tenant(tenant)
-    tools = offered_tools(req)
-    check_tenant_caps(req, tools, limits)
+    tools, constraint = await off_the_loop_if_large(request.content_length, lambda: checked_tools(req, limits))
     history = await load_history(services, tenant, req)
     toolset, hosted_not_offered = await hosted_toolset(services.hosted, tenant, req, history.previous_output)
     left_out = {*tools.not_offered, *hosted_not_offered}
@@ -54,7 +52,6 @@ async def prepare(request: web.Request) -> Job:
         log.info("tools_not_offered", types=sorted(set(tools.not_offered)))
     unseal = lambda blob: services.sealer.open(tenant, blob)  # noqa: E731
     spec = prompt_spec(history.with_input(req), tools, history.dialog, unseal, toolset)
-    constraint = constraint_for(req, tools)
     max_output = req.max_output_tokens or limits.max_output_tokens
     plan = await plan_turn(services, tenant, backend, spec, max_output, request.content_length)
     approvals = pending_approvals(spec.items, plan.built.dialog, toolset)

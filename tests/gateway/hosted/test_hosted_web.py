@@ -4,9 +4,7 @@ cited pages, and page fetches held to the outbound policy and their bounds."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-import urllib.request
 
 import pytest
 from gateway_fixtures import write_script
@@ -18,6 +16,7 @@ from hosted_gateway import (
     of,
 )
 from live_gateway import LiveGateway
+from loop_probe import slowest_healthz_during
 
 from gateway.config import load_settings
 from gateway.hosted.outbound import OutboundSettings
@@ -89,30 +88,18 @@ def test_a_hostile_page_neither_stalls_the_gateway_nor_its_answer(tmp_path, web,
     script = {"rules": [{"match": {"tool": "."}, "emit": [{"final": "Read it."}]}, {"emit": [{"raw": call}]}]}
     settings = hosted_settings(tmp_path, web, mcp_server.url)
     live = LiveGateway(settings.model_copy(update={"mock_script": str(write_script(tmp_path, script))})).start()
-    slowest: list[float] = []
-    done = threading.Event()
-
-    def probe() -> None:
-        while not done.is_set():
-            started = time.monotonic()
-            urllib.request.urlopen(live.url + "/healthz", timeout=10).read()
-            slowest.append(time.monotonic() - started)
-            time.sleep(0.02)
-
-    prober = threading.Thread(target=probe)
-    prober.start()
     try:
         started = time.monotonic()
-        response, _ = create(client(live), False, input="open the page", tools=[SEARCH_TOOL])
+        (response, _), slowest = slowest_healthz_during(
+            live.url, lambda: create(client(live), False, input="open the page", tools=[SEARCH_TOOL])
+        )
         took = time.monotonic() - started
     finally:
-        done.set()
-        prober.join()
         live.stop()
     (opened,) = of(response, "web_search_call")
     assert opened.status == "completed" and response.output_text == "Read it."
     assert took < 15, took
-    assert max(slowest) < 0.5, max(slowest)  # /healthz answered throughout
+    assert slowest < 0.5, slowest  # /healthz answered throughout
 
 
 def test_settings_name_what_a_search_provider_lacks():
