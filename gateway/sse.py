@@ -132,3 +132,15 @@ async def pump(request: web.Request, response: web.StreamResponse, frames: Async
         close = getattr(iterator, "aclose", None)
         if close is not None:
             await close()  # the producer's own cleanup (e.g. cancelling generations) runs now, not at GC
+
+
+async def end_stream(request: web.Request, response: web.StreamResponse) -> None:
+    """The stream's last bytes, under the same stall limit as every frame: write_eof waits for the client to
+    take what is still buffered, and one that reads nothing more is cut, so the handler always ends."""
+    try:
+        async with asyncio.timeout(request.app[SERVICES].settings.write_stall_s):
+            await response.write_eof()
+    except (TimeoutError, ConnectionError, RuntimeError):
+        transport = request.transport
+        if transport is not None:
+            transport.abort()

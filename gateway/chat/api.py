@@ -23,7 +23,7 @@ from ..lifecycle import SHUTTING_DOWN
 from ..limits import MAX_STREAM_BACKLOG
 from ..metrics import STATS
 from ..services import SERVICES, Services
-from ..sse import DONE, ClientGone, frame, open_stream, pump
+from ..sse import DONE, ClientGone, end_stream, frame, open_stream, pump
 from ..tenants.tenancy import request_id_of, tenant_of
 from .input import checked_constraint, prompt_spec
 from .models import CHAT_UNION_TAGS, ChatRequest
@@ -211,7 +211,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             await pump(request, response, _chunks(completion))
         except ClientGone:
             return response
-        await response.write_eof()
+        await end_stream(request, response)
         return response
     finally:
         await ticket.settle(len(plan.built.tokens) + sum(c.turn.assembler.output_tokens for c in choices))

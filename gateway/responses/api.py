@@ -16,7 +16,7 @@ from ..json_body import parse_model, read_json
 from ..json_out import json_response
 from ..pagination import page
 from ..services import SERVICES
-from ..sse import ClientGone, frame, open_stream, pump
+from ..sse import ClientGone, end_stream, frame, open_stream, pump
 from ..tenants.tenancy import tenant_of
 from .execution import Feed, run_job, start_job
 from .history import load_history, load_record
@@ -49,7 +49,7 @@ async def _stream(request: web.Request, job: Job) -> web.StreamResponse:
         if not job.request.background and run.task is not None:
             run.task.cancel()  # nobody is listening: stop the generation
         return response
-    await response.write_eof()
+    await end_stream(request, response)
     return response
 
 

@@ -14,7 +14,7 @@ from state import StoredResponse, StoreUnavailable
 
 from ..errors import invalid
 from ..services import Services
-from ..sse import ClientGone, frame, open_stream, pump
+from ..sse import ClientGone, end_stream, frame, open_stream, pump
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 TERMINAL_STATUSES = ("completed", "incomplete", "failed", "cancelled")
@@ -50,7 +50,7 @@ async def stream_again(request: web.Request, services: Services, record: StoredR
         await pump(request, response, _frames(services, record.tenant, record.id, after))
     except ClientGone:
         return response
-    await response.write_eof()
+    await end_stream(request, response)
     return response
 
 
