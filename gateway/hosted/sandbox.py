@@ -33,6 +33,7 @@ START_TIMEOUT_S = 10.0
 SUPERVISOR_GRACE_S = 2.0
 MAX_FRAME = 1 << 16
 KILL = shutil.which("kill") or "/bin/kill"
+BUSY = "[python is busy: every sandbox of this gateway is running a cell; try again in a moment]"
 
 
 class SandboxSettings(BaseModel):
@@ -224,7 +225,8 @@ async def _kill_uid(uid: int) -> None:
 
 
 class SandboxPool:
-    """Sandboxes by container id, for their tenant alone; reaped when idle, the oldest evicted when full."""
+    """Sandboxes by container id, for their tenant alone; reaped when idle. When full, the least recently used
+    idle sandbox makes room; while every one runs a cell, a new container's cell is refused as busy."""
 
     def __init__(self, settings: SandboxSettings) -> None:
         self.settings = settings
@@ -241,16 +243,23 @@ class SandboxPool:
                 await self._drop(container_id)
                 sandbox = None
             if sandbox is None:
+                if not self._room():
+                    return CellResult(BUSY, failed=True)
                 sandbox = await self._open(tenant, container_id)
         result = await sandbox.run(code)
         if result.reset:
             self._sandboxes.pop(container_id, None)
         return result
 
+    def _room(self) -> bool:
+        """Whether a new sandbox fits: a free place, or an idle sandbox to give up (never a running cell's)."""
+        full = len(self._sandboxes) >= self.settings.max_sandboxes
+        return not full or any(not sandbox.busy for sandbox in self._sandboxes.values())
+
     async def _open(self, tenant: str, container_id: str) -> Sandbox:
         if len(self._sandboxes) >= self.settings.max_sandboxes:
-            oldest = min(self._sandboxes, key=lambda key: self._sandboxes[key].last_used)
-            await self._drop(oldest)
+            idle = [key for key, sandbox in self._sandboxes.items() if not sandbox.busy]
+            await self._drop(min(idle, key=lambda key: self._sandboxes[key].last_used))
         used = {sandbox.slot for sandbox in self._sandboxes.values()}
         slot = next(n for n in range(self.settings.max_sandboxes) if n not in used)
         sandbox = Sandbox(tenant, self.settings, slot)

@@ -10,13 +10,16 @@ import threading
 import time
 import urllib.request
 
+import openai
 import pytest
+from gateway_fixtures import write_script
 from hosted_gateway import (
     PYTHON_TOOL,
     client,
     create,
     hosted_settings,
     of,
+    python_rule,
     sandbox_python,
 )
 from live_gateway import LiveGateway
@@ -176,5 +179,43 @@ def test_a_full_pool_drops_its_least_recently_used_sandbox(tmp_path, web, mcp_se
         live.call(pool.run("tenant-a", "cntr_one", "kept = 1"))
         live.call(pool.run("tenant-a", "cntr_two", "other = 2"))  # the pool is full: cntr_one goes
         assert "NameError" in live.call(pool.run("tenant-a", "cntr_one", "kept")).output
+    finally:
+        live.stop()
+
+
+def test_a_running_cell_is_never_evicted_for_another_tenant(tmp_path, web, mcp_server):
+    """With every sandbox running a cell, another tenant's new container is told python is busy; the running
+    cell finishes (it was killed mid-run before, its sandbox given to the newcomer)."""
+    script = {
+        "rules": [
+            {"match": {"tool": "slow done"}, "emit": [{"final": "The slow cell finished."}]},
+            {"match": {"tool": "."}, "emit": [{"final": "Noted."}]},
+            python_rule("slow", "import time\ntime.sleep(2.5)\nprint('slow done')"),
+            python_rule("quick", "1 + 1"),
+        ]
+    }
+    settings = hosted_settings(tmp_path, web, mcp_server.url, max_sandboxes=1, wall_s=10)
+    live = LiveGateway(settings.model_copy(update={"mock_script": str(write_script(tmp_path, script))})).start()
+    try:
+        owner = client(live)
+        other = openai.OpenAI(base_url=live.url + "/v1", api_key="sk-tenant-b", max_retries=0, timeout=60)
+        results: dict[str, object] = {}
+        slow = threading.Thread(
+            target=lambda: results.update(slow=create(owner, False, input="slow", tools=[PYTHON_TOOL])[0])
+        )
+        slow.start()
+        pool = live.services.hosted.sandboxes
+        deadline = time.monotonic() + 10
+        while not any(sandbox.busy for sandbox in pool._sandboxes.values()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        quick, _ = create(other, False, input="quick", tools=[PYTHON_TOOL])
+        slow.join(30)
+        (refused,) = of(quick, "code_interpreter_call")
+        assert refused.status == "failed"
+        backend = live.backend
+        assert any("python is busy" in backend.prompt_text(i) for i in range(len(backend.prompts)))
+        (ran,) = of(results["slow"], "code_interpreter_call")
+        assert ran.status == "completed" and ran.outputs[0].logs.strip() == "slow done"
+        assert results["slow"].output_text == "The slow cell finished."
     finally:
         live.stop()
