@@ -4,6 +4,7 @@ within one response, runaway code is stopped within its limits, and containers s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import threading
@@ -219,3 +220,39 @@ def test_a_running_cell_is_never_evicted_for_another_tenant(tmp_path, web, mcp_s
         assert results["slow"].output_text == "The slow cell finished."
     finally:
         live.stop()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="sandboxes get uids of their own only when the gateway runs as root")
+def test_files_a_sandbox_leaves_in_shared_directories_never_reach_the_next_tenant_in_its_slot(
+    tmp_path, web, mcp_server
+):
+    """Tenant A's sandbox leaves a 0600 file and a FIFO in /tmp and /dev/shm, then times out; tenant B's next
+    sandbox gets the same slot and uid, and finds nothing of A's."""
+    plant = (
+        "import os\n"
+        "for path in ('/tmp/left_by_a', '/dev/shm/left_by_a'):\n"
+        "    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600); os.write(fd, b'secret of a'); os.close(fd)\n"
+        "os.mkfifo('/tmp/fifo_by_a')\n"
+        "while True:\n    pass"
+    )
+    look = "import os\n[p for p in ('/tmp/left_by_a', '/dev/shm/left_by_a', '/tmp/fifo_by_a') if os.path.lexists(p)]"
+    script = {
+        "rules": [
+            {"match": {"tool": "."}, "emit": [{"final": "Noted."}]},
+            python_rule("plant", plant),
+            python_rule("look", look),
+        ]
+    }
+    settings = hosted_settings(tmp_path, web, mcp_server.url, max_sandboxes=1, wall_s=1)
+    live = LiveGateway(settings.model_copy(update={"mock_script": str(write_script(tmp_path, script))})).start()
+    try:
+        create(client(live), False, input="plant", tools=[PYTHON_TOOL])  # times out: its sandbox is closed
+        other = openai.OpenAI(base_url=live.url + "/v1", api_key="sk-tenant-b", max_retries=0, timeout=60)
+        seen, _ = create(other, False, input="look", tools=[PYTHON_TOOL])
+        (call,) = of(seen, "code_interpreter_call")
+        assert call.status == "completed" and call.outputs[0].logs.strip() == "[]", call.outputs
+    finally:
+        live.stop()
+        for path in ("/tmp/left_by_a", "/dev/shm/left_by_a", "/tmp/fifo_by_a"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
