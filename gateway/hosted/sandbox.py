@@ -76,6 +76,7 @@ class Sandbox:
         self.last_used = time.monotonic()
         self.network_isolated = False
         self.pid_namespace = False
+        self.mount_namespace = False
         self._settings = settings
         self._uid = settings.uid_base + slot if os.getuid() == 0 else None
         self._dir = tempfile.mkdtemp(prefix="gpt-oss-sandbox-")
@@ -118,6 +119,7 @@ class Sandbox:
             "file_bytes": settings.file_mb << 20,
             "workdir": self._dir,
             "uid": self._uid,
+            "tmp_bytes": settings.file_mb << 20,  # each private /tmp, /var/tmp, /dev/shm (root: a tmpfs of its own)
         }
         self._send(orjson.dumps(limits))
         hello = await asyncio.wait_for(self._receive(), START_TIMEOUT_S)
@@ -128,6 +130,7 @@ class Sandbox:
             )
         self.network_isolated = bool(hello.get("network_isolated"))
         self.pid_namespace = bool(hello.get("pid_namespace"))
+        self.mount_namespace = bool(hello.get("mount_namespace"))
 
     def _send(self, data: bytes) -> None:
         assert self._writer is not None
@@ -299,7 +302,11 @@ class SandboxPool:
             await sandbox.close()
             raise
         log.info(
-            "sandbox_started", slot=slot, network_isolated=sandbox.network_isolated, pid_namespace=sandbox.pid_namespace
+            "sandbox_started",
+            slot=slot,
+            network_isolated=sandbox.network_isolated,
+            pid_namespace=sandbox.pid_namespace,
+            mount_namespace=sandbox.mount_namespace,
         )
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.ensure_future(self._reap())

@@ -25,6 +25,9 @@ import traceback
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: each a private tmpfs where it can be
 PR_SET_PDEATHSIG = 1
 SUPERVISOR_PROCESSES = 2  # the supervisor and the namespace's init, besides the kernel
 CHANNEL = int(sys.argv[1]) if len(sys.argv) > 1 else 3
@@ -36,10 +39,30 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 def _unshare(flags):
     """The namespaces it got: all asked for, the network alone, or none."""
     base = 0 if os.getuid() == 0 else CLONE_NEWUSER
-    for wanted in (flags, CLONE_NEWNET):
+    for wanted in (flags, flags & ~CLONE_NEWNS, CLONE_NEWNET):
         if LIBC.unshare(base | wanted) == 0:
             return wanted
     return 0
+
+
+def _mount(source, target, fstype, flags, data=None):
+    encode = lambda text: None if text is None else text.encode()  # noqa: E731
+    if LIBC.mount(encode(source), encode(target), encode(fstype), flags, encode(data)) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"mount {target}: {os.strerror(error)}")
+
+
+def _private_dirs(limits):
+    """In its own mount namespace (root only): /tmp, /var/tmp and /dev/shm become tmpfs of its own, sized,
+    gone with it; nothing another sandbox or the host left there is seen, nothing it leaves stays. Its
+    working directory is made again inside the new /tmp."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here propagates to the host
+    for directory in SHARED_DIRS:
+        if os.path.isdir(directory):
+            _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits['tmp_bytes']},mode=1777")
+    os.makedirs(limits["workdir"], mode=0o700, exist_ok=True)
+    if limits.get("uid") is not None:
+        os.chown(limits["workdir"], limits["uid"], limits["uid"])
 
 
 def _die_with_parent():
@@ -47,8 +70,14 @@ def _die_with_parent():
 
 
 def _confine(limits):
-    """Returns the namespaces it got (CLONE_* bits)."""
-    namespaces = _unshare(CLONE_NEWNET | CLONE_NEWPID)
+    """Namespaces, private directories and resource limits; returns the namespaces it got (CLONE_* bits).
+    The uid is dropped later (`_drop`), once what needs root (mounting /proc in the PID namespace) is done."""
+    namespaces = _unshare(CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS)
+    if namespaces & CLONE_NEWNS:
+        try:
+            _private_dirs(limits)
+        except OSError:
+            namespaces &= ~CLONE_NEWNS
     memory = limits["memory_bytes"]
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
@@ -57,6 +86,16 @@ def _confine(limits):
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file limit fails instead of killing
     os.chdir(limits["workdir"])
+    return namespaces
+
+
+def _own_proc():
+    """As the PID namespace's init, in the sandbox's mount namespace: a /proc of its own processes only (the
+    gateway's and other sandboxes' environment, files and limits out of sight)."""
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _drop(limits):
     uid = limits.get("uid")
     if os.getuid() == 0 and uid is not None:
         os.setgroups([])
@@ -64,7 +103,6 @@ def _confine(limits):
         os.setuid(uid)  # from here on, the process limit counts this uid's processes alone
     processes = limits["processes"] + SUPERVISOR_PROCESSES
     resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
-    return namespaces
 
 
 def _supervise(child):
@@ -128,10 +166,18 @@ def main():
         if child:
             _supervise(child)
         _die_with_parent()
+        if namespaces & CLONE_NEWNS:
+            try:
+                _own_proc()
+            except OSError:
+                namespaces &= ~CLONE_NEWNS
+        _drop(limits)
         kernel = os.fork()
         if kernel:
             _init(kernel)
         _die_with_parent()
+    else:
+        _drop(limits)
     isolated = bool(namespaces & CLONE_NEWNET)
     readable = os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK)
     _send(
@@ -139,6 +185,7 @@ def main():
             "ready": True,
             "network_isolated": isolated,
             "pid_namespace": bool(namespaces & CLONE_NEWPID),
+            "mount_namespace": bool(namespaces & CLONE_NEWNS),
             "stdlib_readable": readable,
         }
     )

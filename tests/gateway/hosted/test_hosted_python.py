@@ -3,6 +3,7 @@ within one response, runaway code is stopped within its limits, and containers s
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import os
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -256,3 +258,33 @@ def test_files_a_sandbox_leaves_in_shared_directories_never_reach_the_next_tenan
         for path in ("/tmp/left_by_a", "/dev/shm/left_by_a", "/tmp/fifo_by_a"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the sandbox mounts its private directories and /proc as root")
+def test_the_sandbox_sees_its_own_tmp_and_proc_not_the_hosts(tmp_path, web, mcp_server):
+    """Its /tmp, /var/tmp and /dev/shm are tmpfs of its own (the host's files out of sight, its own gone with
+    it) and its /proc lists its own processes: the gateway's environment and other sandboxes cannot be read."""
+    planted = Path("/tmp") / f"host_secret_{os.getpid()}"
+    planted.write_text("host only")
+    look = (
+        "import os\n"
+        "open('/tmp/from_sandbox', 'w').write('x')\n"
+        "pids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
+        f"dict(host_file=os.path.exists({str(planted)!r}), gateway=os.path.exists('/proc/{os.getpid()}'),\n"
+        "     most_pids=max(pids), tmp=sorted(os.listdir('/tmp')), shm=os.listdir('/dev/shm'))"
+    )
+    script = {"rules": [{"match": {"tool": "."}, "emit": [{"final": "Noted."}]}, python_rule("look", look)]}
+    settings = hosted_settings(tmp_path, web, mcp_server.url)
+    live = LiveGateway(settings.model_copy(update={"mock_script": str(write_script(tmp_path, script))})).start()
+    try:
+        response, _ = create(client(live), False, input="look", tools=[PYTHON_TOOL])
+        (call,) = of(response, "code_interpreter_call")
+        seen = ast.literal_eval(call.outputs[0].logs.strip())
+        assert seen["host_file"] is False and seen["gateway"] is False
+        assert seen["most_pids"] < 20  # the namespace's init, its kernel and what cells start
+        assert len(seen["tmp"]) == 2 and "from_sandbox" in seen["tmp"]  # its working directory and its file
+        assert seen["shm"] == []
+        assert not Path("/tmp/from_sandbox").exists()  # nothing it wrote reached the host
+    finally:
+        live.stop()
+        planted.unlink()
