@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -142,8 +143,13 @@ async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
             await _drain(choice, on_delta)
             await completion.finish(choice)
         finally:
-            await queue.put(choice)
+            if closing:  # nobody reads the queue any more: waiting for room in it would never end
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(choice)
+            else:
+                await queue.put(choice)
 
+    closing = False
     producers = [asyncio.ensure_future(produce(choice)) for choice in completion.choices]
     try:
         open_choices = len(producers)
@@ -165,6 +171,7 @@ async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
             yield frame({"error": {**violation, "type": "invalid_request_error", "param": None}})
         yield DONE
     finally:
+        closing = True
         for producer in producers:
             producer.cancel()
         await asyncio.gather(*producers, return_exceptions=True)
