@@ -16,6 +16,10 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    # OpenAI's penalties, on the text tokens generated so far: a token's logit less presence_penalty once it
+    # has appeared and frequency_penalty for each time it has (Harmony's special tokens are never penalised)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

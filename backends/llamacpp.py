@@ -32,6 +32,8 @@ class LlamaCppCompletion:
             "top_k": 0,
             "min_p": 0.0,
             "repeat_penalty": 1.0,
+            "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
             "seed": -1 if sampling.seed is None else sampling.seed,
             "cache_prompt": True,
             "return_tokens": True,

@@ -38,6 +38,10 @@ class OpenAICompletions:
             body["model"] = model
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        if sampling.presence_penalty:
+            body["presence_penalty"] = sampling.presence_penalty
+        if sampling.frequency_penalty:
+            body["frequency_penalty"] = sampling.frequency_penalty
         return body
 
     def step(self, payload: dict[str, Any], received: int) -> Step:

@@ -33,6 +33,10 @@ class SGLangGenerate:
         }
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
+        if sampling.presence_penalty:
+            params["presence_penalty"] = sampling.presence_penalty
+        if sampling.frequency_penalty:
+            params["frequency_penalty"] = sampling.frequency_penalty
         return {"input_ids": request.prompt, "sampling_params": params, "stream": True}
 
     def step(self, payload: dict[str, Any], received: int) -> Step:

@@ -15,6 +15,7 @@ import numpy as np
 import structlog
 
 from backends.base import EngineStats, GenerateRequest
+from harmony.tokens import FIRST_SPECIAL
 
 from .grammar import TokenGuide
 from .prefix_cache import PrefixCache
@@ -39,6 +40,7 @@ class Sequence:
     generated: int = 0
     token: int = 0  # the last sampled token, fed at the next decode step
     guide: TokenGuide | None = None  # the output constraint's grammar, when the request has one
+    counts: dict[int, int] = field(default_factory=dict)  # text tokens generated so far (for the penalties)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
@@ -185,7 +187,7 @@ class Batcher:
         guide = sequence.guide
         if guide is not None:
             logits = guide.mask(logits)
-        token = next_token(logits, request.sampling, sequence.rng)
+        token = next_token(logits, request.sampling, sequence.rng, sequence.counts)
         if guide is not None:
             try:
                 guide.accept(token)
@@ -194,6 +196,8 @@ class Batcher:
                 return
         sequence.token = token
         sequence.generated += 1
+        if token < FIRST_SPECIAL:
+            sequence.counts[token] = sequence.counts.get(token, 0) + 1
         sequence.emit([token])
         done = (
             token in request.stop_ids

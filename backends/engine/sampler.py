@@ -1,4 +1,5 @@
-"""Choosing the next token from logits: greedy at temperature 0, else temperature and nucleus (top-p)."""
+"""Choosing the next token from logits: the presence and frequency penalties on the text tokens generated so
+far, then greedy at temperature 0, else temperature and nucleus (top-p)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,21 @@ import numpy as np
 from backends.base import Sampling
 
 
-def next_token(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> int:
+def penalised(logits: np.ndarray, sampling: Sampling, counts: dict[int, int]) -> np.ndarray:
+    """The logits less each generated token's penalties (`counts`: how often each text token was generated)."""
+    if not counts or (sampling.presence_penalty == 0 and sampling.frequency_penalty == 0):
+        return logits
+    ids = np.fromiter(counts.keys(), np.int64, len(counts))
+    times = np.fromiter(counts.values(), np.float64, len(counts))
+    adjusted = logits.astype(np.float64)
+    adjusted[ids] -= sampling.frequency_penalty * times + sampling.presence_penalty
+    return adjusted
+
+
+def next_token(
+    logits: np.ndarray, sampling: Sampling, rng: np.random.Generator, counts: dict[int, int] | None = None
+) -> int:
+    logits = penalised(logits, sampling, counts or {})
     if sampling.temperature <= 0:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / sampling.temperature

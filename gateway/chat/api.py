@@ -45,9 +45,6 @@ def _refuse_unsupported(req: ChatRequest, logprobs: bool) -> None:
         raise invalid("logprobs", "This model's backend does not return logprobs.", "unsupported_parameter")
     if req.logit_bias:
         raise invalid("logit_bias", "logit_bias is not supported by this gateway.", "unsupported_parameter")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(req, name):
-            raise invalid(name, f"{name} is not supported by this model's backend.", "unsupported_parameter")
     if req.store:
         raise invalid(
             "store", "Stored chat completions are not supported; use the Responses API.", "unsupported_parameter"
@@ -202,6 +199,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=None if req.seed is None else req.seed + index,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
         )
         observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
         request_key = f"{request_id}/{index}"

@@ -547,6 +547,8 @@ class ResponsesRequest(Strict):
     max_tool_calls: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     metadata: Metadata | None = None
     client_metadata: ClientMetadata | None = None

@@ -67,6 +67,8 @@ async def prepare(request: web.Request) -> Job:
     sampling = Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
     )
     request_id = request_id_of(request, response_id)
     stats = request.get(STATS)

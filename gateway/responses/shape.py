@@ -190,6 +190,8 @@ class ResponseObject(Out):
     tools: list[dict[str, Any]]
     top_logprobs: int
     top_p: float
+    presence_penalty: float
+    frequency_penalty: float
     truncation: str
     usage: Usage | None
     user: str | None
@@ -370,6 +372,8 @@ def response_json(
         ],
         top_logprobs=req.top_logprobs or 0,
         top_p=1.0 if req.top_p is None else req.top_p,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
         truncation=req.truncation,
         usage=usage,
         user=req.user,

@@ -111,6 +111,22 @@ def test_chat_stream_over_each_dialect(dialect):
     assert sampling.get("seed", sampling.get("sampling_seed")) == 5
 
 
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_presence_and_frequency_penalties_reach_each_dialect(dialect):
+    fake = _fake(dialect)
+    with _serving(_kind(dialect), [fake]) as (_, client):
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "thanks!"}],
+            presence_penalty=0.5,
+            frequency_penalty=-0.25,
+        )
+        penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.75}  # the SDK's create has no such arguments
+        client.responses.create(model=MODEL, input="thanks!", extra_body=penalties)
+    sent = [call.body.get("sampling_params", call.body) for call in fake.calls]
+    assert [(s["presence_penalty"], s["frequency_penalty"]) for s in sent] == [(0.5, -0.25), (1.5, 0.75)]
+
+
 @pytest.mark.parametrize("dialect", ["vllm", "llamacpp"])
 def test_stop_token_enforced_when_the_server_runs_past_it(dialect):
     fake = _fake(dialect, OVERRUN_SCRIPT, ignore_stops=True, token_delay_s=0.02)

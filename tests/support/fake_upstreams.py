@@ -32,17 +32,18 @@ STOPS = sorted(STOP_TOKENS_FOR_ASSISTANT_ACTIONS)
 ACCEPTED_FIELDS = {
     "vllm": {
         "model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop_token_ids",
-        "skip_special_tokens", "return_token_ids", "stream", "stream_options",
+        "skip_special_tokens", "return_token_ids", "stream", "stream_options", "presence_penalty", "frequency_penalty",
     },
     "sglang_generate": {"input_ids", "sampling_params", "stream"},
     "llamacpp": {
         "prompt", "n_predict", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed",
-        "cache_prompt", "return_tokens", "stream",
+        "cache_prompt", "return_tokens", "stream", "presence_penalty", "frequency_penalty",
     },
 }  # fmt: skip
 ACCEPTED_FIELDS["sglang"] = ACCEPTED_FIELDS["vllm"]
 SGLANG_SAMPLING_FIELDS = {
     "max_new_tokens", "temperature", "top_p", "stop_token_ids", "skip_special_tokens", "no_stop_trim", "sampling_seed",
+    "presence_penalty", "frequency_penalty",
 }  # fmt: skip
 PATHS = {
     "vllm": "/v1/completions",

@@ -41,6 +41,18 @@ def test_create_returns_reasoning_answer_and_usage(gateway):
     )  # what we send matches our OpenAPI models
 
 
+def test_penalties_are_accepted_and_echoed_as_open_responses_requires(gateway):
+    api = client(gateway)
+    plain = api.responses.create(model=MODEL, input="Say hello").model_dump()
+    assert (plain["presence_penalty"], plain["frequency_penalty"]) == (0.0, 0.0)
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": -1.0}  # the SDK's create has no such arguments
+    given = api.responses.create(model=MODEL, input="Say hello", extra_body=penalties)
+    assert (given.model_dump()["presence_penalty"], given.model_dump()["frequency_penalty"]) == (0.5, -1.0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.responses.create(model=MODEL, input="Say hello", extra_body={"presence_penalty": 2.5})
+    assert caught.value.body["param"] == "presence_penalty"
+
+
 def test_a_key_the_output_models_do_not_describe_cannot_go_out(gateway):
     response = client(gateway).responses.create(model=MODEL, input="Say hello")
     sent = response.model_dump(by_alias=True, exclude_unset=True)
