@@ -14,6 +14,7 @@ from ..generation.assembler import OutputItem
 from ..generation.turn import Outcome
 from ..hosted.results import McpListing, McpResult, NotRun, PythonResult, SearchResult, ToolResult
 from .models import (
+    FunctionTool,
     McpTool,
     ReasoningConfig,
     ReasoningText,
@@ -366,10 +367,7 @@ def response_json(
         temperature=1.0 if req.temperature is None else req.temperature,
         text=req.text if "text" in req.model_fields_set else TextConfig(format=TextFormatText(type="text")),
         tool_choice=req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
-        tools=[
-            tool.echo() if isinstance(tool, McpTool) else tool.model_dump(mode="json", exclude_none=True)
-            for tool in req.tools
-        ],
+        tools=[_tool_echo(tool) for tool in req.tools],
         top_logprobs=req.top_logprobs or 0,
         top_p=1.0 if req.top_p is None else req.top_p,
         presence_penalty=req.presence_penalty or 0.0,
@@ -383,6 +381,17 @@ def response_json(
         conversation=ConversationOut(id=conversation_id) if conversation_id else None,
     )
     return response.model_dump(mode="json", by_alias=True, exclude_unset=True)  # items keep just their keys
+
+
+def _tool_echo(tool: Any) -> dict[str, Any]:
+    """A request's tool as the response echoes it; a function with every field, null where not given (as
+    OpenAI returns it and the Open Responses spec requires)."""
+    if isinstance(tool, McpTool):
+        return tool.echo()
+    echo = tool.model_dump(mode="json", exclude_none=True)
+    if isinstance(tool, FunctionTool):
+        return {"description": None, "parameters": None, "strict": None, **echo}
+    return echo
 
 
 # the codes a response's `error` may carry (the SDK's enum); the gateway's own (constraint_not_enforced,

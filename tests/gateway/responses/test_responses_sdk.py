@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import openai
@@ -51,6 +52,14 @@ def test_penalties_are_accepted_and_echoed_as_open_responses_requires(gateway):
     with pytest.raises(openai.BadRequestError) as caught:
         api.responses.create(model=MODEL, input="Say hello", extra_body={"presence_penalty": 2.5})
     assert caught.value.body["param"] == "presence_penalty"
+
+
+def test_a_function_tool_is_echoed_with_every_field(gateway):
+    raw = client(gateway).responses.with_raw_response.create(
+        model=MODEL, input="Say hello", tools=[{"type": "function", "name": "ping"}]
+    )
+    (tool,) = json.loads(raw.text)["tools"]
+    assert tool == {"type": "function", "name": "ping", "description": None, "parameters": None, "strict": None}
 
 
 def test_a_key_the_output_models_do_not_describe_cannot_go_out(gateway):
