@@ -29,6 +29,7 @@ from .resume import stream_again
 from .runs import ListenerTooSlow, Run
 
 log = structlog.get_logger("gateway.responses")
+CANCELLED_RUN_WAIT_S = 5.0
 
 
 async def _frames(run: Run) -> AsyncIterator[bytes]:
@@ -48,6 +49,8 @@ async def _stream(request: web.Request, job: Job) -> web.StreamResponse:
         run.log.detach()
         if not job.request.background and run.task is not None:
             run.task.cancel()  # nobody is listening: stop the generation
+            # and let it count its tokens before this request's log line and stats are written (bounded)
+            await asyncio.wait({run.task}, timeout=CANCELLED_RUN_WAIT_S)
         return response
     await end_stream(request, response)
     return response

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -149,3 +150,26 @@ def test_the_tenant_label_is_bounded():
     assert seen.tenant_label("t0") == "t0" and seen.tenant_label(None) == "none"
     listed = Metrics(["gold"])
     assert [listed.tenant_label(t) for t in ("gold", "t0", "t1")] == ["gold", OTHER, OTHER]
+
+
+def test_a_stream_its_client_cuts_is_logged_with_the_tokens_it_used(served):
+    process, metrics_port = served
+    acme = openai.OpenAI(base_url=process.url + "/v1", api_key="sk-metrics-acme", max_retries=0)
+    stream = acme.responses.create(model=MODEL, input="say it slowly", stream=True)
+    for event in stream:
+        if event.type == "response.reasoning_text.delta":
+            break  # the client goes away mid-answer
+    stream.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = [json.loads(line) for line in process.log_text().splitlines() if line.startswith("{")]
+        cut = [line for line in lines if line.get("event") == "request" and line.get("route") == "/v1/responses"]
+        if cut:
+            break
+        time.sleep(0.05)
+    assert len(cut) == 1
+    assert cut[0]["input_tokens"] > 0 and cut[0]["output_tokens"] > 0, cut[0]
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+        samples = _samples(response.read().decode())
+    counted = _value(samples, "gateway_tokens_total", type="input", model=MODEL, tenant="acme")
+    assert counted == cut[0]["input_tokens"]  # the log line and the metric agree
