@@ -134,7 +134,9 @@ async def _generate(job: Job, feed: Feed) -> dict[str, Any]:
 def start_job(job: Job, stream: bool) -> Run:
     run = Run(job.tenant)
     sink = EventSink(job.services.events, job.tenant, job.response_id) if job.request.background else None
-    feed = Feed(run.log if stream else None, StreamEvents(job.seal), sink) if stream or sink else Feed.off()
+    options = job.request.stream_options
+    events = StreamEvents(job.seal, obfuscate=options is None or options.include_obfuscation is not False)
+    feed = Feed(run.log if stream else None, events, sink) if stream or sink else Feed.off()
 
     async def main() -> None:
         tender = None

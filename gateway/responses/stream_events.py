@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from ..generation.assembler import Closed, Delta, Executing, ItemEvent, Opened, Settled
 from .shape import Sealer, item_json, reasoning_part, text_part
 
 _TEXT_DELTAS = {"message": "response.output_text.delta", "reasoning": "response.reasoning_text.delta"}
+PAD_TO = 32  # bytes: a delta and its `obfuscation` together fill a multiple of this
+
+
+def obfuscation(delta: str) -> str:
+    """Random characters that bring the delta's size to a multiple of PAD_TO bytes, so that an observer of
+    encrypted traffic cannot read token lengths off the events' sizes (OpenAI's `obfuscation` field)."""
+    size = PAD_TO - len(delta.encode()) % PAD_TO
+    return secrets.token_urlsafe(size)[:size]
 
 
 class StreamEvents:
     """Numbers the stream's events and turns item events into Responses SSE payloads."""
 
-    def __init__(self, seal: Sealer | None = None) -> None:
+    def __init__(self, seal: Sealer | None = None, obfuscate: bool = True) -> None:
         self.sequence_number = 0
         self._seal = seal
+        self._obfuscate = obfuscate  # `stream_options.include_obfuscation`, on by default as OpenAI has it
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         payload = {"type": kind, "sequence_number": self.sequence_number, **fields}
         self.sequence_number += 1
+        if self._obfuscate and "delta" in fields:
+            payload["obfuscation"] = obfuscation(fields["delta"])
         return payload
 
     def lifecycle(self, kind: str, response: dict[str, Any]) -> dict[str, Any]:
@@ -40,6 +52,8 @@ class StreamEvents:
             }
             if item.kind == "message":
                 payload["logprobs"] = []
+            if self._obfuscate:
+                payload["obfuscation"] = obfuscation(event.text)
             return [payload]
         at = {"item_id": item.id, "output_index": item.index}
         if item.is_hosted:

@@ -54,6 +54,19 @@ def test_penalties_are_accepted_and_echoed_as_open_responses_requires(gateway):
     assert caught.value.body["param"] == "presence_penalty"
 
 
+def test_stream_deltas_carry_obfuscation_padding_unless_the_client_turns_it_off(gateway):
+    api = client(gateway)
+    deltas = [e for e in api.responses.create(model=MODEL, input="Say hello", stream=True) if e.type.endswith(".delta")]
+    assert deltas
+    pads = [e.model_extra["obfuscation"] for e in deltas]
+    assert all((len(e.delta.encode()) + len(pad)) % 32 == 0 for e, pad in zip(deltas, pads, strict=True))
+    assert len(set(pads)) > 1  # random, not a constant
+    plain = api.responses.create(
+        model=MODEL, input="Say hello", stream=True, extra_body={"stream_options": {"include_obfuscation": False}}
+    )
+    assert not [e for e in plain if e.type.endswith(".delta") and "obfuscation" in (e.model_extra or {})]
+
+
 def test_a_function_tool_is_echoed_with_every_field(gateway):
     raw = client(gateway).responses.with_raw_response.create(
         model=MODEL, input="Say hello", tools=[{"type": "function", "name": "ping"}]
