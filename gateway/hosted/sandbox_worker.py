@@ -13,6 +13,7 @@ cell and read by the parent after it.
 """
 
 import ast
+import contextlib
 import ctypes
 import json
 import os
@@ -20,6 +21,7 @@ import resource
 import signal
 import struct
 import sys
+import time
 import traceback
 
 CLONE_NEWUSER = 0x10000000
@@ -30,6 +32,7 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40
 SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: each a private tmpfs where it can be
 PR_SET_PDEATHSIG = 1
 SUPERVISOR_PROCESSES = 2  # the supervisor and the namespace's init, besides the kernel
+STRAYS_GRACE_S = 2.0  # for the processes a cell left to be killed and reaped
 CHANNEL = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 
 
@@ -124,6 +127,28 @@ def _init(kernel):
             os._exit(0)
 
 
+def _end_strays():
+    """After a cell, in a PID namespace with its own /proc: every process the cell left running (a detached
+    child, a re-forking daemon) is killed, so none outlives its cell or its limits; init and this kernel stay."""
+    keep = {1, os.getpid()}
+    deadline = time.monotonic() + STRAYS_GRACE_S
+    while time.monotonic() < deadline:  # until init has reaped them all (a new one may fork meanwhile)
+        strays = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in keep]
+        if not strays:
+            return
+        for pid in strays:
+            with contextlib.suppress(OSError):  # gone already
+                os.kill(pid, signal.SIGKILL)
+        _reap_own_children()  # the cell's direct children are this kernel's to reap, the rest init's
+        time.sleep(0.005)
+
+
+def _reap_own_children():
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
 def _read_exact(count):
     data = b""
     while len(data) < count:
@@ -189,6 +214,7 @@ def main():
             "stdlib_readable": readable,
         }
     )
+    own_proc = bool(namespaces & CLONE_NEWPID and namespaces & CLONE_NEWNS)
     namespace = {"__name__": "__main__"}
     while True:
         try:
@@ -199,6 +225,8 @@ def main():
         failed = _run_cell(code, namespace)
         sys.stdout.flush()
         sys.stderr.flush()
+        if own_proc:
+            _end_strays()
         _send({"error": failed})
 
 

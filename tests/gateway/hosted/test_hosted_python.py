@@ -17,6 +17,7 @@ import openai
 import pytest
 from gateway_fixtures import write_script
 from hosted_gateway import (
+    PYTHON_CALL,
     PYTHON_TOOL,
     client,
     create,
@@ -288,3 +289,30 @@ def test_the_sandbox_sees_its_own_tmp_and_proc_not_the_hosts(tmp_path, web, mcp_
     finally:
         live.stop()
         planted.unlink()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="the sandbox has a /proc of its own only when the gateway runs as root")
+def test_no_process_a_cell_starts_outlives_the_cell(tmp_path, web, mcp_server):
+    """A detached child (its own session, re-forking) is gone once its cell has returned."""
+    detach = (
+        "import subprocess, sys\n"
+        "spin = 'import os, time\\nwhile True:\\n    os.getpid() % 7 or os.fork()\\n    time.sleep(0.2)'\n"
+        "subprocess.Popen([sys.executable, '-c', spin], start_new_session=True).pid > 0"
+    )
+    look = "import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit())"
+    script = {
+        "rules": [
+            {"match": {"tool": "True"}, "emit": [{"raw": PYTHON_CALL.format(code=look)}]},
+            {"match": {"tool": "."}, "emit": [{"final": "Noted."}]},
+            python_rule("detach", detach),
+        ]
+    }
+    settings = hosted_settings(tmp_path, web, mcp_server.url)
+    live = LiveGateway(settings.model_copy(update={"mock_script": str(write_script(tmp_path, script))})).start()
+    try:
+        response, _ = create(client(live), False, input="detach", tools=[PYTHON_TOOL])
+        started, listed = of(response, "code_interpreter_call")
+        assert started.outputs[0].logs.strip() == "True"
+        assert ast.literal_eval(listed.outputs[0].logs.strip()) == [1, 2]  # init and the kernel alone
+    finally:
+        live.stop()
