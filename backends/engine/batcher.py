@@ -196,8 +196,9 @@ class Batcher:
                 return
         sequence.token = token
         sequence.generated += 1
-        if token < FIRST_SPECIAL:
-            sequence.counts[token] = sequence.counts.get(token, 0) + 1
+        sampling = request.sampling
+        if token < FIRST_SPECIAL and (sampling.presence_penalty or sampling.frequency_penalty):
+            sequence.counts[token] = sequence.counts.get(token, 0) + 1  # counted only where it is used
         sequence.emit([token])
         done = (
             token in request.stop_ids

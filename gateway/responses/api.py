@@ -11,7 +11,7 @@ from aiohttp import web
 from state import StoreUnavailable
 
 from ..errors import ApiError, invalid, not_found, unavailable
-from ..generation.plan import count_prompt, off_the_loop_if_large
+from ..generation.plan import count_prompt
 from ..json_body import parse_model, read_json
 from ..json_out import json_response
 from ..pagination import page
@@ -19,12 +19,10 @@ from ..services import SERVICES
 from ..sse import ClientGone, end_stream, frame, open_stream, pump
 from ..tenants.tenancy import tenant_of
 from .execution import Feed, run_job, start_job
-from .history import load_history, load_record
-from .hosted_tools import hosted_toolset
-from .input import checked_tools, prompt_spec
+from .history import load_record
 from .job import Job
 from .models import REQUEST_TAGS, ResponsesRequest
-from .prepare import prepare
+from .prepare import prepare, request_prompt
 from .resume import stream_again
 from .runs import ListenerTooSlow, Run
 
@@ -139,12 +137,7 @@ async def count_input_tokens(request: web.Request) -> web.Response:
     req = parse_model(body, ResponsesRequest, REQUEST_TAGS)
     services.backend_for(req.model)
     tenant = tenant_of(request)
-    limits = services.settings.limits.for_tenant(tenant)
-    tools, _ = await off_the_loop_if_large(request.content_length, lambda: checked_tools(req, limits))
-    history = await load_history(services, tenant, req)
-    toolset, _ = await hosted_toolset(services.hosted, tenant, req, history.previous_output)
-    unseal = lambda blob: services.sealer.open(tenant, blob)  # noqa: E731
-    spec = prompt_spec(history.with_input(req), tools, history.dialog, unseal, toolset)
+    spec, *_ = await request_prompt(services, tenant, req, request.content_length)
     count = await count_prompt(services, tenant, spec, request.content_length)
     return json_response({"object": "response.input_tokens", "input_tokens": count})
 

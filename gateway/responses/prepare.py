@@ -9,17 +9,19 @@ import time
 import structlog
 from aiohttp import web
 
-from backends.base import Sampling
+from backends.base import Constraint, Sampling
 
 from ..errors import invalid
 from ..generation.assembler import OutputAssembler
 from ..generation.loop import Generation
 from ..generation.plan import Plan, off_the_loop_if_large, plan_turn, start_turn
+from ..generation.prompt import PromptSpec
 from ..generation.turn import Turn
+from ..hosted.toolset import Toolset
 from ..ids import new_id
 from ..json_body import read_model
 from ..metrics import STATS
-from ..services import SERVICES
+from ..services import SERVICES, Services
 from ..tenants.tenancy import request_id_of, tenant_of
 from .history import load_history
 from .hosted_tools import hosted_toolset, pending_approvals
@@ -27,8 +29,26 @@ from .input import checked_tools, item_dicts, prompt_spec
 from .job import Job
 from .models import REQUEST_TAGS, ResponsesRequest
 from .record_keeper import RecordKeeper
+from .tools import OfferedTools
 
 log = structlog.get_logger("gateway.responses")
+
+
+async def request_prompt(
+    services: Services, tenant: str, req: ResponsesRequest, body_bytes: int | None
+) -> tuple[PromptSpec, OfferedTools, Constraint, Toolset | None]:
+    """What a create (or an input_tokens count) of this request renders: its checked tools and constraint,
+    its history, its server-side tools and the prompt spec made of them."""
+    limits = services.settings.limits.for_tenant(tenant)
+    tools, constraint = await off_the_loop_if_large(body_bytes, lambda: checked_tools(req, limits))
+    history = await load_history(services, tenant, req)
+    toolset, hosted_not_offered = await hosted_toolset(services.hosted, tenant, req, history.previous_output)
+    left_out = {*tools.not_offered, *hosted_not_offered}
+    tools.not_offered = [tool.type for tool in req.tools if tool.type in left_out]  # in request order
+    if tools.not_offered:
+        log.info("tools_not_offered", types=sorted(set(tools.not_offered)))
+    unseal = lambda blob: services.sealer.open(tenant, blob)  # noqa: E731
+    return prompt_spec(history.with_input(req), tools, history.dialog, unseal, toolset), tools, constraint, toolset
 
 
 async def prepare(request: web.Request) -> Job:
@@ -43,15 +63,7 @@ async def prepare(request: web.Request) -> Job:
         raise invalid("background", "background responses need store: true.", "unsupported_parameter")
     tenant = tenant_of(request)
     limits = services.settings.limits.for_tenant(tenant)
-    tools, constraint = await off_the_loop_if_large(request.content_length, lambda: checked_tools(req, limits))
-    history = await load_history(services, tenant, req)
-    toolset, hosted_not_offered = await hosted_toolset(services.hosted, tenant, req, history.previous_output)
-    left_out = {*tools.not_offered, *hosted_not_offered}
-    tools.not_offered = [tool.type for tool in req.tools if tool.type in left_out]  # in request order
-    if tools.not_offered:
-        log.info("tools_not_offered", types=sorted(set(tools.not_offered)))
-    unseal = lambda blob: services.sealer.open(tenant, blob)  # noqa: E731
-    spec = prompt_spec(history.with_input(req), tools, history.dialog, unseal, toolset)
+    spec, tools, constraint, toolset = await request_prompt(services, tenant, req, request.content_length)
     max_output = req.max_output_tokens or limits.max_output_tokens
     plan = await plan_turn(services, tenant, backend, spec, max_output, request.content_length)
     approvals = pending_approvals(spec.items, plan.built.dialog, toolset)

@@ -143,3 +143,13 @@ def test_page_fetches_are_bounded_and_every_redirect_hop_is_checked(web):
             await fetcher.aclose()
 
     asyncio.run(scenario())
+
+
+def test_reading_a_page_past_its_time_budget_cuts_it_and_says_so():
+    from gateway.hosted.html_text import html_to_text
+
+    page = "<html><body>" + "<p>line</p>" * 50_000
+    whole = html_to_text(page, "http://x/")
+    assert not whole.cut and whole.text.count("line") == 50_000
+    cut = html_to_text(page, "http://x/", budget_s=0.0)
+    assert cut.cut and cut.text.count("line") < 50_000
