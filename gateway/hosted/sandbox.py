@@ -211,34 +211,6 @@ class Sandbox:
             self._writer.close()
         os.close(self._capture)
         await asyncio.to_thread(shutil.rmtree, self._dir, True)
-        if self._uid is not None:  # the next sandbox in this slot, maybe another tenant's, gets the same uid
-            await asyncio.to_thread(sweep_uid, self._uid)
-
-
-SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # where any uid may leave files behind
-
-
-def sweep_uid(uid: int, roots: tuple[str, ...] = SHARED_DIRS) -> int:
-    """Remove what `uid` left in the world-writable directories (files, FIFOs, sockets, its directories with
-    their contents), never following a link; how many entries went."""
-    removed = 0
-    for root in roots:
-        try:
-            entries = list(os.scandir(root))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.stat(follow_symlinks=False).st_uid != uid:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)  # fd-based: a link planted inside is removed, not followed
-                else:
-                    os.unlink(entry.path)
-                removed += 1
-            except OSError:
-                continue
-    return removed
 
 
 def _capture_file() -> int:
