@@ -197,7 +197,11 @@ def create_app(settings: Settings, services: Services | None = None) -> web.Appl
     async def check_store(app: web.Application) -> None:
         await report_store(app[SERVICES])
 
+    async def probe_hosted_tools(app: web.Application) -> None:
+        await app[SERVICES].hosted.start()
+
     app.on_startup.append(check_store)
+    app.on_startup.append(probe_hosted_tools)
 
     app.on_cleanup.append(close_services)
     return app

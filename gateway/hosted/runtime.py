@@ -20,9 +20,15 @@ class HostedRuntime:
         self.fetcher = PageFetcher(self.policy, settings.outbound)
         self.search: SearchProvider | None = search_provider(settings.web_search)
 
+    async def start(self) -> None:
+        """Learn what this host allows the sandbox before offering python."""
+        if self.settings.python.enabled:
+            await self.sandboxes.probe()
+
     @property
     def python_enabled(self) -> bool:
-        return self.settings.python.enabled
+        """Enabled by the operator, and the start-up probe found the isolation it asks for (or was not run)."""
+        return self.settings.python.enabled and self.sandboxes.unavailable is None
 
     def browser(self) -> BrowserSession | None:
         """A browser for one response, when a search provider is configured."""
