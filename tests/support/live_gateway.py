@@ -73,9 +73,13 @@ class GatewayProcess:
         unset: tuple[str, ...] = (),
         port: int | None = None,
         python_flags: tuple[str, ...] = (),  # e.g. -S: only PYTHONPATH's packages
+        launcher: tuple[str, ...] = (),  # what runs the interpreter (e.g. another uid's setpriv)
+        python: str = sys.executable,
     ) -> None:
         self.port = port or free_port()
         self._python_flags = python_flags
+        self._launcher = launcher
+        self._python = python
         self._cwd = cwd
         self._env = {**os.environ, vocab.DOWNLOAD_ENV: "0", **env, "GATEWAY_PORT": str(self.port)}
         for name in unset:
@@ -90,7 +94,7 @@ class GatewayProcess:
     def start(self, timeout_s: float = 30) -> GatewayProcess:
         with self._log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, *self._python_flags, "-m", "gateway.cli", "serve"],
+                [*self._launcher, self._python, *self._python_flags, "-m", "gateway.cli", "serve"],
                 env=self._env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
