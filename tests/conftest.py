@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))  # the te
 os.environ["GATEWAY_BACKEND"] = "mock"
 
 from gateway_fixtures import gateway, redis_server  # noqa: F401  (fixtures shared by the API tests)
+from unprivileged import shared_dir  # noqa: F401  (a directory an unprivileged gateway can read)
 
 from harmony import Renderer, load_harmony_encoding
 

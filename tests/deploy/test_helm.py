@@ -3,6 +3,7 @@ values, and start a real gateway from the configuration the chart renders."""
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import subprocess
@@ -11,12 +12,15 @@ import urllib.request
 from pathlib import Path
 
 import kubernetes_validate
+import openai
 import pytest
 import yaml
 from helm_tool import helm_binary
+from hosted_gateway import PYTHON_TOOL, python_rule
 from live_gateway import GatewayProcess
 from paths import CHART
 from redis_servers import free_port
+from unprivileged import unprivileged_gateway, write_readable
 
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # the oldest and newest schemas this chart is checked against
@@ -218,3 +222,58 @@ def test_gpu_mode_runs_the_built_in_engine_on_cuda_unless_told_otherwise(helm):
     assert backends["local"]["options"] == {"device": "cuda"} and "device" not in backends["far"]["options"]
     cpu_only = _render(helm, "--set", "gateway.backend.kind=onnx")
     assert "GATEWAY_BACKEND_OPTIONS" not in cpu_only["ConfigMap/gw-gpt-oss-gateway"]["data"]
+
+
+PYTHON_VALUES = '{"python": {"enabled": true, "wall_s": 5, "python": "/usr/bin/python3"}}'
+
+
+def test_the_python_sandbox_gets_user_namespaces_and_nothing_more(helm, default_manifests):
+    """With python on (strict isolation), the gateway container runs without the runtime's seccomp and AppArmor
+    profiles, which forbid user namespaces, and keeps the rest: non-root, no capabilities, no escalation; with
+    python off, or 'weak', the defaults stay."""
+    manifests = _render(helm, "--set-json", f"hostedTools={PYTHON_VALUES}")
+    template = manifests["Deployment/gw-gpt-oss-gateway"]["spec"]["template"]
+    container = template["spec"]["containers"][0]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "Unconfined"},
+    }
+    assert template["metadata"]["annotations"]["container.apparmor.security.beta.kubernetes.io/gateway"] == "unconfined"
+    assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+    hosted = json.loads(manifests["ConfigMap/gw-gpt-oss-gateway"]["data"]["GATEWAY_HOSTED_TOOLS"])
+    assert hosted["python"]["enabled"] is True
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(manifests["Deployment/gw-gpt-oss-gateway"], version, strict=True)
+    weak = _render(helm, "--set-json", 'hostedTools={"python": {"enabled": true, "isolation": "weak"}}')
+    for rendered in (default_manifests, weak):
+        template = rendered["Deployment/gw-gpt-oss-gateway"]["spec"]["template"]
+        assert "seccompProfile" not in template["spec"]["containers"][0]["securityContext"]
+        assert not any("apparmor" in key for key in template["metadata"]["annotations"])
+    assert "GATEWAY_HOSTED_TOOLS" not in default_manifests["ConfigMap/gw-gpt-oss-gateway"]["data"]
+
+
+def test_the_rendered_python_sandbox_runs_isolated_as_the_pods_uid(helm, shared_dir):
+    """The chart's configuration with python on, run as the pod's uid 10001: a cell sees uid 1000 of its own
+    user namespace, its own processes only, none of the host's files, and runs under seccomp."""
+    manifests = _render(helm, "--set-json", f"hostedTools={PYTHON_VALUES}")
+    env = _gateway_env(manifests, shared_dir, None)
+    for name in ("GATEWAY_AUTH", "GATEWAY_KEYS_FILE", "GATEWAY_KEY_SECRET"):  # the chart's key file holds no keys
+        env.pop(name, None)
+    look = (
+        "import os\n"
+        "status = dict(line.split(':\\t', 1) for line in open('/proc/self/status').read().splitlines())\n"
+        "(os.getuid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit())[:2], os.path.exists('/work'),"
+        " status['Seccomp'])"
+    )
+    script = {"rules": [{"match": {"tool": "."}, "emit": [{"final": "Noted."}]}, python_rule("look", look)]}
+    env["GATEWAY_MOCK_SCRIPT"] = str(write_readable(shared_dir / "script.json", script))
+    gateway = unprivileged_gateway(shared_dir, env).start()
+    try:
+        api = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        response = api.responses.create(model="gpt-oss-120b", input="look", tools=[PYTHON_TOOL])
+        (call,) = [item for item in response.output if item.type == "code_interpreter_call"]
+        assert ast.literal_eval(call.outputs[0].logs.strip()) == (1000, [1, 2], False, "2")
+    finally:
+        gateway.stop()

@@ -62,3 +62,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "set redis.url or redis.existingSecret, not both" }}
 {{- end }}
 {{- end }}
+
+{{/* Non-empty when the python sandbox is on with its full isolation (user namespaces in the pod). */}}
+{{- define "gateway.pythonSandbox" -}}
+{{- $python := (.Values.hostedTools | default dict).python | default dict -}}
+{{- if and $python.enabled (ne ($python.isolation | default "strict") "weak") -}}true{{- end -}}
+{{- end -}}

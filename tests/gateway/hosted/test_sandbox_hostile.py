@@ -26,6 +26,7 @@ import pytest
 from gateway_fixtures import write_script
 from hosted_gateway import MODEL, PYTHON_TOOL, client, create, hosted_settings, of, python_rule
 from live_gateway import GatewayProcess, LiveGateway
+from unprivileged import SYSTEM_PYTHON, unprivileged_gateway, write_readable
 
 from gateway.hosted.sandbox import SandboxSettings
 
@@ -339,39 +340,16 @@ class _PoolProcess:
 
 # ---- an unprivileged gateway: uid 10001 as the image runs it, with and without user namespaces ----
 
-UNPRIVILEGED = ("setpriv", "--reuid", "10001", "--regid", "10001", "--clear-groups")
-NO_USER_NAMESPACES = ("bwrap", "--unshare-user", "--disable-userns", "--bind", "/", "/", "--dev-bind", "/dev", "/dev")
-SYSTEM_PYTHON = "/usr/bin/python3"
 
-
-def _unprivileged_gateway(directory: Path, isolation: str, launcher: tuple[str, ...]) -> GatewayProcess:
-    """The gateway as uid 10001 on the system interpreter, its packages from this checkout and virtual
-    environment (readable by all), configured in a directory that uid can read."""
-    if os.getuid() != 0 or not shutil.which("setpriv") or not Path(SYSTEM_PYTHON).exists():
-        pytest.skip("needs root to start a gateway as uid 10001, setpriv and the system python")
-    if tuple(int(part) for part in platform.python_version_tuple()[:2]) != _system_python_version():
-        pytest.skip("the system python cannot load this environment's compiled packages")
+def _unprivileged_gateway(directory: Path, isolation: str, no_user_namespaces: bool = False) -> GatewayProcess:
     directory.mkdir(mode=0o755)
     script = {"rules": [{"match": {"tool": "."}, "emit": [{"final": "Noted."}]}, python_rule("who", WHO)]}
-    script_path = directory / "script.json"
-    script_path.write_text(json.dumps(script))
-    script_path.chmod(0o644)
     hosted = {"python": {"enabled": True, "wall_s": 5, "python": SYSTEM_PYTHON, "isolation": isolation}}
-    site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
     env = {
-        "GATEWAY_MOCK_SCRIPT": str(script_path),
+        "GATEWAY_MOCK_SCRIPT": str(write_readable(directory / "script.json", script)),
         "GATEWAY_HOSTED_TOOLS": json.dumps(hosted),
-        "PYTHONPATH": f"{Path(__file__).resolve().parents[3]}:{site}",
-        "HOME": str(directory),
     }
-    log_path = directory / "gateway.log"
-    return GatewayProcess(env, log_path, cwd=Path("/"), launcher=launcher, python=SYSTEM_PYTHON).start()
-
-
-def _system_python_version() -> tuple[int, int]:
-    out = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True)
-    major, minor = out.stdout.split()
-    return int(major), int(minor)
+    return unprivileged_gateway(directory, env, no_user_namespaces).start()
 
 
 WHO = (
@@ -391,17 +369,8 @@ def _who(gateway: GatewayProcess) -> tuple[object, dict[str, str]]:
     return (ast.literal_eval(logs) if logs else None), dict(raw.headers)
 
 
-@pytest.fixture
-def shared_dir():
-    """A directory uid 10001 can read (pytest's own are root's alone)."""
-    directory = Path(tempfile.mkdtemp(prefix="gw-unprivileged-"))
-    directory.chmod(0o755)
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
 def test_an_unprivileged_gateway_isolates_python_through_a_user_namespace(shared_dir):
-    gateway = _unprivileged_gateway(shared_dir / "gw", "strict", UNPRIVILEGED)
+    gateway = _unprivileged_gateway(shared_dir / "gw", "strict")
     try:
         seen, _ = _who(gateway)
         uid, processes, host_dir_seen, seccomp_mode, capabilities = seen
@@ -409,13 +378,13 @@ def test_an_unprivileged_gateway_isolates_python_through_a_user_namespace(shared
         assert seccomp_mode == "2" and capabilities == 0
     finally:
         gateway.stop()
-    assert "\"user_namespace\":true" in (shared_dir / "gw" / "gateway.log").read_text()
+    assert '"user_namespace":true' in (shared_dir / "gw" / "gateway.log").read_text()
 
 
 @pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap makes a host without user namespaces here")
 @pytest.mark.parametrize("isolation", ["strict", "weak"])
 def test_without_user_namespaces_python_is_offered_only_when_the_operator_accepts_less(shared_dir, isolation):
-    gateway = _unprivileged_gateway(shared_dir / "gw", isolation, UNPRIVILEGED + NO_USER_NAMESPACES + ("--",))
+    gateway = _unprivileged_gateway(shared_dir / "gw", isolation, no_user_namespaces=True)
     try:
         seen, headers = _who(gateway)
     finally:
