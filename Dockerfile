@@ -3,6 +3,9 @@
 #   docker build --target cpu  -t gpt-oss-gateway:0.1.0 .        (gateway, remote backends, engine on CPU)
 #   docker build --target cuda -t gpt-oss-gateway:0.1.0-cuda .   (adds the CUDA 13 / cuDNN 9 wheels)
 # Both run as uid 10001 with nothing writable but /tmp, so a read-only root filesystem works.
+# The python sandbox (hosted tools) confines itself in a user namespace: run the container with
+# --security-opt seccomp=unconfined --security-opt apparmor=unconfined (the Helm chart does the same), or
+# the gateway does not offer python (docs/hosted-tools.md).
 
 ARG PYTHON_VERSION=3.11
 
