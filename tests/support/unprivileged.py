@@ -16,7 +16,18 @@ import pytest
 from live_gateway import GatewayProcess
 
 UNPRIVILEGED = ("setpriv", "--reuid", "10001", "--regid", "10001", "--clear-groups")
-NO_USER_NAMESPACES = ("bwrap", "--unshare-user", "--disable-userns", "--bind", "/", "/", "--dev-bind", "/dev", "/dev")
+NO_USER_NAMESPACES = (
+    "bwrap",
+    "--unshare-user",
+    "--disable-userns",
+    "--die-with-parent",
+    "--bind",
+    "/",
+    "/",
+    "--dev-bind",
+    "/dev",
+    "/dev",
+)
 SYSTEM_PYTHON = "/usr/bin/python3"
 CHECKOUT = Path(__file__).resolve().parents[2]
 
