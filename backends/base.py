@@ -46,6 +46,14 @@ class Constraint:
         return self.tools == "any" and self.final_json_schema is None and not enforced_inputs
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A generated token's log-probability, and the `top` most likely tokens at its step (most likely first)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass(slots=True)
 class GenerateRequest:
     prompt: list[int]
@@ -56,12 +64,14 @@ class GenerateRequest:
     constraint: Constraint = field(default_factory=Constraint)
     cache_key: str | None = None  # requests sharing it share a prompt prefix: a backend may route them together
     tenant: str = ""  # whose request: an in-process prefix cache reuses a prompt only within its tenant
+    top_logprobs: int | None = None  # None: no logprobs; else each token's, with this many alternatives (0-20)
 
 
 @dataclass(slots=True)
 class Chunk:
     tokens: list[int]
     cached_tokens: int | None = None  # prompt tokens the backend served from its prefix cache, when it says
+    logprobs: list[TokenLogprob | None] | None = None  # one per token when the request asked (None: not given)
 
 
 class BackendError(RuntimeError):
@@ -72,7 +82,7 @@ class BackendError(RuntimeError):
 class Capabilities:
     context_length: int
     constraints: bool = False
-    logprobs: bool = False
+    logprobs: bool = False  # fills Chunk.logprobs when GenerateRequest.top_logprobs asks
 
 
 @runtime_checkable

@@ -21,6 +21,7 @@ from .wire import Step, UpstreamProtocolError, count, raise_reported, token_ids
 class LlamaCppCompletion:
     name = "llamacpp"
     path = "/completion"
+    logprobs = False  # not asked for: requests that want them are refused with a 400
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         sampling = request.sampling

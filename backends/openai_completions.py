@@ -4,6 +4,9 @@ Request: `prompt` as a list of token ids, `stop_token_ids`, `return_token_ids: t
 then carries `token_ids`, the tokens new in that chunk), `stream_options.include_usage` (the last chunk
 carries `usage`, with `prompt_tokens_details.cached_tokens` when the server reports cache hits).
 A finished choice names the stop token it matched: `stop_reason` (vLLM) or `matched_stop` (SGLang).
+Logprobs, when the request wants them: `logprobs: k` with `return_tokens_as_token_ids: true`, so each choice's
+`logprobs` names tokens as `token_id:<id>` (`token_logprobs` per token, `top_logprobs` a map per token). vLLM
+reports the model's raw logprobs (its default `logprobs_mode`): before penalties, temperature and top-p.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 
 from harmony import HarmonyEncoding
 
-from .base import GenerateRequest
+from .base import GenerateRequest, TokenLogprob
 from .remote import RemoteBackend
 from .wire import Step, UpstreamProtocolError, count, raise_reported, token_ids
 
@@ -20,6 +23,7 @@ from .wire import Step, UpstreamProtocolError, count, raise_reported, token_ids
 class OpenAICompletions:
     name = "openai_completions"
     path = "/v1/completions"
+    logprobs = True
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         sampling = request.sampling
@@ -42,6 +46,9 @@ class OpenAICompletions:
             body["presence_penalty"] = sampling.presence_penalty
         if sampling.frequency_penalty:
             body["frequency_penalty"] = sampling.frequency_penalty
+        if request.top_logprobs is not None:
+            body["logprobs"] = request.top_logprobs
+            body["return_tokens_as_token_ids"] = True
         return body
 
     def step(self, payload: dict[str, Any], received: int) -> Step:
@@ -64,7 +71,37 @@ class OpenAICompletions:
             finished=choice.get("finish_reason") is not None,
             stop_token=matched if type(matched) is int else None,
             cached_tokens=cached,
+            logprobs=_logprobs(choice.get("logprobs"), len(tokens)),
         )
+
+
+def _logprobs(value: Any, tokens: int) -> list[TokenLogprob | None] | None:
+    """A choice's `logprobs` object, one entry per token of the event (alternatives most likely first)."""
+    if value is None:
+        return None
+    chosen = value.get("token_logprobs") if isinstance(value, dict) else None
+    if not isinstance(chosen, list) or len(chosen) != tokens:
+        raise UpstreamProtocolError("'logprobs' does not match the event's 'token_ids'")
+    alternatives = value.get("top_logprobs") or [None] * tokens
+    if not isinstance(alternatives, list) or len(alternatives) != tokens:
+        raise UpstreamProtocolError("'logprobs.top_logprobs' does not match the event's 'token_ids'")
+    entries: list[TokenLogprob | None] = []
+    for logprob, top in zip(chosen, alternatives, strict=True):
+        if logprob is None:
+            entries.append(None)
+            continue
+        if not isinstance(logprob, int | float) or not isinstance(top, dict | None):
+            raise UpstreamProtocolError("a token's logprob is not a number")
+        ranked = sorted(((_token_id(name), float(value)) for name, value in (top or {}).items()), key=lambda p: -p[1])
+        entries.append(TokenLogprob(float(logprob), tuple(ranked)))
+    return entries
+
+
+def _token_id(name: Any) -> int:
+    text = name.removeprefix("token_id:") if isinstance(name, str) else ""
+    if not text.isdigit() or text == name:
+        raise UpstreamProtocolError("logprobs name tokens without 'token_id:' (return_tokens_as_token_ids unsupported)")
+    return int(text)
 
 
 DIALECT = OpenAICompletions()

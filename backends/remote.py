@@ -104,7 +104,7 @@ class RemoteBackend:
     def __init__(self, dialect: Dialect, options: RemoteOptions) -> None:
         self.dialect = dialect
         self.options = options
-        self.capabilities = Capabilities(context_length=options.context_length)
+        self.capabilities = Capabilities(context_length=options.context_length, logprobs=dialect.logprobs)
         self.pool = UpstreamPool(options.urls, options.eject_after, options.probe_interval_s, self._probe)
         self._session: aiohttp.ClientSession | None = None
 
@@ -254,15 +254,17 @@ class RemoteBackend:
                     f"The model server's stream is malformed: {exc}.", "protocol", retryable=False, upstream_fault=False
                 ) from None
             tokens = step.tokens
+            logprobs = step.logprobs
             received += len(tokens)
             if tokens:
                 last_token = tokens[-1]
                 deadline = loop.time() + self.options.token_timeout_s
             if step.finished and step.stop_token in stops and last_token != step.stop_token:
                 tokens = [*tokens, step.stop_token]  # the server matched a stop token without sending it
+                logprobs = None if logprobs is None else [*logprobs, None]
                 last_token = step.stop_token
             if tokens or step.cached_tokens is not None:
-                yield Chunk(tokens, cached_tokens=step.cached_tokens)
+                yield Chunk(tokens, cached_tokens=step.cached_tokens, logprobs=logprobs)
             ended = ended or step.finished or last_token in stops
             if ended:
                 deadline = loop.time() + self.options.token_timeout_s  # only the usage report may follow

@@ -20,6 +20,7 @@ from .wire import Step, UpstreamProtocolError, UpstreamReported, count, error_te
 class SGLangGenerate:
     name = "sglang_generate"
     path = "/generate"
+    logprobs = False  # not asked for: requests that want them are refused with a 400
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         sampling = request.sampling

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .base import GenerateRequest
+from .base import GenerateRequest, TokenLogprob
 
 
 @dataclass(slots=True)
@@ -14,6 +14,7 @@ class Step:
     finished: bool = False  # the server says the generation is over
     stop_token: int | None = None  # the stop token the server says it matched (appended when not sent)
     cached_tokens: int | None = None
+    logprobs: list[TokenLogprob | None] | None = None  # one per token of `tokens`, when asked and given
 
 
 class UpstreamReported(Exception):
@@ -29,6 +30,7 @@ class Dialect(Protocol):
 
     name: str
     path: str
+    logprobs: bool  # whether it asks the server for logprobs when the request wants them
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]: ...
 

@@ -92,7 +92,7 @@ def _progress(step: int, total: int) -> None:
 class EngineBackend:
     def __init__(self, options: EngineOptions, encoding: HarmonyEncoding) -> None:
         self.options = options
-        self.capabilities = Capabilities(context_length=options.max_positions, constraints=True)
+        self.capabilities = Capabilities(context_length=options.max_positions, constraints=True, logprobs=True)
         self._encoding = encoding
         self._batcher: Batcher | None = None
         self._grammars: GrammarCompiler | None = None
@@ -184,7 +184,7 @@ class EngineBackend:
         guide = None
         if not request.constraint.is_free:
             guide = await loop.run_in_executor(None, grammars.guide, request.constraint, request.max_new_tokens)
-        arrivals: asyncio.Queue[list[int] | BaseException | None] = asyncio.Queue()
+        arrivals: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue()
         seed = request.sampling.seed
         sequence = Sequence(
             request,
@@ -202,8 +202,10 @@ class EngineBackend:
                     return
                 if isinstance(item, BaseException):
                     raise BackendError(f"The engine failed: {item}")
-                yield Chunk(item, cached_tokens=sequence.reused) if first else Chunk(item)
-                first = False
+                if first:
+                    item.cached_tokens = sequence.reused
+                    first = False
+                yield item
         finally:
             sequence.cancelled.set()  # frees the slot before the next step, or drops it from the queue
 

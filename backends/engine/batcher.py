@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from backends.base import EngineStats, GenerateRequest
+from backends.base import Chunk, EngineStats, GenerateRequest
 from harmony.tokens import FIRST_SPECIAL
 
 from .grammar import TokenGuide
 from .prefix_cache import PrefixCache
 from .runtime import DecoderRuntime
-from .sampler import next_token
+from .sampler import next_token, penalised, token_logprob
 
 log = structlog.get_logger("backends.engine")
 
-Emit = Callable[[list[int] | BaseException | None], None]  # a token, a failure, or None at the end
+Emit = Callable[[Chunk | BaseException | None], None]  # a token (and its logprob), a failure, or None at the end
 
 
 @dataclass(eq=False)
@@ -187,7 +187,8 @@ class Batcher:
         guide = sequence.guide
         if guide is not None:
             logits = guide.mask(logits)
-        token = next_token(logits, request.sampling, sequence.rng, sequence.counts)
+        logits = penalised(logits, request.sampling, sequence.counts)
+        token = next_token(logits, request.sampling, sequence.rng)
         if guide is not None:
             try:
                 guide.accept(token)
@@ -199,7 +200,8 @@ class Batcher:
         sampling = request.sampling
         if token < FIRST_SPECIAL and (sampling.presence_penalty or sampling.frequency_penalty):
             sequence.counts[token] = sequence.counts.get(token, 0) + 1  # counted only where it is used
-        sequence.emit([token])
+        wanted = request.top_logprobs
+        sequence.emit(Chunk([token], logprobs=None if wanted is None else [token_logprob(logits, token, wanted)]))
         done = (
             token in request.stop_ids
             or sequence.generated >= request.max_new_tokens

@@ -41,7 +41,9 @@ def _backend_failure(choice: Choice) -> ApiError:
 
 
 def _refuse_unsupported(req: ChatRequest, logprobs: bool) -> None:
-    if (req.logprobs or req.top_logprobs) and not logprobs:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid("top_logprobs", "top_logprobs needs logprobs: true.")
+    if req.logprobs and not logprobs:
         raise invalid("logprobs", "This model's backend does not return logprobs.", "unsupported_parameter")
     if req.logit_bias:
         raise invalid("logit_bias", "logit_bias is not supported by this gateway.", "unsupported_parameter")
@@ -56,9 +58,9 @@ async def _drain(choice: Choice, on_delta: Any = None) -> None:
     async with aclosing(choice.turn.events()) as batches:
         async for batch in batches:
             for event in batch:
-                for delta in choice.deltas(event):
+                for delta, logprobs in choice.deltas(event):
                     if on_delta is not None:
-                        await on_delta(choice, delta)
+                        await on_delta(choice, delta, logprobs)
             if choice.stops.stopped:
                 return  # closing the iterator stops the generation
 
@@ -110,7 +112,12 @@ async def _respond(completion: Completion) -> web.Response:
         raise _backend_failure(failed)
     body = completion.envelope("chat.completion")
     body["choices"] = [
-        {"index": c.index, "message": c.message(), "logprobs": None, "finish_reason": c.finish_reason}
+        {
+            "index": c.index,
+            "message": c.message(),
+            "logprobs": {"content": c.logprobs, "refusal": None} if completion.req.logprobs else None,
+            "finish_reason": c.finish_reason,
+        }
         for c in completion.choices
     ]
     body["usage"] = usage(completion.choices)
@@ -124,15 +131,21 @@ async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
     queue: asyncio.Queue[bytes | Choice] = asyncio.Queue(MAX_STREAM_BACKLOG)  # full: the producers wait
     include_usage = bool(completion.req.stream_options and completion.req.stream_options.include_usage)
 
-    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    def chunk(
+        index: int,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        logprobs: list[dict[str, Any]] | None = None,
+    ) -> bytes:
         body = completion.envelope("chat.completion.chunk")
-        body["choices"] = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        scored = {"content": logprobs, "refusal": None} if logprobs is not None else None
+        body["choices"] = [{"index": index, "delta": delta, "logprobs": scored, "finish_reason": finish_reason}]
         if include_usage:
             body["usage"] = None
         return frame(body)
 
-    async def on_delta(choice: Choice, delta: dict[str, Any]) -> None:
-        await queue.put(chunk(choice.index, delta))
+    async def on_delta(choice: Choice, delta: dict[str, Any], logprobs: list[dict[str, Any]] | None) -> None:
+        await queue.put(chunk(choice.index, delta, logprobs=logprobs))
 
     async def produce(choice: Choice) -> None:
         try:
@@ -205,7 +218,15 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
         request_key = f"{request_id}/{index}"
         turn = start_turn(
-            services, tenant, plan, sampling, constraint, request_key, observer, cache_key=req.prompt_cache_key
+            services,
+            tenant,
+            plan,
+            sampling,
+            constraint,
+            request_key,
+            observer,
+            cache_key=req.prompt_cache_key,
+            top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         )
         choices.append(Choice(index, turn, StopMatcher(req.stop_sequences)))
     completion = Completion(services, req, tenant, choices)

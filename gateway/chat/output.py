@@ -9,6 +9,8 @@ from ..generation.assembler import Closed, Delta, ItemEvent, Opened
 from ..generation.turn import Turn
 from .stop_sequences import StopMatcher
 
+ChatDelta = tuple[dict[str, Any], list[dict[str, Any]] | None]
+
 
 @dataclass(slots=True)
 class Choice:
@@ -20,10 +22,13 @@ class Choice:
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # the shown answer's tokens', when asked
     _call_slots: dict[str, int] = field(default_factory=dict)
+    _held: list[dict[str, Any]] = field(default_factory=list)  # tokens of text the stop matcher holds back
 
-    def deltas(self, event: ItemEvent) -> list[dict[str, Any]]:
-        """The delta objects this item event adds to the stream (possibly none)."""
+    def deltas(self, event: ItemEvent) -> list[ChatDelta]:
+        """The delta objects this item event adds to the stream (possibly none), each with the logprobs of the
+        answer's tokens it shows (None for what has none: reasoning, calls, preambles, or none asked)."""
         item = event.item
         if item.kind == "function_call":
             if isinstance(event, Opened):
@@ -31,19 +36,21 @@ class Choice:
                 self._call_slots[item.id] = slot
                 call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": ""}}
                 self.tool_calls.append(call)
-                return [{"tool_calls": [{"index": slot, **call, "function": dict(call["function"])}]}]
+                return [({"tool_calls": [{"index": slot, **call, "function": dict(call["function"])}]}, None)]
             if isinstance(event, Delta):
                 slot = self._call_slots[item.id]
                 self.tool_calls[slot]["function"]["arguments"] += event.text
-                return [{"tool_calls": [{"index": slot, "function": {"arguments": event.text}}]}]
+                return [({"tool_calls": [{"index": slot, "function": {"arguments": event.text}}]}, None)]
             return []
         if item.kind == "reasoning":
             if isinstance(event, Delta):
                 self.reasoning.append(event.text)
-                return [{"reasoning": event.text}]
+                return [({"reasoning": event.text}, None)]
             return []
         if isinstance(event, Delta):
             shown = self.stops.feed(event.text)
+            if event.logprobs:
+                self._held.extend(event.logprobs)
         elif isinstance(event, Closed):
             shown = self.stops.flush()
         else:
@@ -51,7 +58,11 @@ class Choice:
         if not shown:
             return []
         self.content.append(shown)
-        return [{"content": shown}]
+        scored = None
+        if item.logprobs is not None:  # text cut at a stop sequence leaves its tokens out
+            scored, self._held = self._held, []
+            self.logprobs.extend(scored)
+        return [({"content": shown}, scored)]
 
     @property
     def finish_reason(self) -> str:

@@ -8,6 +8,8 @@ Analysis becomes a `reasoning` item, `final` and recipient-less `commentary` bec
 `custom_tool_call`, and for a tool the gateway runs itself its own kind (`web_search_call`,
 `code_interpreter_call`, `mcp_call`), which the tool loop executes and settles.
 Messages the model wrongly authored as another role are kept as reasoning, never shown as answers.
+When logprobs are asked for, each token of a final-channel message carries its own (never the analysis
+channel's, nor a preamble's): on the item, and on the text delta it completed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from backends.base import TokenLogprob
 from harmony import (
     ContentDelta,
     HarmonyEncoding,
@@ -30,6 +33,7 @@ from harmony import (
 from ..hosted.results import HostedKind, ToolResult
 from ..ids import new_id
 from .dialog import Entry
+from .logprobs import LogprobWriter
 from .prompt import FUNCTIONS_PREFIX
 
 ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"] | HostedKind
@@ -90,6 +94,7 @@ class OutputItem:
     result: ToolResult | None = None  # a hosted item's, once the loop settled it
     settled: bool = False
     annotations: list[dict[str, Any]] = field(default_factory=list)  # a message's url citations
+    logprobs: list[dict[str, Any]] | None = None  # a final answer's tokens' (as the APIs show them), when asked
 
     @property
     def text(self) -> str:
@@ -120,6 +125,7 @@ class Opened:
 class Delta:
     item: OutputItem
     text: str
+    logprobs: list[dict[str, Any]] | None = None  # the tokens this text completed, when the item carries them
 
 
 @dataclass(slots=True)
@@ -165,8 +171,12 @@ def _kind_of(start: MessageStart, routing: CallRouting) -> ItemKind:
 class OutputAssembler:
     """Feed generated token ids; read `items`, token counts and the dialog entries to store."""
 
-    def __init__(self, encoding: HarmonyEncoding, routing: CallRouting | None = None) -> None:
+    def __init__(
+        self, encoding: HarmonyEncoding, routing: CallRouting | None = None, top_logprobs: int | None = None
+    ) -> None:
         self._encoding = encoding
+        self._logprobs = None if top_logprobs is None else LogprobWriter(encoding, top_logprobs)
+        self._scored: list[dict[str, Any]] = []  # tokens of the open answer not yet in a delta (partial UTF-8)
         self._parser = StreamParser(encoding, Role.ASSISTANT)
         self._routing = routing or CallRouting()
         self.items: list[OutputItem] = []
@@ -196,8 +206,12 @@ class OutputAssembler:
         """A message of the dialog that the model did not write (a tool's answer)."""
         self.entries.append(entry)
 
-    def feed(self, tokens: list[int]) -> list[ItemEvent]:
+    def feed(self, tokens: list[int], logprobs: list[TokenLogprob | None] | None = None) -> list[ItemEvent]:
         events: list[ItemEvent] = []
+        if self._logprobs is not None and logprobs is not None:
+            for position, token in enumerate(tokens):
+                self._feed_scored(token, logprobs[position] if position < len(logprobs) else None, events)
+            return events
         parse = self._parser.feed
         for token in tokens:
             self.output_tokens += 1
@@ -211,6 +225,27 @@ class OutputAssembler:
                 else:
                     self._on(event, events)
         return events
+
+    def _feed_scored(self, token: int, entry: TokenLogprob | None, events: list[ItemEvent]) -> None:
+        """One token with its logprob: kept when it is text of an answer that carries them."""
+        assert self._logprobs is not None
+        self.output_tokens += 1
+        self._tokens_in_message += 1
+        produced = self._parser.feed(token)
+        item = self._open
+        is_text = all(type(event) is ContentDelta for event in produced)  # not a message's start or end
+        if is_text and item is not None and item.logprobs is not None and entry is not None:
+            self._scored.append(self._logprobs.token(token, entry))
+        for event in produced:
+            if type(event) is ContentDelta and item is not None and event.text:
+                item.parts.append(event.text)
+                scored = None
+                if item.logprobs is not None:
+                    scored, self._scored = self._scored, []
+                    item.logprobs.extend(scored)
+                events.append(Delta(item, event.text, scored))
+            elif type(event) is not ContentDelta:
+                self._on(event, events)
 
     def finish(self) -> list[ItemEvent]:
         """The stream ended: close whatever message was cut off."""
@@ -234,6 +269,8 @@ class OutputAssembler:
                 item.namespace, item.name = self._routing.split(event.recipient or "")
                 item.call_id = item.id  # a stored call's key: an approval names it
             item.preamble = kind == "message" and event.channel == "commentary"
+            if self._logprobs is not None and kind == "message" and event.channel == "final":
+                item.logprobs = []
             self.items.append(item)
             self._open = item
             events.append(Opened(item))
@@ -243,6 +280,9 @@ class OutputAssembler:
                 return
             item.done = True
             item.complete = event.stop is not StopReason.EOS
+            if item.logprobs is not None:
+                item.logprobs.extend(self._scored)  # a last partial character's tokens
+            self._scored = []
             if item.kind == "reasoning":
                 self.reasoning_tokens += self._tokens_in_message
             self._tokens_in_message = 0

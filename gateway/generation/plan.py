@@ -126,6 +126,7 @@ def start_turn(
     routing: CallRouting | None = None,
     cache_key: str | None = None,
     assembler: OutputAssembler | None = None,
+    top_logprobs: int | None = None,
 ) -> Turn:
     tokens = plan.built.tokens
     return Turn(
@@ -142,4 +143,5 @@ def start_turn(
         cache_key,
         assembler,
         tenant,
+        top_logprobs,
     )

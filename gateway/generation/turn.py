@@ -105,6 +105,7 @@ class Turn:
         cache_key: str | None = None,
         assembler: OutputAssembler | None = None,
         tenant: str = "",
+        top_logprobs: int | None = None,
     ) -> None:
         self.backend = backend
         self._observer = observer
@@ -113,7 +114,7 @@ class Turn:
         self._task: asyncio.Task[object] | None = None  # the task generating, found once when it starts
         self._awaiting_backend = False  # that task is waiting for the backend's next chunk
         self._cancelled_by_cut = False
-        self.assembler = assembler or OutputAssembler(encoding, routing)  # a tool loop's turns share one
+        self.assembler = assembler or OutputAssembler(encoding, routing, top_logprobs)  # a tool loop's share one
         self._base_output = self.assembler.output_tokens  # what earlier turns of the loop generated
         self._base_reasoning = self.assembler.reasoning_tokens
         self.prompt_tokens = len(prompt)
@@ -128,6 +129,7 @@ class Turn:
             constraint=constraint if backend.capabilities.constraints else Constraint(),
             cache_key=cache_key,
             tenant=tenant,
+            top_logprobs=top_logprobs,
         )
         self._constraint = constraint
         self._stops = frozenset(self._request.stop_ids)
@@ -193,7 +195,7 @@ class Turn:
                                 break  # the backend runs past the end: closing it cancels the generation
                             continue
                         tokens, ended = self._accept(chunk.tokens)
-                        events = assembler.feed(tokens)
+                        events = assembler.feed(tokens, chunk.logprobs)
                         if tokens and observer is not None:
                             content = not observer.content_seen and any(map(is_content, events))
                             observer.tokens(len(tokens), content)

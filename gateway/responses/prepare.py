@@ -91,7 +91,17 @@ async def prepare(request: web.Request) -> Job:
     def start(plan: Plan, assembler: OutputAssembler | None = None) -> Turn:
         observer = services.metrics.turn_observer(req.model, tenant, stats)  # each turn its own timings
         return start_turn(
-            services, tenant, plan, sampling, constraint, request_id, observer, routing, req.prompt_cache_key, assembler
+            services,
+            tenant,
+            plan,
+            sampling,
+            constraint,
+            request_id,
+            observer,
+            routing,
+            req.prompt_cache_key,
+            assembler,
+            (req.top_logprobs or 0) if wants_logprobs else None,
         )
 
     max_calls = min(

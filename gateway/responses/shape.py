@@ -261,7 +261,7 @@ def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
         "role": "assistant",
         "status": status,
         "phase": "commentary" if item.preamble else "final_answer",
-        "content": [text_part(item.text, item.annotations)] if item.done else [],
+        "content": [text_part(item.text, item.annotations, item.logprobs)] if item.done else [],
     }
 
 
@@ -309,8 +309,10 @@ def _settled_status(result: ToolResult | None, status: str) -> str:
     return "failed" if result is not None and result.failed else status
 
 
-def text_part(text: str, annotations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": annotations or [], "logprobs": []}
+def text_part(
+    text: str, annotations: list[dict[str, Any]] | None = None, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": annotations or [], "logprobs": logprobs or []}
 
 
 def reasoning_part(text: str) -> dict[str, Any]:

@@ -51,7 +51,7 @@ class StreamEvents:
                 "delta": event.text,
             }
             if item.kind == "message":
-                payload["logprobs"] = []
+                payload["logprobs"] = event.logprobs or []
             if self._obfuscate:
                 payload["obfuscation"] = obfuscation(event.text)
             return [payload]
@@ -67,7 +67,10 @@ class StreamEvents:
             return out
         if isinstance(event, Delta):
             if item.kind == "message":
-                return [self.event("response.output_text.delta", **at, content_index=0, delta=event.text, logprobs=[])]
+                logprobs = event.logprobs or []
+                return [
+                    self.event("response.output_text.delta", **at, content_index=0, delta=event.text, logprobs=logprobs)
+                ]
             if item.kind == "reasoning":
                 return [self.event("response.reasoning_text.delta", **at, content_index=0, delta=event.text)]
             if item.kind == "custom_tool_call":
@@ -87,8 +90,13 @@ class StreamEvents:
                 for index, note in enumerate(item.annotations)
             ]
             out += [
-                self.event("response.output_text.done", **at, content_index=0, text=text, logprobs=[]),
-                self.event("response.content_part.done", **at, content_index=0, part=text_part(text, item.annotations)),
+                self.event("response.output_text.done", **at, content_index=0, text=text, logprobs=item.logprobs or []),
+                self.event(
+                    "response.content_part.done",
+                    **at,
+                    content_index=0,
+                    part=text_part(text, item.annotations, item.logprobs),
+                ),
             ]
         elif item.kind == "reasoning":
             out = [

@@ -18,7 +18,7 @@ from typing import Any
 
 import openai
 import pytest
-from fake_upstreams import FakeUpstream
+from fake_upstreams import FakeUpstream, fake_logprob
 from gateway_fixtures import SCRIPT, WEATHER_TOOL
 from live_gateway import GatewayProcess, LiveGateway
 from redis_servers import free_port
@@ -331,3 +331,69 @@ def test_serve_in_front_of_a_vllm_server_from_the_environment(tmp_path):
         fake.stop()
     assert fake.calls[0].body["model"] == "openai/gpt-oss-120b"
     assert "You are welcome" not in process.log_text()
+
+
+def _scored_text(entries) -> str:
+    return "".join(entry.token for entry in entries)
+
+
+def test_vllm_logprobs_map_onto_the_final_answer_in_both_apis():
+    """vLLM's per-token logprobs (asked with token ids) become the answer's: on the Responses output_text part and
+    its deltas, on Chat's choice and its chunks; the reasoning's tokens have none; alternatives as asked."""
+    fake = _fake("vllm")
+    wanted = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    with _serving("vllm", [fake]) as (_, client):
+        response = client.responses.create(model=MODEL, input="thanks!", **wanted)
+        events = list(client.responses.create(model=MODEL, input="thanks!", stream=True, **wanted))
+        chat = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "thanks!"}], logprobs=True, top_logprobs=1
+        )
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "thanks!"}], logprobs=True, stream=True
+            )
+        )
+    (message,) = [item for item in response.output if item.type == "message"]
+    entries = message.content[0].logprobs
+    assert _scored_text(entries) == response.output_text == "You are welcome."
+    assert any(item.type == "reasoning" for item in response.output)  # its tokens were scored too, and left out
+    for entry in entries:
+        assert entry.top_logprobs[0].token == entry.token and bytes(entry.bytes).decode() == entry.token
+        assert [alt.logprob for alt in entry.top_logprobs] == [entry.logprob, entry.logprob - 1]
+        assert entry.logprob in {fake_logprob(n) for n in range(7)}
+    deltas = [event for event in events if event.type == "response.output_text.delta"]
+    assert [e.token for d in deltas for e in d.logprobs] == [e.token for e in entries]
+    done = [event for event in events if event.type == "response.output_text.done"]
+    assert [e.logprob for e in done[0].logprobs] == [e.logprob for e in entries]
+    assert _scored_text(chat.choices[0].logprobs.content) == chat.choices[0].message.content == "You are welcome."
+    assert all(len(entry.top_logprobs) == 1 for entry in chat.choices[0].logprobs.content)
+    streamed = [entry for c in chunks if c.choices and c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    assert _scored_text(streamed) == "You are welcome." and all(not e.top_logprobs for e in streamed)
+    asked = [(call.body["logprobs"], call.body["return_tokens_as_token_ids"]) for call in fake.calls]
+    assert asked == [(2, True), (2, True), (1, True), (0, True)]
+
+
+def test_a_vllm_that_names_logprob_tokens_by_text_fails_the_response_with_the_reason():
+    fake = _fake("vllm", logprobs_by_text=True)
+    with _serving("vllm", [fake]) as (_, client):
+        response = client.responses.create(
+            model=MODEL, input="thanks!", include=["message.output_text.logprobs"], top_logprobs=1
+        )
+    assert response.status == "failed" and "return_tokens_as_token_ids" in response.error.message
+
+
+@pytest.mark.parametrize("dialect", ["sglang_generate", "llamacpp"])
+def test_a_backend_without_logprobs_refuses_them_with_a_400(dialect):
+    fake = _fake(dialect)
+    with _serving(_kind(dialect), [fake]) as (_, client):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "thanks!"}], logprobs=True, top_logprobs=2
+            )
+        with pytest.raises(openai.BadRequestError) as without_logprobs:
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "thanks!"}], top_logprobs=2
+            )
+    assert refused.value.body["param"] == "logprobs" and "does not return logprobs" in refused.value.body["message"]
+    assert without_logprobs.value.body["param"] == "top_logprobs"
+    assert fake.calls == []

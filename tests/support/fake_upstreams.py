@@ -2,7 +2,9 @@
 
 A FakeUpstream answers with the tokens a mock script gives for the prompt, streamed in its dialect:
 - `vllm`: `/v1/completions`, one chunk per token with `token_ids` (the first adds `prompt_token_ids`),
-  the stop token included and named in `stop_reason`, then a usage chunk and `[DONE]`;
+  the stop token included and named in `stop_reason`, then a usage chunk and `[DONE]`; with `logprobs: k`,
+  each choice's `logprobs` (`fake_logprob` of the token and of k alternatives, named `token_id:<id>` when
+  `return_tokens_as_token_ids`, else by their text);
 - `sglang`: the same endpoint as SGLang serves it; the matched stop token is named in `matched_stop`
   and left out of `token_ids` (so the gateway's handling of servers that do not send it is exercised);
 - `sglang_generate`: `/generate` with `output_ids` cumulative (SGLang's default) or, with
@@ -33,6 +35,7 @@ ACCEPTED_FIELDS = {
     "vllm": {
         "model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop_token_ids",
         "skip_special_tokens", "return_token_ids", "stream", "stream_options", "presence_penalty", "frequency_penalty",
+        "logprobs", "return_tokens_as_token_ids",
     },
     "sglang_generate": {"input_ids", "sampling_params", "stream"},
     "llamacpp": {
@@ -51,6 +54,11 @@ PATHS = {
     "sglang_generate": "/generate",
     "llamacpp": "/completion",
 }
+
+
+def fake_logprob(token: int) -> float:
+    """The fake vLLM's logprob of a token, as the tests expect it."""
+    return -((token % 7) + 1) / 10
 
 
 @dataclass
@@ -75,8 +83,10 @@ class FakeUpstream:
         status: int | None = None,
         stall_after: int | None = None,
         error_after: int | None = None,
+        logprobs_by_text: bool = False,  # names tokens by text even when asked for ids (an older server)
     ) -> None:
         self.dialect = dialect
+        self.logprobs_by_text = logprobs_by_text
         self._server = ThreadedServer(port)
         self.port = self._server.port
         self.token_delay_s = token_delay_s
@@ -211,6 +221,10 @@ class FakeUpstream:
             choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
             if self.dialect == "vllm":
                 choice |= {"stop_reason": matched, "token_ids": [token]}
+                body = self.calls[-1].body
+                if body.get("logprobs") is not None:
+                    as_ids = body.get("return_tokens_as_token_ids") and not self.logprobs_by_text
+                    choice["logprobs"] = self._logprobs(token, body["logprobs"], as_ids)
             else:
                 withheld = matched is not None
                 choice |= {
@@ -233,6 +247,18 @@ class FakeUpstream:
             ids = [token] if self.incremental else list(sent)
             return {"text": self.encoding.decode(sent), "output_ids": ids, "meta_info": meta}
         return {"index": 0, "content": text, "tokens": [token], "stop": False, "id_slot": 0}
+
+    def _logprobs(self, token: int, top: int, as_ids: bool) -> dict[str, Any]:
+        """vLLM's completions logprobs for one token: the chosen one's and the `top` most likely (the chosen
+        among them, as vLLM adds it)."""
+
+        def name(other: int) -> str:
+            return f"token_id:{other}" if as_ids else self.encoding.decode_bytes([other]).decode("utf-8", "replace")
+
+        ranked = {name(token): fake_logprob(token)}
+        for rank in range(1, top):
+            ranked[name(token + rank)] = fake_logprob(token) - rank
+        return {"tokens": [name(token)], "token_logprobs": [fake_logprob(token)], "top_logprobs": [ranked]}
 
     def _closing_events(self, prompt: list[int], sent: list[int], limit: int) -> list[dict[str, Any]]:
         if self.dialect in ("vllm", "sglang"):

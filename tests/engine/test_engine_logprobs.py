@@ -1,0 +1,173 @@
+"""Logprobs from the built-in engine: each generated token's is the exact log-softmax, at the real vocabulary
+width (201,088), of the logits it was sampled from (penalties applied, before temperature), as a step-by-step
+reference over the same decoder computes it; the alternatives are the most likely tokens, most likely first,
+and a token the output's grammar masks out is never among them. Through both APIs, the answer's tokens carry
+them (never the reasoning's), in the final object and in the stream."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+from engine_fixtures import make_checkpoint, tiny_config
+from gateway_fixtures import gateway_settings
+from live_gateway import LiveGateway
+
+from backends.base import GenerateRequest, Sampling, TokenLogprob
+from backends.engine.backend import EngineBackend, EngineOptions
+from backends.engine.checkpoint import Checkpoint
+from backends.engine.graph import GraphOptions
+from backends.engine.kernels.build import kernel_library
+from backends.engine.model_cache import compiled_model
+from backends.engine.runtime import DecoderRuntime
+from backends.engine.sampler import token_logprob
+from harmony import load_harmony_encoding
+from harmony.tokens import FIRST_SPECIAL
+
+PROMPT = [200006, 17360, 200008, *range(5000, 5030), 200007, 200006, 173781]
+STEPS = 16
+TOP = 5
+PRESENCE = 0.7
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("logprobs") / "model", tiny_config(), "hf")
+
+
+def _engine(checkpoint: Path, sampling: Sampling) -> tuple[list[int], list[TokenLogprob]]:
+    options = EngineOptions(
+        checkpoint=str(checkpoint), max_positions=256, cache_dir=str(checkpoint.parent / "graphs"), max_batch=1
+    )
+    backend = EngineBackend(options, load_harmony_encoding())
+
+    async def run() -> tuple[list[int], list[TokenLogprob]]:
+        while not await backend.ready():
+            assert backend.describe()["status"] != "failed", backend.describe()
+            await asyncio.sleep(0.02)
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        request = GenerateRequest(PROMPT, STEPS, (), "lp", sampling, top_logprobs=TOP)
+        async for chunk in backend.generate(request):
+            tokens += chunk.tokens
+            assert chunk.logprobs is not None and len(chunk.logprobs) == len(chunk.tokens)
+            logprobs += [entry for entry in chunk.logprobs if entry is not None]
+        await backend.aclose()
+        return tokens, logprobs
+
+    return asyncio.run(run())
+
+
+def _reference(checkpoint: Path, tokens: list[int]) -> list[np.ndarray]:
+    """The penalised float64 log-softmax at each step of the engine's own token sequence."""
+    model = compiled_model(Checkpoint(checkpoint), GraphOptions(256), checkpoint.parent / "graphs")
+    runtime = DecoderRuntime(str(model), tiny_config(), 1, 256, kernels=kernel_library())
+    logits = runtime.prefill(0, PROMPT)
+    seen: set[int] = set()
+    rows = []
+    for step, token in enumerate(tokens):
+        adjusted = logits.astype(np.float64)
+        adjusted[sorted(seen)] -= PRESENCE
+        rows.append(adjusted - (adjusted.max() + np.log(np.exp(adjusted - adjusted.max()).sum())))
+        if token < FIRST_SPECIAL:
+            seen.add(token)
+        if step + 1 < len(tokens):
+            logits = runtime.decode([(0, token, len(PROMPT) + step)])[0]
+    return rows
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_each_tokens_logprob_is_the_exact_log_softmax_it_was_sampled_from(checkpoint, temperature):
+    tokens, logprobs = _engine(checkpoint, Sampling(temperature=temperature, seed=11, presence_penalty=PRESENCE))
+    assert len(tokens) == len(logprobs) == STEPS
+    for token, entry, row in zip(tokens, logprobs, _reference(checkpoint, tokens), strict=True):
+        assert entry.logprob == pytest.approx(row[token], abs=1e-9)  # before temperature: the same at 0 and 0.8
+        best = np.argsort(-row, kind="stable")[:TOP]
+        assert [token for token, _ in entry.top] == best.tolist()
+        assert [value for _, value in entry.top] == pytest.approx(row[best].tolist(), abs=1e-9)
+        if temperature == 0:
+            assert entry.top[0][0] == token  # greedy took the most likely
+
+
+def test_a_masked_token_is_never_an_alternative_at_the_real_width():
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal(201_088).astype(np.float32)
+    logits[[7, 11, 13]] = 40.0
+    masked = logits.copy()
+    masked[[7, 13]] = -np.inf  # a grammar allows 11 of the three
+    entry = token_logprob(masked, 11, 4)
+    assert entry.top[0][0] == 11 and 7 not in dict(entry.top) and 13 not in dict(entry.top)
+    finite = masked[np.isfinite(masked)].astype(np.float64)
+    expected = 40.0 - (finite.max() + np.log(np.exp(finite - finite.max()).sum()))
+    assert entry.logprob == pytest.approx(expected, abs=1e-9)
+    assert all(np.isfinite(value) for _, value in entry.top)
+
+
+# ---- through the public API: Responses and Chat on the engine, a JSON answer the grammar holds the model to ----
+
+MODEL = "gpt-oss-20b"
+UNIT = {
+    "type": "object",
+    "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["unit"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, checkpoint):
+    directory = tmp_path_factory.mktemp("logprobs-api")
+    options = {"checkpoint": str(checkpoint), "max_positions": 1024, "cache_dir": str(checkpoint.parent / "graphs")}
+    settings = gateway_settings(directory, backends={"engine": {"kind": "onnx", "options": options, "models": [MODEL]}})
+    gateway = LiveGateway(settings).start()
+    deadline = time.monotonic() + 120
+    while not gateway.call(gateway.services.backends[MODEL].ready()):
+        assert time.monotonic() < deadline, "the engine did not load"
+        time.sleep(0.05)
+    yield gateway
+    gateway.stop()
+
+
+def _check_answer(entries, text: str, top: int) -> None:
+    """The entries spell the answer exactly; a choice the grammar left open (the enum) has alternatives that
+    share all of the probability, most likely first; a forced token has probability 1."""
+    assert "".join(entry.token for entry in entries) == text and text.startswith('{"unit"')
+    assert b"".join(bytes(entry.bytes) for entry in entries) == text.encode()
+    for entry in entries:
+        values = [alternative.logprob for alternative in entry.top_logprobs]
+        assert values == sorted(values, reverse=True) and len(values) <= top and entry.logprob <= 0
+    open_choice = [entry for entry in entries if len(entry.top_logprobs) >= 2]
+    assert open_choice, "the enum's two values were both allowed somewhere"
+    for entry in open_choice:  # the allowed tokens share all of the probability: the listed ones at most all
+        mass = sum(math.exp(alternative.logprob) for alternative in entry.top_logprobs)
+        assert mass == pytest.approx(1.0, abs=1e-6) if len(entry.top_logprobs) < top else mass <= 1.0 + 1e-9
+    forced = [entry for entry in entries if len(entry.top_logprobs) == 1]
+    assert all(entry.logprob == pytest.approx(0.0, abs=1e-9) for entry in forced)
+
+
+def test_responses_and_chat_carry_the_engines_logprobs_for_the_answer_alone(live):
+    api = openai.OpenAI(base_url=live.url + "/v1", api_key="sk-tenant-a", max_retries=0, timeout=120)
+    schema = {"type": "json_schema", "name": "unit", "schema": UNIT, "strict": True}
+    asked = {"model": MODEL, "input": "unit?", "temperature": 0, "max_output_tokens": 300, "text": {"format": schema}}
+    asked |= {"include": ["message.output_text.logprobs"], "top_logprobs": 3}
+    response = api.responses.create(**asked)
+    (message,) = [item for item in response.output if item.type == "message"]
+    _check_answer(message.content[0].logprobs, response.output_text, 3)
+    events = list(api.responses.create(**asked, stream=True))
+    streamed = [entry for e in events if e.type == "response.output_text.delta" for entry in e.logprobs]
+    expected = [e.logprob for e in message.content[0].logprobs]  # greedy: the same answer (its prompt now reused
+    assert [e.logprob for e in streamed] == pytest.approx(expected, abs=1e-5)  # from the cache: float32 rounding)
+    chat_format = {"type": "json_schema", "json_schema": {"name": "unit", "schema": UNIT, "strict": True}}
+    chat_asked = {"model": MODEL, "messages": [{"role": "user", "content": "unit?"}], "temperature": 0}
+    chat_asked |= {"max_tokens": 300, "response_format": chat_format, "logprobs": True, "top_logprobs": 2}
+    chat = api.chat.completions.create(**chat_asked)
+    _check_answer(chat.choices[0].logprobs.content, chat.choices[0].message.content, 2)
+    assert chat.choices[0].message.content == response.output_text
+    chunks = list(api.chat.completions.create(**chat_asked, stream=True))
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    _check_answer(entries, chat.choices[0].message.content, 2)
