@@ -30,8 +30,10 @@ class Constraint:
     `final_json_schema`: the final channel must be JSON valid against this schema ({} = any JSON value).
     `tool_parameters`: each offered function's parameters schema (None: any JSON object), for its arguments.
     `tool_grammars`: each offered freeform tool's (syntax "lark" | "regex", definition) for its raw-text
-    input ("" syntax: any text). Names are bare in `functions`, `ns.name` in a client namespace.
-    The analysis channel is never constrained.
+    input ("" syntax: any text). Names are bare in `functions`, `ns.name` in a client namespace (or an MCP
+    server's label). `builtin_calls`: the built-in tools the gateway runs, by recipient (`python`,
+    `browser.search`, ...): the header the model writes after `<|channel|>` and its input's JSON schema (None:
+    any text). The analysis channel is never constrained.
     """
 
     tools: Literal["any", "none", "required"] = "any"
@@ -39,6 +41,7 @@ class Constraint:
     final_json_schema: dict[str, Any] | None = None
     tool_parameters: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     tool_grammars: dict[str, tuple[str, str]] = field(default_factory=dict)
+    builtin_calls: dict[str, tuple[str, dict[str, Any] | None]] = field(default_factory=dict)
 
     @property
     def is_free(self) -> bool:

@@ -80,11 +80,15 @@ def param_path(loc: tuple[int | str, ...], tags: frozenset[str] = frozenset(), p
 
 
 def from_validation(exc: ValidationError, tags: frozenset[str] = frozenset(), prefix: str = "") -> ApiError:
-    """The most specific validation failure (deepest location), naming the offending parameter."""
+    """The most specific validation failure (deepest location), naming the offending parameter; among a
+    union's branches, one of the input's kind (an object's tag, not the string choices it is not)."""
     errors = exc.errors(include_url=False)
     paths = [param_path(tuple(error["loc"]), tags, prefix) for error in errors]
-    depth = [path.count(".") + path.count("[") for path in paths]
-    best = depth.index(max(depth))
+    rank = [
+        (path.count(".") + path.count("["), error["type"] != "literal_error" or isinstance(error.get("input"), str))
+        for path, error in zip(paths, errors, strict=True)
+    ]
+    best = rank.index(max(rank))
     first, param = errors[best], paths[best]
     if first["type"] == "extra_forbidden":
         return ApiError(400, f"Unknown parameter: '{param}'.", param=param, code="unknown_parameter")

@@ -5,7 +5,8 @@ The grammar covers what follows the prompt's `<|start|>assistant`: at most one a
 answer the constraint allows: a function call (`<|channel|>commentary to=functions.NAME <|constrain|>json
 <|message|>ARGS<|call|>`, ARGS valid against the function's parameters; `to=NS.NAME` in a client
 namespace), a freeform tool's call (`<|channel|>commentary to=functions.NAME<|message|>INPUT<|call|>`,
-INPUT held to the tool's own Lark or regex grammar, included as a sub-grammar) and/or a final message
+INPUT held to the tool's own Lark or regex grammar, included as a sub-grammar), a built-in tool's call
+(`<|channel|>analysis to=python code<|message|>CODE<|call|>`; the browser's with a JSON object) and/or a final message
 (JSON valid against the text format's schema when there is one). The analysis may take at most half of the request's
 token budget, so that the constrained answer always has room to come out.
 """
@@ -57,12 +58,19 @@ def harmony_grammar(
     if parameters is None:
         parameters = {name: schema or ANY_OBJECT for name, schema in constraint.tool_parameters.items()}
     freeform = list(constraint.tool_grammars)
-    callable_names = constraint.tool_names if constraint.tools == "required" else (*parameters, *freeform)
+    builtin = constraint.builtin_calls
+    callable_names = constraint.tool_names if constraint.tools == "required" else (*parameters, *freeform, *builtin)
     answers = []
     rules = []
     if constraint.tools != "none":
         for index, name in enumerate(callable_names):
-            if name in constraint.tool_grammars:
+            if name in builtin:
+                header, schema = builtin[name]
+                body = f"args_{index}" if schema is not None else "text"
+                rules.append(f"call_{index}: <|channel|> {_string(header)} <|message|> {body} <|call|>")
+                if schema is not None:
+                    rules.append(f"args_{index}: {_json(schema)}")
+            elif name in constraint.tool_grammars:
                 header = _string(f"commentary to={_recipient(name)}")
                 rules.append(f"call_{index}: <|channel|> {header} <|message|> @input_{freeform.index(name)} <|call|>")
             else:
@@ -80,7 +88,7 @@ def harmony_grammar(
             rules.append(f"answer_json: {_json(schema)}")
         answers.append("final")
     if not answers:
-        raise BackendError("tool_choice requires a function call, and no functions were offered.")
+        raise BackendError("tool_choice requires a tool call, and no tools were offered.")
     analysis = (
         f'analysis: <|channel|> "analysis" <|message|> reasoning <|end|> <|start|> "assistant"\n'
         f"reasoning[max_tokens={reasoning_tokens}]: /(.|\\n)*/\n"

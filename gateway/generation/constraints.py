@@ -20,12 +20,12 @@ NOT_ENFORCED = "constraint_not_enforced"
 
 def violation(constraint: Constraint, items: list[OutputItem]) -> str | None:
     """Why the finished output breaks the constraint, or None when it keeps it."""
-    calls = [item for item in items if item.is_call]
+    calls = [item for item in items if item.is_call or (item.is_hosted and item.kind != "mcp_list_tools")]
     if constraint.tools == "none" and calls:
         return f"tool_choice 'none' was not enforced: the model called '{calls[0].qualified_name}'"
     if constraint.tools == "required":
         if not calls:
-            return "tool_choice required a function call, and the model answered without one"
+            return "tool_choice required a tool call, and the model answered without one"
         strays = [call.qualified_name for call in calls if call.qualified_name not in constraint.tool_names]
         if strays:
             return f"tool_choice allowed {', '.join(constraint.tool_names)}, and the model called '{strays[0]}'"

@@ -4,10 +4,12 @@ python sandbox's container chosen; and the approvals the request answers, resolv
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import time
 from typing import Any
 
+from backends.base import Constraint
 from harmony import Role
 
 from ..errors import invalid
@@ -25,9 +27,14 @@ from .models import (
     McpListToolsInput,
     McpTool,
     McpToolFilter,
+    NamedHosted,
+    NamedMcp,
     NamespaceTool,
     ResponsesRequest,
 )
+
+BROWSER_CALLS = ("browser.search", "browser.open", "browser.find")
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 def _listed_labels(req: ResponsesRequest, previous_output: list[dict[str, Any]]) -> set[str]:
@@ -152,3 +159,48 @@ def pending_approvals(items: list[DialogItem], dialog: list[Entry], toolset: Too
             )
         )
     return pending
+
+
+def with_hosted_tools(req: ResponsesRequest, constraint: Constraint, toolset: Toolset | None) -> Constraint:
+    """The constraint over every tool the model is offered: the server-side ones added (MCP tools as
+    `label.name` with their input schemas, python and the browser as built-in calls), and a `tool_choice` that
+    names one of them, or `required` with some of them, applied (a 400 when what it names is not offered)."""
+    mcp: dict[str, dict[str, Any] | None] = {}
+    builtin: dict[str, tuple[str, dict[str, Any] | None]] = {}
+    if toolset is not None:
+        for label, binding in toolset.mcp.items():
+            mcp.update({f"{label}.{tool.name}": tool.input_schema or None for tool in binding.tools})
+        if toolset.container_id is not None:
+            builtin["python"] = ("analysis to=python code", None)
+        if toolset.browser is not None:
+            builtin.update({name: (f"analysis to={name} code", ANY_OBJECT) for name in BROWSER_CALLS})
+    choice = req.tool_choice
+    names: tuple[str, ...] | None = None
+    if isinstance(choice, NamedMcp):
+        binding = toolset.mcp.get(choice.server_label) if toolset is not None else None
+        if binding is None:
+            raise invalid(
+                "tool_choice.server_label",
+                f"tool_choice names MCP server '{choice.server_label}', which is not in tools.",
+            )
+        names = tuple(
+            f"{choice.server_label}.{tool.name}" for tool in binding.tools if choice.name in (None, tool.name)
+        )
+        if not names:
+            raise invalid("tool_choice.name", f"MCP server '{choice.server_label}' offers no tool '{choice.name}'.")
+    elif isinstance(choice, NamedHosted):
+        wanted = ("python",) if choice.type == "code_interpreter" else BROWSER_CALLS
+        if wanted[0] not in builtin:
+            raise invalid("tool_choice", f"tool_choice names {choice.type}, which is not in tools or not offered here.")
+        names = wanted
+    elif choice == "required" and (mcp or builtin or constraint.tools == "required"):
+        names = (*(constraint.tool_names if constraint.tools == "required" else ()), *mcp, *builtin)
+    elif choice == "required":
+        raise invalid("tool_choice", "tool_choice 'required' needs at least one tool this gateway offers in tools.")
+    return dataclasses.replace(
+        constraint,
+        tools="required" if names else constraint.tools,
+        tool_names=names or constraint.tool_names,
+        tool_parameters={**constraint.tool_parameters, **mcp},
+        builtin_calls=builtin,
+    )

@@ -18,19 +18,25 @@ from ..hosted.toolset import Toolset
 from ..ids import new_id
 from ..tenants.limits import TenantLimits, check_caps, json_size
 from .models import (
+    WEB_SEARCH_KINDS,
     CodeInterpreterCallInput,
+    CodeInterpreterTool,
     CustomToolCallInput,
     CustomToolCallOutputInput,
     FunctionCallInput,
     FunctionCallOutputInput,
+    HostedTool,
     InputItem,
     McpApprovalRequestInput,
     McpApprovalResponseInput,
     McpCallInput,
     McpListToolsInput,
+    McpTool,
     MessageInput,
     NamedCustom,
     NamedFunction,
+    NamedHosted,
+    NamedMcp,
     ReasoningInput,
     Refusal,
     ResponsesRequest,
@@ -162,10 +168,22 @@ def _format(request: ResponsesRequest) -> tuple[ResponseFormat | None, dict[str,
 
 
 def constraint_for(request: ResponsesRequest, tools: OfferedTools) -> Constraint:
+    """The constraint of the client's own tools; a choice that names or may need the server-side tools
+    (whose tool lists come later) is applied by `hosted_tools.with_hosted_tools`."""
     choice = request.tool_choice
     named = choice.name if isinstance(choice, NamedFunction | NamedCustom) else None
     plain = None if isinstance(choice, NamedFunction | NamedCustom) else choice
-    return constraint(tools.parameters, plain, named, _format(request)[1], tools.schemas, tools.grammars)
+    if isinstance(choice, NamedMcp | NamedHosted) or (choice == "required" and has_hosted_tools(request)):
+        plain = "auto"
+    return constraint(tools.parameters, plain, named, _format(request)[1], tools.schemas, tools.grammars)  # type: ignore[arg-type]
+
+
+def has_hosted_tools(request: ResponsesRequest) -> bool:
+    return any(
+        isinstance(tool, McpTool | CodeInterpreterTool)
+        or (isinstance(tool, HostedTool) and tool.type in WEB_SEARCH_KINDS)
+        for tool in request.tools
+    )
 
 
 def prompt_spec(

@@ -476,7 +476,25 @@ class NamedCustom(Strict):
     name: str
 
 
-ToolChoice = Literal["auto", "none", "required"] | NamedFunction | NamedCustom
+class NamedMcp(Strict):
+    """Force a call to this MCP server (to its tool `name`, when given)."""
+
+    type: Literal["mcp"]
+    server_label: str
+    name: str | None = None
+
+
+class NamedHosted(Strict):
+    """Force a call to a built-in tool the gateway runs: python, or the browser (web search). The types are
+    those OpenAI's tool_choice takes (`web_search` is a tool's type there, not a tool choice's)."""
+
+    type: Literal["code_interpreter", "web_search_preview", "web_search_preview_2025_03_11"]
+
+
+ToolChoice = (
+    Literal["auto", "none", "required"]
+    | Annotated[NamedFunction | NamedCustom | NamedMcp | NamedHosted, Field(discriminator="type")]
+)
 
 
 class TextFormatText(Strict):

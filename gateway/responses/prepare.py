@@ -24,7 +24,7 @@ from ..metrics import STATS
 from ..services import SERVICES, Services
 from ..tenants.tenancy import request_id_of, tenant_of
 from .history import load_history
-from .hosted_tools import hosted_toolset, pending_approvals
+from .hosted_tools import hosted_toolset, pending_approvals, with_hosted_tools
 from .input import checked_tools, item_dicts, prompt_spec
 from .job import Job
 from .models import REQUEST_TAGS, ResponsesRequest
@@ -47,6 +47,8 @@ async def request_prompt(
     tools.not_offered = [tool.type for tool in req.tools if tool.type in left_out]  # in request order
     if tools.not_offered:
         log.info("tools_not_offered", types=sorted(set(tools.not_offered)))
+    if req.tool_choice != "none":
+        constraint = with_hosted_tools(req, constraint, toolset)
     unseal = lambda blob: services.sealer.open(tenant, blob)  # noqa: E731
     return prompt_spec(history.with_input(req), tools, history.dialog, unseal, toolset), tools, constraint, toolset
 
@@ -89,13 +91,16 @@ async def prepare(request: web.Request) -> Job:
         routing = dataclasses.replace(routing, hosted=toolset.kinds, approvals=toolset.approvals)
 
     def start(plan: Plan, assembler: OutputAssembler | None = None) -> Turn:
+        """The first turn, or (with the shared assembler) one after a server-side tool answered: a required
+        or named tool choice holds for the first sampling only, as the call it forced has been made."""
         observer = services.metrics.turn_observer(req.model, tenant, stats)  # each turn its own timings
+        forced = assembler is not None and constraint.tools == "required"
         return start_turn(
             services,
             tenant,
             plan,
             sampling,
-            constraint,
+            dataclasses.replace(constraint, tools="any", tool_names=()) if forced else constraint,
             request_id,
             observer,
             routing,
