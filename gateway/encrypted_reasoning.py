@@ -58,16 +58,18 @@ class ReasoningSealer:
         return cls([("e" + secrets.token_hex(4), AESGCM.generate_key(bit_length=256))])
 
     @staticmethod
-    def _aad(key_id: str, tenant: str) -> bytes:
-        return f"{VERSION}|{key_id}|{tenant}".encode()
+    def _aad(key_id: str, tenant: str, purpose: str) -> bytes:
+        return f"{VERSION}|{key_id}|{tenant}{'|' + purpose if purpose else ''}".encode()
 
-    def seal(self, tenant: str, text: str) -> str:
+    def seal(self, tenant: str, text: str, purpose: str = "") -> str:
+        """`purpose`: "" for reasoning (blobs issued before purposes existed still open), else its name."""
         nonce = os.urandom(_NONCE_BYTES)
-        sealed = self._ciphers[self._active_id].encrypt(nonce, text.encode(), self._aad(self._active_id, tenant))
+        aad = self._aad(self._active_id, tenant, purpose)
+        sealed = self._ciphers[self._active_id].encrypt(nonce, text.encode(), aad)
         body = base64.urlsafe_b64encode(nonce + sealed).rstrip(b"=").decode()
         return f"{VERSION}.{self._active_id}.{body}"
 
-    def open(self, tenant: str, blob: str) -> str:
+    def open(self, tenant: str, blob: str, purpose: str = "") -> str:
         version, _, rest = blob.partition(".")
         key_id, _, body = rest.partition(".")
         if version != VERSION or not body:
@@ -77,7 +79,7 @@ class ReasoningSealer:
             raise SealError(f"encrypted_content was sealed with key '{key_id}', which this gateway does not hold")
         try:
             raw = _b64decode(body)
-            plain = cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], self._aad(key_id, tenant))
+            plain = cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], self._aad(key_id, tenant, purpose))
             return plain.decode()
         except (binascii.Error, ValueError, InvalidTag, UnicodeDecodeError) as exc:
             raise SealError("encrypted_content failed authentication (altered, truncated or another tenant's)") from exc

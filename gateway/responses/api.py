@@ -18,6 +18,7 @@ from ..pagination import page
 from ..services import SERVICES
 from ..sse import ClientGone, end_stream, frame, open_stream, pump
 from ..tenants.tenancy import tenant_of
+from .compaction import compact_response
 from .execution import Feed, run_job, start_job
 from .history import load_record
 from .job import Job
@@ -149,6 +150,7 @@ async def unknown_route(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/responses", create_response)
     app.router.add_post("/v1/responses/input_tokens", count_input_tokens)
+    app.router.add_post("/v1/responses/compact", compact_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)

@@ -21,6 +21,7 @@ from .models import (
     WEB_SEARCH_KINDS,
     CodeInterpreterCallInput,
     CodeInterpreterTool,
+    CompactionInput,
     CustomToolCallInput,
     CustomToolCallOutputInput,
     FunctionCallInput,
@@ -45,7 +46,12 @@ from .models import (
 )
 from .tools import FUNCTIONS, OfferedTools, offered_tools
 
-Unseal = Callable[[str], str]  # encrypted_content → raw CoT text, raising SealError
+Unseal = Callable[[str, str], str]  # (encrypted_content, purpose) → the sealed text, raising SealError
+SUMMARY_PURPOSE = "compaction"  # what a compaction item's blob is sealed for (a reasoning item's is "")
+SUMMARY_HEADING = (
+    "# Summary of the conversation so far\n"
+    "You wrote this summary when the conversation grew long; it stands for the turns before it.\n\n"
+)
 
 
 def _message_text(item: MessageInput) -> str:
@@ -57,12 +63,21 @@ def _message_text(item: MessageInput) -> str:
 def _reasoning_text(item: ReasoningInput, param: str, unseal: Unseal) -> str:
     if item.encrypted_content:
         try:
-            return unseal(item.encrypted_content)
+            return unseal(item.encrypted_content, "")
         except SealError as exc:
             raise invalid(
                 f"{param}.encrypted_content", f"Invalid encrypted_content: {exc}", "invalid_encrypted_content"
             ) from exc
     return "".join(part.text for part in item.content or [])
+
+
+def _summary(item: CompactionInput, param: str, unseal: Unseal) -> str:
+    try:
+        return unseal(item.encrypted_content, SUMMARY_PURPOSE)
+    except SealError as exc:
+        raise invalid(
+            f"{param}.encrypted_content", f"Invalid compaction item: {exc}", "invalid_encrypted_content"
+        ) from exc
 
 
 def to_dialog(request: ResponsesRequest, unseal: Unseal) -> tuple[list[DialogItem], list[str]]:
@@ -91,6 +106,8 @@ def to_dialog(request: ResponsesRequest, unseal: Unseal) -> tuple[list[DialogIte
         elif isinstance(item, FunctionCallOutputInput | CustomToolCallOutputInput):
             output = item.output if isinstance(item.output, str) else "".join(part.text for part in item.output)
             items.append(CallResult(item.call_id, output, param))
+        elif isinstance(item, CompactionInput):
+            instructions.append(SUMMARY_HEADING + _summary(item, param, unseal))
         else:
             items.extend(_hosted_items(item, param))
     return items, instructions
@@ -139,6 +156,7 @@ _ID_PREFIXES = {
     "function_call_output": "fco_",
     "custom_tool_call": "ctc_",
     "custom_tool_call_output": "ctco_",
+    "compaction": "cmp_",
 }
 
 
@@ -152,7 +170,8 @@ def item_dicts(items: str | list[InputItem]) -> list[dict[str, Any]]:
     for item in items:
         data = item.model_dump(mode="json", by_alias=True, exclude_none=True)
         data.setdefault("id", new_id(_ID_PREFIXES[data["type"]]))
-        data.setdefault("status", "completed")
+        if data["type"] != "compaction":  # a compaction item has no status
+            data.setdefault("status", "completed")
         if data["type"] == "message" and isinstance(data.get("content"), str):
             part = "input_text" if data.get("role") != "assistant" else "output_text"
             data["content"] = [{"type": part, "text": data["content"]}]

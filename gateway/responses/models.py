@@ -18,6 +18,7 @@ from ..limits import (
     MAX_METADATA_KEYS,
     MAX_METADATA_VALUE_CHARS,
     MAX_NAMESPACE_DESCRIPTION_CHARS,
+    MAX_SEALED_CHARS,
     MAX_TOOLS,
 )
 
@@ -224,6 +225,16 @@ def _item_kind(value: Any) -> str:
     return kind if kind in _ITEM_KINDS else "unsupported"
 
 
+class CompactionInput(Strict):
+    """A compaction item `/v1/responses/compact` (or a create's context_management) returned: its summary of
+    the earlier conversation, sealed for this tenant."""
+
+    type: Literal["compaction"]
+    encrypted_content: str = Field(min_length=1, max_length=MAX_SEALED_CHARS)
+    id: str | None = Field(default=None, max_length=256)
+    created_by: str | None = Field(default=None, max_length=256)
+
+
 class UnsupportedItem(BaseModel):
     type: str
 
@@ -248,6 +259,7 @@ _ITEM_KINDS = (
     "mcp_approval_response",
     "web_search_call",
     "code_interpreter_call",
+    "compaction",
 )
 UNION_TAGS = frozenset({*_ITEM_KINDS, "unsupported", "input_text", "output_text", "refusal", "media"})
 InputItem = Annotated[
@@ -263,6 +275,7 @@ InputItem = Annotated[
     | Annotated[McpApprovalResponseInput, Tag("mcp_approval_response")]
     | Annotated[WebSearchCallInput, Tag("web_search_call")]
     | Annotated[CodeInterpreterCallInput, Tag("code_interpreter_call")]
+    | Annotated[CompactionInput, Tag("compaction")]
     | Annotated[UnsupportedItem, Tag("unsupported")],
     Discriminator(_item_kind),
 ]
@@ -595,3 +608,15 @@ class ResponsesRequest(Strict):
             if value not in INCLUDABLE:
                 raise ValueError(f"'{value}' is not one of {', '.join(INCLUDABLE)}")
         return include
+
+
+class CompactRequest(Strict):
+    """`POST /v1/responses/compact`: the conversation to compact, as a create would take it."""
+
+    model: str = Field(min_length=1, max_length=256)
+    input: str | Annotated[list[InputItem], Field(max_length=MAX_INPUT_ITEMS)] = Field(default_factory=list)
+    instructions: str | None = None
+    previous_response_id: str | None = Field(default=None, max_length=256)
+    prompt_cache_key: str | None = Field(default=None, max_length=512)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # accepted; the engine's cache is its own
+    service_tier: ServiceTier | None = None

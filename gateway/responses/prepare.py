@@ -49,7 +49,7 @@ async def request_prompt(
         log.info("tools_not_offered", types=sorted(set(tools.not_offered)))
     if req.tool_choice != "none":
         constraint = with_hosted_tools(req, constraint, toolset)
-    unseal = lambda blob: services.sealer.open(tenant, blob)  # noqa: E731
+    unseal = lambda blob, purpose: services.sealer.open(tenant, blob, purpose)  # noqa: E731
     return prompt_spec(history.with_input(req), tools, history.dialog, unseal, toolset), tools, constraint, toolset
 
 
