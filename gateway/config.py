@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(default=10.0, gt=0)  # a request's head must arrive within this (slowloris)
     idle_timeout_s: float = Field(default=75.0, gt=0)  # a kept-alive connection with no request is closed after
     body_timeout_s: float = Field(default=60.0, gt=0)  # a request's body must arrive within this
+    ws_idle_s: float = Field(default=600.0, gt=0)  # a WebSocket with no message and nothing running is closed
+    ws_max_sockets: int = Field(default=16, ge=1)  # open WebSockets per tenant, per replica
     write_stall_s: float = Field(default=30.0, gt=0)  # a stream whose client reads nothing this long is cut
     # auto: API keys when a key secret or keys file is set; none on a loopback address; else refuse to start
     auth: Literal["auto", "off", "keys"] = "auto"

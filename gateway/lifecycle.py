@@ -38,6 +38,7 @@ class Lifecycle:
         self._idle.set()
         self._hurry = asyncio.Event()
         self._generations: set[Cuttable] = set()
+        self.drain_started = asyncio.Event()  # long-lived connections (WebSockets) close when it is set
 
     def enter(self) -> None:
         """A request or background run is in flight until its `leave()`."""
@@ -64,6 +65,7 @@ class Lifecycle:
     async def drain(self, budget_s: float) -> None:
         """Refuse new work, wait for the work in flight up to `budget_s`, then cut what still runs."""
         self.draining = True
+        self.drain_started.set()
         log.info("drain_started", in_flight=self._in_flight, budget_s=budget_s)
         await _first(self._idle.wait(), self._hurry.wait(), timeout_s=budget_s)
         if self._in_flight:

@@ -26,6 +26,7 @@ from .models import REQUEST_TAGS, ResponsesRequest
 from .prepare import prepare, request_prompt
 from .resume import stream_again
 from .runs import ListenerTooSlow, Run
+from .websocket import SOCKETS, Sockets, responses_socket
 
 log = structlog.get_logger("gateway.responses")
 CANCELLED_RUN_WAIT_S = 5.0
@@ -148,7 +149,9 @@ async def unknown_route(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    app[SOCKETS] = Sockets()
     app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses", responses_socket)
     app.router.add_post("/v1/responses/input_tokens", count_input_tokens)
     app.router.add_post("/v1/responses/compact", compact_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)

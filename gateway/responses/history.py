@@ -4,6 +4,7 @@ input_tokens count load it the same way, so both see the same prompt."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,14 +36,19 @@ class History:
         return req.model_copy(update={"input": [*self.earlier_items, *own]})
 
 
-async def load_history(services: Services, tenant: str, req: ResponsesRequest) -> History:
+async def load_history(
+    services: Services, tenant: str, req: ResponsesRequest, held: Mapping[str, StoredResponse] | None = None
+) -> History:
+    """`held`: a WebSocket's own responses (kept for its continuations even with store: false), found first."""
     if req.conversation_id is not None:
         if req.previous_response_id is not None:
             raise invalid("conversation", "conversation and previous_response_id cannot be used together.")
         return History(earlier_items=await _conversation(services, tenant, req.conversation_id))
     if req.previous_response_id is None:
         return History()
-    record = await load_record(services, tenant, req.previous_response_id, "previous_response_id")
+    record = (held or {}).get(req.previous_response_id)
+    if record is None:
+        record = await load_record(services, tenant, req.previous_response_id, "previous_response_id")
     status = record.response.get("status")
     if status not in TERMINAL:
         raise invalid("previous_response_id", f"Response '{record.id}' is still {status}; wait for it to finish.")

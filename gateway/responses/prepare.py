@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import structlog
 from aiohttp import web
 
 from backends.base import Constraint, Sampling
+from state import StoredResponse
 
 from ..errors import invalid
 from ..generation.assembler import OutputAssembler
@@ -19,7 +22,7 @@ from ..generation.prompt import PromptSpec
 from ..generation.turn import Turn
 from ..hosted.toolset import Toolset
 from ..ids import new_id
-from ..json_body import read_model
+from ..json_body import parse_model, read_model
 from ..metrics import STATS
 from ..services import SERVICES, Services
 from ..tenants.tenancy import request_id_of, tenant_of
@@ -35,13 +38,18 @@ log = structlog.get_logger("gateway.responses")
 
 
 async def request_prompt(
-    services: Services, tenant: str, req: ResponsesRequest, body_bytes: int | None
+    services: Services,
+    tenant: str,
+    req: ResponsesRequest,
+    body_bytes: int | None,
+    held: Mapping[str, StoredResponse] | None = None,
 ) -> tuple[PromptSpec, OfferedTools, Constraint, Toolset | None]:
     """What a create (or an input_tokens count) of this request renders: its checked tools and constraint,
-    its history, its server-side tools and the prompt spec made of them."""
+    its history, its server-side tools and the prompt spec made of them. `held`: responses a WebSocket keeps
+    for its own continuations (stored or not)."""
     limits = services.settings.limits.for_tenant(tenant)
     tools, constraint = await off_the_loop_if_large(body_bytes, lambda: checked_tools(req, limits))
-    history = await load_history(services, tenant, req)
+    history = await load_history(services, tenant, req, held)
     toolset, hosted_not_offered = await hosted_toolset(services.hosted, tenant, req, history.previous_output)
     left_out = {*tools.not_offered, *hosted_not_offered}
     tools.not_offered = [tool.type for tool in req.tools if tool.type in left_out]  # in request order
@@ -53,9 +61,19 @@ async def request_prompt(
     return prompt_spec(history.with_input(req), tools, history.dialog, unseal, toolset), tools, constraint, toolset
 
 
-async def prepare(request: web.Request) -> Job:
+async def prepare(
+    request: web.Request,
+    body: dict[str, Any] | None = None,
+    body_bytes: int | None = None,
+    held: Mapping[str, StoredResponse] | None = None,
+) -> Job:
+    """A create from the request's JSON body, or (a WebSocket's `response.create`) from `body`."""
     services = request.app[SERVICES]
-    req = await read_model(request, ResponsesRequest, REQUEST_TAGS)
+    if body is None:
+        req = await read_model(request, ResponsesRequest, REQUEST_TAGS)
+        body_bytes = request.content_length
+    else:
+        req = parse_model(body, ResponsesRequest, REQUEST_TAGS)
     backend = services.backend_for(req.model)
     wants_logprobs = "message.output_text.logprobs" in req.include or bool(req.top_logprobs)
     if wants_logprobs and not backend.capabilities.logprobs:
@@ -65,9 +83,9 @@ async def prepare(request: web.Request) -> Job:
         raise invalid("background", "background responses need store: true.", "unsupported_parameter")
     tenant = tenant_of(request)
     limits = services.settings.limits.for_tenant(tenant)
-    spec, tools, constraint, toolset = await request_prompt(services, tenant, req, request.content_length)
+    spec, tools, constraint, toolset = await request_prompt(services, tenant, req, body_bytes, held)
     max_output = req.max_output_tokens or limits.max_output_tokens
-    plan = await plan_turn(services, tenant, backend, spec, max_output, request.content_length)
+    plan = await plan_turn(services, tenant, backend, spec, max_output, body_bytes)
     approvals = pending_approvals(spec.items, plan.built.dialog, toolset)
     ticket = await services.admission.admit(
         tenant,

@@ -108,6 +108,28 @@ def test_a_previous_response_id_continuation_reuses_the_whole_earlier_prompt(liv
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
 
 
+def test_consecutive_turns_on_one_websocket_reuse_the_socket_s_prompt(live):
+    """responses.connect(): the second turn, continued by previous_response_id with store: false (held by the
+    socket), prefills only what the first did not compute."""
+    client = _client(live)
+
+    def turn(connection, **body):
+        connection.response.create(**{**CALL, "store": False, **body})
+        for event in connection:
+            if event.type in ("response.completed", "response.failed", "response.incomplete"):
+                return event.response
+            assert event.type != "error", event
+        raise AssertionError("the socket closed")
+
+    with client.responses.connect() as connection:
+        first, _ = _cached(live, lambda: turn(connection, input=_history("Socket me.")))
+        call = next(item for item in first.output if item.type == "function_call")
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "fog"}
+        second, cached = _cached(live, lambda: turn(connection, input=[output], previous_response_id=first.id))
+    assert second.status == "completed", second.error
+    assert cached >= _blocks(first.usage.input_tokens)
+
+
 def test_a_stateless_client_re_sending_its_history_with_encrypted_reasoning_reuses_it(live):
     client = _client(live)
     stateless = {**CALL, "store": False, "include": ["reasoning.encrypted_content"]}

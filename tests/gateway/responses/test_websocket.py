@@ -1,0 +1,159 @@
+"""The Responses WebSocket mode through the real SDK's `responses.connect()`: the same events as the SSE
+stream, continuation by `previous_response_id` held for the socket even with `store: false`, lanes
+(`stream_id`) multiplexed, errors as `error` events with the socket still usable, and the socket's bounds:
+keys, a per-tenant cap, message size, idle time, and a drain that finishes what runs and closes with 1001."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import openai
+import pytest
+import websockets.sync.client as ws_client
+from gateway_fixtures import gateway_settings
+from live_gateway import LiveGateway
+from pydantic import TypeAdapter
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+MODEL = "gpt-oss-120b"
+SERVER_EVENT = TypeAdapter(openai.types.responses.ResponsesServerEvent)
+STREAM_EVENT = TypeAdapter(openai.types.responses.ResponseStreamEvent)
+TERMINAL = ("response.completed", "response.failed", "response.incomplete")
+
+
+def _client(live: LiveGateway, key: str = "sk-tenant-a") -> openai.OpenAI:
+    return openai.OpenAI(base_url=live.url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def _until_done(connection, count: int = 1) -> list:
+    """Events (validated by the SDK's server-event models) until `count` responses have ended."""
+    events, ended = [], 0
+    for event in connection:
+        events.append(SERVER_EVENT.validate_python(event.model_dump(by_alias=True, exclude_unset=True)))
+        if event.type in TERMINAL:
+            ended += 1
+            if ended == count:
+                return events
+        if event.type == "error":
+            return events
+    return events
+
+
+def _types(events) -> list[str]:
+    return [event.type for event in events]
+
+
+def test_a_socket_streams_the_same_events_as_sse_and_continues_without_storing(gateway):
+    api = _client(gateway)
+    sse = [event.type for event in api.responses.create(model=MODEL, input="thanks", stream=True)]
+    with api.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="thanks", store=False)
+        first = _until_done(connection)
+        assert _types(first) == sse
+        done = first[-1].response
+        assert done.output_text == "You are welcome." and done.store is False
+        connection.response.create(model=MODEL, input="What did I say?", previous_response_id=done.id, store=False)
+        second = _until_done(connection)
+    assert second[-1].type == "response.completed"
+    assert "thanks" in gateway.backend.prompt_text() and "You are welcome." in gateway.backend.prompt_text()
+    with pytest.raises(openai.NotFoundError):  # held by that socket alone: never stored
+        api.responses.create(model=MODEL, input="again", previous_response_id=done.id)
+
+
+def test_lanes_run_side_by_side_and_say_which_they_are(gateway):
+    api = _client(gateway)
+    with api.responses.connect() as connection:
+        connection.response.create(model=MODEL, input="say it slowly", stream_id="slow")
+        connection.response.create(model=MODEL, input="thanks", stream_id="quick")
+        events = _until_done(connection, count=2)
+    by_lane = {lane: [e for e in events if getattr(e, "stream_id", None) == lane] for lane in ("slow", "quick")}
+    assert all(getattr(event, "stream_id", None) in ("slow", "quick") for event in events)
+    assert by_lane["quick"][-1].type == by_lane["slow"][-1].type == "response.completed"
+    quick_done = events.index(by_lane["quick"][-1])
+    assert quick_done < events.index(by_lane["slow"][-1])  # the quick lane did not wait for the slow one
+    assert any(events.index(e) > quick_done for e in by_lane["slow"])
+
+
+def _raw(live: LiveGateway, key: str = "sk-tenant-a", **options):
+    url = live.url.replace("http://", "ws://") + "/v1/responses"
+    return ws_client.connect(url, additional_headers={"Authorization": f"Bearer {key}"}, **options)
+
+
+def _next(socket) -> dict:
+    return json.loads(socket.recv(timeout=10))
+
+
+def test_a_bad_event_gets_an_error_event_and_the_socket_stays_usable(gateway):
+    with _raw(gateway) as socket:
+        for message, param in (
+            ("not json", None),
+            (json.dumps(["a list"]), None),
+            (json.dumps({"type": "response.dance"}), "type"),
+            (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "background": True}), "background"),
+            (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "bogus": 1}), "bogus"),
+            (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "stream_id": 7}), "stream_id"),
+            (json.dumps({"type": "response.steer", "input": "x", "previous_response_id": "resp_1"}), "type"),
+        ):
+            socket.send(message)
+            error = SERVER_EVENT.validate_python(_next(socket))
+            assert error.type == "error" and error.status == 400 and error.error.param == param, error
+        socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "thanks"}))
+        kinds = []
+        while not kinds or kinds[-1] not in TERMINAL:
+            kinds.append(_next(socket)["type"])
+        assert kinds[-1] == "response.completed"
+
+
+def test_the_socket_needs_a_key_and_a_tenant_has_a_cap(tmp_path):
+    live = LiveGateway(gateway_settings(tmp_path, ws_max_sockets=2)).start()
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            _raw(live, key="sk-wrong")
+        assert refused.value.response.status_code == 401
+        with _raw(live), _raw(live):
+            with pytest.raises(InvalidStatus) as capped:
+                _raw(live)
+            assert capped.value.response.status_code == 429
+            _raw(live, key="sk-tenant-b").close()  # another tenant is not held to this one's cap
+        with _raw(live):  # the two closed: room again
+            pass
+    finally:
+        live.stop()
+
+
+def test_a_message_over_the_size_limit_and_an_idle_socket_are_closed(tmp_path):
+    live = LiveGateway(gateway_settings(tmp_path, max_body_bytes=4096, ws_idle_s=0.5)).start()
+    try:
+        with _raw(live) as socket:
+            socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "x" * 10_000}))
+            with pytest.raises(ConnectionClosed) as closed:
+                socket.recv(timeout=10)
+            assert closed.value.rcvd.code == 1009
+        with _raw(live) as socket:
+            started = time.monotonic()
+            with pytest.raises(ConnectionClosed) as idle:
+                socket.recv(timeout=10)
+            assert idle.value.rcvd.code == 1000 and time.monotonic() - started < 5
+    finally:
+        live.stop()
+
+
+def test_a_draining_replica_finishes_what_runs_then_closes_with_going_away(tmp_path):
+    live = LiveGateway(gateway_settings(tmp_path)).start()
+    try:
+        with _raw(live) as socket:
+            socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "say it slowly"}))
+            assert _next(socket)["type"] == "response.created"
+            drain = threading.Thread(target=live.call, args=(live.services.lifecycle.drain(30), 40))
+            drain.start()
+            kinds = []
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    kinds.append(_next(socket)["type"])
+            assert kinds[-1] == "response.completed"  # finished, not cut
+            assert closed.value.rcvd.code == 1001
+            drain.join(30)
+    finally:
+        live.stop()
