@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(default=10.0, gt=0)  # a request's head must arrive within this (slowloris)
     idle_timeout_s: float = Field(default=75.0, gt=0)  # a kept-alive connection with no request is closed after
     body_timeout_s: float = Field(default=60.0, gt=0)  # a request's body must arrive within this
+    # the reasoning stream events' names: OpenAI's `response.reasoning_text.delta/.done` (what the openai SDK
+    # and Agents SDK read), or the Open Responses spec's `response.reasoning.delta/.done`
+    reasoning_stream_events: Literal["reasoning_text", "reasoning"] = "reasoning_text"
     ws_idle_s: float = Field(default=600.0, gt=0)  # a WebSocket with no message and nothing running is closed
     ws_max_sockets: int = Field(default=16, ge=1)  # open WebSockets per tenant, per replica
     write_stall_s: float = Field(default=30.0, gt=0)  # a stream whose client reads nothing this long is cut

@@ -135,7 +135,8 @@ def start_job(job: Job, stream: bool) -> Run:
     run = Run(job.tenant)
     sink = EventSink(job.services.events, job.tenant, job.response_id) if job.request.background else None
     options = job.request.stream_options
-    events = StreamEvents(job.seal, obfuscate=options is None or options.include_obfuscation is not False)
+    obfuscate = options is None or options.include_obfuscation is not False
+    events = StreamEvents(job.seal, obfuscate, job.services.settings.reasoning_stream_events)
     feed = Feed(run.log if stream else None, events, sink) if stream or sink else Feed.off()
 
     async def main() -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Any, Literal
 
 from ..generation.assembler import Closed, Delta, Executing, ItemEvent, Opened, Settled
 from .shape import Sealer, item_json, reasoning_part, text_part
 
-_TEXT_DELTAS = {"message": "response.output_text.delta", "reasoning": "response.reasoning_text.delta"}
+ReasoningEvents = Literal["reasoning_text", "reasoning"]  # OpenAI's (the SDK's) names, or the Open Responses spec's
 PAD_TO = 32  # bytes: a delta and its `obfuscation` together fill a multiple of this
 
 
@@ -22,10 +22,14 @@ def obfuscation(delta: str) -> str:
 class StreamEvents:
     """Numbers the stream's events and turns item events into Responses SSE payloads."""
 
-    def __init__(self, seal: Sealer | None = None, obfuscate: bool = True) -> None:
+    def __init__(
+        self, seal: Sealer | None = None, obfuscate: bool = True, reasoning: ReasoningEvents = "reasoning_text"
+    ) -> None:
         self.sequence_number = 0
         self._seal = seal
         self._obfuscate = obfuscate  # `stream_options.include_obfuscation`, on by default as OpenAI has it
+        self._reasoning = f"response.{reasoning}"  # + .delta / .done
+        self._text_deltas = {"message": "response.output_text.delta", "reasoning": f"{self._reasoning}.delta"}
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         payload = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -39,11 +43,11 @@ class StreamEvents:
 
     def for_item_event(self, event: ItemEvent) -> list[dict[str, Any]]:
         item = event.item
-        if type(event) is Delta and item.kind in _TEXT_DELTAS:  # most events: one token of text, built directly
+        if type(event) is Delta and item.kind in self._text_deltas:  # most events: one token of text, built directly
             number = self.sequence_number
             self.sequence_number = number + 1
             payload = {
-                "type": _TEXT_DELTAS[item.kind],
+                "type": self._text_deltas[item.kind],
                 "sequence_number": number,
                 "item_id": item.id,
                 "output_index": item.index,
@@ -72,7 +76,7 @@ class StreamEvents:
                     self.event("response.output_text.delta", **at, content_index=0, delta=event.text, logprobs=logprobs)
                 ]
             if item.kind == "reasoning":
-                return [self.event("response.reasoning_text.delta", **at, content_index=0, delta=event.text)]
+                return [self.event(f"{self._reasoning}.delta", **at, content_index=0, delta=event.text)]
             if item.kind == "custom_tool_call":
                 return [self.event("response.custom_tool_call_input.delta", **at, delta=event.text)]
             return [self.event("response.function_call_arguments.delta", **at, delta=event.text)]
@@ -100,7 +104,7 @@ class StreamEvents:
             ]
         elif item.kind == "reasoning":
             out = [
-                self.event("response.reasoning_text.done", **at, content_index=0, text=text),
+                self.event(f"{self._reasoning}.done", **at, content_index=0, text=text),
                 self.event("response.content_part.done", **at, content_index=0, part=reasoning_part(text)),
             ]
         elif item.kind == "custom_tool_call":
