@@ -36,7 +36,7 @@ from .dialog import Entry
 from .logprobs import LogprobWriter
 from .prompt import FUNCTIONS_PREFIX
 
-ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"] | HostedKind
+ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call", "compaction"] | HostedKind
 CLIENT_CALL_KINDS = ("function_call", "custom_tool_call")  # calls the client runs
 HOSTED_KINDS = ("web_search_call", "code_interpreter_call", "mcp_call", "mcp_list_tools", "mcp_approval_request")
 _ID_PREFIX = {
@@ -49,6 +49,7 @@ _ID_PREFIX = {
     "mcp_call": "mcp_",
     "mcp_list_tools": "mcpl_",
     "mcp_approval_request": "mcpr_",
+    "compaction": "cmp_",
 }
 
 

@@ -66,7 +66,15 @@ class Approval:
     reason: str | None = None
 
 
-DialogItem = Said | Thought | Call | CallResult | Approval
+@dataclass(slots=True)
+class Summary:
+    """A compaction's summary of the turns before it (written by the model, opened from its sealed item)."""
+
+    text: str
+    param: str
+
+
+DialogItem = Said | Thought | Call | CallResult | Approval | Summary
 
 
 @dataclass(slots=True)

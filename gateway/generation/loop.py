@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from harmony import StopReason
@@ -58,8 +59,11 @@ class Generation:
         toolset: Toolset | None = None,
         max_calls: int = 0,
         approvals: list[PendingApproval] | None = None,
+        opening: list[ItemEvent] | None = None,
     ) -> None:
+        """`opening`: events of items made before the first sampling (a compaction), sent first."""
         self.turn = first
+        self._opening = opening or []
         self.assembler = first.assembler
         self._outcome: Outcome | None = None
         self.calls = 0
@@ -90,11 +94,16 @@ class Generation:
         return self._earlier_cached + self.turn.cached_tokens
 
     def events(self) -> AsyncIterator[list[ItemEvent]]:
-        """Batches of item events. Without server-side tools, the one turn's own (no layer between: this
-        runs once per chunk of every answer)."""
-        if self._toolset is None:
-            return self.turn.events()
-        return self._loop(self._toolset)
+        """Batches of item events. Without server-side tools or opening items, the one turn's own (no layer
+        between: this runs once per chunk of every answer)."""
+        inner = self.turn.events() if self._toolset is None else self._loop(self._toolset)
+        return self._after_opening(inner) if self._opening else inner
+
+    async def _after_opening(self, inner: AsyncIterator[list[ItemEvent]]) -> AsyncIterator[list[ItemEvent]]:
+        yield self._opening
+        async with aclosing(inner) as batches:  # type: ignore[type-var]
+            async for batch in batches:
+                yield batch
 
     async def _loop(self, toolset: Toolset) -> AsyncIterator[list[ItemEvent]]:
         for batch in self._listings(toolset):

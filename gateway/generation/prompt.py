@@ -22,9 +22,13 @@ from harmony import (
 )
 
 from ..errors import ApiError, invalid
-from .dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Thought
+from .dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Summary, Thought
 
 FUNCTIONS_PREFIX = "functions."
+# a compaction's summary, as the user turn that stands for the turns it replaced
+SUMMARY_HEADING = (
+    "[Summary of our conversation so far, which you wrote when it grew long; it stands for the earlier turns]\n\n"
+)
 JSON_CONTENT_TYPE = "<|constrain|>json"
 
 
@@ -71,6 +75,10 @@ def _is_preamble(items: list[DialogItem], index: int) -> bool:
     return False
 
 
+def summary_entry(summary: str) -> Entry:
+    return Entry(Message.of(Role.USER, SUMMARY_HEADING + summary))
+
+
 def dialog_entries(items: list[DialogItem], history: list[Entry]) -> list[Entry]:
     """Harmony entries for the request's items; tool outputs resolve their function name by call id."""
     names = {
@@ -89,6 +97,8 @@ def dialog_entries(items: list[DialogItem], history: list[Entry]) -> list[Entry]
             entries.append(Entry(Message.of(Role.ASSISTANT, item.text, channel=channel)))
         elif isinstance(item, Approval):
             continue  # not a message: the tool loop runs (or declines) the call it answers
+        elif isinstance(item, Summary):
+            entries.append(summary_entry(item.text))
         elif isinstance(item, Thought):
             if item.text:
                 entries.append(Entry(Message.of(Role.ASSISTANT, item.text, channel="analysis")))

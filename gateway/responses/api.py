@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import structlog
@@ -12,17 +13,18 @@ from state import StoreUnavailable
 
 from ..errors import ApiError, invalid, not_found, unavailable
 from ..generation.plan import count_prompt
-from ..json_body import parse_model, read_json
+from ..ids import new_id
+from ..json_body import parse_model, read_json, read_model
 from ..json_out import json_response
 from ..pagination import page
 from ..services import SERVICES
 from ..sse import ClientGone, end_stream, frame, open_stream, pump
 from ..tenants.tenancy import tenant_of
-from .compaction import compact_response
+from .compaction import SUMMARY_PURPOSE, summarise, user_messages
 from .execution import Feed, run_job, start_job
 from .history import load_record
 from .job import Job
-from .models import REQUEST_TAGS, ResponsesRequest
+from .models import REQUEST_TAGS, CompactRequest, ResponsesRequest
 from .prepare import prepare, request_prompt
 from .resume import stream_again
 from .runs import ListenerTooSlow, Run
@@ -142,6 +144,34 @@ async def count_input_tokens(request: web.Request) -> web.Response:
     spec, *_ = await request_prompt(services, tenant, req, request.content_length)
     count = await count_prompt(services, tenant, spec, request.content_length)
     return json_response({"object": "response.input_tokens", "input_tokens": count})
+
+
+async def compact_response(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    req = await read_model(request, CompactRequest, REQUEST_TAGS)
+    services.backend_for(req.model)
+    tenant = tenant_of(request)
+    conversation = ResponsesRequest(
+        model=req.model,
+        input=req.input,
+        instructions=req.instructions,
+        previous_response_id=req.previous_response_id,
+        prompt_cache_key=req.prompt_cache_key,
+        store=False,
+    )
+    spec, *_ = await request_prompt(services, tenant, conversation, request.content_length)
+    replaced = await count_prompt(services, tenant, spec, request.content_length)
+    summary, spent = await summarise(services, request, tenant, req.model, spec, replaced)
+    sealed = services.sealer.seal(tenant, summary, SUMMARY_PURPOSE)
+    output = [*user_messages(spec), {"id": new_id("cmp_"), "type": "compaction", "encrypted_content": sealed}]
+    body = {
+        "id": new_id("resp_"),
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": output,
+        "usage": spent,
+    }
+    return json_response(body)
 
 
 async def unknown_route(request: web.Request) -> web.Response:

@@ -1,20 +1,21 @@
-"""`POST /v1/responses/compact`: the model itself summarises the conversation so far, and the summary comes back
-sealed in a `compaction` item, with the conversation's user messages, for the client to send instead of it.
+"""Compaction: the model itself summarises the conversation so far, and the summary comes back sealed in a
+`compaction` item, for the client to send instead of it (`POST /v1/responses/compact`, in api.py), or replaces
+the earlier turns of a create whose prompt passes its `context_management` threshold (`compact_if_long`).
 
 The summarising prompt is the conversation as a create would render it (history, recovered reasoning, earlier
 summaries) with its instructions replaced by COMPACTION_INSTRUCTIONS and COMPACT_ASK as the last user turn, at
 low reasoning effort, no tools. The summary may use at most half the tokens of the prompt it replaces (and
 MAX_SUMMARY_TOKENS), so the compacted conversation is always shorter. A compaction item given back as input
-joins the developer instructions under SUMMARY_HEADING (docs: README, *Compaction*).
+becomes a user turn, under SUMMARY_HEADING, where it stands (docs: README, *Compaction*).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from contextlib import aclosing
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from backends.base import Constraint, Sampling
@@ -23,17 +24,16 @@ from harmony import ReasoningEffort, Role
 from ..errors import ApiError
 from ..generation.dialog import Said
 from ..generation.plan import count_prompt, plan_turn, start_turn
-from ..generation.prompt import PromptSpec
+from ..generation.prompt import SUMMARY_HEADING, PromptSpec, summary_entry
 from ..ids import new_id
-from ..json_body import read_model
-from ..json_out import json_response
 from ..metrics import STATS
-from ..services import SERVICES, Services
-from ..tenants.tenancy import request_id_of, tenant_of
-from .input import SUMMARY_HEADING, SUMMARY_PURPOSE
-from .models import REQUEST_TAGS, CompactRequest, ResponsesRequest
-from .prepare import request_prompt
+from ..services import Services
+from ..tenants.tenancy import request_id_of
+from .input import SUMMARY_PURPOSE
+from .models import ResponsesRequest
 from .shape import usage
+
+log = structlog.get_logger("gateway.responses.compaction")
 
 COMPACTION_INSTRUCTIONS = (
     "You are compacting a long conversation so that it can go on in less space. Write a summary of everything "
@@ -46,56 +46,27 @@ COMPACT_ASK = "Write the summary of our conversation so far now, as instructed."
 MAX_SUMMARY_TOKENS = 4096
 
 
-async def compact_response(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    req = await read_model(request, CompactRequest, REQUEST_TAGS)
-    services.backend_for(req.model)
-    tenant = tenant_of(request)
-    conversation = ResponsesRequest(
-        model=req.model,
-        input=req.input,
-        instructions=req.instructions,
-        previous_response_id=req.previous_response_id,
-        prompt_cache_key=req.prompt_cache_key,
-        store=False,
-    )
-    spec, *_ = await request_prompt(services, tenant, conversation, request.content_length)
-    replaced = await count_prompt(services, tenant, spec, request.content_length)
-    summary, spent = await summarise(services, request, tenant, req, spec, replaced)
-    sealed = services.sealer.seal(tenant, summary, SUMMARY_PURPOSE)
-    output = [*_user_messages(spec), {"id": new_id("cmp_"), "type": "compaction", "encrypted_content": sealed}]
-    body = {
-        "id": new_id("resp_"),
-        "object": "response.compaction",
-        "created_at": int(time.time()),
-        "output": output,
-        "usage": spent,
-    }
-    return json_response(body)
-
-
 async def summarise(
-    services: Services, request: web.Request, tenant: str, req: CompactRequest, spec: PromptSpec, replaced: int
+    services: Services, request: web.Request, tenant: str, model: str, spec: PromptSpec, replaced: int
 ) -> tuple[str, dict[str, Any]]:
     """The model's summary of `spec`'s conversation (at most half of `replaced` tokens), and the pass's usage."""
-    earlier = [text for text in spec.instructions if text.startswith(SUMMARY_HEADING)]  # summaries it folds in
     summarising = dataclasses.replace(
         spec,
         items=[*spec.items, Said("user", COMPACT_ASK, "input")],
-        instructions=[COMPACTION_INSTRUCTIONS, *earlier],
+        instructions=[COMPACTION_INSTRUCTIONS],
         tools=[],
         namespaces=[],
         builtin=[],
         response_format=None,
         effort=ReasoningEffort.LOW,
     )
-    backend = services.backend_for(req.model)
+    backend = services.backend_for(model)
     budget = min(MAX_SUMMARY_TOKENS, max(16, replaced // 2))
     plan = await plan_turn(services, tenant, backend, summarising, budget, request.content_length)
     ticket = await services.admission.admit(
         tenant, prompt_tokens=len(plan.built.tokens), max_output_tokens=plan.max_new_tokens, choices=1, stream=False
     )
-    observer = services.metrics.turn_observer(req.model, tenant, request.get(STATS))
+    observer = services.metrics.turn_observer(model, tenant, request.get(STATS))
     request_id = request_id_of(request, new_id("req_"))
     turn = start_turn(services, tenant, plan, Sampling(temperature=0.0), Constraint(), request_id, observer)
     try:
@@ -122,12 +93,13 @@ async def summarise(
     return summary, spent.model_dump()
 
 
-def _user_messages(spec: PromptSpec) -> list[dict[str, Any]]:
+def user_messages(spec: PromptSpec) -> list[dict[str, Any]]:
     """The conversation's user messages, in order (history, then this request's), as output items."""
+    said = ["".join(part for part in entry.message.content if isinstance(part, str)) for entry in spec.history]
     texts = [
-        "".join(part for part in entry.message.content if isinstance(part, str))
-        for entry in spec.history
-        if entry.message.role is Role.USER
+        text
+        for entry, text in zip(spec.history, said, strict=True)
+        if entry.message.role is Role.USER and not text.startswith(SUMMARY_HEADING)  # an earlier summary is folded in
     ]
     texts += [item.text for item in spec.items if isinstance(item, Said) and item.role == "user"]
     return [
@@ -140,3 +112,38 @@ def _user_messages(spec: PromptSpec) -> list[dict[str, Any]]:
         }
         for text in texts
     ]
+
+
+async def compact_if_long(
+    services: Services,
+    request: web.Request,
+    tenant: str,
+    req: ResponsesRequest,
+    spec: PromptSpec,
+    body_bytes: int | None,
+) -> tuple[PromptSpec, str | None]:
+    """A create's `context_management`: when the prompt passes `compact_threshold` tokens (default: three
+    quarters of the model's context), everything before the conversation's last user message is summarised
+    (as `/compact` does) and replaced by the summary; returns the spec to answer and the sealed summary (None
+    when nothing was compacted)."""
+    assert req.context_management
+    backend = services.backend_for(req.model)
+    threshold = req.context_management[0].compact_threshold or backend.capabilities.context_length * 3 // 4
+    tokens = await count_prompt(services, tenant, spec, body_bytes)
+    if tokens <= threshold:
+        return spec, None
+    users = [index for index, item in enumerate(spec.items) if isinstance(item, Said) and item.role == "user"]
+    if users:  # the last user turn is in this request: the history and the input before it go
+        earlier = dataclasses.replace(spec, items=spec.items[: users[-1]])
+        kept_history, kept_items = [], spec.items[users[-1] :]
+    else:  # the input continues a turn (a tool's output): it goes on from the history's last user message
+        asked = [index for index, entry in enumerate(spec.history) if entry.message.role is Role.USER]
+        cut = asked[-1] if asked else 0
+        earlier = dataclasses.replace(spec, items=[], history=spec.history[:cut])
+        kept_history, kept_items = spec.history[cut:], spec.items
+    if not earlier.items and not earlier.history:
+        return spec, None
+    summary, _ = await summarise(services, request, tenant, req.model, earlier, tokens)
+    compacted = dataclasses.replace(spec, history=[summary_entry(summary), *kept_history], items=kept_items)
+    log.info("context_compacted", tokens=tokens, threshold=threshold)
+    return compacted, services.sealer.seal(tenant, summary, SUMMARY_PURPOSE)

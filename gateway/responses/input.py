@@ -11,7 +11,7 @@ from harmony import ResponseFormat
 
 from ..encrypted_reasoning import SealError
 from ..errors import invalid
-from ..generation.dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Thought
+from ..generation.dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Summary, Thought
 from ..generation.options import constraint, effort, output_format, verbosity_instruction
 from ..generation.prompt import PromptSpec
 from ..hosted.toolset import Toolset
@@ -48,10 +48,6 @@ from .tools import FUNCTIONS, OfferedTools, offered_tools
 
 Unseal = Callable[[str, str], str]  # (encrypted_content, purpose) → the sealed text, raising SealError
 SUMMARY_PURPOSE = "compaction"  # what a compaction item's blob is sealed for (a reasoning item's is "")
-SUMMARY_HEADING = (
-    "# Summary of the conversation so far\n"
-    "You wrote this summary when the conversation grew long; it stands for the turns before it.\n\n"
-)
 
 
 def _message_text(item: MessageInput) -> str:
@@ -107,7 +103,7 @@ def to_dialog(request: ResponsesRequest, unseal: Unseal) -> tuple[list[DialogIte
             output = item.output if isinstance(item.output, str) else "".join(part.text for part in item.output)
             items.append(CallResult(item.call_id, output, param))
         elif isinstance(item, CompactionInput):
-            instructions.append(SUMMARY_HEADING + _summary(item, param, unseal))
+            items.append(Summary(_summary(item, param, unseal), param))
         else:
             items.extend(_hosted_items(item, param))
     return items, instructions

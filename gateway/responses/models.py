@@ -561,6 +561,13 @@ class StreamOptions(Strict):
 REQUEST_TAGS = UNION_TAGS | TOOL_TAGS
 
 
+class ContextManagement(Strict):
+    """Compact the conversation before answering when its prompt passes `compact_threshold` tokens."""
+
+    type: Literal["compaction"]
+    compact_threshold: int | None = Field(default=None, ge=1)
+
+
 class ConversationRef(Strict):
     id: str = Field(min_length=1, max_length=256)
 
@@ -595,6 +602,7 @@ class ResponsesRequest(Strict):
     prompt_cache_key: str | None = Field(default=None, max_length=512)
     service_tier: ServiceTier | None = None
     truncation: Literal["auto", "disabled"] = "disabled"
+    context_management: list[ContextManagement] | None = Field(default=None, max_length=1)
 
     @property
     def conversation_id(self) -> str | None:

@@ -15,7 +15,7 @@ from backends.base import Constraint, Sampling
 from state import StoredResponse
 
 from ..errors import invalid
-from ..generation.assembler import OutputAssembler
+from ..generation.assembler import Closed, Opened, OutputAssembler
 from ..generation.loop import Generation
 from ..generation.plan import Plan, off_the_loop_if_large, plan_turn, start_turn
 from ..generation.prompt import PromptSpec
@@ -26,6 +26,7 @@ from ..json_body import parse_model, read_model
 from ..metrics import STATS
 from ..services import SERVICES, Services
 from ..tenants.tenancy import request_id_of, tenant_of
+from .compaction import compact_if_long
 from .history import load_history
 from .hosted_tools import hosted_toolset, pending_approvals, with_hosted_tools
 from .input import checked_tools, item_dicts, prompt_spec
@@ -84,6 +85,9 @@ async def prepare(
     tenant = tenant_of(request)
     limits = services.settings.limits.for_tenant(tenant)
     spec, tools, constraint, toolset = await request_prompt(services, tenant, req, body_bytes, held)
+    compacted = None
+    if req.context_management:
+        spec, compacted = await compact_if_long(services, request, tenant, req, spec, body_bytes)
     max_output = req.max_output_tokens or limits.max_output_tokens
     plan = await plan_turn(services, tenant, backend, spec, max_output, body_bytes)
     approvals = pending_approvals(spec.items, plan.built.dialog, toolset)
@@ -130,7 +134,12 @@ async def prepare(
     max_calls = min(
         req.max_tool_calls or services.settings.hosted_tools.max_calls, services.settings.hosted_tools.max_calls
     )
-    generation = Generation(services, start(plan), plan, spec, start, toolset, max_calls, approvals)
+    first = start(plan)
+    opening = []
+    if compacted is not None:  # the summary's sealed item opens the output, for the client to carry on with
+        item = first.assembler.add("compaction", parts=[compacted], done=True)
+        opening = [Opened(item), Closed(item)]
+    generation = Generation(services, first, plan, spec, start, toolset, max_calls, approvals, opening)
     settings = services.settings
     keeper = RecordKeeper(
         services.store, tenant, response_id, settings.record_lease_s, time.time() + settings.store_ttl_s

@@ -122,6 +122,12 @@ class CodeInterpreterCallOut(Out):
     outputs: list[dict[str, Any]] | None = None
 
 
+class CompactionOut(Out):
+    type: Literal["compaction"] = "compaction"
+    id: str
+    encrypted_content: str
+
+
 OutputItemOut = Annotated[
     MessageOut
     | ReasoningOut
@@ -131,7 +137,8 @@ OutputItemOut = Annotated[
     | McpApprovalRequestOut
     | McpCallOut
     | WebSearchCallOut
-    | CodeInterpreterCallOut,
+    | CodeInterpreterCallOut
+    | CompactionOut,
     Field(discriminator="type"),
 ]
 
@@ -243,6 +250,8 @@ def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
         return call if item.namespace is None else {**call, "namespace": item.namespace}
     if item.is_hosted:
         return _hosted_json(item, status)
+    if item.kind == "compaction":  # its text is the sealed summary
+        return {"type": "compaction", "id": item.id, "encrypted_content": item.text}
     if item.kind == "reasoning":
         data: dict[str, Any] = {
             "type": "reasoning",

@@ -62,6 +62,9 @@ class StreamEvents:
         at = {"item_id": item.id, "output_index": item.index}
         if item.is_hosted:
             return self._hosted(event, at)
+        if item.kind == "compaction":  # whole from the start: added, then done
+            kind = "response.output_item.added" if isinstance(event, Opened) else "response.output_item.done"
+            return [self.event(kind, output_index=item.index, item=item_json(item))]
         if isinstance(event, Opened):
             out = [self.event("response.output_item.added", output_index=item.index, item=item_json(item))]
             if item.kind == "message":

@@ -72,7 +72,7 @@ def test_a_compacted_conversation_carries_on_in_fewer_tokens(live):
     assert answer.output_text == "You are welcome."
     prompt = live.backend.prompt_text()
     assert SUMMARY in prompt and LONG_ANSWER not in prompt  # the summary stands for the assistant's turns
-    assert prompt.index(SUMMARY) < prompt.index("<|start|>user")  # in the developer message, before the turns
+    assert prompt.index(CONVERSATION[2]["content"]) < prompt.index(SUMMARY) < prompt.rindex("thanks")  # in its place
 
 
 def test_compacting_a_stored_chain_and_folding_an_earlier_summary_in(live):
@@ -126,3 +126,63 @@ def test_a_model_that_writes_no_summary_is_a_502(tmp_path):
         assert failed.value.status_code == 502 and failed.value.body["code"] == "compaction_failed"
     finally:
         gateway.stop()
+
+
+# ---- context_management on create: compaction when the prompt passes the threshold ----
+
+COMPACT_AT = [{"type": "compaction", "compact_threshold": 200}]
+RESPONSE = TypeAdapter(openai.types.responses.Response)
+
+
+def _validated(response):
+    return RESPONSE.validate_python(response.model_dump(by_alias=True, exclude_unset=True))
+
+
+def test_a_create_past_the_threshold_compacts_first_and_answers_from_the_summary(live):
+    api = _client(live)
+    following = [*CONVERSATION, {"role": "user", "content": "thanks"}]
+    small = _validated(api.responses.create(model=MODEL, input="thanks", context_management=COMPACT_AT))
+    assert [item.type for item in small.output] == ["reasoning", "message"]  # under the threshold: as is
+    response = _validated(api.responses.create(model=MODEL, input=following, context_management=COMPACT_AT))
+    assert [item.type for item in response.output] == ["compaction", "reasoning", "message"]
+    assert response.output_text == "You are welcome."
+    prompt = live.backend.prompt_text()
+    assert SUMMARY in prompt and LONG_ANSWER not in prompt and prompt.index(SUMMARY) < prompt.rindex("thanks")
+    streamed = list(api.responses.create(model=MODEL, input=following, context_management=COMPACT_AT, stream=True))
+    added = [event for event in streamed if event.type == "response.output_item.added"]
+    assert added[0].item.type == "compaction" and added[0].output_index == 0
+    assert [item.type for item in streamed[-1].response.output] == ["compaction", "reasoning", "message"]
+    # the item carries the conversation on for a stateless client, as /compact's does
+    carried = [response.output[0].model_dump(exclude_none=True), {"role": "user", "content": "thanks"}]
+    assert api.responses.create(model=MODEL, input=carried).output_text == "You are welcome."
+
+
+def test_a_chain_compacted_on_one_turn_stays_compacted_and_a_tool_output_keeps_its_call(live):
+    api = _client(live)
+    first = api.responses.create(model=MODEL, input=CONVERSATION)
+    asked = api.responses.create(
+        model=MODEL,
+        input="weather in Paris?",
+        previous_response_id=first.id,
+        tools=[{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+    )
+    call = next(item for item in asked.output if item.type == "function_call")
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    answered = api.responses.create(
+        model=MODEL, input=[output], previous_response_id=asked.id, context_management=COMPACT_AT
+    )
+    assert answered.status == "completed" and answered.output[0].type == "compaction"
+    assert answered.output_text == "It is sunny in Paris."
+    prompt = live.backend.prompt_text()
+    assert SUMMARY in prompt and "weather in Paris?" in prompt and LONG_ANSWER not in prompt
+    later = api.responses.create(model=MODEL, input="thanks", previous_response_id=answered.id)
+    assert later.output_text == "You are welcome."
+    assert SUMMARY in live.backend.prompt_text() and LONG_ANSWER not in live.backend.prompt_text()
+
+
+def test_a_bad_context_management_is_a_400_naming_it(live):
+    with pytest.raises(openai.BadRequestError) as refused:
+        _client(live).responses.create(
+            model=MODEL, input="hi", context_management=[{"type": "truncate", "compact_threshold": 10}]
+        )
+    assert refused.value.body["param"].startswith("context_management[0]")
