@@ -76,6 +76,13 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         self.active_streams = Gauge("gateway_active_streams", "SSE streams open to clients", registry=r)
+        self.websockets = Gauge("gateway_websockets_open", "Responses WebSockets open to clients", registry=r)
+        self.websocket_responses = Counter(
+            "gateway_websocket_responses",
+            "Responses created over WebSockets, by final status (refused: an error event) and tenant",
+            ["status", "tenant"],
+            registry=r,
+        )
         self.rate_limited = Counter(
             "gateway_rate_limited", "Requests refused by a limit", ["limit", "tenant"], registry=r
         )

@@ -199,6 +199,7 @@ class _Session:
             job = await prepare(self.request, body, size, self.held)
             await job.save_running(job.first_status)
         except ApiError as exc:
+            self._count("refused")
             await self._error(exc, lane_id)
             return
         run = start_job(job, stream=True)
@@ -215,6 +216,7 @@ class _Session:
             if run.task is not None and not run.task.done():
                 run.task.cancel()  # the socket went: stop the generation
                 await asyncio.wait({run.task}, timeout=5)
+        self._count(final.get("status", "failed") if final is not None else "cancelled")
         if final is not None:
             self.held[job.response_id] = job.record(final)
             while len(self.held) > HELD_RESPONSES:
@@ -227,6 +229,11 @@ class _Session:
                 input_tokens=usage.get("input_tokens"),
                 output_tokens=usage.get("output_tokens"),
             )
+
+    def _count(self, status: str) -> None:
+        metrics = self.request.app[SERVICES].metrics
+        tenant = metrics.tenant_label(tenant_of(self.request))
+        metrics.child(metrics.websocket_responses, status, tenant).inc()
 
     async def _error(self, error: ApiError, lane_id: str | None) -> None:
         payload: dict[str, Any] = {"type": "error", "status": error.status, **error.body()}
@@ -263,9 +270,12 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
     if not sockets.open(tenant, settings.ws_max_sockets):
         message = f"This key's tenant already has {settings.ws_max_sockets} WebSockets open on this replica."
         raise ApiError(429, message, code="too_many_websockets", kind="rate_limit_error")
+    metrics = request.app[SERVICES].metrics
+    metrics.websockets.inc()
     try:
         await socket.prepare(request)
         await _Session(request, socket).serve()
     finally:
         sockets.close(tenant)
+        metrics.websockets.dec()
     return socket

@@ -70,6 +70,9 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
         acme.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "thanks"}])
         acme.responses.create(model=BROKEN_MODEL, input="thanks")
         acme.responses.create(model=ENGINE_MODEL, input="thanks", max_output_tokens=16)
+        with acme.responses.connect() as socket:
+            socket.response.create(model=MODEL, input="thanks")
+            assert any(event.type == "response.completed" for event in socket)
         beta.responses.create(model=MODEL, input="thanks")
         with pytest.raises(openai.RateLimitError):
             beta.responses.create(model=MODEL, input="thanks")
@@ -113,6 +116,6 @@ def test_every_exported_series_has_a_panel(exported):
     text = json.dumps(_queries(json.loads(DASHBOARD.read_text())))
     families = {re.sub(r"_(bucket|count|sum|created|total)$", "", name) for name in exported}
     families = {name for name in families if name.startswith("gateway_")}
-    assert len(families) == 20
+    assert len(families) == 22
     unused = [name for name in sorted(families) if name not in text]
     assert not unused, f"exported but on no panel: {unused}"

@@ -310,6 +310,9 @@ def test_rolling_restart_then_a_crash_under_load(tmp_path):
         prom = f"http://127.0.0.1:{prom_port}"
         fleet = openai.OpenAI(base_url=url + "/v1", api_key="sk-fleet", max_retries=0, timeout=60)
         assert fleet.responses.create(model=ENGINE_MODEL, input="hi", max_output_tokens=16).output
+        with fleet.responses.connect() as socket:  # through HAProxy: for the WebSocket panels
+            socket.response.create(model=MODEL, input="hi")
+            assert any(event.type == "response.completed" for event in socket)
         tight = openai.OpenAI(base_url=url + "/v1", api_key="sk-tight", max_retries=0)
         tight.responses.create(model=MODEL, input="hi")
         with pytest.raises(openai.RateLimitError):  # a limiter refusal, for the panels and the alert on them

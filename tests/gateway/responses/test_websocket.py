@@ -157,3 +157,28 @@ def test_a_draining_replica_finishes_what_runs_then_closes_with_going_away(tmp_p
             drain.join(30)
     finally:
         live.stop()
+
+
+def test_sockets_and_their_responses_are_metered(gateway):
+    registry = gateway.services.metrics.registry
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    before = value("gateway_websocket_responses_total", status="completed", tenant="tenant-a")
+    with _raw(gateway) as socket:
+        deadline = time.monotonic() + 5
+        while value("gateway_websockets_open") < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert value("gateway_websockets_open") == 1
+        socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "thanks"}))
+        while _next(socket)["type"] not in TERMINAL:
+            pass
+        socket.send(json.dumps({"type": "response.create", "model": "no-such-model", "input": "thanks"}))
+        assert _next(socket)["type"] == "error"
+    deadline = time.monotonic() + 5
+    while value("gateway_websockets_open") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert value("gateway_websockets_open") == 0
+    assert value("gateway_websocket_responses_total", status="completed", tenant="tenant-a") == before + 1
+    assert value("gateway_websocket_responses_total", status="refused", tenant="tenant-a") >= 1
