@@ -1,8 +1,9 @@
 """The Responses API's WebSocket mode (`client.responses.connect()`): `GET /v1/responses` upgraded.
 
 Client events: `response.create`, the create body (`stream` implicit, `background` refused) with an optional
-`stream_id` lane. Creates on one lane run one after another, in order; lanes run side by side. Server events
-are the SSE stream's events, as JSON text messages, each with the `stream_id` of its create when it had one;
+`stream_id` lane; `generate: false` makes the response (its input held for a continuation) without
+sampling. Creates on one lane run one after another, in order; lanes run side by side. Server events are the
+SSE stream's events, as JSON text messages, each with the `stream_id` of its create when it had one;
 a create that fails is an `error` event (`status` and the HTTP error's body) and the socket stays usable, as it
 does after a malformed event. Each response the socket made is held for it (the last HELD_RESPONSES, stored or
 not), so `previous_response_id` continues with only the new input, even with `store: false`.
@@ -34,8 +35,10 @@ from ..lifecycle import SHUTTING_DOWN
 from ..services import SERVICES
 from ..tenants.tenancy import tenant_of
 from .execution import start_job
+from .job import Job
 from .prepare import prepare
 from .runs import ListenerTooSlow
+from .stream_events import StreamEvents
 
 log = structlog.get_logger("gateway.responses.websocket")
 
@@ -74,7 +77,7 @@ SOCKETS = web.AppKey("response_sockets", Sockets)
 
 @dataclass(slots=True)
 class _Lane:
-    queue: asyncio.Queue[tuple[dict[str, Any], int]] = field(default_factory=lambda: asyncio.Queue(LANE_BACKLOG))
+    queue: asyncio.Queue[tuple[dict[str, Any], int, bool]] = field(default_factory=lambda: asyncio.Queue(LANE_BACKLOG))
     task: asyncio.Task[None] | None = None
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # nothing running on it
 
@@ -137,7 +140,7 @@ class _Session:
         self.closing = True
         for lane in self.lanes.values():
             while not lane.queue.empty():
-                _, _ = lane.queue.get_nowait()
+                lane.queue.get_nowait()
                 await self._error(ApiError(503, reason, code=SHUTTING_DOWN, kind="server_error"), None)
         await asyncio.gather(*(lane.idle.wait() for lane in self.lanes.values()))
         await self.socket.close(code=code, message=reason.encode())
@@ -168,16 +171,16 @@ class _Session:
             message = "background responses are not supported over a WebSocket; use POST /v1/responses."
             await self._error(invalid("background", message, "unsupported_parameter"), lane_id)
             return
-        if body.pop("generate", True) is False:
-            message = "generate: false is not supported by this gateway."
-            await self._error(invalid("generate", message, "unsupported_parameter"), lane_id)
+        generate = body.pop("generate", True)
+        if not isinstance(generate, bool):
+            await self._error(invalid("generate", "generate must be a boolean."), lane_id)
             return
         lane = self.lanes.get(lane_id or "")
         if lane is None:
             lane = self.lanes[lane_id or ""] = _Lane()
             lane.task = asyncio.ensure_future(self._run_lane(lane, lane_id))
         try:
-            lane.queue.put_nowait((body, len(text)))
+            lane.queue.put_nowait((body, len(text), generate))
             lane.idle.clear()  # busy from now: an idle check or a drain waits for this create
         except asyncio.QueueFull:
             message = f"{LANE_BACKLOG} creates already wait on this lane; wait for one to finish."
@@ -186,17 +189,20 @@ class _Session:
     async def _run_lane(self, lane: _Lane, lane_id: str | None) -> None:
         while True:
             lane.idle.set()
-            body, size = await lane.queue.get()
+            body, size, generate = await lane.queue.get()
             lane.idle.clear()
             try:
-                await self._create(body, size, lane_id)
+                await self._create(body, size, lane_id, generate)
             except SocketGone:
                 lane.idle.set()
                 return
 
-    async def _create(self, body: dict[str, Any], size: int, lane_id: str | None) -> None:
+    async def _create(self, body: dict[str, Any], size: int, lane_id: str | None, generate: bool) -> None:
         try:
             job = await prepare(self.request, body, size, self.held)
+            if not generate:
+                await self._prepare_only(job, lane_id)
+                return
             await job.save_running(job.first_status)
         except ApiError as exc:
             self._count("refused")
@@ -229,6 +235,23 @@ class _Session:
                 input_tokens=usage.get("input_tokens"),
                 output_tokens=usage.get("output_tokens"),
             )
+
+    async def _prepare_only(self, job: Job, lane_id: str | None) -> None:
+        """`generate: false`: the response is made (its input kept, for a later `previous_response_id`) and
+        completes with no output; nothing is sampled."""
+        try:
+            final = job.response("completed")
+            await job.store_final(final)
+        finally:
+            await job.ticket.settle(0)
+        events = StreamEvents(job.seal, obfuscate=False)
+        for payload in (
+            events.lifecycle("response.created", job.response(job.first_status)),
+            events.lifecycle("response.completed", final),
+        ):
+            await self._send({**payload, "stream_id": lane_id} if lane_id else payload)
+        self.held[job.response_id] = job.record(final)
+        self._count("prepared")
 
     def _count(self, status: str) -> None:
         metrics = self.request.app[SERVICES].metrics

@@ -95,6 +95,7 @@ def test_a_bad_event_gets_an_error_event_and_the_socket_stays_usable(gateway):
             (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "bogus": 1}), "bogus"),
             (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "stream_id": 7}), "stream_id"),
             (json.dumps({"type": "response.steer", "input": "x", "previous_response_id": "resp_1"}), "type"),
+            (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "generate": "no"}), "generate"),
         ):
             socket.send(message)
             error = SERVER_EVENT.validate_python(_next(socket))
@@ -182,3 +183,37 @@ def test_sockets_and_their_responses_are_metered(gateway):
     assert value("gateway_websockets_open") == 0
     assert value("gateway_websocket_responses_total", status="completed", tenant="tenant-a") == before + 1
     assert value("gateway_websocket_responses_total", status="refused", tenant="tenant-a") >= 1
+
+
+def test_generate_false_prepares_a_response_to_continue_from(gateway):
+    """A create with generate: false samples nothing: the response completes with no output, and a later
+    create on the socket continues from it with only the new input."""
+    with _raw(gateway) as socket:
+        socket.send(
+            json.dumps(
+                {
+                    "type": "response.create",
+                    "model": MODEL,
+                    "input": "My name is Ada.",
+                    "generate": False,
+                    "store": False,
+                }
+            )
+        )
+        created, completed = _next(socket), _next(socket)
+        assert (created["type"], completed["type"]) == ("response.created", "response.completed")
+        prepared = completed["response"]
+        assert prepared["output"] == [] and prepared["usage"]["output_tokens"] == 0
+        assert prepared["usage"]["input_tokens"] > 0
+        prompts = len(gateway.backend.prompts)
+        socket.send(
+            json.dumps(
+                {"type": "response.create", "model": MODEL, "input": "thanks", "previous_response_id": prepared["id"]}
+            )
+        )
+        kinds = []
+        while not kinds or kinds[-1] not in TERMINAL:
+            kinds.append(_next(socket)["type"])
+    assert kinds[-1] == "response.completed"
+    assert len(gateway.backend.prompts) == prompts + 1  # one sampling in all: the second create's
+    assert "My name is Ada." in gateway.backend.prompt_text()
