@@ -41,6 +41,10 @@ def require_unprivileged_gateway() -> None:
     found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True)
     if tuple(int(part) for part in found.stdout.split()) != tuple(int(p) for p in platform.python_version_tuple()[:2]):
         pytest.skip("the system python cannot load this environment's compiled packages")
+    site = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+    probe = [*UNPRIVILEGED, "env", f"PYTHONPATH={CHECKOUT}:{site}", SYSTEM_PYTHON, "-c", "import gateway.app"]
+    if subprocess.run(probe, capture_output=True, cwd="/").returncode != 0:
+        pytest.skip(f"uid 10001 cannot read this checkout ({CHECKOUT}) or its virtual environment")
 
 
 def unprivileged_gateway(directory: Path, env: dict[str, str], no_user_namespaces: bool = False) -> GatewayProcess:
