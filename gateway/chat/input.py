@@ -5,7 +5,7 @@ from __future__ import annotations
 from backends.base import Constraint
 from harmony import ResponseFormat, ToolDescription
 
-from ..generation.dialog import Call, CallResult, DialogItem, Said, Thought
+from ..generation.dialog import Call, CallResult, DialogItem, Instruction, Said, Thought
 from ..generation.options import constraint, effort, output_format, verbosity_instruction
 from ..generation.prompt import PromptSpec
 from ..tenants.limits import TenantLimits, check_caps, json_size
@@ -20,14 +20,14 @@ def _text(content: object) -> str:
     return "".join(getattr(part, "text", None) or getattr(part, "refusal", "") for part in content)  # type: ignore[union-attr]
 
 
-def to_dialog(request: ChatRequest) -> tuple[list[DialogItem], list[str]]:
-    """Dialog items and the system/developer texts. Reasoning sent as `reasoning` or `reasoning_content` is kept."""
+def to_dialog(request: ChatRequest) -> list[DialogItem]:
+    """Dialog items (system and developer messages as instructions). Reasoning sent as `reasoning` or
+    `reasoning_content` is kept."""
     items: list[DialogItem] = []
-    instructions: list[str] = []
     for index, message in enumerate(request.messages):
         param = f"messages[{index}]"
         if isinstance(message, SystemMessage):
-            instructions.append(_text(message.content))
+            items.append(Instruction(_text(message.content), param))
         elif isinstance(message, ToolMessage):
             items.append(CallResult(message.tool_call_id, _text(message.content), param))
         elif isinstance(message, AssistantMessage):
@@ -42,7 +42,7 @@ def to_dialog(request: ChatRequest) -> tuple[list[DialogItem], list[str]]:
                 items.append(Call(call.id, call.function.name, call.function.arguments, call_param))
         else:
             items.append(Said("user", _text(message.content), param))
-    return items, instructions
+    return items
 
 
 def _format(request: ChatRequest) -> tuple[ResponseFormat | None, dict | None]:
@@ -66,11 +66,10 @@ def constraint_for(request: ChatRequest) -> Constraint:
 
 
 def prompt_spec(request: ChatRequest) -> PromptSpec:
-    items, instructions = to_dialog(request)
     offered = [] if request.tool_choice == "none" else request.tools or []
     return PromptSpec(
-        items=items,
-        instructions=[*instructions, verbosity_instruction(request.verbosity)],
+        items=to_dialog(request),
+        instructions=["", verbosity_instruction(request.verbosity)],  # no `instructions` parameter here
         tools=[
             ToolDescription(f.name, f.description or "", f.parameters, f.parameters_json)
             for f in (t.function for t in offered)

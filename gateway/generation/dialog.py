@@ -67,6 +67,15 @@ class Approval:
 
 
 @dataclass(slots=True)
+class Instruction:
+    """A system or developer message of the input: it joins the developer message's instructions wherever it
+    stands, and a chain keeps it for its later turns (as a stateless client re-sends it)."""
+
+    text: str
+    param: str
+
+
+@dataclass(slots=True)
 class Summary:
     """A compaction's summary of the turns before it (written by the model, opened from its sealed item)."""
 
@@ -74,7 +83,7 @@ class Summary:
     param: str
 
 
-DialogItem = Said | Thought | Call | CallResult | Approval | Summary
+DialogItem = Said | Thought | Call | CallResult | Approval | Summary | Instruction
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ from harmony import (
 )
 
 from ..errors import ApiError, invalid
-from .dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Summary, Thought
+from .dialog import Approval, Call, CallResult, DialogItem, Entry, Instruction, Said, Summary, Thought
 
 FUNCTIONS_PREFIX = "functions."
 # a compaction's summary, as the user turn that stands for the turns it replaced
@@ -75,6 +75,10 @@ def _is_preamble(items: list[DialogItem], index: int) -> bool:
     return False
 
 
+def developer_text(entry: Entry) -> str:
+    return "".join(part for part in entry.message.content if isinstance(part, str))
+
+
 def summary_entry(summary: str) -> Entry:
     return Entry(Message.of(Role.USER, SUMMARY_HEADING + summary))
 
@@ -99,6 +103,8 @@ def dialog_entries(items: list[DialogItem], history: list[Entry]) -> list[Entry]
             continue  # not a message: the tool loop runs (or declines) the call it answers
         elif isinstance(item, Summary):
             entries.append(summary_entry(item.text))
+        elif isinstance(item, Instruction):
+            entries.append(Entry(Message.of(Role.DEVELOPER, item.text)))
         elif isinstance(item, Thought):
             if item.text:
                 entries.append(Entry(Message.of(Role.ASSISTANT, item.text, channel="analysis")))
@@ -118,13 +124,16 @@ def dialog_entries(items: list[DialogItem], history: list[Entry]) -> list[Entry]
     return entries
 
 
-def _header(spec: PromptSpec, today: str) -> list[Message]:
+def _header(spec: PromptSpec, today: str, hoisted: list[str]) -> list[Message]:
+    """System and developer messages; `hoisted`: the dialog's developer messages, after the request's own
+    instructions (spec.instructions[0]) and before the rest."""
     builtin = {namespace.name: namespace for namespace in spec.builtin} or None
     system = Message.of(
         Role.SYSTEM, SystemContent(reasoning_effort=spec.effort, conversation_start_date=today, tools=builtin)
     )
+    instructions = [*spec.instructions[:1], *hoisted, *spec.instructions[1:]]
     developer = DeveloperContent(
-        instructions="\n\n".join(text for text in spec.instructions if text) or None,
+        instructions="\n\n".join(text for text in instructions if text) or None,
         response_formats=[spec.response_format] if spec.response_format else [],
     )
     if spec.tools:
@@ -145,10 +154,12 @@ def _cut_points(dialog: list[Entry], truncate: bool) -> list[int]:
 def build_prompt(renderer: Renderer, spec: PromptSpec, budget_tokens: int, today: str | None = None) -> BuiltPrompt:
     """Render the prompt; it must leave `budget_tokens` > 0 for the answer or truncation must make room."""
     dialog = [*spec.history, *dialog_entries(spec.items, spec.history)]
-    header = _header(spec, today or datetime.now(UTC).date().isoformat())
+    hoisted = [developer_text(entry) for entry in dialog if entry.message.role is Role.DEVELOPER]
+    body = [entry for entry in dialog if entry.message.role is not Role.DEVELOPER]
+    header = _header(spec, today or datetime.now(UTC).date().isoformat(), hoisted)
     tokens: list[int] = []
-    for dropped in _cut_points(dialog, spec.truncate):
-        tokens = renderer.render_for_completion([*header, *(e.message for e in dialog[dropped:])])
+    for dropped in _cut_points(body, spec.truncate):
+        tokens = renderer.render_for_completion([*header, *(e.message for e in body[dropped:])])
         if len(tokens) < budget_tokens:
             return BuiltPrompt(dialog, tokens, dropped)
     raise ApiError(

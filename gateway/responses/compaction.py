@@ -22,9 +22,9 @@ from backends.base import Constraint, Sampling
 from harmony import ReasoningEffort, Role
 
 from ..errors import ApiError
-from ..generation.dialog import Said
+from ..generation.dialog import Instruction, Said
 from ..generation.plan import count_prompt, plan_turn, start_turn
-from ..generation.prompt import SUMMARY_HEADING, PromptSpec, summary_entry
+from ..generation.prompt import SUMMARY_HEADING, PromptSpec, dialog_entries, summary_entry
 from ..ids import new_id
 from ..metrics import STATS
 from ..services import Services
@@ -52,7 +52,8 @@ async def summarise(
     """The model's summary of `spec`'s conversation (at most half of `replaced` tokens), and the pass's usage."""
     summarising = dataclasses.replace(
         spec,
-        items=[*spec.items, Said("user", COMPACT_ASK, "input")],
+        history=[entry for entry in spec.history if entry.message.role is not Role.DEVELOPER],
+        items=[*(item for item in spec.items if not isinstance(item, Instruction)), Said("user", COMPACT_ASK, "input")],
         instructions=[COMPACTION_INSTRUCTIONS],
         tools=[],
         namespaces=[],
@@ -144,6 +145,11 @@ async def compact_if_long(
     if not earlier.items and not earlier.history:
         return spec, None
     summary, _ = await summarise(services, request, tenant, req.model, earlier, tokens)
-    compacted = dataclasses.replace(spec, history=[summary_entry(summary), *kept_history], items=kept_items)
+    standing = [  # the earlier turns' system and developer messages are not summarised: they stay as they are
+        entry
+        for entry in [*earlier.history, *dialog_entries(earlier.items, earlier.history)]
+        if entry.message.role is Role.DEVELOPER
+    ]
+    compacted = dataclasses.replace(spec, history=[*standing, summary_entry(summary), *kept_history], items=kept_items)
     log.info("context_compacted", tokens=tokens, threshold=threshold)
     return compacted, services.sealer.seal(tenant, summary, SUMMARY_PURPOSE)

@@ -11,7 +11,7 @@ from harmony import ResponseFormat
 
 from ..encrypted_reasoning import SealError
 from ..errors import invalid
-from ..generation.dialog import Approval, Call, CallResult, DialogItem, Entry, Said, Summary, Thought
+from ..generation.dialog import Approval, Call, CallResult, DialogItem, Entry, Instruction, Said, Summary, Thought
 from ..generation.options import constraint, effort, output_format, verbosity_instruction
 from ..generation.prompt import PromptSpec
 from ..hosted.toolset import Toolset
@@ -76,18 +76,17 @@ def _summary(item: CompactionInput, param: str, unseal: Unseal) -> str:
         ) from exc
 
 
-def to_dialog(request: ResponsesRequest, unseal: Unseal) -> tuple[list[DialogItem], list[str]]:
-    """The dialog items, and the texts of system/developer messages (they join the instructions)."""
+def to_dialog(request: ResponsesRequest, unseal: Unseal) -> list[DialogItem]:
+    """The dialog items (system and developer messages as instructions, kept by a chain like any item)."""
     if isinstance(request.input, str):
-        return [Said("user", request.input, "input")], []
+        return [Said("user", request.input, "input")]
     items: list[DialogItem] = []
-    instructions: list[str] = []
     for index, item in enumerate(request.input):
         param = f"input[{index}]"
         if isinstance(item, MessageInput):
             text = _message_text(item)
             if item.role in ("system", "developer"):
-                instructions.append(text)
+                items.append(Instruction(text, param))
             elif item.role == "user":
                 items.append(Said("user", text, param))
             else:
@@ -106,7 +105,7 @@ def to_dialog(request: ResponsesRequest, unseal: Unseal) -> tuple[list[DialogIte
             items.append(Summary(_summary(item, param, unseal), param))
         else:
             items.extend(_hosted_items(item, param))
-    return items, instructions
+    return items
 
 
 NOT_KEPT = "[this result was not kept]"
@@ -205,12 +204,12 @@ def prompt_spec(
     request: ResponsesRequest, tools: OfferedTools, history: list[Entry], unseal: Unseal, toolset: Toolset | None = None
 ) -> PromptSpec:
     """tool_choice 'none' leaves the tools out of the prompt: the model is not offered what it may not call."""
-    items, message_instructions = to_dialog(request, unseal)
+    items = to_dialog(request, unseal)
     offer = request.tool_choice != "none"
     hosted = toolset if offer else None
     return PromptSpec(
         items=items,
-        instructions=[request.instructions or "", *message_instructions, verbosity_instruction(request.text.verbosity)],
+        instructions=[request.instructions or "", verbosity_instruction(request.text.verbosity)],
         history=history,
         tools=tools.functions if offer else [],
         namespaces=[*tools.namespaces, *(hosted.namespaces if hosted else [])] if offer else [],

@@ -102,7 +102,9 @@ def gateway(tmp_path):
     live.stop()
 
 
-def _run_codex(codex: Path, gateway: LiveGateway, home: Path, workdir: Path, prompt: str, catalog: bool) -> str:
+def _run_codex(
+    codex: Path, gateway: LiveGateway, home: Path, workdir: Path, prompt: str, catalog: bool, websockets: bool = False
+) -> str:
     home.mkdir()
     workdir.mkdir()
     lines = [f'model = "{MODEL}"', 'model_provider = "gateway"']
@@ -115,6 +117,7 @@ def _run_codex(codex: Path, gateway: LiveGateway, home: Path, workdir: Path, pro
         f'base_url = "{gateway.url}/v1"',
         'wire_api = "responses"',
         'env_key = "GATEWAY_API_KEY"',
+        f"supports_websockets = {str(websockets).lower()}",
     ]
     (home / "config.toml").write_text("\n".join(lines) + "\n")
     env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_API_KEY": "sk-test", "HOME": str(home)}
@@ -132,13 +135,22 @@ def _run_codex(codex: Path, gateway: LiveGateway, home: Path, workdir: Path, pro
     return output
 
 
+def _developer(prompt: str) -> str:
+    """The developer message of a rendered prompt (Codex's instructions and tools)."""
+    start = "<|start|>developer<|message|>"
+    return prompt.split(start, 1)[1].split("<|end|>", 1)[0] if start in prompt else ""
+
+
 def _codex_prompts(gateway: LiveGateway) -> list[str]:
     prompts = [gateway.backend.prompt_text(i) for i in range(len(gateway.backend.prompts))]
     return [prompt for prompt in prompts if "Codex" in prompt or "apply_patch" in prompt]
 
 
-def test_codex_runs_a_shell_command_with_its_default_tools(codex, gateway, tmp_path):
-    output = _run_codex(codex, gateway, tmp_path / "home", tmp_path / "work", "create hello.txt", catalog=False)
+@pytest.mark.parametrize("websockets", [False, True], ids=["sse", "websocket"])
+def test_codex_runs_a_shell_command_with_its_default_tools(codex, gateway, tmp_path, websockets):
+    """Over SSE, and over the Responses WebSocket (`supports_websockets` on the provider)."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    output = _run_codex(codex, gateway, home, work, "create hello.txt", catalog=False, websockets=websockets)
     assert (tmp_path / "work" / "hello.txt").read_text() == "hi\n"
     assert "Created hello.txt." in output
     first, second = _codex_prompts(gateway)[-2:]
@@ -146,6 +158,14 @@ def test_codex_runs_a_shell_command_with_its_default_tools(codex, gateway, tmp_p
     assert "web_search" not in first  # not offered: nothing here runs it
     assert ANALYSIS_SHELL in second  # carried back by Codex as an encrypted reasoning item (store: false)
     assert "<|start|>assistant<|channel|>commentary to=functions.exec_command <|constrain|>json" in second
+    sockets = sum(
+        sample.value
+        for family in gateway.services.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "gateway_websocket_responses_total" and sample.labels["status"] in ("completed", "prepared")
+    )
+    assert (sockets >= 2) == websockets  # its turns went over the socket, or none did
+    assert _developer(second) == _developer(first) != ""  # its instructions hold on a socket's continuation too
 
 
 def test_codex_adds_a_file_with_its_freeform_apply_patch(codex, gateway, tmp_path):
