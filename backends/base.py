@@ -86,6 +86,7 @@ class Capabilities:
     context_length: int
     constraints: bool = False
     logprobs: bool = False  # fills Chunk.logprobs when GenerateRequest.top_logprobs asks
+    prefix_cache: bool = False  # keeps a prompt's KV for later requests that start with it
 
 
 @runtime_checkable

@@ -92,7 +92,12 @@ def _progress(step: int, total: int) -> None:
 class EngineBackend:
     def __init__(self, options: EngineOptions, encoding: HarmonyEncoding) -> None:
         self.options = options
-        self.capabilities = Capabilities(context_length=options.max_positions, constraints=True, logprobs=True)
+        self.capabilities = Capabilities(
+            context_length=options.max_positions,
+            constraints=True,
+            logprobs=True,
+            prefix_cache=options.prefix_budget() > 0,
+        )
         self._encoding = encoding
         self._batcher: Batcher | None = None
         self._grammars: GrammarCompiler | None = None

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import OrderedDict
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +30,11 @@ import orjson
 import structlog
 from aiohttp import WSMsgType, web
 
+from backends.base import BackendError, Constraint, Sampling
 from state import StoredResponse
 
 from ..errors import ApiError, invalid
+from ..generation.turn import Turn
 from ..lifecycle import SHUTTING_DOWN
 from ..services import SERVICES
 from ..tenants.tenancy import tenant_of
@@ -238,12 +242,17 @@ class _Session:
 
     async def _prepare_only(self, job: Job, lane_id: str | None) -> None:
         """`generate: false`: the response is made (its input kept, for a later `previous_response_id`) and
-        completes with no output; nothing is sampled."""
+        completes with no output. On a backend with a prefix cache (the built-in engine), its prompt is
+        prefilled meanwhile (one token sampled and dropped), so the continuation starts from that KV."""
+        turn = job.generation.turn
+        spent = 0
         try:
             final = job.response("completed")
             await job.store_final(final)
+            if turn.backend.capabilities.prefix_cache:
+                spent = await prewarm(turn)
         finally:
-            await job.ticket.settle(0)
+            await job.ticket.settle(turn.prompt_tokens + spent if spent else 0)
         events = StreamEvents(job.seal, obfuscate=False)
         for payload in (
             events.lifecycle("response.created", job.response(job.first_status)),
@@ -302,3 +311,24 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
         sockets.close(tenant)
         metrics.websockets.dec()
     return socket
+
+
+async def prewarm(turn: Turn) -> int:
+    """Prefill `turn`'s prompt with one token's generation, its output dropped (best effort: a backend failure
+    only leaves the cache cold); the tokens it generated."""
+    request = dataclasses.replace(
+        turn.request,
+        max_new_tokens=1,
+        sampling=Sampling(temperature=0.0),
+        constraint=Constraint(),
+        request_id=turn.request.request_id + "/prewarm",
+        top_logprobs=None,
+    )
+    generated = 0
+    try:
+        async with aclosing(turn.backend.generate(request)) as chunks:
+            async for chunk in chunks:
+                generated += len(chunk.tokens)
+    except BackendError as exc:
+        log.warning("prewarm_failed", error=str(exc))
+    return generated

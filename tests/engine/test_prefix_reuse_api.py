@@ -130,6 +130,23 @@ def test_consecutive_turns_on_one_websocket_reuse_the_socket_s_prompt(live):
     assert cached >= _blocks(first.usage.input_tokens)
 
 
+def test_a_generate_false_create_prefills_what_the_socket_s_next_turn_reuses(live):
+    """responses.connect() with generate: false (as Codex prewarms a session): nothing is answered, the engine
+    prefills the prompt, and the continuation finds it cached."""
+    client = _client(live)
+    with client.responses.connect() as connection:
+        connection.response.create(input=_history("Prewarm me."), generate=False, **{**CALL, "store": False})
+        prepared = next(event for event in connection if event.type == "response.completed").response
+        assert prepared.output == []
+        time.sleep(0.05)
+        before = _hits(live)
+        follow = {**CALL, "store": False, "previous_response_id": prepared.id}
+        connection.response.create(input="What is the weather?", **follow)
+        answered = next(event for event in connection if event.type in ("response.completed", "response.failed"))
+    cached = answered.response.usage.input_tokens_details.cached_tokens
+    assert cached >= _blocks(prepared.usage.input_tokens) and cached == _hits(live) - before
+
+
 def test_a_stateless_client_re_sending_its_history_with_encrypted_reasoning_reuses_it(live):
     client = _client(live)
     stateless = {**CALL, "store": False, "include": ["reasoning.encrypted_content"]}
