@@ -10,10 +10,11 @@ not), so `previous_response_id` continues with only the new input, even with `st
 
 The upgrade passes through the same middleware as any request (key, tenant, drain, metrics); each create
 through the same admission, limits and store as `POST /v1/responses`. Bounded: a message's size
-(GATEWAY_MAX_BODY_BYTES), the creates waiting in a lane (LANE_BACKLOG), the sockets of a tenant on one replica
-(GATEWAY_WS_MAX_SOCKETS), time without a message or a running response (GATEWAY_WS_IDLE_S), a client that
-reads nothing (GATEWAY_WRITE_STALL_S). When the replica drains, each socket finishes its running responses,
-refuses new creates, and closes with 1001 (going away), so the SDK reconnects to another replica.
+(GATEWAY_MAX_BODY_BYTES), the lanes of a socket (MAX_LANES), the creates waiting in a lane (LANE_BACKLOG), the
+sockets of a tenant on one replica (GATEWAY_WS_MAX_SOCKETS), time without a message or a running response
+(GATEWAY_WS_IDLE_S), a client that reads nothing (GATEWAY_WRITE_STALL_S). When the replica drains, each socket
+finishes its running responses, answers the creates still waiting with an error event, and closes with 1001
+(going away), so the SDK reconnects to another replica.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ log = structlog.get_logger("gateway.responses.websocket")
 
 HELD_RESPONSES = 64
 LANE_BACKLOG = 16
+MAX_LANES = 16  # per socket
 MAX_LANE_ID_CHARS = 256
 GOING_AWAY = 1001
 TERMINAL_EVENTS = ("response.completed", "response.failed", "response.incomplete", "response.cancelled")
@@ -83,7 +85,8 @@ SOCKETS = web.AppKey("response_sockets", Sockets)
 class _Lane:
     queue: asyncio.Queue[tuple[dict[str, Any], int, bool]] = field(default_factory=lambda: asyncio.Queue(LANE_BACKLOG))
     task: asyncio.Task[None] | None = None
-    idle: asyncio.Event = field(default_factory=asyncio.Event)  # nothing running on it
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # nothing running on it, nothing waiting
+    running: bool = False  # a create is being answered
 
     @property
     def busy(self) -> bool:
@@ -146,6 +149,8 @@ class _Session:
             while not lane.queue.empty():
                 lane.queue.get_nowait()
                 await self._error(ApiError(503, reason, code=SHUTTING_DOWN, kind="server_error"), None)
+            if not lane.running:  # its task may still wait on the queue it was woken for
+                lane.idle.set()
         await asyncio.gather(*(lane.idle.wait() for lane in self.lanes.values()))
         await self.socket.close(code=code, message=reason.encode())
 
@@ -181,6 +186,10 @@ class _Session:
             return
         lane = self.lanes.get(lane_id or "")
         if lane is None:
+            if len(self.lanes) >= MAX_LANES:
+                message = f"This socket already has {MAX_LANES} lanes (stream_id values); reuse one."
+                await self._error(ApiError(429, message, code="too_many_lanes", kind="rate_limit_error"), lane_id)
+                return
             lane = self.lanes[lane_id or ""] = _Lane()
             lane.task = asyncio.ensure_future(self._run_lane(lane, lane_id))
         try:
@@ -195,11 +204,14 @@ class _Session:
             lane.idle.set()
             body, size, generate = await lane.queue.get()
             lane.idle.clear()
+            lane.running = True
             try:
                 await self._create(body, size, lane_id, generate)
             except SocketGone:
                 lane.idle.set()
                 return
+            finally:
+                lane.running = False
 
     async def _create(self, body: dict[str, Any], size: int, lane_id: str | None, generate: bool) -> None:
         try:

@@ -217,3 +217,43 @@ def test_generate_false_prepares_a_response_to_continue_from(gateway):
     assert kinds[-1] == "response.completed"
     assert len(gateway.backend.prompts) == prompts + 1  # one sampling in all: the second create's
     assert "My name is Ada." in gateway.backend.prompt_text()
+
+
+def test_a_socket_has_a_bounded_number_of_lanes(gateway):
+    with _raw(gateway) as socket:
+        for lane in range(17):
+            socket.send(
+                json.dumps({"type": "response.create", "model": MODEL, "input": "thanks", "stream_id": f"l{lane}"})
+            )
+        refused, finished = [], set()
+        while len(finished) < 16 or not refused:
+            event = _next(socket)
+            if event["type"] == "error":
+                refused.append(event)
+            elif event["type"] in TERMINAL:
+                finished.add(event["stream_id"])
+    assert [(e["status"], e["error"]["code"], e["stream_id"]) for e in refused] == [(429, "too_many_lanes", "l16")]
+    assert finished == {f"l{lane}" for lane in range(16)}
+
+
+def test_a_drain_answers_the_creates_still_waiting_in_a_lane(tmp_path):
+    live = LiveGateway(gateway_settings(tmp_path)).start()
+    try:
+        with _raw(live) as socket:
+            for _ in range(2):  # the second waits behind the first on the one lane
+                socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "say it slowly"}))
+            assert _next(socket)["type"] == "response.created"
+            drain = threading.Thread(target=live.call, args=(live.services.lifecycle.drain(30), 40))
+            drain.start()
+            seen = []
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    seen.append(_next(socket))
+            kinds = [event["type"] for event in seen]
+            assert "response.completed" in kinds and kinds.count("response.created") == 0
+            errors = [event for event in seen if event["type"] == "error"]
+            assert [(e["status"], e["error"]["code"]) for e in errors] == [(503, "server_shutting_down")]
+            assert closed.value.rcvd.code == 1001
+            drain.join(30)
+    finally:
+        live.stop()
