@@ -47,7 +47,7 @@ from .stream_events import StreamEvents
 
 log = structlog.get_logger("gateway.responses.websocket")
 
-HELD_RESPONSES = 64
+HELD_RESPONSES = 16  # per socket: each holds its whole conversation
 LANE_BACKLOG = 16
 MAX_LANES = 16  # per socket
 MAX_LANE_ID_CHARS = 256
@@ -240,9 +240,7 @@ class _Session:
                 await asyncio.wait({run.task}, timeout=5)
         self._count(final.get("status", "failed") if final is not None else "cancelled")
         if final is not None:
-            self.held[job.response_id] = job.record(final)
-            while len(self.held) > HELD_RESPONSES:
-                self.held.popitem(last=False)
+            self._hold(job, final)
             usage = final.get("usage") or {}
             log.info(
                 "websocket_response",
@@ -271,8 +269,14 @@ class _Session:
             events.lifecycle("response.completed", final),
         ):
             await self._send({**payload, "stream_id": lane_id} if lane_id else payload)
-        self.held[job.response_id] = job.record(final)
+        self._hold(job, final)
         self._count("prepared")
+
+    def _hold(self, job: Job, final: dict[str, Any]) -> None:
+        """Keep the response for this socket's continuations: the last HELD_RESPONSES of them."""
+        self.held[job.response_id] = job.record(final)
+        while len(self.held) > HELD_RESPONSES:
+            self.held.popitem(last=False)
 
     def _count(self, status: str) -> None:
         metrics = self.request.app[SERVICES].metrics

@@ -257,3 +257,28 @@ def test_a_drain_answers_the_creates_still_waiting_in_a_lane(tmp_path):
             drain.join(30)
     finally:
         live.stop()
+
+
+def test_a_socket_holds_its_last_sixteen_responses(gateway):
+    """Held responses are bounded (generate: false ones too): the oldest of seventeen is forgotten."""
+    with _raw(gateway) as socket:
+        ids = []
+        for turn in range(17):
+            body = {"type": "response.create", "model": MODEL, "input": f"turn {turn}", "generate": False}
+            socket.send(json.dumps({**body, "store": False}))
+            while (event := _next(socket))["type"] != "response.completed":
+                pass
+            ids.append(event["response"]["id"])
+        for previous, expected in ((ids[0], "error"), (ids[-1], "response.created")):
+            socket.send(
+                json.dumps(
+                    {"type": "response.create", "model": MODEL, "input": "thanks", "previous_response_id": previous}
+                )
+            )
+            first = _next(socket)
+            assert first["type"] == expected, first
+            if expected == "error":
+                assert first["status"] == 404 and first["error"]["param"] == "previous_response_id"
+            else:
+                while _next(socket)["type"] not in TERMINAL:
+                    pass
