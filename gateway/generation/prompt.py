@@ -75,7 +75,8 @@ def _is_preamble(items: list[DialogItem], index: int) -> bool:
     return False
 
 
-def developer_text(entry: Entry) -> str:
+def entry_text(entry: Entry) -> str:
+    """A plain-text message's text (a developer message of the dialog, a user turn)."""
     return "".join(part for part in entry.message.content if isinstance(part, str))
 
 
@@ -154,7 +155,7 @@ def _cut_points(dialog: list[Entry], truncate: bool) -> list[int]:
 def build_prompt(renderer: Renderer, spec: PromptSpec, budget_tokens: int, today: str | None = None) -> BuiltPrompt:
     """Render the prompt; it must leave `budget_tokens` > 0 for the answer or truncation must make room."""
     dialog = [*spec.history, *dialog_entries(spec.items, spec.history)]
-    hoisted = [developer_text(entry) for entry in dialog if entry.message.role is Role.DEVELOPER]
+    hoisted = [entry_text(entry) for entry in dialog if entry.message.role is Role.DEVELOPER]
     body = [entry for entry in dialog if entry.message.role is not Role.DEVELOPER]
     header = _header(spec, today or datetime.now(UTC).date().isoformat(), hoisted)
     tokens: list[int] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -155,10 +156,26 @@ class Turn:
             assembler.reasoning_tokens - self._base_reasoning,
         )
 
-    @property
-    def request(self) -> GenerateRequest:
-        """What this turn asks its backend (read only)."""
-        return self._request
+    async def prewarm(self) -> int:
+        """Prefill this turn's prompt with one token's generation, its output dropped, so that a backend with a
+        prefix cache holds it for a continuation (best effort: a failure leaves the cache cold); the tokens
+        generated. The turn itself is not run."""
+        request = dataclasses.replace(
+            self._request,
+            max_new_tokens=1,
+            sampling=Sampling(temperature=0.0),
+            constraint=Constraint(),
+            request_id=self._request.request_id + "/prewarm",
+            top_logprobs=None,
+        )
+        generated = 0
+        try:
+            async with aclosing(self.backend.generate(request)) as chunks:
+                async for chunk in chunks:
+                    generated += len(chunk.tokens)
+        except BackendError as exc:
+            log.warning("prewarm_failed", request_id=request.request_id, error=str(exc))
+        return generated
 
     @property
     def output_tokens(self) -> int:

@@ -24,7 +24,7 @@ from harmony import ReasoningEffort, Role
 from ..errors import ApiError
 from ..generation.dialog import Instruction, Said
 from ..generation.plan import count_prompt, plan_turn, start_turn
-from ..generation.prompt import SUMMARY_HEADING, PromptSpec, dialog_entries, summary_entry
+from ..generation.prompt import SUMMARY_HEADING, PromptSpec, dialog_entries, entry_text, summary_entry
 from ..ids import new_id
 from ..metrics import STATS
 from ..services import Services
@@ -96,12 +96,8 @@ async def summarise(
 
 def user_messages(spec: PromptSpec) -> list[dict[str, Any]]:
     """The conversation's user messages, in order (history, then this request's), as output items."""
-    said = ["".join(part for part in entry.message.content if isinstance(part, str)) for entry in spec.history]
-    texts = [
-        text
-        for entry, text in zip(spec.history, said, strict=True)
-        if entry.message.role is Role.USER and not text.startswith(SUMMARY_HEADING)  # an earlier summary is folded in
-    ]
+    texts = [entry_text(entry) for entry in spec.history if entry.message.role is Role.USER]
+    texts = [text for text in texts if not text.startswith(SUMMARY_HEADING)]  # an earlier summary is folded in
     texts += [item.text for item in spec.items if isinstance(item, Said) and item.role == "user"]
     return [
         {

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections import OrderedDict
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +29,9 @@ import orjson
 import structlog
 from aiohttp import WSMsgType, web
 
-from backends.base import BackendError, Constraint, Sampling
 from state import StoredResponse
 
 from ..errors import ApiError, invalid
-from ..generation.turn import Turn
 from ..lifecycle import SHUTTING_DOWN
 from ..services import SERVICES
 from ..tenants.tenancy import tenant_of
@@ -260,7 +256,7 @@ class _Session:
             final = job.response("completed")
             await job.store_final(final)
             if turn.backend.capabilities.prefix_cache:
-                spent = await prewarm(turn)
+                spent = await turn.prewarm()
         finally:
             await job.ticket.settle(turn.prompt_tokens + spent if spent else 0)
         events = StreamEvents(job.seal, obfuscate=False)
@@ -327,24 +323,3 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
         sockets.close(tenant)
         metrics.websockets.dec()
     return socket
-
-
-async def prewarm(turn: Turn) -> int:
-    """Prefill `turn`'s prompt with one token's generation, its output dropped (best effort: a backend failure
-    only leaves the cache cold); the tokens it generated."""
-    request = dataclasses.replace(
-        turn.request,
-        max_new_tokens=1,
-        sampling=Sampling(temperature=0.0),
-        constraint=Constraint(),
-        request_id=turn.request.request_id + "/prewarm",
-        top_logprobs=None,
-    )
-    generated = 0
-    try:
-        async with aclosing(turn.backend.generate(request)) as chunks:
-            async for chunk in chunks:
-                generated += len(chunk.tokens)
-    except BackendError as exc:
-        log.warning("prewarm_failed", error=str(exc))
-    return generated

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import urllib.error
 import urllib.request
 
@@ -60,10 +59,7 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
     live = LiveGateway(settings).start()
     try:
         live.services.backends[BROKEN_MODEL] = FailingBackend(live.services.encoding)
-        deadline = time.monotonic() + 120
-        while not live.call(live.services.backends[ENGINE_MODEL].ready()):
-            assert time.monotonic() < deadline, "the engine did not load"
-            time.sleep(0.05)
+        live.wait_until_ready(ENGINE_MODEL)
         acme = openai.OpenAI(base_url=live.url + "/v1", api_key="sk-dash-acme", max_retries=0)
         beta = openai.OpenAI(base_url=live.url + "/v1", api_key="sk-dash-beta", max_retries=0)
         list(acme.responses.create(model=MODEL, input="thanks", stream=True))

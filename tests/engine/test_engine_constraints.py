@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -52,10 +51,7 @@ def gateway(tmp_path_factory):
     options = {"checkpoint": str(checkpoint), "max_positions": 2048, "cache_dir": str(directory / "graphs")}
     settings = Settings(backends={"engine": {"kind": "onnx", "options": options, "models": [MODEL]}})
     live = LiveGateway(settings).start()
-    deadline = time.monotonic() + 120
-    while not live.call(live.services.backends[MODEL].ready()):
-        assert time.monotonic() < deadline, "the engine did not load"
-        time.sleep(0.05)
+    live.wait_until_ready(MODEL)
     yield openai.OpenAI(base_url=live.url + "/v1", api_key="sk-x", max_retries=0)
     live.stop()
 

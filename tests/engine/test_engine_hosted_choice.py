@@ -4,8 +4,6 @@ writes that tool's call, its arguments held to the tool's input schema."""
 
 from __future__ import annotations
 
-import time
-
 import openai
 import pytest
 from engine_fixtures import make_checkpoint, tiny_config
@@ -37,10 +35,7 @@ def live(tmp_path_factory, mcp):
     }
     engine = {"kind": "onnx", "options": options, "models": [MODEL]}
     gateway = LiveGateway(gateway_settings(directory, backends={"engine": engine}, hosted_tools=hosted)).start()
-    deadline = time.monotonic() + 120
-    while not gateway.call(gateway.services.backends[MODEL].ready()):
-        assert time.monotonic() < deadline, "the engine did not load"
-        time.sleep(0.05)
+    gateway.wait_until_ready(MODEL)
     yield gateway
     gateway.stop()
 

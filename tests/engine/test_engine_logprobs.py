@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -125,10 +124,7 @@ def live(tmp_path_factory, checkpoint):
     options = {"checkpoint": str(checkpoint), "max_positions": 1024, "cache_dir": str(checkpoint.parent / "graphs")}
     settings = gateway_settings(directory, backends={"engine": {"kind": "onnx", "options": options, "models": [MODEL]}})
     gateway = LiveGateway(settings).start()
-    deadline = time.monotonic() + 120
-    while not gateway.call(gateway.services.backends[MODEL].ready()):
-        assert time.monotonic() < deadline, "the engine did not load"
-        time.sleep(0.05)
+    gateway.wait_until_ready(MODEL)
     yield gateway
     gateway.stop()
 

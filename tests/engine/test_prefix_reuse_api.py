@@ -38,10 +38,7 @@ def live(tmp_path_factory):
     engine = {"kind": "onnx", "options": options, "models": [MODEL]}
     settings = gateway_settings(directory, backends={"engine": engine}, metrics_port=free_port())
     gateway = LiveGateway(settings).start()
-    deadline = time.monotonic() + 120
-    while not gateway.call(gateway.services.backends[MODEL].ready()):
-        assert time.monotonic() < deadline, "the engine did not load"
-        time.sleep(0.05)
+    gateway.wait_until_ready(MODEL)
     yield gateway
     gateway.stop()
 

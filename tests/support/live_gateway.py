@@ -47,6 +47,13 @@ class LiveGateway:
         """Run a coroutine on the gateway's loop (e.g. to reach its store) and wait for it."""
         return self._server.call(coroutine, timeout)
 
+    def wait_until_ready(self, model: str, timeout_s: float = 120) -> None:
+        """Until `model`'s backend can take requests (the built-in engine loads in the background)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.call(self.services.backends[model].ready()):
+            assert time.monotonic() < deadline, f"the backend of {model} did not become ready"
+            time.sleep(0.05)
+
     def start(self) -> LiveGateway:
         def make_app() -> web.Application:
             app = create_app(self.settings)
