@@ -19,7 +19,7 @@ import pytest
 from engine_fixtures import make_checkpoint
 from engine_reference import ReferenceModel
 
-from backends.base import GenerateRequest, Sampling
+from backends.base import GenerateRequest, Sampling, TokenLogprob
 from backends.engine.backend import EngineBackend, EngineOptions
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.config import GPT_OSS_20B
@@ -35,23 +35,26 @@ GENERATED = 4
 TOLERANCE = 2e-4  # float32 sums over 2880-wide rows against float64
 
 
-def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int]]:
-    """Greedy (tokens, prompt tokens reused) through the backend for: the prompt; the prompt again; the prompt
-    and the first two answer tokens, whose greedy tokens must be the first answer's last two."""
+def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int, list[TokenLogprob]]]:
+    """Greedy (tokens, prompt tokens reused, logprobs with 3 alternatives) through the backend for: the prompt;
+    the prompt again; the prompt and the first two answer tokens, whose greedy tokens must be the first answer's
+    last two."""
     options = EngineOptions(
         checkpoint=str(checkpoint), max_positions=64, max_batch=1, cache_dir=str(cache), device="cpu", prefix_block=4
     )
     backend = EngineBackend(options, load_harmony_encoding())
     started = time.monotonic()
 
-    async def one(prompt: list[int], count: int) -> tuple[list[int], int]:
-        tokens, cached = [], -1
-        async for chunk in backend.generate(GenerateRequest(prompt, count, (), "wide", Sampling(temperature=0))):
+    async def one(prompt: list[int], count: int) -> tuple[list[int], int, list[TokenLogprob]]:
+        tokens, cached, logprobs = [], -1, []
+        request = GenerateRequest(prompt, count, (), "wide", Sampling(temperature=0), top_logprobs=3)
+        async for chunk in backend.generate(request):
             tokens += chunk.tokens
+            logprobs += chunk.logprobs or []
             cached = chunk.cached_tokens if chunk.cached_tokens is not None else cached
-        return tokens, cached
+        return tokens, cached, logprobs
 
-    async def run() -> list[tuple[list[int], int]]:
+    async def run() -> list[tuple[list[int], int, list[TokenLogprob]]]:
         while not await backend.ready():
             assert backend.describe()["status"] != "failed", backend.describe()
             assert time.monotonic() - started < 600, "the engine did not load"
@@ -67,7 +70,7 @@ def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int]]:
 def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_path):
     checkpoint = make_checkpoint(tmp_path / "wide", REAL_WIDTH, "original")
     cache = tmp_path / "graphs"
-    (tokens, fresh), (again, repeated), (rest, continued) = _generate(checkpoint, cache)
+    (tokens, fresh, logprobs), (again, repeated, _), (rest, continued, _) = _generate(checkpoint, cache)
     gc.collect()  # the backend's session goes before the next one loads
     assert len(tokens) == GENERATED
     # prefix reuse at the real width: the repeat keeps all but the last prompt token, the continuation all
@@ -95,6 +98,11 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
     logits = runtime.prefill(0, PROMPT)
     for position, token in enumerate(PROMPT):
         expected = reference.step(token, position)
+    # the first answer token's logprob: the reference's exact log-softmax over the whole 201,088-token row
+    wide = expected.astype(np.float64)
+    log_softmax = wide - (wide.max() + np.log(np.exp(wide - wide.max()).sum()))
+    assert abs(logprobs[0].logprob - log_softmax[tokens[0]]) < 2 * TOLERANCE
+    assert all(entry.top[0] == (token, entry.logprob) for entry, token in zip(logprobs, tokens, strict=True))
     worst, reference_tokens = float(np.abs(logits - expected).max()), []
     for position, token in enumerate(tokens, start=len(PROMPT)):
         reference_tokens.append(int(np.argmax(expected)))
