@@ -47,7 +47,7 @@ def emulated(tmp_path_factory) -> ctypes.CDLL:
     command = [
         compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
         "-include", str(HERE / "cuda_shim.h"), f"-I{kernels}",
-        "-x", "c++", str(kernels / build.CUDA_SOURCE), "-x", "c++", str(HERE / "emulation_driver.cc"),
+        "-x", "c++", str(kernels / build.MOE_CUDA_SOURCE), "-x", "c++", str(HERE / "emulation_driver.cc"),
         "-o", str(library),
     ]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True, text=True)

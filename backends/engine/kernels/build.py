@@ -41,11 +41,14 @@ HEADERS_ENV = "GATEWAY_ORT_HEADERS"
 KERNELS_ENV = "GATEWAY_ENGINE_KERNELS"  # "0": none; a path: that prebuilt library; unset: build on first use
 DOWNLOAD_TIMEOUT_S = 300
 LIBRARY = "libgptoss_engine_kernels.so"
-SOURCES = ("mxfp4_moe_op.cc", "mxfp4_moe_cpu.cc", "register.cc")
-HEADERS = ("mxfp4_moe_op.h", "mxfp4_moe_launch.h")  # the kernels' own headers
+SOURCES = ("mxfp4_moe_op.cc", "mxfp4_moe_cpu.cc", "sample_tokens_op.cc", "sample_tokens_cpu.cc", "register.cc")
+# the kernels' own headers
+HEADERS = ("mxfp4_moe_op.h", "mxfp4_moe_launch.h", "sample_tokens_op.h", "sample_tokens_launch.h")
 CXX_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-pthread")
 CUDA_ENV = "GATEWAY_ENGINE_CUDA"  # "0": build the CPU kernel only
-CUDA_SOURCE = "mxfp4_moe_cuda.cu"
+MOE_CUDA_SOURCE = "mxfp4_moe_cuda.cu"
+SAMPLE_CUDA_SOURCE = "sample_tokens_cuda.cu"
+CUDA_SOURCES = (MOE_CUDA_SOURCE, SAMPLE_CUDA_SOURCE)
 CUDA_HOST_SOURCES = ("mxfp4_moe_cuda_op.cc",)
 CUDA_ARCHS = ("sm_80", "sm_90")
 CUDA_FLAGS = (
@@ -147,7 +150,7 @@ def _version(tool: str | Path) -> str:
 
 def _build_key(tools: list[str], flags: tuple[str, ...]) -> str:
     digest = hashlib.sha256()
-    for name in (*SOURCES, *HEADERS, CUDA_SOURCE, *CUDA_HOST_SOURCES):
+    for name in (*SOURCES, *HEADERS, *CUDA_SOURCES, *CUDA_HOST_SOURCES):
         digest.update((source_dir() / name).read_bytes())
     for part in (*tools, *flags, *CUDA_FLAGS, HEADERS_VERSION):
         digest.update(part.encode())
@@ -171,8 +174,8 @@ def _compile_and_link(
         for name in sources
     ]
     if nvcc:
-        cuda_object = str(scratch / f"{CUDA_SOURCE}.o")
-        jobs.append([str(nvcc), "-c", *CUDA_FLAGS, str(source_dir() / CUDA_SOURCE), "-o", cuda_object])
+        for name in CUDA_SOURCES:
+            jobs.append([str(nvcc), "-c", *CUDA_FLAGS, str(source_dir() / name), "-o", str(scratch / f"{name}.o")])
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         list(pool.map(_run, jobs))
     objects = [str(path) for path in sorted(scratch.glob("*.o"))]

@@ -2,6 +2,7 @@
 #include <onnxruntime_cxx_api.h>  // ORT_API_MANUAL_INIT is set for every unit by the build
 
 #include "mxfp4_moe_op.h"
+#include "sample_tokens_op.h"
 
 namespace {
 constexpr const char* kDomain = "gptoss.engine";
@@ -16,10 +17,12 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
   using CpuOp = gptoss::MoeOpBase<gptoss::MoeKernel>;
   static CpuOp cpu_ops[] = {CpuOp(kCpu, kFloat), CpuOp(kCpu, kHalf), CpuOp(kCpu, kBFloat)};
+  static gptoss::SampleOpBase<gptoss::SampleCpuKernel> cpu_sample(kCpu);
 #ifdef GPTOSS_WITH_CUDA
   using CudaOp = gptoss::MoeOpBase<gptoss::MoeCudaKernel>;
   constexpr const char* kCuda = "CUDAExecutionProvider";
   static CudaOp cuda_ops[] = {CudaOp(kCuda, kFloat), CudaOp(kCuda, kHalf), CudaOp(kCuda, kBFloat)};
+  static gptoss::SampleOpBase<gptoss::SampleCudaKernel> cuda_sample(kCuda);
 #endif
   static Ort::CustomOpDomain domain{nullptr};
   OrtStatus* status = nullptr;
@@ -27,8 +30,10 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     if (!domain) {
       domain = Ort::CustomOpDomain(kDomain);
       for (auto& op : cpu_ops) domain.Add(&op);
+      domain.Add(&cpu_sample);
 #ifdef GPTOSS_WITH_CUDA
       for (auto& op : cuda_ops) domain.Add(&op);
+      domain.Add(&cuda_sample);
 #endif
     }
     Ort::UnownedSessionOptions(options).Add(domain);

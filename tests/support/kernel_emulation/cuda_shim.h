@@ -108,7 +108,7 @@ struct Barrier {
 
 struct Warp {
   Barrier barrier;
-  float slots[2][kWarp];
+  uint64_t slots[2][kWarp];  // room for any shuffled value up to 8 bytes
 };
 
 inline dim3 thread_index, block_index, block_dim, grid_dim;
@@ -129,13 +129,20 @@ inline void Yield(Wait wait, Barrier& barrier) {
 
 inline void SyncThreads() { Yield(Wait::kBlock, block_barrier); }
 
-inline float ShuffleDown(float value, int offset) {
-  const unsigned lane = current->linear % kWarp;
+// The value of lane + delta (down) or lane - delta (up); a lane past the warp's edge keeps its own.
+template <typename T>
+T Shuffle(T value, int delta) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffled values are at most 8 bytes");
+  const int lane = static_cast<int>(current->linear % kWarp);
   Warp& warp = warps[current->linear / kWarp];
-  float* slots = warp.slots[current->shuffles++ % 2];
-  slots[lane] = value;
+  uint64_t* slots = warp.slots[current->shuffles++ % 2];
+  std::memcpy(&slots[lane], &value, sizeof value);
   Yield(Wait::kWarp, warp.barrier);
-  return lane + offset < kWarp ? slots[lane + offset] : value;
+  const int source = lane + delta;
+  if (source < 0 || source >= kWarp) return value;
+  T other;
+  std::memcpy(&other, &slots[source], sizeof other);
+  return other;
 }
 
 inline void Entry() {
@@ -257,5 +264,6 @@ inline int CublasGemmEx(void*, int transa, int transb, int m, int n, int k, cons
 #define blockDim emulation::block_dim
 #define gridDim emulation::grid_dim
 #define __syncthreads() emulation::SyncThreads()
-#define __shfl_down_sync(mask, value, offset) emulation::ShuffleDown(value, offset)
+#define __shfl_down_sync(mask, value, offset) emulation::Shuffle(value, offset)
+#define __shfl_up_sync(mask, value, offset) emulation::Shuffle(value, -(offset))
 #define GPTOSS_LAUNCH(kernel, grid, block, stream, ...) emulation::Launch(kernel, grid, block, __VA_ARGS__)
