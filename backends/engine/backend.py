@@ -6,7 +6,8 @@ its own KV slot), `max_positions` (KV capacity per sequence: prompt + output), `
 when onnxruntime's CUDA provider loads here, else the CPU; `cuda`: the gateway stops at start if it
 cannot; `cpu`), `device_id`, `dtype` (activations, non-expert weights, KV cache: `float32`, `float16`, `bfloat16`;
 default bfloat16 on CUDA, float32 on the CPU), `moe` (`mxfp4moe`: our MXFP4MoE op, compiled kernels unless
-`kernels` is false; `qmoe`: ONNX Runtime's contrib QMoE, CUDA in float16/bfloat16 only), `cuda_graph`
+`kernels` is false (the compiled SampleTokens op also chooses the tokens on the engine's device; without
+the kernels, NumPy does on the host); `qmoe`: ONNX Runtime's contrib QMoE, CUDA in float16/bfloat16 only), `cuda_graph`
 (decode steps replayed as CUDA graphs), `threads`, `cache_dir`; the prefix cache: `prefix_cache_tokens`
 (tokens that ended sequences' KV slots keep for later prompts that start the same way; unset: all of
 the KV, 0: no reuse), `prefix_block` (tokens per block), `prefix_cache_scope` (`tenant`: a prompt is
@@ -133,7 +134,7 @@ class EngineBackend:
             log.info("engine_device", device=device, dtype=dtype, asked=options.device, moe=options.moe)
             graph_options = GraphOptions(options.max_positions, dtype, options.moe)
             model = compiled_model(checkpoint, graph_options, cache, _progress)
-            kernels = kernel_library() if options.kernels and options.moe == "mxfp4moe" else None
+            kernels = kernel_library() if options.kernels else None  # the MoE (unless qmoe) and the sampler
             runtime = DecoderRuntime(
                 str(model),
                 checkpoint.config,
@@ -146,6 +147,7 @@ class EngineBackend:
                 dtype=dtype,
                 cuda_graph=options.cuda_graph,
             )
+            self._placement["sampler"] = "kernel" if runtime.samples_on_device else "numpy"
             self._batcher = Batcher(runtime, options.prefill_chunk, options.prefix_block, options.prefix_budget())
             log.info(
                 "engine_ready",

@@ -1,7 +1,8 @@
 """Continuous batching on one engine thread: sequences join between decode steps (their prompt is
 prefilled into a KV slot, one chunk per step, so that a long prompt does not stall the others),
-every decoding sequence advances by one token per step, and a finished or cancelled sequence frees its
-slot at once. A sequence starts from the longest prefix of its prompt that a slot already holds in its
+every decoding sequence advances by one token per step (the step's next tokens chosen together, by the
+SampleTokens kernels on the runtime's device where they are loaded), and a finished or cancelled sequence
+frees its slot at once. A sequence starts from the longest prefix of its prompt that a slot already holds in its
 namespace (prefix_cache.py): it takes that slot over, or the held positions are copied into its own."""
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from backends.base import Chunk, EngineStats, GenerateRequest
+from backends.base import Chunk, EngineStats, GenerateRequest, TokenLogprob
 from harmony.tokens import FIRST_SPECIAL
 
 from .grammar import TokenGuide
 from .prefix_cache import PrefixCache
 from .runtime import DecoderRuntime
-from .sampler import next_token, penalised, token_logprob
+from .sampler import RowSpec, sampling_rows
 
 log = structlog.get_logger("backends.engine")
 
@@ -146,7 +147,7 @@ class Batcher:
         prompt = sequence.request.prompt
         chunk = prompt[sequence.position : sequence.position + self.prefill_chunk]
         try:
-            logits = self.runtime.prefill(sequence.slot, chunk, sequence.position)
+            self.runtime.fill(sequence.slot, chunk, sequence.position)
         except Exception as exc:  # a bad prompt fails its own sequence only
             self.prefix.forget(sequence.slot)
             self._finish(sequence, exc)
@@ -157,7 +158,7 @@ class Batcher:
         if sequence.position == len(prompt):
             self._prefilling.remove(sequence)
             sequence.decoding = True
-            self._accept(sequence, logits)
+            self._sample([sequence])
 
     def _step(self) -> None:
         decoding = [s for s in self._active.values() if s.decoding]
@@ -168,7 +169,7 @@ class Batcher:
         parked = {slot: self.prefix.held(slot) for slot in range(span) if slot not in self._active}
         parked.update((s.slot, s.position) for s in self._prefilling)
         try:
-            logits = self.runtime.decode(rows, parked)
+            self.runtime.step(rows, parked)
         except Exception as exc:
             log.exception("engine_step_failed")
             for slot in range(span):
@@ -180,18 +181,39 @@ class Batcher:
         for sequence in decoding:
             self.prefix.extend(sequence.slot, [sequence.token])
             sequence.position += 1
-            self._accept(sequence, logits[sequence.slot])
+        self._sample(decoding)
 
-    def _accept(self, sequence: Sequence, logits: np.ndarray) -> None:
+    def _sample(self, sequences: list[Sequence]) -> None:
+        """Choose each sequence's next token from its slot's logits row, all in one call, and take them."""
+        specs = [
+            RowSpec(
+                s.slot,
+                s.request.sampling,
+                s.rng,
+                None if s.guide is None else s.guide.allowed(),
+                s.counts,
+                s.request.top_logprobs,
+            )
+            for s in sequences
+        ]
+        try:
+            sampled = self.runtime.sample(sampling_rows(specs, self.runtime.config.vocab_size))
+        except Exception as exc:
+            log.exception("engine_sampling_failed")
+            for sequence in sequences:
+                self._finish(sequence, exc)
+            return
+        for index, sequence in enumerate(sequences):
+            self._take(sequence, int(sampled.tokens[index]), sampled.entry(index, sequence.request.top_logprobs))
+
+    def _take(self, sequence: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         request = sequence.request
-        guide = sequence.guide
-        if guide is not None:
-            logits = guide.mask(logits)
-        logits = penalised(logits, request.sampling, sequence.counts)
-        token = next_token(logits, request.sampling, sequence.rng)
-        if guide is not None:
+        if token < 0:
+            self._finish(sequence, RuntimeError("the output constraint allows no token here"))
+            return
+        if sequence.guide is not None:
             try:
-                guide.accept(token)
+                sequence.guide.accept(token)
             except RuntimeError as exc:
                 self._finish(sequence, exc)
                 return
@@ -200,8 +222,7 @@ class Batcher:
         sampling = request.sampling
         if token < FIRST_SPECIAL and (sampling.presence_penalty or sampling.frequency_penalty):
             sequence.counts[token] = sequence.counts.get(token, 0) + 1  # counted only where it is used
-        wanted = request.top_logprobs
-        sequence.emit(Chunk([token], logprobs=None if wanted is None else [token_logprob(logits, token, wanted)]))
+        sequence.emit(Chunk([token], logprobs=None if logprob is None else [logprob]))
         done = (
             token in request.stop_ids
             or sequence.generated >= request.max_new_tokens

@@ -1,5 +1,5 @@
 """Constrained decoding: the backend Constraint as an llguidance grammar over Harmony output, applied as
-a token mask at every step.
+a token bitmask at every step (the sampler masks the logits with it).
 
 The grammar covers what follows the prompt's `<|start|>assistant`: at most one analysis message, then the
 answer the constraint allows: a function call (`<|channel|>commentary to=functions.NAME <|constrain|>json
@@ -138,18 +138,17 @@ class GrammarCompiler:
 
 
 class TokenGuide:
-    """One generation's grammar state: masks logits before sampling, then takes the sampled token."""
+    """One generation's grammar state: the tokens allowed before sampling, then the sampled token taken."""
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
         self._matcher = matcher
         self._vocab_size = vocab_size
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
 
-    def mask(self, logits: np.ndarray) -> np.ndarray:
-        """The logits with every token the grammar forbids here at -inf."""
+    def allowed(self) -> np.ndarray:
+        """The tokens the grammar allows here: bit i of word i // 32 (uint32 words; the next call reuses them)."""
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab_size].view(bool)
-        return np.where(allowed, logits[: self._vocab_size], -np.inf)
+        return self._bits
 
     def accept(self, token: int) -> None:
         if not self._matcher.consume_token(token):

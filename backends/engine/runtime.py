@@ -1,8 +1,11 @@
 """One ONNX Runtime session over the decoder graph, on the CPU or a CUDA device, with preallocated KV
 caches for a fixed number of sequence slots, bound in place through IO binding (no per-step copies of
-the cache). On CUDA the caches and logits live on the device; only the step's logits rows come back.
-With `cuda_graph`, each decode batch size is captured once as a CUDA graph and replayed: its token and
-length inputs sit in fixed device buffers, updated in place."""
+the cache). On CUDA the caches and logits live on the device. Each slot's next-token logits land in its
+row of one logits buffer, where the SampleTokens op (sampling_session.py, with the compiled kernels)
+chooses the next tokens on the same device: only token ids and asked-for logprobs come back; without the
+kernels the NumPy sampler reads the rows on the host. With `cuda_graph`, each decode batch size is
+captured once as a CUDA graph and replayed: its token and length inputs sit in fixed device buffers,
+updated in place."""
 
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ from onnx import helper
 
 from .config import ModelConfig
 from .graph import DTYPES, Dtype, kv_names
+from .sampler import Sampled, SamplingRows, sample_rows
+from .sampling_session import SamplingSession
 
 Device = Literal["auto", "cpu", "cuda"]
 CUDA = "CUDAExecutionProvider"
@@ -132,8 +137,8 @@ class DecoderRuntime:
         dtype: Dtype = "float32",
         cuda_graph: bool = False,
     ) -> None:
-        """`kernels`: a compiled kernel library; its MXFP4MoE replaces the graph's pure-ONNX realization.
-        `dtype`: the graph's activation and KV dtype."""
+        """`kernels`: a compiled kernel library; its MXFP4MoE replaces the graph's pure-ONNX realization and
+        its SampleTokens samples on this runtime's device. `dtype`: the graph's activation and KV dtype."""
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -165,6 +170,9 @@ class DecoderRuntime:
         ]
         self._kv_itemsize = DTYPES[dtype][1].itemsize
         self._logits = self._zeros((slots, config.vocab_size), np.dtype(np.float32))
+        self._sampler = (
+            None if kernels is None else SamplingSession(kernels, providers, self._place, self._logits, threads)
+        )
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._graph_inputs: dict[int, tuple[ort.OrtValue, ort.OrtValue]] = {}
         self._graph_run_options: dict[int, ort.RunOptions] = {}
@@ -222,7 +230,22 @@ class DecoderRuntime:
             self._bindings[key] = binding
         return self._bindings[key]
 
-    def _run(self, first_slot: int, rows: int, ids: np.ndarray, seqlens: np.ndarray, total: int) -> np.ndarray:
+    @property
+    def samples_on_device(self) -> bool:
+        """Whether the SampleTokens kernels choose the tokens (else the NumPy sampler, on the host)."""
+        return self._sampler is not None
+
+    def sample(self, rows: SamplingRows) -> Sampled:
+        """Next tokens from the logits rows the last steps left (`rows.rows`: slots)."""
+        if self._sampler is not None:
+            return self._sampler.sample(rows)
+        return sample_rows(self._logits.numpy(), rows)
+
+    def logits(self, slots: list[int]) -> np.ndarray:
+        """A host copy of these slots' logits rows, as the last steps left them."""
+        return self._logits.numpy()[slots].copy()
+
+    def _run(self, first_slot: int, rows: int, ids: np.ndarray, seqlens: np.ndarray, total: int) -> None:
         binding = self._binding(first_slot, rows)
         graph_id = -1  # not replayed: prefill chunks, windows not at slot 0
         if self.cuda_graph and ids.shape[1] == 1 and first_slot == 0:
@@ -240,11 +263,8 @@ class DecoderRuntime:
             binding.bind_cpu_input("seqlens_k", seqlens)
             binding.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
         self.session.run_with_iobinding(binding, self._run_options(graph_id) if self.cuda_graph else None)
-        logits = binding.get_outputs()[0]
         if self.device == "cuda":
-            binding.synchronize_outputs()  # ORT's stream, not the one the copy below uses, computed them
-            return logits.numpy()  # a host copy
-        return logits.numpy().copy()  # on the CPU that array is the bound buffer the next step overwrites
+            binding.synchronize_outputs()  # ORT's stream computed them; the next reader may use another
 
     def _run_options(self, graph_id: int) -> ort.RunOptions:
         """Run options naming the CUDA graph to capture or replay (-1: none), made once per id."""
@@ -264,16 +284,28 @@ class DecoderRuntime:
             )
         return self._graph_inputs[rows]
 
-    def prefill(self, slot: int, tokens: list[int], start: int = 0) -> np.ndarray:
-        """Run prompt tokens into `slot` from position `start` (0 restarts its cache); the next-token logits [V]."""
+    def fill(self, slot: int, tokens: list[int], start: int = 0) -> None:
+        """Run prompt tokens into `slot` from position `start` (0 restarts its cache); its logits row is the
+        next token's."""
         count = len(tokens)
         if not count > 0 or start + count > self.max_positions:
             raise ValueError(f"a prompt of {start + count} tokens does not fit {self.max_positions} positions")
         ids = np.array([tokens], np.int64)
-        return self._run(slot, 1, ids, np.array([start + count - 1], np.int32), start + count)[0]
+        self._run(slot, 1, ids, np.array([start + count - 1], np.int32), start + count)
+
+    def prefill(self, slot: int, tokens: list[int], start: int = 0) -> np.ndarray:
+        """`fill`, then the next-token logits [V] on the host."""
+        self.fill(slot, tokens, start)
+        return self.logits([slot])[0]
 
     def decode(self, rows: list[tuple[int, int, int]], parked: dict[int, int] | None = None) -> dict[int, np.ndarray]:
-        """`rows`: (slot, token, position) each; the next-token logits per slot.
+        """`step`, then the next-token logits per slot on the host."""
+        self.step(rows, parked)
+        slots = [slot for slot, _, _ in rows]
+        return dict(zip(slots, self.logits(slots), strict=True))
+
+    def step(self, rows: list[tuple[int, int, int]], parked: dict[int, int] | None = None) -> None:
+        """`rows`: (slot, token, position) each; each slot's logits row is then its next token's.
 
         The batch spans slots 0..max(slot); the other slots in it get a throwaway token, written at the
         position `parked` gives for the slot (one a later prefill overwrites) or else at position 0.
@@ -289,5 +321,4 @@ class DecoderRuntime:
                 raise ValueError(f"position {position} is past the cache of {self.max_positions}")
             ids[slot, 0] = token
             seqlens[slot] = position
-        logits = self._run(0, span, ids, seqlens, int(seqlens.max()) + 1)
-        return {slot: logits[slot] for slot, _, _ in rows}
+        self._run(0, span, ids, seqlens, int(seqlens.max()) + 1)

@@ -65,12 +65,13 @@ class SamplingSession:
         self._binding = self.session.io_binding()
         device, device_id = place
         self._binding.bind_input("logits", device, device_id, np.float32, logits.shape(), logits.data_ptr())
-        for name in SAMPLER_OUTPUTS:
-            self._binding.bind_output(name, "cpu")
 
     def sample(self, rows: SamplingRows) -> Sampled:
         for name, value in rows.inputs().items():
             self._binding.bind_cpu_input(name, value)
+        self._binding.clear_binding_outputs()  # the outputs' shapes follow the rows: allocated per run
+        for name in SAMPLER_OUTPUTS:
+            self._binding.bind_output(name, "cpu")
         self.session.run_with_iobinding(self._binding)
         token, logprob, top_ids, top_logprobs = (value.numpy() for value in self._binding.get_outputs())
         return Sampled(token, logprob, top_ids, top_logprobs)

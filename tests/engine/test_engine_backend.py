@@ -83,13 +83,13 @@ class RecordingRuntime:
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
-    def prefill(self, slot: int, tokens: list[int], start: int = 0):
+    def fill(self, slot: int, tokens: list[int], start: int = 0):
         self.calls.append(("prefill", slot))
-        return self.inner.prefill(slot, tokens, start)
+        return self.inner.fill(slot, tokens, start)
 
-    def decode(self, rows, parked=None):
+    def step(self, rows, parked=None):
         self.calls.append(("decode", len(rows)))
-        return self.inner.decode(rows, parked)
+        return self.inner.step(rows, parked)
 
 
 def test_a_long_prompt_is_prefilled_between_the_decode_steps_of_others(checkpoint):
@@ -245,8 +245,8 @@ def test_a_float16_engine_on_the_cpu_generates_what_the_float32_engine_does(chec
         return described, tokens
 
     (wide, wide_tokens), (narrow, narrow_tokens) = asyncio.run(run("float32")), asyncio.run(run("float16"))
-    assert wide == {"status": "ready", "device": "cpu", "dtype": "float32", "moe": "mxfp4moe"}
-    assert narrow == {"status": "ready", "device": "cpu", "dtype": "float16", "moe": "mxfp4moe"}
+    placed = {"status": "ready", "device": "cpu", "moe": "mxfp4moe", "sampler": "kernel"}
+    assert wide == {**placed, "dtype": "float32"} and narrow == {**placed, "dtype": "float16"}
     assert narrow_tokens == wide_tokens and len(set(wide_tokens)) > 3
 
 

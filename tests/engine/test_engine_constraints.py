@@ -56,6 +56,12 @@ def gateway(tmp_path_factory):
     live.stop()
 
 
+def _masked(guide, logits: np.ndarray) -> np.ndarray:
+    """The logits with every token the guide forbids here at -inf."""
+    allowed = np.unpackbits(guide.allowed().view(np.uint8), bitorder="little")[: len(logits)].view(bool)
+    return np.where(allowed, logits, -np.inf)
+
+
 def test_required_tool_choice_gives_a_call_whose_arguments_match_the_schema(gateway):
     for _ in SEEDS:  # the Responses API has no seed: each run samples afresh
         response = gateway.responses.create(
@@ -157,7 +163,7 @@ def test_constrained_outputs_are_harmony_the_reference_parser_reads():
             guide = compiler.guide(constraint, 40)
             tokens: list[int] = []
             while not tokens or tokens[-1] not in (200002, 200012):
-                logits = guide.mask(rng.standard_normal(201088).astype(np.float32))
+                logits = _masked(guide, rng.standard_normal(201088).astype(np.float32))
                 token = int(np.argmax(logits))
                 guide.accept(token)
                 tokens.append(token)
@@ -204,7 +210,7 @@ def test_a_freeform_tools_input_is_held_to_its_own_grammar():
             guide = compiler.guide(constraint, 40)
             tokens: list[int] = []
             while not tokens or tokens[-1] not in (200002, 200012):
-                token = int(np.argmax(guide.mask(rng.standard_normal(201088).astype(np.float32))))
+                token = int(np.argmax(_masked(guide, rng.standard_normal(201088).astype(np.float32))))
                 guide.accept(token)
                 tokens.append(token)
                 assert len(tokens) < 400
