@@ -13,8 +13,11 @@ Steps (each reported, a failure recorded and the next step run):
    each path alone (to choose the threshold), and on CUDA ONNX Runtime's contrib
    QMoE (fp4) on the same layer in both weight layouts it may read (bench/qmoe_layer.py): its outputs against
    our kernel's, and its timing;
-3. scale: a random checkpoint of gpt-oss-20b's shape, converted to bf16, loaded on the device: decode
-   tokens/s at batch 1, 8, 32, 64, time to first token for 1k and 8k prompts, KV capacity, and batch-1
+3. sampler: the SampleTokens kernel on the device beside the NumPy sampler (bench/sampler_bench.py), 1 to 256
+   rows at the real vocabulary;
+4. scale: a random checkpoint of gpt-oss-20b's shape, converted to bf16, loaded on the device: decode
+   tokens/s at batch 1, 8, 32, 64 (each step sampled as the engine serves: on the device with the kernels),
+   time to first token for 1k and 8k prompts, KV capacity, and batch-1
    decode as a fraction of the HBM bound (bytes read per token / measured copy bandwidth).
 Results go to DIR/engine_check.json and DIR/engine_check.md (the docs section).
 """
@@ -44,13 +47,16 @@ import numpy as np
 from engine_check_report import GEMM_ENV, SECTION, markdown
 from qmoe_layer import LAYOUTS, qmoe_layer_model
 from report import write_section
+from sampler_bench import measure
 
+from backends.base import Sampling
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.config import DEMO_CONFIG, GPT_OSS_20B, ModelConfig
 from backends.engine.graph import GraphOptions, moe_layer_model
 from backends.engine.make_checkpoint import random_moe_layer, write_random_checkpoint
 from backends.engine.model_cache import compiled_model
 from backends.engine.runtime import DecoderRuntime, cuda_unavailable_reason
+from backends.engine.sampler import RowSpec, sampling_rows
 
 PARITY_CONFIG = replace(DEMO_CONFIG, hidden_size=256, intermediate_size=256, head_dim=64)  # real head size
 PROMPT = [(7919 * i) % 200000 + 11 for i in range(150)]
@@ -343,23 +349,41 @@ def device_memory() -> tuple[int, int] | None:
 
 
 def timed_decode(runtime: DecoderRuntime, batch: int, steps: int) -> float:
+    """Decode tokens/s as the engine serves: each step runs the batch and samples its tokens (on the device
+    when the kernels are loaded: only token ids come back), each next step feeding the sampled tokens."""
     for slot in range(batch):
-        runtime.prefill(slot, PROMPT[:128])
-    rows = [(slot, 1000 + slot, 128) for slot in range(batch)]
-    runtime.decode(rows)  # warm-up (and graph capture)
-    runtime.decode([(s, t, p + 1) for s, t, p in rows])
+        runtime.fill(slot, PROMPT[:128])
+    specs = [RowSpec(slot, Sampling(temperature=1.0), np.random.default_rng(slot)) for slot in range(batch)]
+    tokens = [1000 + slot for slot in range(batch)]
+
+    def advance(position: int) -> None:
+        runtime.step([(slot, tokens[slot], position) for slot in range(batch)])
+        tokens[:] = runtime.sample(sampling_rows(specs, runtime.config.vocab_size)).tokens.tolist()
+
+    advance(128)  # warm-up (and graph capture)
+    advance(129)
     started = time.perf_counter()
     for i in range(steps):
-        runtime.decode([(s, t, p + 2 + i) for s, t, p in rows])
+        advance(130 + i)
     return batch * steps / (time.perf_counter() - started)
 
 
+def sampler_figures(device: str) -> dict[str, Any]:
+    """bench/sampler_bench.py on this device: the SampleTokens kernel beside the NumPy sampler (with its copy)."""
+    rows = measure(device, (1, 64, 256), 20)
+    return {f"{kind}, batch {batch}": {"numpy_ms": round(a, 3), "kernel_ms": round(b, 3)} for batch, kind, a, b in rows}
+
+
 def time_to_first_token(runtime: DecoderRuntime, length: int) -> float:
-    """Seconds for one prefill call of a `length`-token prompt into slot 0 (after a short warm-up prefill)."""
+    """Seconds for one prefill call of a `length`-token prompt into slot 0 and its first token sampled (after a
+    short warm-up prefill)."""
     prompt = [(31 * i) % 200000 + 5 for i in range(length)]
-    runtime.prefill(0, prompt[:64])
+    first = sampling_rows([RowSpec(0, Sampling(temperature=0), np.random.default_rng(0))], runtime.config.vocab_size)
+    runtime.fill(0, prompt[:64])
+    runtime.sample(first)
     started = time.perf_counter()
-    runtime.prefill(0, prompt)
+    runtime.fill(0, prompt)
+    runtime.sample(first)
     return time.perf_counter() - started
 
 
@@ -420,7 +444,7 @@ def scale(work: Path, device: str, kernels: Path | None, results: dict[str, Any]
         report["cuda_graph_batch_1_fraction_of_bound"] = round(report["cuda_graph_decode_tok_s_batch_1"] / bound, 3)
     SAVE()
     if device == "cuda":
-        report.update(qmoe_decode(directory, work, device, positions))
+        report.update(qmoe_decode(directory, work, device, positions, kernels))
         if bandwidth and "qmoe_decode_tok_s_batch_1" in report:
             report["qmoe_batch_1_fraction_of_bound"] = round(report["qmoe_decode_tok_s_batch_1"] / bound, 3)
     return report
@@ -439,15 +463,18 @@ def logits_copy_seconds(config: ModelConfig, rows: int, device: str) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-def qmoe_decode(directory: Path, work: Path, device: str, positions: int) -> dict[str, Any]:
+def qmoe_decode(directory: Path, work: Path, device: str, positions: int, kernels: Path | None) -> dict[str, Any]:
     """The same checkpoint with each MoE as ONNX Runtime's QMoE (the engine's `moe` qmoe): decode tokens/s
-    and the 1k prompt's time to first token, to set against our kernel's."""
+    and the 1k prompt's time to first token, to set against our kernel's (the same sampler: `kernels` is only
+    that)."""
     report: dict[str, Any] = {}
     try:
         started = time.perf_counter()
         model = compiled_model(Checkpoint(directory), GraphOptions(positions, SCALE_DTYPE, "qmoe"), work / "graphs")
         report["qmoe_convert_s"] = round(time.perf_counter() - started, 1)
-        runtime = DecoderRuntime(str(model), SCALE_CONFIG, 64, positions, device=device, dtype=SCALE_DTYPE)
+        runtime = DecoderRuntime(
+            str(model), SCALE_CONFIG, 64, positions, kernels=kernels, device=device, dtype=SCALE_DTYPE
+        )
         for batch in (1, 8, 64):
             report[f"qmoe_decode_tok_s_batch_{batch}"] = round(timed_decode(runtime, batch, 24), 1)
             log(f"qmoe batch {batch}: {report[f'qmoe_decode_tok_s_batch_{batch}']} tok/s")
@@ -494,7 +521,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", default=".")
     parser.add_argument("--work", default=None, help="scratch directory (checkpoints and graphs; ~30 GB)")
-    parser.add_argument("--steps", default="parity,kernel,scale")
+    parser.add_argument("--steps", default="parity,kernel,sampler,scale")
     parser.add_argument("--cuda-graph", action="store_true")
     parser.add_argument("--docs", help="also write the section into this markdown file (docs/benchmarks.md)")
     parser.add_argument("--render", nargs="+", help="only render saved engine_check.json files into --docs")
@@ -526,6 +553,8 @@ def main() -> int:
         step(results, "parity", lambda: parity(work, args.device, kernels, args.cuda_graph))
     if "kernel" in steps and kernels is not None:
         step(results, "kernel", lambda: kernel_vs_cpu(work, args.device, kernels))
+    if "sampler" in steps and kernels is not None:
+        step(results, "sampler", lambda: sampler_figures(args.device))
     if "graph_parity" in steps:
         step(results, "graph_parity", lambda: parity(work, args.device, kernels, True))
     if "scale" in steps:

@@ -99,6 +99,17 @@ def markdown(results: dict[str, Any]) -> str:
                 f"the output's magnitude (1, 3, 64, 256 tokens); per layer: {times}.",
                 "",
             ]
+    sampler = results.get("sampler", {})
+    if sampler and "error" not in sampler:
+        lines += [
+            "**Sampling** at the real vocabulary (bench/sampler_bench.py's rows; ms per call for all rows, the NumPy "
+            "sampler's including the copy of the logits rows to the host):",
+            "",
+            "| rows and kind | NumPy sampler (ms) | SampleTokens kernel (ms) |",
+            "|---|---|---|",
+            *(f"| {name} | {v['numpy_ms']} | {v['kernel_ms']} |" for name, v in sampler.items()),
+            "",
+        ]
     scale = results.get("scale", {})
     if "decode_tok_s_batch_1" in scale:
         lines += [

@@ -163,7 +163,7 @@ class Batcher:
     def _step(self) -> None:
         decoding = [s for s in self._active.values() if s.decoding]
         rows = [(s.slot, s.token, s.position) for s in decoding]
-        span = max(slot for slot, _, _ in rows) + 1
+        span = self.runtime.span(max(slot for slot, _, _ in rows) + 1)
         # the batch's other slots write a spare row past what they keep: a prefilling slot's next chunk
         # rewrites that position, an idle slot's kept prefix stays whole
         parked = {slot: self.prefix.held(slot) for slot in range(span) if slot not in self._active}

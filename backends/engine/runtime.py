@@ -3,14 +3,15 @@ caches for a fixed number of sequence slots, bound in place through IO binding (
 the cache). On CUDA the caches and logits live on the device. Each slot's next-token logits land in its
 row of one logits buffer, where the SampleTokens op (sampling_session.py, with the compiled kernels)
 chooses the next tokens on the same device: only token ids and asked-for logprobs come back; without the
-kernels the NumPy sampler reads the rows on the host. With `cuda_graph`, each decode batch size is
-captured once as a CUDA graph and replayed: its token and length inputs sit in fixed device buffers,
-updated in place."""
+kernels the NumPy sampler reads the rows on the host. With `cuda_graph`, a decode batch spans a bucket of
+slots (1, 2, 4, ... up to all of them), each bucket captured once as a CUDA graph and replayed: its token
+and length inputs sit in fixed device buffers, updated in place."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import io
 from pathlib import Path
@@ -136,9 +137,11 @@ class DecoderRuntime:
         device_id: int = 0,
         dtype: Dtype = "float32",
         cuda_graph: bool = False,
+        buckets: bool | None = None,
     ) -> None:
         """`kernels`: a compiled kernel library; its MXFP4MoE replaces the graph's pure-ONNX realization and
-        its SampleTokens samples on this runtime's device. `dtype`: the graph's activation and KV dtype."""
+        its SampleTokens samples on this runtime's device. `dtype`: the graph's activation and KV dtype.
+        `buckets`: decode spans padded to the bucket sizes (None: with CUDA graphs, so that few are captured)."""
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -162,6 +165,7 @@ class DecoderRuntime:
         self.max_positions = max_positions
         self.device = device
         self.cuda_graph = cuda_graph and device == "cuda"
+        self.buckets = self.cuda_graph if buckets is None else buckets
         self._place = ("cuda", device_id) if device == "cuda" else ("cpu", 0)
         self._kv_type = DTYPES[dtype][0]
         self._kv_shape = (config.num_key_value_heads, max_positions, config.head_dim)
@@ -176,6 +180,7 @@ class DecoderRuntime:
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._graph_inputs: dict[int, tuple[ort.OrtValue, ort.OrtValue]] = {}
         self._graph_run_options: dict[int, ort.RunOptions] = {}
+        self._last_run: tuple[int, ort.IOBinding] | None = None  # (first slot, binding) of the last run
 
     def _zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> ort.OrtValue:
         """A zeroed buffer in this runtime's memory, bound by address with its real type (host memory is
@@ -239,11 +244,23 @@ class DecoderRuntime:
         """Next tokens from the logits rows the last steps left (`rows.rows`: slots)."""
         if self._sampler is not None:
             return self._sampler.sample(rows)
-        return sample_rows(self._logits.numpy(), rows)
+        slots = sorted(set(rows.rows.tolist()))
+        local = np.searchsorted(np.array(slots), rows.rows).astype(np.int32)  # each row's index among `slots`
+        return sample_rows(self.logits(slots), dataclasses.replace(rows, rows=local))
 
     def logits(self, slots: list[int]) -> np.ndarray:
         """A host copy of these slots' logits rows, as the last steps left them."""
-        return self._logits.numpy()[slots].copy()
+        vocab = self.config.vocab_size
+        if self.device == "cpu":
+            view = np.ctypeslib.as_array((ctypes.c_float * (self.slots * vocab)).from_address(self._logits.data_ptr()))
+            return view.reshape(self.slots, vocab)[slots]  # fancy indexing copies
+        if self._last_run is None:
+            raise ValueError("no step has run: there are no logits yet")
+        first, binding = self._last_run  # the window of slots the last run wrote: copied whole, once
+        window = binding.get_outputs()[0].numpy()
+        if not all(first <= slot < first + len(window) for slot in slots):
+            raise ValueError(f"slots {slots} are not all in the last run's window")
+        return window[[slot - first for slot in slots]]
 
     def _run(self, first_slot: int, rows: int, ids: np.ndarray, seqlens: np.ndarray, total: int) -> None:
         binding = self._binding(first_slot, rows)
@@ -263,6 +280,7 @@ class DecoderRuntime:
             binding.bind_cpu_input("seqlens_k", seqlens)
             binding.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
         self.session.run_with_iobinding(binding, self._run_options(graph_id) if self.cuda_graph else None)
+        self._last_run = (first_slot, binding)
         if self.device == "cuda":
             binding.synchronize_outputs()  # ORT's stream computed them; the next reader may use another
 
@@ -304,13 +322,19 @@ class DecoderRuntime:
         slots = [slot for slot, _, _ in rows]
         return dict(zip(slots, self.logits(slots), strict=True))
 
+    def span(self, rows: int) -> int:
+        """The slots a decode batch reaching slot `rows - 1` runs: `rows`, or with buckets the next bucket."""
+        if not self.buckets:
+            return rows
+        return min(self.slots, 1 << (rows - 1).bit_length())
+
     def step(self, rows: list[tuple[int, int, int]], parked: dict[int, int] | None = None) -> None:
         """`rows`: (slot, token, position) each; each slot's logits row is then its next token's.
 
-        The batch spans slots 0..max(slot); the other slots in it get a throwaway token, written at the
-        position `parked` gives for the slot (one a later prefill overwrites) or else at position 0.
+        The batch spans slots 0..span(max(slot) + 1) - 1; the other slots in it get a throwaway token, written
+        at the position `parked` gives for the slot (one a later prefill overwrites) or else at position 0.
         """
-        span = max(slot for slot, _, _ in rows) + 1
+        span = self.span(max(slot for slot, _, _ in rows) + 1)
         ids = np.zeros((span, 1), np.int64)
         seqlens = np.zeros(span, np.int32)
         for slot, position in (parked or {}).items():

@@ -268,3 +268,25 @@ def test_an_engine_that_cannot_run_says_why(checkpoint):
                 await _collect(backend, PROMPTS[0], 4, Sampling(temperature=0))
 
         asyncio.run(ask())
+
+
+def test_the_numpy_sampler_chooses_what_the_sampler_kernel_does(checkpoint):
+    """The same logits sampled by the SampleTokens kernel and, with it taken away, by the NumPy sampler: the same
+    tokens for a seeded nucleus draw with a penalty and for greedy; without the kernels the engine says so."""
+    seeded = Sampling(temperature=1.0, top_p=0.9, seed=5, presence_penalty=0.5)
+    greedy = Sampling(temperature=0)
+
+    async def scenario() -> tuple[list[list[int]], list[list[int]], dict[str, str]]:
+        backend = EngineBackend(_options(checkpoint, max_batch=2), ENCODING)
+        kernel = [await _collect(backend, PROMPTS[0], 40, seeded), await _collect(backend, PROMPTS[1], 40, greedy)]
+        backend._batcher.runtime._sampler = None  # the runtime as it is built without the kernel library
+        host = [await _collect(backend, PROMPTS[0], 40, seeded), await _collect(backend, PROMPTS[1], 40, greedy)]
+        await backend.aclose()
+        plain = EngineBackend(_options(checkpoint, kernels=False), ENCODING)
+        described = await asyncio.get_running_loop().run_in_executor(None, _loaded, plain)
+        await plain.aclose()
+        return kernel, host, described
+
+    kernel, host, described = asyncio.run(scenario())
+    assert kernel == host and len(set(kernel[0])) > 5
+    assert described["sampler"] == "numpy"

@@ -24,21 +24,26 @@ uint32_t Bits(float value) {
   return bits;
 }
 
-// z: the row's logits less its penalties, -inf where masked.
-void Penalised(const SampleArgs& a, int64_t r, std::vector<float>& z) {
+// z: the row's logits less its penalties, -inf where masked: the logits row itself when it has neither, else
+// a copy in `scratch`.
+const float* Penalised(const SampleArgs& a, int64_t r, std::vector<float>& scratch) {
   const float* logits = a.logits + static_cast<int64_t>(a.row[r]) * a.vocab;
-  z.assign(logits, logits + a.vocab);
   const int32_t* ids = a.penalty_ids + r * a.penalties;
   const float* values = a.penalty_values + r * a.penalties;
-  for (int64_t j = 0; j < a.penalties && ids[j] != kNoPenalty; ++j) {
-    if (ids[j] >= 0 && ids[j] < a.vocab) z[ids[j]] -= values[j];
-  }
   const int32_t mask = a.mask_index[r];
-  if (mask < 0 || mask >= a.mask_count) return;
-  const uint32_t* bits = a.masks + mask * a.mask_words;
-  for (int64_t i = 0; i < a.vocab; ++i) {
-    if (!((bits[i >> 5] >> (i & 31)) & 1u)) z[i] = kMinusInf;
+  const bool masked = mask >= 0 && mask < a.mask_count;
+  if (!masked && (a.penalties == 0 || ids[0] == kNoPenalty)) return logits;
+  scratch.assign(logits, logits + a.vocab);
+  for (int64_t j = 0; j < a.penalties && ids[j] != kNoPenalty; ++j) {
+    if (ids[j] >= 0 && ids[j] < a.vocab) scratch[ids[j]] -= values[j];
   }
+  if (masked) {
+    const uint32_t* bits = a.masks + mask * a.mask_words;
+    for (int64_t i = 0; i < a.vocab; ++i) {
+      if (!((bits[i >> 5] >> (i & 31)) & 1u)) scratch[i] = kMinusInf;
+    }
+  }
+  return scratch.data();
 }
 
 struct Nucleus {
@@ -112,7 +117,7 @@ int64_t Draw(const std::vector<float>& e, const Nucleus& nucleus, float uniform)
   return last;
 }
 
-void Top(const SampleArgs& a, int64_t r, const std::vector<float>& z, float peak, double log_total) {
+void Top(const SampleArgs& a, int64_t r, const float* z, float peak, double log_total) {
   int32_t* ids = a.top_ids + r * a.top;
   float* values = a.top_logprobs + r * a.top;
   std::fill(ids, ids + a.top, -1);
@@ -126,7 +131,7 @@ void Top(const SampleArgs& a, int64_t r, const std::vector<float>& z, float peak
   }
   const auto count = std::min<int64_t>(wanted, static_cast<int64_t>(order.size()));
   std::partial_sort(order.begin(), order.begin() + count, order.end(),
-                    [&z](int32_t x, int32_t y) { return z[x] > z[y] || (z[x] == z[y] && x < y); });
+                    [z](int32_t x, int32_t y) { return z[x] > z[y] || (z[x] == z[y] && x < y); });
   for (int64_t j = 0; j < count; ++j) {
     ids[j] = order[j];
     values[j] = static_cast<float>(static_cast<double>(z[order[j]] - peak) - log_total);
@@ -136,12 +141,14 @@ void Top(const SampleArgs& a, int64_t r, const std::vector<float>& z, float peak
 }  // namespace
 
 void SampleRowCpu(const SampleArgs& a, int64_t r) {
-  thread_local std::vector<float> z, e;
+  thread_local std::vector<float> scratch, e;
   float peak = kMinusInf;
+  const float* z = nullptr;
   if (a.row[r] >= 0 && a.row[r] < a.logits_rows) {
-    Penalised(a, r, z);
+    z = Penalised(a, r, scratch);
   } else {
-    z.assign(a.vocab, kMinusInf);
+    scratch.assign(a.vocab, kMinusInf);
+    z = scratch.data();
   }
   int64_t greedy = 0;
   for (int64_t i = 0; i < a.vocab; ++i) {
