@@ -107,6 +107,9 @@ def section(device: str, repeats: int, results: list[tuple[int, str, float, floa
             "| rows | kind | NumPy sampler (ms) | SampleTokens kernel (ms) | kernel speed-up |",
             "|---|---|---|---|---|",
             *rows,
+            "",
+            "The engine samples every step through the kernel where the compiled kernels load (the NumPy sampler "
+            "otherwise); on CUDA, bench/engine_check.py's sampler step runs this with the logits on the device.",
             end,
         ]
     )

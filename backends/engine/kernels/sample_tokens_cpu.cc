@@ -10,6 +10,10 @@
 
 #include "sample_tokens_launch.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace gptoss {
 namespace {
 
@@ -138,6 +142,21 @@ void Top(const SampleArgs& a, int64_t r, const float* z, float peak, double log_
   }
 }
 
+// The largest z (NaN-free rows), 8 lanes at a time where AVX2 is there.
+float Peak(const float* z, int64_t vocab) {
+  float peak = kMinusInf;
+  int64_t i = 0;
+#if defined(__AVX2__)
+  __m256 lanes = _mm256_set1_ps(kMinusInf);
+  for (; i + 8 <= vocab; i += 8) lanes = _mm256_max_ps(lanes, _mm256_loadu_ps(z + i));
+  float spill[8];
+  _mm256_storeu_ps(spill, lanes);
+  for (float value : spill) peak = std::max(peak, value);
+#endif
+  for (; i < vocab; ++i) peak = std::max(peak, z[i]);
+  return peak;
+}
+
 }  // namespace
 
 void SampleRowCpu(const SampleArgs& a, int64_t r) {
@@ -150,10 +169,9 @@ void SampleRowCpu(const SampleArgs& a, int64_t r) {
     scratch.assign(a.vocab, kMinusInf);
     z = scratch.data();
   }
+  peak = Peak(z, a.vocab);
   int64_t greedy = 0;
-  for (int64_t i = 0; i < a.vocab; ++i) {
-    if (z[i] > peak) peak = z[i], greedy = i;
-  }
+  while (greedy + 1 < a.vocab && z[greedy] != peak) ++greedy;  // the lowest index holding it
   a.logprob[r] = 0.0f;
   if (peak == kMinusInf) {  // every token masked
     a.token[r] = -1;

@@ -93,7 +93,8 @@ void SampleTask(void* args, size_t r) { SampleRowCpu(*static_cast<const SampleAr
 void SampleCpuKernel::Compute(OrtKernelContext* raw_context) {
   Ort::KernelContext context(raw_context);
   SampleArgs args = ReadSampleArgs(context);
-  if (args.rows > 0) context.ParallelFor(SampleTask, static_cast<size_t>(args.rows), 0, &args);
+  const auto rows = static_cast<size_t>(args.rows);
+  if (rows > 0) context.ParallelFor(SampleTask, rows, rows, &args);  // a row per batch: rows cost the same
 }
 
 #ifdef GPTOSS_WITH_CUDA
