@@ -7,6 +7,7 @@ q/k/v projections joined. Every tensor's shape and dtype is checked against the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -102,6 +103,14 @@ def hf_names(name: str) -> list[str]:
     return [prefix + _HF_BLOCK[rest]]
 
 
+@functools.cache
+def _header(shard: Path) -> tuple[int, dict[str, Any]]:
+    """A safetensors file's header: where its data starts, and each tensor's entry (data_offsets from there)."""
+    with shard.open("rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        return 8 + length, json.loads(handle.read(length))
+
+
 def _config_path(directory: Path) -> Path:
     for candidate in (directory / "config.json", directory / "original" / "config.json"):
         if candidate.is_file():
@@ -193,6 +202,17 @@ class Checkpoint:
                     f"tensor '{parts[0] if len(parts) == 1 else name}' has shape {list(shape)}; "
                     f"the config says {list(spec.shape)}"
                 )
+
+    def location(self, name: str) -> tuple[Path, int, int] | None:
+        """Where an original-layout tensor's bytes lie, as stored: (shard, byte offset, length); None when it is
+        not one stored tensor (the Hugging Face layout's q/k/v parts)."""
+        parts = hf_names(name) if self.layout == "hf" else [name]
+        if len(parts) != 1:
+            return None
+        shard = self._where[parts[0]]
+        data_start, entries = _header(shard)
+        begin, end = entries[parts[0]]["data_offsets"]
+        return shard, data_start + begin, end - begin
 
     def tensor(self, name: str) -> np.ndarray:
         """An original-layout tensor as stored (bf16 as ml_dtypes.bfloat16, MXFP4 parts as uint8)."""
