@@ -1,7 +1,7 @@
 """The engine on a device, proven: parity against the CPU fp32 engine, the MXFP4 MoE kernel against the CPU
-kernel, then the full gpt-oss-20b shape (random weights) for speed and memory.
+kernel, the sampler, then the full gpt-oss-20b or -120b shape (random weights) for speed and memory.
 
-    python bench/engine_check.py --device cuda --out DIR [--docs docs/benchmarks.md]
+    python bench/engine_check.py --device cuda --out DIR [--model 20b|120b] [--docs docs/benchmarks.md]
 
 Steps (each reported, a failure recorded and the next step run):
 1. parity: small random checkpoints (real vocabulary and head size) converted for the CPU (float32) and for
@@ -15,10 +15,12 @@ Steps (each reported, a failure recorded and the next step run):
    our kernel's, and its timing;
 3. sampler: the SampleTokens kernel on the device beside the NumPy sampler (bench/sampler_bench.py), 1 to 256
    rows at the real vocabulary;
-4. scale: a random checkpoint of gpt-oss-20b's shape, converted to bf16, loaded on the device: decode
-   tokens/s at batch 1, 8, 32, 64 (each step sampled as the engine serves: on the device with the kernels),
-   time to first token for 1k and 8k prompts, KV capacity, and batch-1
-   decode as a fraction of the HBM bound (bytes read per token / measured copy bandwidth).
+4. scale (`--model 20b`, or 120b in its own run): a random checkpoint of the model's shape (its experts zero,
+   left as holes, so that 120b fits a 64 GB disk; the kernels' work does not depend on the values), converted
+   to bf16, loaded on the device: decode tokens/s (20b: batch 1, 8, 32, 64; 120b: 1, 8; each step sampled as
+   the engine serves: on the device with the kernels), time to first token (20b: 1k and 8k prompts; 120b:
+   1k), KV capacity, and batch-1 decode as a fraction of the HBM bound (bytes read per token / measured copy
+   bandwidth).
 Results go to DIR/engine_check.json and DIR/engine_check.md (the docs section).
 """
 
@@ -32,7 +34,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,7 @@ from sampler_bench import measure
 
 from backends.base import Sampling
 from backends.engine.checkpoint import Checkpoint
-from backends.engine.config import DEMO_CONFIG, GPT_OSS_20B, ModelConfig
+from backends.engine.config import DEMO_CONFIG, GPT_OSS_20B, GPT_OSS_120B, ModelConfig
 from backends.engine.graph import GraphOptions, moe_layer_model
 from backends.engine.make_checkpoint import random_moe_layer, write_random_checkpoint
 from backends.engine.model_cache import compiled_model
@@ -61,8 +63,25 @@ from backends.engine.sampler import RowSpec, sampling_rows
 PARITY_CONFIG = replace(DEMO_CONFIG, hidden_size=256, intermediate_size=256, head_dim=64)  # real head size
 PROMPT = [(7919 * i) % 200000 + 11 for i in range(150)]
 GREEDY_TOKENS = 100
-SCALE_CONFIG = GPT_OSS_20B
 SCALE_DTYPE = "bfloat16"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """One model's speed check: its shape, KV slots and positions, decode batches and prompt lengths."""
+
+    config: ModelConfig
+    slots: int
+    positions: int
+    batches: tuple[int, ...]
+    prompts: tuple[int, ...]
+    compare: bool  # also CUDA graphs and QMoE, each in a runtime of its own (20b only: 120b loads 61 GB each)
+
+
+SCALES = {
+    "20b": Scale(GPT_OSS_20B, 64, 8192 + 256, (1, 8, 32, 64), (1024, 8192), True),
+    "120b": Scale(GPT_OSS_120B, 8, 4096 + 256, (1, 8), (1024,), False),
+}
 
 
 def log(message: str) -> None:
@@ -348,6 +367,10 @@ def device_memory() -> tuple[int, int] | None:
     return int(free), int(total)
 
 
+def scale_key(model_name: str) -> str:
+    return "scale" if model_name == "20b" else f"scale_{model_name}"
+
+
 def timed_decode(runtime: DecoderRuntime, batch: int, steps: int) -> float:
     """Decode tokens/s as the engine serves: each step runs the batch and samples its tokens (on the device
     when the kernels are loaded: only token ids come back), each next step feeding the sampled tokens."""
@@ -387,20 +410,26 @@ def time_to_first_token(runtime: DecoderRuntime, length: int) -> float:
     return time.perf_counter() - started
 
 
-def scale(work: Path, device: str, kernels: Path | None, results: dict[str, Any], cuda_graph: bool) -> dict[str, Any]:
-    config = SCALE_CONFIG
-    report: dict[str, Any] = results.setdefault("scale", {})  # partial figures survive a timeout
+def scale(
+    work: Path, device: str, kernels: Path | None, results: dict[str, Any], cuda_graph: bool, model_name: str
+) -> dict[str, Any]:
+    setting = SCALES[model_name]
+    config, positions, slots = setting.config, setting.positions, setting.slots
+    report: dict[str, Any] = results.setdefault(scale_key(model_name), {})  # partial figures survive a timeout
     started = time.perf_counter()
-    directory = write_random_checkpoint(work / "gpt-oss-20b-random", config, "original", seed=0)
+    # the experts zero, as holes: a speed check reads and multiplies them all the same, and the checkpoint fits
+    # a small disk (120b: about 4 GB written instead of 65 GB); parity is checked on random experts above
+    directory = write_random_checkpoint(
+        work / f"gpt-oss-{model_name}-zero-experts", config, "original", zero_experts=True
+    )
     report["checkpoint_write_s"] = round(time.perf_counter() - started, 1)
+    report["experts"] = "zero, read in place from the checkpoint's files"
     started = time.perf_counter()
-    positions = 8192 + 256
     model = compiled_model(Checkpoint(directory), GraphOptions(positions, SCALE_DTYPE), work / "graphs")
     report["convert_s"] = round(time.perf_counter() - started, 1)
     report["graph_data_gb"] = round(model.with_name(model.name + ".data").stat().st_size / 1e9, 2)
     before = device_memory()
     started = time.perf_counter()
-    slots = 64
     runtime = DecoderRuntime(
         str(model), config, slots, positions, kernels=kernels, device=device, dtype=SCALE_DTYPE, cuda_graph=cuda_graph
     )
@@ -408,17 +437,17 @@ def scale(work: Path, device: str, kernels: Path | None, results: dict[str, Any]
     report["kv_gb_allocated"] = round(runtime.kv_bytes / 1e9, 2)
     kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2
     report["kv_bytes_per_token_per_sequence"] = kv_per_token
-    for batch in (1, 8, 32, 64):
+    for batch in setting.batches:
         report[f"decode_tok_s_batch_{batch}"] = round(timed_decode(runtime, batch, 48 if batch == 1 else 24), 1)
         log(f"batch {batch}: {report[f'decode_tok_s_batch_{batch}']} tok/s")
         SAVE()
-    for batch in (1, 64):  # what each step's copy of the logits to the host costs, against the step
+    for batch in (1, setting.batches[-1]):  # what a step's copy of the logits to the host would cost, against it
         copy_s = logits_copy_seconds(config, batch, device)
         report[f"logits_copy_us_batch_{batch}"] = round(copy_s * 1e6, 1)
         report[f"logits_copy_share_of_step_batch_{batch}"] = round(
             copy_s / (batch / report[f"decode_tok_s_batch_{batch}"]), 4
         )
-    for length in (1024, 8192):
+    for length in setting.prompts:
         report[f"ttft_{length}_s"] = round(time_to_first_token(runtime, length), 3)
         log(f"ttft {length}: {report[f'ttft_{length}_s']} s")
     after = device_memory()
@@ -439,6 +468,8 @@ def scale(work: Path, device: str, kernels: Path | None, results: dict[str, Any]
         report["hbm_bound_tok_s"] = round(bound, 1)
         report["batch_1_fraction_of_bound"] = round(report["decode_tok_s_batch_1"] / bound, 3)
     SAVE()
+    if not setting.compare:
+        return report
     report.update(graph_decode(model, config, kernels, device))
     if bandwidth and "cuda_graph_decode_tok_s_batch_1" in report:
         report["cuda_graph_batch_1_fraction_of_bound"] = round(report["cuda_graph_decode_tok_s_batch_1"] / bound, 3)
@@ -473,7 +504,7 @@ def qmoe_decode(directory: Path, work: Path, device: str, positions: int, kernel
         model = compiled_model(Checkpoint(directory), GraphOptions(positions, SCALE_DTYPE, "qmoe"), work / "graphs")
         report["qmoe_convert_s"] = round(time.perf_counter() - started, 1)
         runtime = DecoderRuntime(
-            str(model), SCALE_CONFIG, 64, positions, kernels=kernels, device=device, dtype=SCALE_DTYPE
+            str(model), GPT_OSS_20B, 64, positions, kernels=kernels, device=device, dtype=SCALE_DTYPE
         )
         for batch in (1, 8, 64):
             report[f"qmoe_decode_tok_s_batch_{batch}"] = round(timed_decode(runtime, batch, 24), 1)
@@ -511,7 +542,8 @@ def merged(paths: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for path in paths:
         for key, value in json.loads(Path(path).read_text()).items():
-            if value is not None and (key not in results or key in ("parity", "kernel", "scale")):
+            later_wins = key in ("parity", "kernel", "sampler", "scale", "scale_120b")
+            if value is not None and (key not in results or later_wins):
                 results[key] = value
     return results
 
@@ -523,6 +555,7 @@ def main() -> int:
     parser.add_argument("--work", default=None, help="scratch directory (checkpoints and graphs; ~30 GB)")
     parser.add_argument("--steps", default="parity,kernel,sampler,scale")
     parser.add_argument("--cuda-graph", action="store_true")
+    parser.add_argument("--model", default="20b", choices=tuple(SCALES), help="the shape the scale step checks")
     parser.add_argument("--docs", help="also write the section into this markdown file (docs/benchmarks.md)")
     parser.add_argument("--render", nargs="+", help="only render saved engine_check.json files into --docs")
     args = parser.parse_args()
@@ -558,7 +591,8 @@ def main() -> int:
     if "graph_parity" in steps:
         step(results, "graph_parity", lambda: parity(work, args.device, kernels, True))
     if "scale" in steps:
-        step(results, "scale", lambda: scale(work, args.device, kernels, results, args.cuda_graph))
+        run = lambda: scale(work, args.device, kernels, results, args.cuda_graph, args.model)  # noqa: E731
+        step(results, scale_key(args.model), run)
     (out / "engine_check.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "engine_check.md").write_text(markdown(results))
     if args.docs:

@@ -111,11 +111,12 @@ def markdown(results: dict[str, Any]) -> str:
             "",
         ]
     scale = results.get("scale", {})
+    experts = f"; experts {scale['experts']}" if "experts" in scale else ""
     if "decode_tok_s_batch_1" in scale:
         lines += [
-            "**gpt-oss-20b's full shape** (random weights, bf16, 24 layers, 32 experts, 64 KV slots of "
+            f"**gpt-oss-20b's full shape** (random weights{experts}, bf16, 24 layers, 32 experts, 64 KV slots of "
             f"{8192 + 256} positions): checkpoint written in {scale.get('checkpoint_write_s')} s, converted in "
-            f"{scale.get('convert_s')} s ({scale.get('graph_data_gb')} GB of weights), loaded in "
+            f"{scale.get('convert_s')} s ({scale.get('graph_data_gb')} GB of weights written), loaded in "
             f"{scale.get('load_s')} s.",
             "",
             "| decode batch | 1 | 8 | 32 | 64 |",
@@ -153,5 +154,20 @@ def markdown(results: dict[str, Any]) -> str:
             f"{scale.get('cuda_graph_max_abs_logit_diff')}).",
             "",
         ]
+    big = results.get("scale_120b", {})
+    if "decode_tok_s_batch_1" in big:
+        lines += [
+            f"**gpt-oss-120b's full shape** (random weights; experts {big.get('experts')}; bf16, 36 layers, 128 "
+            "experts, 8 KV slots of "
+            f"{4096 + 256} positions): checkpoint written in {big.get('checkpoint_write_s')} s, converted in "
+            f"{big.get('convert_s')} s ({big.get('graph_data_gb')} GB written), loaded in {big.get('load_s')} s; "
+            f"decode {big.get('decode_tok_s_batch_1')} tok/s at batch 1 (**{big.get('batch_1_fraction_of_bound')}** "
+            f"of the {big.get('hbm_bound_tok_s')} tok/s bound), {big.get('decode_tok_s_batch_8')} tok/s at batch 8; "
+            f"1k prompt's time to first token {big.get('ttft_1024_s')} s; device memory in use "
+            f"{big.get('device_memory_used_gb')} GB of {big.get('device_memory_total_gb')} GB.",
+            "",
+        ]
+    elif "error" in big:
+        lines += [f"**gpt-oss-120b's full shape**: failed: {big['error'][:300]}", ""]
     lines.append(end)
     return "\n".join(lines)

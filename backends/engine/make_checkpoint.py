@@ -2,7 +2,9 @@
 
 The experts are MXFP4 like the real ones (random 4-bit codes, E8M0 scales chosen so that each matrix
 has about 1/sqrt(fan-in) spread), the rest bf16. Output is noise; the shapes and bytes are real, which
-is what loading, graph building, parity and speed need.
+is what loading, graph building, parity and speed need. With `zero_experts`, the experts' codes and scales
+are zeros left as holes in sparse files: a gpt-oss-120b-shaped checkpoint then takes about 4 GB of disk
+instead of 65 GB and writes in seconds, for speed checks (a kernel does the same work on zeros).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-from safetensors.numpy import save_file
 
 from .checkpoint import INDEX, Layout, Spec, expected, hf_names
 from .config import ModelConfig
@@ -42,12 +43,18 @@ def _values(name: str, spec: Spec, rng: np.random.Generator) -> np.ndarray:
     return values.astype(np.float32).astype(ml_dtypes.bfloat16)
 
 
-def _tensors(config: ModelConfig, layout: Layout, seed: int) -> Iterator[tuple[str, np.ndarray]]:
-    """(stored name, array) in checkpoint order; q/k/v are split out of qkv for the HF layout."""
+def _tensors(
+    config: ModelConfig, layout: Layout, seed: int, zero_experts: bool = False
+) -> Iterator[tuple[str, np.ndarray | Spec]]:
+    """(stored name, array) in checkpoint order, or (name, its spec) for an expert tensor left zero; q/k/v are
+    split out of qkv for the HF layout."""
     rng = np.random.default_rng(seed)
     for name, spec in expected(config).items():
-        array = _values(name, spec, rng)
         names = hf_names(name) if layout == "hf" else [name]
+        if zero_experts and name.endswith((".blocks", ".scales")):
+            yield names[0], spec
+            continue
+        array = _values(name, spec, rng)
         if len(names) == 1:
             yield names[0], array
             continue
@@ -68,6 +75,35 @@ def random_moe_layer(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray
     }
 
 
+SAFETENSORS_DTYPES = {np.dtype(np.uint8): "U8", np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float32): "F32"}
+
+
+def _save(path: Path, tensors: dict[str, np.ndarray], zeros: dict[str, Spec]) -> None:
+    """A safetensors file of `tensors` and of `zeros` (all-zero tensors, left as holes: never written)."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    layout = []
+    for name, array in tensors.items():
+        header[name] = {"dtype": SAFETENSORS_DTYPES[array.dtype], "shape": list(array.shape)}
+        layout.append((name, array.nbytes, array))
+    for name, spec in zeros.items():
+        header[name] = {"dtype": spec.dtype, "shape": list(spec.shape)}
+        layout.append((name, math.prod(spec.shape), None))  # U8 only: one byte per element
+    for name, nbytes, _ in layout:
+        header[name]["data_offsets"] = [offset, offset + nbytes]  # type: ignore[index]
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with path.open("wb") as handle:
+        handle.write(len(encoded).to_bytes(8, "little") + encoded)
+        for _, nbytes, array in layout:
+            if array is None:
+                handle.seek(nbytes, 1)
+            else:
+                handle.write(memoryview(np.ascontiguousarray(array).view(np.uint8).reshape(-1)))
+        handle.truncate()
+
+
 def write_random_checkpoint(
     directory: str | Path,
     config: ModelConfig,
@@ -75,6 +111,7 @@ def write_random_checkpoint(
     seed: int = 0,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: Callable[[int, int], None] | None = None,
+    zero_experts: bool = False,
 ) -> Path:
     """Write config.json and safetensors shards (with an index when there are several); return the directory."""
     out = Path(directory)
@@ -82,22 +119,28 @@ def write_random_checkpoint(
     config_json = config.hf_json() if layout == "hf" else config.original_json()
     total = len(expected(config))
     shards: list[dict[str, np.ndarray]] = [{}]
+    holes: dict[str, Spec] = {}
     size = 0
     written: list[tuple[str, list[str]]] = []
 
     def flush() -> None:
         index = len(written)
         name = f"model-{index:05d}.safetensors"
-        save_file(shards[-1], str(out / name), metadata={"format": "pt"})
-        written.append((name, list(shards[-1])))
+        _save(out / name, shards[-1], holes)
+        written.append((name, [*shards[-1], *holes]))
         shards[-1] = {}
+        holes.clear()
 
-    for done, (name, array) in enumerate(_tensors(config, layout, seed), start=1):
-        if size and size + array.nbytes > shard_bytes:
+    for done, (name, tensor) in enumerate(_tensors(config, layout, seed, zero_experts), start=1):
+        nbytes = tensor.nbytes if isinstance(tensor, np.ndarray) else math.prod(tensor.shape)
+        if size and size + nbytes > shard_bytes:
             flush()
             size = 0
-        shards[-1][name] = array
-        size += array.nbytes
+        if isinstance(tensor, np.ndarray):
+            shards[-1][name] = tensor
+        else:
+            holes[name] = tensor
+        size += nbytes
         if progress is not None:
             progress(min(done, total), total)
     flush()

@@ -58,3 +58,23 @@ def test_experts_are_read_from_the_checkpoints_files(tmp_path, monkeypatch, layo
     shutil.rmtree(directory)  # the links keep the experts' bytes
     for got, expected in zip(_logits(linked), want, strict=True):
         np.testing.assert_array_equal(got, expected)
+
+
+def test_a_zero_experts_checkpoint_is_sparse_and_serves(tmp_path):
+    """`zero_experts`: the codes and scales are holes in the shards (no disk blocks), the checkpoint reads them
+    as zeros, and its graph (experts linked, so still no copy) decodes on the kernels."""
+    config = tiny_config()
+    directory = make_checkpoint(tmp_path / "zero", config, "hf", zero_experts=True)
+    full = make_checkpoint(tmp_path / "full", config, "hf")
+    used = sum(path.stat().st_blocks * 512 for path in directory.glob("*.safetensors"))
+    apparent = sum(path.stat().st_size for path in directory.glob("*.safetensors"))
+    checkpoint = Checkpoint(directory)
+    experts = _expert_bytes(checkpoint)
+    assert apparent == sum(path.stat().st_size for path in full.glob("*.safetensors"))
+    assert used <= apparent - experts + 64 * 1024  # the experts' bytes take no blocks
+    assert not checkpoint.tensor("block.1.mlp.mlp2_weight.blocks").any()
+    model = compiled_model(checkpoint, GraphOptions(128), tmp_path / "graphs")
+    bf16_weights = apparent - experts
+    assert model.with_name(model.name + ".data").stat().st_size < 2 * bf16_weights + 2**20  # in float32; no experts
+    rows = _logits(model)
+    assert all(np.isfinite(row).all() for row in rows)
