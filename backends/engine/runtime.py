@@ -148,15 +148,19 @@ class DecoderRuntime:
             options.intra_op_num_threads = threads
         if kernels is not None:
             options.register_custom_ops_library(str(kernels))
+        # the sampler's session: its inputs come from the host each step, so it is never replayed as a CUDA graph
+        sampler_providers: list = ["CPUExecutionProvider"]
+        providers: list = ["CPUExecutionProvider"]
         if device == "cuda":
             cuda_options = {
                 "device_id": device_id,
-                "enable_cuda_graph": "1" if cuda_graph else "0",
                 "arena_extend_strategy": "kSameAsRequested",  # the arena grows by what is asked, not doubling
             }
-            providers: list = [(CUDA, cuda_options), "CPUExecutionProvider"]
-        else:
-            providers = ["CPUExecutionProvider"]
+            sampler_providers = [(CUDA, cuda_options), "CPUExecutionProvider"]
+            providers = [
+                (CUDA, {**cuda_options, "enable_cuda_graph": "1" if cuda_graph else "0"}),
+                *sampler_providers[1:],
+            ]
         self.session = ort.InferenceSession(model_path, options, providers=providers)
         if device == "cuda" and self.session.get_providers()[0] != CUDA:
             raise EngineDeviceError("the CUDA provider did not load for the decoder graph")
@@ -175,7 +179,7 @@ class DecoderRuntime:
         self._kv_itemsize = DTYPES[dtype][1].itemsize
         self._logits = self._zeros((slots, config.vocab_size), np.dtype(np.float32))
         self._sampler = (
-            None if kernels is None else SamplingSession(kernels, providers, self._place, self._logits, threads)
+            None if kernels is None else SamplingSession(kernels, sampler_providers, self._place, self._logits, threads)
         )
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
         self._graph_inputs: dict[int, tuple[ort.OrtValue, ort.OrtValue]] = {}
