@@ -1,6 +1,7 @@
 """The engine on CUDA, wherever onnxruntime's CUDA provider runs (elsewhere these tests are skipped, and the
 skip says why): the CUDA MXFP4MoE kernel against the CPU kernel at gpt-oss's width on both of its paths,
-and the decoder on CUDA (MoE by our kernel or by ONNX Runtime's QMoE) against the CPU float32 decoder.
+and the decoder on CUDA (MoE by our kernel or by ONNX Runtime's QMoE) against the CPU float32 decoder, and the
+sampler kernel on CUDA against the CPU one.
 `pytest -m gpu` runs just these; the kernel library is GATEWAY_ENGINE_KERNELS's where set (a library built
 elsewhere with nvcc), else built here."""
 
@@ -107,3 +108,23 @@ def copied_prefix_differences(device: str, dtype: str, kernels: Path, directory:
     step = runtime.decode([(0, 77, len(prompt)), (2, 77, len(prompt))])
     for expected, got in ((whole, rest), (step[0], step[2])):
         assert np.abs(got - expected).max() <= limit * max(1.0, float(np.abs(expected).max()))
+
+
+def test_the_cuda_sampler_chooses_what_the_cpu_kernel_does(kernels):
+    """SampleTokens on CUDA (the logits on the device, bound in place) against the CPU kernel at the real
+    vocabulary, on rows of every kind (bench/sampler_bench.py's kinds and the emulation test's mixed rows)."""
+    import onnxruntime as ort
+    from test_sample_tokens import _logits, _mixed_rows
+
+    from backends.engine.sampling_session import SamplingSession
+
+    logits = _logits(24, 5)
+    rows = _mixed_rows(logits, 13)
+    host = ort.OrtValue.ortvalue_from_numpy(logits)
+    device = ort.OrtValue.ortvalue_from_numpy(logits, DEVICE, 0)
+    cpu = SamplingSession(kernels, ["CPUExecutionProvider"], ("cpu", 0), host).sample(rows)
+    providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+    cuda = SamplingSession(kernels, providers, (DEVICE, 0), device).sample(rows)
+    assert cuda.tokens.tolist() == cpu.tokens.tolist()  # expf may differ by an ulp: a flip needs a near tie
+    np.testing.assert_allclose(cuda.logprob, cpu.logprob, atol=1e-5)
+    assert cuda.top_ids.tolist() == cpu.top_ids.tolist()
