@@ -122,6 +122,11 @@ def copy_device_rows(target: int, source: int, pitch: int, width: int, rows: int
         raise EngineDeviceError(f"copying KV between slots failed (CUDA error {status})")
 
 
+def bucket(rows: int, slots: int) -> int:
+    """The CUDA-graph bucket (1, 2, 4, ... up to `slots`) a decode batch of `rows` slots is padded to."""
+    return min(slots, 1 << (rows - 1).bit_length())
+
+
 class DecoderRuntime:
     """`prefill` fills one slot from position 0; `decode` advances any set of slots by one token each."""
 
@@ -327,10 +332,8 @@ class DecoderRuntime:
         return dict(zip(slots, self.logits(slots), strict=True))
 
     def span(self, rows: int) -> int:
-        """The slots a decode batch reaching slot `rows - 1` runs: `rows`, or with buckets the next bucket."""
-        if not self.buckets:
-            return rows
-        return min(self.slots, 1 << (rows - 1).bit_length())
+        """The slots a decode batch reaching slot `rows - 1` runs: `rows`, or with buckets its bucket."""
+        return bucket(rows, self.slots) if self.buckets else rows
 
     def step(self, rows: list[tuple[int, int, int]], parked: dict[int, int] | None = None) -> None:
         """`rows`: (slot, token, position) each; each slot's logits row is then its next token's.

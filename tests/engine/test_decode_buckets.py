@@ -13,7 +13,7 @@ from engine_fixtures import export_model, make_checkpoint, tiny_config
 from backends.base import Chunk, GenerateRequest, Sampling
 from backends.engine.batcher import Batcher, Sequence
 from backends.engine.kernels.build import kernel_library
-from backends.engine.runtime import DecoderRuntime
+from backends.engine.runtime import DecoderRuntime, bucket
 
 SLOTS = 5
 POSITIONS = 256
@@ -28,12 +28,9 @@ def _runtime(model: str, buckets: bool) -> DecoderRuntime:
     return DecoderRuntime(model, tiny_config(), SLOTS, POSITIONS, kernels=kernel_library(), buckets=buckets)
 
 
-def test_spans_are_the_buckets():
-    runtime = DecoderRuntime.__new__(DecoderRuntime)
-    runtime.slots, runtime.buckets = SLOTS, True
-    assert [runtime.span(rows) for rows in range(1, SLOTS + 1)] == [1, 2, 4, 4, 5]
-    runtime.buckets = False
-    assert [runtime.span(rows) for rows in range(1, SLOTS + 1)] == [1, 2, 3, 4, 5]
+def test_the_buckets():
+    assert [bucket(rows, SLOTS) for rows in range(1, SLOTS + 1)] == [1, 2, 4, 4, 5]
+    assert [bucket(rows, 256) for rows in (1, 3, 17, 129, 256)] == [1, 4, 32, 256, 256]
 
 
 def test_a_padding_slot_keeps_its_prefix(model):
