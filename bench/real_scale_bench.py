@@ -1,9 +1,11 @@
-"""The built-in engine at the full gpt-oss-20b shape on the CPU: generate, convert, load, serve.
+"""The built-in engine at the full gpt-oss-20b or -120b shape on the CPU: generate, convert, load, serve.
 
-    python bench/real_scale_bench.py [--dtype float32] [--workdir DIR] [--write docs/benchmarks.md]
+    python bench/real_scale_bench.py [--shape gpt-oss-120b] [--dtype float32] [--workdir DIR]
+                                     [--write docs/benchmarks.md]
 
-A random-weight checkpoint with the real shape (24 layers, 32 experts, hidden 2880, vocabulary 201,088;
-MXFP4 experts, bf16 elsewhere, the Hugging Face layout) is written, converted with `gpt-oss-gateway
+A random-weight checkpoint with the real shape (20b: 24 layers, 32 experts; 120b: 36 layers, 128 experts;
+hidden 2880, vocabulary 201,088; MXFP4 experts, bf16 elsewhere, the Hugging Face layout; 120b's experts zero,
+left as holes in sparse files, so that it fits a small disk) is written, converted with `gpt-oss-gateway
 convert`, then loaded and decoded through the public engine backend. Each phase runs in its own process,
 so its peak RSS is its own (os.wait4). Recorded: time and peak RSS of each phase, the checkpoint's and
 the graph's size on disk, load time, time to first token for a 128-token prompt, and decode tokens/s at
@@ -71,8 +73,11 @@ def _run(args: list[str]) -> tuple[float, float, float, str]:
     return time.perf_counter() - started, usage.ru_maxrss / 1024**2, peak_anonymous[0], out
 
 
-def _size_gib(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1024**3
+def _size_gib(path: Path, blocks: bool = False, written: bool = False) -> float:
+    """Bytes of the files under `path` in GiB: their sizes, or the disk blocks they take; `written`: not the
+    hard links to the checkpoint's shards a graph reads its experts through."""
+    files = [f for f in path.rglob("*") if f.is_file() and not (written and f.name.startswith("linked-"))]
+    return sum(f.stat().st_blocks * 512 if blocks else f.stat().st_size for f in files) / 1024**3
 
 
 async def _serve(checkpoint: str, cache: str, dtype: str) -> dict[str, float]:
@@ -117,11 +122,18 @@ async def _serve(checkpoint: str, cache: str, dtype: str) -> dict[str, float]:
     return {"load_s": load_s, "ttft_s": ttft, "decode_b1": count / rest, "decode_b4": batch4}
 
 
-def report(figures: dict[str, float], dtype: str) -> str:
-    start, end = markers("real_scale_bench")
+SHAPES = {  # the checkpoint's, and the report's section
+    "gpt-oss-20b": ("24 layers, 32 experts", "real_scale_bench", []),
+    "gpt-oss-120b": ("36 layers, 128 experts (zero, as holes)", "real_scale_bench_120b", ["--zero-experts"]),
+}
+
+
+def report(figures: dict[str, float], dtype: str, shape: str) -> str:
+    described, section, _ = SHAPES[shape]
+    start, end = markers(section)
     f = figures
     rows = [
-        ("random checkpoint written (gpt-oss-20b shape, HF layout)", "make"),
+        (f"random checkpoint written ({shape} shape, HF layout)", "make"),
         ("`gpt-oss-gateway convert`", "convert"),
         ("engine loaded and serving (peak over the whole run)", "serve"),
     ]
@@ -132,11 +144,11 @@ def report(figures: dict[str, float], dtype: str) -> str:
         for name, key in rows
     )
     return f"""{start}
-## The engine at the full gpt-oss-20b shape (CPU)
+## The engine at the full {shape} shape (CPU)
 
-`python bench/real_scale_bench.py --dtype {dtype} --write docs/benchmarks.md` on {platform.machine()},
-{os.cpu_count()} CPUs, {f["ram_gib"]:.0f} GiB of memory: a random checkpoint of the real shape (24 layers,
-32 experts, hidden 2880, vocabulary 201,088), converted to a {dtype} graph and served by the engine
+`python bench/real_scale_bench.py --shape {shape} --dtype {dtype} --write docs/benchmarks.md` on
+{platform.machine()}, {os.cpu_count()} CPUs, {f["ram_gib"]:.0f} GiB of memory: a random checkpoint of the real
+shape ({described}, hidden 2880, vocabulary 201,088), converted to a {dtype} graph and served by the engine
 backend with 4 KV slots of {MAX_POSITIONS} positions. Each phase is its own process (peak RSS from
 `wait4`, which counts the pages of mapped files a process has read: safetensors maps the checkpoint) and
 its peak anonymous memory (RssAnon, sampled every 0.1 s: what it allocated itself).
@@ -145,7 +157,8 @@ its peak anonymous memory (RssAnon, sampled every 0.1 s: what it allocated itsel
 |---|---|---|---|
 {table}
 
-Checkpoint on disk {f["checkpoint_gib"]:.1f} GiB; graph on disk {f["graph_gib"]:.1f} GiB. Load (session
+Checkpoint {f["checkpoint_gib"]:.1f} GiB ({f["checkpoint_disk_gib"]:.1f} GiB of disk blocks); graph
+{f["graph_gib"]:.1f} GiB written beside it (the experts are read from the checkpoint's files). Load (session
 creation with the graph cached) {f["load_s"]:.0f} s; time to first token for a {PROMPT_TOKENS}-token
 prompt {f["ttft_s"]:.1f} s; decode {f["decode_b1"]:.2f} tokens/s at batch 1 and {f["decode_b4"]:.2f} tokens/s at
 batch 4 (all four sequences together).
@@ -191,6 +204,7 @@ cost the figure below, times `max_batch` slots. Written by `python bench/real_sc
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16"))
+    parser.add_argument("--shape", default="gpt-oss-20b", choices=tuple(SHAPES))
     parser.add_argument("--workdir", help="where the checkpoint and graph go (default: a temporary directory)")
     parser.add_argument("--write", help="update this markdown file's real_scale_bench section")
     parser.add_argument("--memory", action="store_true", help="only write the computed memory table")
@@ -211,14 +225,16 @@ def main() -> None:
     figures: dict[str, float] = {"ram_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3}
     try:
         if not (checkpoint / "config.json").is_file():
-            make = [*cli, "make-checkpoint", str(checkpoint), "--shape", "gpt-oss-20b", "--layout", "hf"]
+            make = [*cli, "make-checkpoint", str(checkpoint), "--shape", args.shape, "--layout", "hf"]
+            make += SHAPES[args.shape][2]
             figures["make_s"], figures["make_rss"], figures["make_anon"], _ = _run(make)
         else:
             figures["make_s"] = figures["make_rss"] = figures["make_anon"] = float("nan")
         convert = [*cli, "convert", str(checkpoint), "--dtype", args.dtype, "--cache-dir", str(cache)]
         converted = _run([*convert, "--max-positions", str(MAX_POSITIONS)])
         figures["convert_s"], figures["convert_rss"], figures["convert_anon"], _ = converted
-        figures["checkpoint_gib"], figures["graph_gib"] = _size_gib(checkpoint), _size_gib(cache)
+        figures["checkpoint_gib"], figures["graph_gib"] = _size_gib(checkpoint), _size_gib(cache, written=True)
+        figures["checkpoint_disk_gib"] = _size_gib(checkpoint, blocks=True)
         serve = [sys.executable, __file__, "--dtype", args.dtype, "--serve", str(checkpoint), str(cache)]
         figures["serve_s"], figures["serve_rss"], figures["serve_anon"], out = _run(serve)
         figures.update(json.loads(out.strip().splitlines()[-1]))
@@ -227,7 +243,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(figures, indent=1))
     if args.write:
-        write_section(Path(args.write), "real_scale_bench", report(figures, args.dtype))
+        write_section(Path(args.write), SHAPES[args.shape][1], report(figures, args.dtype, args.shape))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     make.add_argument("--layout", choices=("original", "hf"), default="original", help="tensor names and config")
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--shard-gib", type=float, default=2.0, help="largest shard in GiB (an index when several)")
+    make.add_argument(
+        "--zero-experts", action="store_true", help="experts all zero, left as holes in sparse files (speed checks)"
+    )
     make.set_defaults(run=_make_checkpoint)
     convert = commands.add_parser("convert", help="convert a checkpoint into the engine's cached ONNX graph")
     convert.add_argument("checkpoint", help="a gpt-oss checkpoint directory, either layout")
@@ -87,7 +90,13 @@ def _make_checkpoint(args: argparse.Namespace) -> int:
         if target.exists() and any(target.iterdir()):
             raise CheckpointError(f"{target} is not empty")
         write_random_checkpoint(
-            target, config, args.layout, args.seed, int(args.shard_gib * 1024**3), ProgressBar("tensors")
+            target,
+            config,
+            args.layout,
+            args.seed,
+            int(args.shard_gib * 1024**3),
+            ProgressBar("tensors"),
+            zero_experts=args.zero_experts,
         )
     except (CheckpointError, OSError) as exc:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)

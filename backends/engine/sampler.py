@@ -68,13 +68,17 @@ def _uniform(spec: RowSpec) -> np.float32:
     return min(np.float32(spec.rng.random()), BELOW_ONE)
 
 
-def _penalties(spec: RowSpec) -> dict[int, float]:
+def _penalties(spec: RowSpec) -> tuple[np.ndarray, np.ndarray]:
+    """The row's penalised tokens, ascending, and what each one's logit loses."""
     sampling = spec.sampling
     if not spec.counts or (sampling.presence_penalty == 0 and sampling.frequency_penalty == 0):
-        return {}
-    return {
-        token: sampling.frequency_penalty * times + sampling.presence_penalty for token, times in spec.counts.items()
-    }
+        return np.zeros(0, np.int32), np.zeros(0, np.float32)
+    count = len(spec.counts)
+    ids = np.fromiter(spec.counts.keys(), np.int32, count)
+    times = np.fromiter(spec.counts.values(), np.float64, count)
+    order = np.argsort(ids)
+    values = sampling.frequency_penalty * times[order] + sampling.presence_penalty
+    return ids[order], values.astype(np.float32)
 
 
 def sampling_rows(specs: list[RowSpec], vocab: int) -> SamplingRows:
@@ -85,17 +89,16 @@ def sampling_rows(specs: list[RowSpec], vocab: int) -> SamplingRows:
     masks = np.stack(masked).view(np.int32) if masked else np.zeros((0, words), np.int32)
     mask_index = np.full(count, -1, np.int32)
     penalties = [_penalties(spec) for spec in specs]
-    width = max((len(p) for p in penalties), default=0)
+    width = max((len(ids) for ids, _ in penalties), default=0)
     penalty_ids = np.full((count, width), NO_PENALTY, np.int32)
     penalty_values = np.zeros((count, width), np.float32)
     position = 0
-    for index, (spec, penalty) in enumerate(zip(specs, penalties, strict=True)):
+    for index, (spec, (ids, values)) in enumerate(zip(specs, penalties, strict=True)):
         if spec.mask is not None:
             mask_index[index] = position
             position += 1
-        ids = sorted(penalty)
         penalty_ids[index, : len(ids)] = ids
-        penalty_values[index, : len(ids)] = [penalty[token] for token in ids]
+        penalty_values[index, : len(ids)] = values
     logprobs = np.array([-1 if s.top_logprobs is None else s.top_logprobs for s in specs], np.int32)
     return SamplingRows(
         rows=np.array([spec.row for spec in specs], np.int32),
