@@ -29,7 +29,7 @@
 namespace gptoss {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 512;  // 128 registers a thread: the nucleus search's 15 sums stay in registers
 constexpr int kWarp = 32;
 constexpr int kWarps = kThreads / kWarp;
 constexpr unsigned kAllLanes = 0xffffffffu;
@@ -83,7 +83,7 @@ __device__ Best BlockBest(Best best, float* values, int32_t* indices, Best* out)
   if (lane == 0) values[warp] = best.value, indices[warp] = best.index;
   __syncthreads();
   if (warp == 0) {
-    best = Best{values[lane], indices[lane]};
+    best = lane < kWarps ? Best{values[lane], indices[lane]} : Best{-INFINITY, kNoIndex};
     for (int offset = kWarp / 2; offset > 0; offset >>= 1) {
       const float value = __shfl_down_sync(kAllLanes, best.value, offset);
       const int32_t index = __shfl_down_sync(kAllLanes, best.index, offset);
@@ -112,7 +112,7 @@ __device__ void BlockSums(double (&values)[N], double* partial, double* out) {
   __syncthreads();
   if (warp == 0) {
     for (int k = 0; k < N; ++k) {
-      const double sum = WarpSum(partial[k * kWarps + lane]);
+      const double sum = WarpSum(lane < kWarps ? partial[k * kWarps + lane] : 0.0);
       if (lane == 0) out[k] = sum;
     }
   }
@@ -132,13 +132,13 @@ __device__ T BlockExclusiveScan(T value, T* partial) {
   if (lane == kWarp - 1) partial[warp] = inclusive;
   __syncthreads();
   if (warp == 0) {
-    const T total = partial[lane];
+    const T total = lane < kWarps ? partial[lane] : T{};
     T running = total;
     for (int offset = 1; offset < kWarp; offset <<= 1) {
       const T other = __shfl_up_sync(kAllLanes, running, offset);
       if (lane >= offset) running += other;
     }
-    partial[lane] = running - total;  // the warps before this one
+    if (lane < kWarps) partial[lane] = running - total;  // the warps before this one
   }
   __syncthreads();
   const T before = partial[warp] + inclusive - value;
