@@ -128,7 +128,8 @@ def bucket(rows: int, slots: int) -> int:
 
 
 class DecoderRuntime:
-    """`prefill` fills one slot from position 0; `decode` advances any set of slots by one token each."""
+    """`fill` runs prompt tokens into one slot; `step` advances any set of slots by one token each; `sample`
+    chooses their next tokens from the logits those left (`prefill` and `decode` return the logits instead)."""
 
     def __init__(
         self,
@@ -162,10 +163,8 @@ class DecoderRuntime:
                 "arena_extend_strategy": "kSameAsRequested",  # the arena grows by what is asked, not doubling
             }
             sampler_providers = [(CUDA, cuda_options), "CPUExecutionProvider"]
-            providers = [
-                (CUDA, {**cuda_options, "enable_cuda_graph": "1" if cuda_graph else "0"}),
-                *sampler_providers[1:],
-            ]
+            graphs = {**cuda_options, "enable_cuda_graph": "1" if cuda_graph else "0"}
+            providers = [(CUDA, graphs), "CPUExecutionProvider"]
         self.session = ort.InferenceSession(model_path, options, providers=providers)
         if device == "cuda" and self.session.get_providers()[0] != CUDA:
             raise EngineDeviceError("the CUDA provider did not load for the decoder graph")
