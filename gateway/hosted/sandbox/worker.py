@@ -139,6 +139,9 @@ def _private_root(tmp_bytes, with_proc):
     """Build the sandbox's whole filesystem on a tmpfs and pivot into it (see the module's docstring); with a
     /proc of the PID namespace's own processes when this is its init. Returns whether it got that /proc."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here propagates to the host
+    # held open before the tmpfs at BUILD_DIR can shadow one of them (an interpreter installed under /tmp),
+    # and bound from their descriptors after the sandbox's own /tmp is mounted, which would hide them too
+    interpreter = {directory: os.open(directory, os.O_PATH | os.O_DIRECTORY) for directory in _interpreter_dirs()}
     root = BUILD_DIR  # a mount point of its own, as pivot_root wants
     _tmpfs(root, 1 << 20, 0o755)
     for directory in SYSTEM_DIRS:
@@ -146,8 +149,6 @@ def _private_root(tmp_bytes, with_proc):
             os.symlink(os.readlink(directory), root + directory)
         elif os.path.isdir(directory):
             _bind(directory, root + directory)
-    for directory in _interpreter_dirs():
-        _bind(directory, root + directory)
     os.mkdir(root + "/etc", 0o755)
     for name in ETC_FILES:
         path = "/etc/" + name
@@ -163,6 +164,9 @@ def _private_root(tmp_bytes, with_proc):
     os.symlink("/proc/self/fd/2", root + "/dev/stderr")
     for directory in ("/tmp", "/var/tmp", "/dev/shm"):
         _tmpfs(root + directory, tmp_bytes, 0o1777)
+    for directory, descriptor in interpreter.items():
+        _bind(f"/proc/self/fd/{descriptor}", root + directory)
+        os.close(descriptor)
     os.mkdir(root + "/proc", 0o555)
     own_proc = False
     if with_proc:  # before the pivot: the kernel lets a user namespace mount proc only while one is visible

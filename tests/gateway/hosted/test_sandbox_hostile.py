@@ -263,6 +263,21 @@ def test_a_crashed_replicas_leftovers_are_reclaimed_at_start(tmp_path):
         fresh.stop()
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="the pool driver's sandboxes get uids of their own as root")
+def test_an_interpreter_installed_under_tmp_runs_cells(tmp_path):
+    """A virtual environment under /tmp, which both the tmpfs the sandbox's root is built on and the sandbox's
+    own /tmp would shadow (a checkout under /tmp failed every cell before): its cells run, confined."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    assert str(venv).startswith("/tmp/")
+    replica = _PoolProcess(tmp_path / "replica", python=str(venv / "bin" / "python"))
+    try:
+        (uid,) = replica.ask("open 1")
+        assert uid != 0
+    finally:
+        replica.stop()
+
+
 POOL_DRIVER = textwrap.dedent(
     """
     import asyncio, json, sys
@@ -298,12 +313,12 @@ POOL_DRIVER = textwrap.dedent(
 class _PoolProcess:
     """A replica's sandbox pool in a process of its own, driven line by line."""
 
-    def __init__(self, directory: Path, wall_s: float = 3.0) -> None:
+    def __init__(self, directory: Path, wall_s: float = 3.0, python: str = sys.executable) -> None:
         directory.mkdir()
         driver = directory / "driver.py"
         driver.write_text(POOL_DRIVER)
         self.process = subprocess.Popen(
-            [sys.executable, str(driver), sys.executable, str(wall_s)],
+            [sys.executable, str(driver), python, str(wall_s)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
