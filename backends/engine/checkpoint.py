@@ -7,7 +7,6 @@ q/k/v projections joined. Every tensor's shape and dtype is checked against the 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -103,7 +102,6 @@ def hf_names(name: str) -> list[str]:
     return [prefix + _HF_BLOCK[rest]]
 
 
-@functools.cache
 def _header(shard: Path) -> tuple[int, dict[str, Any]]:
     """A safetensors file's header: where its data starts, and each tensor's entry (data_offsets from there)."""
     with shard.open("rb") as handle:
@@ -155,6 +153,7 @@ class Checkpoint:
         self.directory = weights_dir
         self._files: dict[str, Any] = {}
         self._where: dict[str, Path] = {}
+        self._headers: dict[Path, tuple[int, dict[str, Any]]] = {}
         for shard in _shards(weights_dir):
             try:
                 handle = safe_open(str(shard), framework="numpy")
@@ -210,7 +209,9 @@ class Checkpoint:
         if len(parts) != 1:
             return None
         shard = self._where[parts[0]]
-        data_start, entries = _header(shard)
+        if shard not in self._headers:  # read once per opened checkpoint: a rewritten file is a new checkpoint
+            self._headers[shard] = _header(shard)
+        data_start, entries = self._headers[shard]
         begin, end = entries[parts[0]]["data_offsets"]
         return shard, data_start + begin, end - begin
 
