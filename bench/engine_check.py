@@ -18,9 +18,9 @@ Steps (each reported, a failure recorded and the next step run):
 4. scale (`--model 20b`, or 120b in its own run): a random checkpoint of the model's shape (its experts zero,
    left as holes, so that 120b fits a 64 GB disk; the kernels' work does not depend on the values), converted
    to bf16, loaded on the device: decode tokens/s (20b: batch 1, 8, 32, 64; 120b: 1, 8; each step sampled as
-   the engine serves: on the device with the kernels), time to first token (20b: 1k and 8k prompts; 120b:
-   1k), KV capacity, and batch-1 decode as a fraction of the HBM bound (bytes read per token / measured copy
-   bandwidth).
+   the engine serves: on the device with the kernels; 20b also 256 sequences at 2,048 positions each),
+   time to first token (20b: 1k and 8k prompts; 120b: 1k), KV capacity, and batch-1 decode as a fraction of
+   the HBM bound (bytes read per token / measured copy bandwidth).
 Results go to DIR/engine_check.json and DIR/engine_check.md (the docs section).
 """
 
@@ -371,11 +371,15 @@ def scale_key(model_name: str) -> str:
     return "scale" if model_name == "20b" else f"scale_{model_name}"
 
 
-def timed_decode(runtime: DecoderRuntime, batch: int, steps: int) -> float:
+def timed_decode(runtime: DecoderRuntime, batch: int, steps: int, context: int = 128) -> float:
     """Decode tokens/s as the engine serves: each step runs the batch and samples its tokens (on the device
-    when the kernels are loaded: only token ids come back), each next step feeding the sampled tokens."""
-    for slot in range(batch):
-        runtime.fill(slot, PROMPT[:128])
+    when the kernels are loaded: only token ids come back), each next step feeding the sampled tokens. The
+    sequences stand at `context` positions: a 128-token prompt prefilled; past that, the KV as the buffers
+    hold it (zeros: attention reads and weighs every position all the same), so that hundreds of long
+    sequences need no prefill of their own."""
+    if context == 128:
+        for slot in range(batch):
+            runtime.fill(slot, PROMPT[:128])
     specs = [RowSpec(slot, Sampling(temperature=1.0), np.random.default_rng(slot)) for slot in range(batch)]
     tokens = [1000 + slot for slot in range(batch)]
 
@@ -383,12 +387,35 @@ def timed_decode(runtime: DecoderRuntime, batch: int, steps: int) -> float:
         runtime.step([(slot, tokens[slot], position) for slot in range(batch)])
         tokens[:] = runtime.sample(sampling_rows(specs, runtime.config.vocab_size)).tokens.tolist()
 
-    advance(128)  # warm-up (and graph capture)
-    advance(129)
+    advance(context)  # warm-up (and graph capture)
+    advance(context + 1)
     started = time.perf_counter()
     for i in range(steps):
-        advance(130 + i)
+        advance(context + 2 + i)
     return batch * steps / (time.perf_counter() - started)
+
+
+MANY = 256  # the issue's "256 sequences of 2k context"
+MANY_CONTEXT = 2048
+
+
+def many_sequences(directory: Path, work: Path, device: str, kernels: Path | None, cuda_graph: bool) -> dict[str, Any]:
+    """Decode tokens/s in total with 256 sequences at 2,048 positions each (KV slots of 2,304 positions)."""
+    report: dict[str, Any] = {}
+    try:
+        positions = MANY_CONTEXT + 256
+        model = compiled_model(Checkpoint(directory), GraphOptions(positions, SCALE_DTYPE), work / "graphs")
+        runtime = DecoderRuntime(
+            str(model), GPT_OSS_20B, MANY, positions, kernels=kernels, device=device, dtype=SCALE_DTYPE,
+            cuda_graph=cuda_graph,
+        )  # fmt: skip
+        report["many_kv_gb_allocated"] = round(runtime.kv_bytes / 1e9, 2)
+        tok_s = timed_decode(runtime, MANY, 16, MANY_CONTEXT)
+        report[f"decode_tok_s_{MANY}_sequences_{MANY_CONTEXT}_context"] = round(tok_s, 1)
+        log(f"{MANY} sequences at {MANY_CONTEXT}: {tok_s:.1f} tok/s")
+    except Exception as exc:
+        report["many_error"] = f"{type(exc).__name__}: {exc}"[:600]
+    return report
 
 
 def sampler_figures(device: str) -> dict[str, Any]:
@@ -470,6 +497,8 @@ def scale(
     SAVE()
     if not setting.compare:
         return report
+    report.update(many_sequences(directory, work, device, kernels, cuda_graph))
+    SAVE()
     report.update(graph_decode(model, config, kernels, device))
     if bandwidth and "cuda_graph_decode_tok_s_batch_1" in report:
         report["cuda_graph_batch_1_fraction_of_bound"] = round(report["cuda_graph_decode_tok_s_batch_1"] / bound, 3)

@@ -137,6 +137,15 @@ def markdown(results: dict[str, Any]) -> str:
             f"- Copying each step's logits to the host: {scale.get('logits_copy_us_batch_1')} µs at batch 1 "
             f"({scale.get('logits_copy_share_of_step_batch_1')} of the step), {scale.get('logits_copy_us_batch_64')} "
             f"µs at batch 64 ({scale.get('logits_copy_share_of_step_batch_64')}).",
+            *(
+                [
+                    "- 256 sequences at 2,048 positions each (KV slots of 2,304 positions, "
+                    f"{scale.get('many_kv_gb_allocated')} GB of KV; the KV past the step as the buffers hold it): "
+                    f"{scale.get('decode_tok_s_256_sequences_2048_context', scale.get('many_error'))} tok/s in total."
+                ]
+                if "many_kv_gb_allocated" in scale or "many_error" in scale
+                else []
+            ),
             f"- Time to first token (one prefill call): 1k prompt {scale.get('ttft_1024_s')} s, 8k prompt "
             f"{scale.get('ttft_8192_s')} s.",
             f"- Bytes a batch-1 step must read: {scale.get('weights_read_per_token_gb')} GB (the bf16 unembedding "
