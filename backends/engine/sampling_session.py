@@ -62,6 +62,7 @@ class SamplingSession:
             options.intra_op_num_threads = threads
         options.register_custom_ops_library(str(kernels))
         self.session = ort.InferenceSession(sampler_model(), options, providers=providers)
+        self._logits = logits  # bound by address below: held as long as the session
         self._binding = self.session.io_binding()
         device, device_id = place
         self._binding.bind_input("logits", device, device_id, np.float32, logits.shape(), logits.data_ptr())

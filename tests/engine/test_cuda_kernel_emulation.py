@@ -6,21 +6,18 @@ in float32, float16 and bfloat16."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from paths import SUPPORT
+from emulated_kernels import compile_emulated
 
 from backends.engine.config import ModelConfig
 from backends.engine.graph import GraphOptions, moe_attributes, moe_layer_model
 from backends.engine.kernels import build
 from backends.engine.make_checkpoint import random_moe_layer
 
-HERE = SUPPORT / "kernel_emulation"
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 SHAPES = [
     (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=64, intermediate_size=64), 3),
@@ -39,21 +36,8 @@ SHAPES = [
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory) -> ctypes.CDLL:
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.fail("g++ is needed to compile the CUDA kernel for the host")
-    kernels = build.source_dir()
-    library = tmp_path_factory.mktemp("emulation") / "libemulated_moe.so"
-    command = [
-        compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
-        "-include", str(HERE / "cuda_shim.h"), f"-I{kernels}",
-        "-x", "c++", str(kernels / build.MOE_CUDA_SOURCE), "-x", "c++", str(HERE / "emulation_driver.cc"),
-        "-o", str(library),
-    ]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, text=True)
-    handle = ctypes.CDLL(str(library))
-    handle.gptoss_emulated_moe.restype = ctypes.c_char_p
-    return handle
+    directory = tmp_path_factory.mktemp("emulation")
+    return compile_emulated(build.MOE_CUDA_SOURCE, "emulation_driver.cc", "gptoss_emulated_moe", directory, "-O1")
 
 
 def _cpu_kernel(model: Path, dtype: str, x: np.ndarray, logits: np.ndarray) -> np.ndarray:

@@ -6,13 +6,11 @@ and the draws' distribution against the nucleus's probabilities."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from paths import SUPPORT
+from emulated_kernels import compile_emulated
 
 from backends.base import Sampling
 from backends.engine.kernels import build
@@ -20,35 +18,18 @@ from backends.engine.sampler import RowSpec, Sampled, SamplingRows, sample_rows,
 from backends.engine.sampling_session import SamplingSession
 
 VOCAB = 201088
-EMULATION = SUPPORT / "kernel_emulation"
 ptr = ctypes.c_void_p
 
 
 def _session(logits: np.ndarray) -> SamplingSession:
     value = ort.OrtValue.ortvalue_from_numpy(logits)
-    session = SamplingSession(build.build_library(), ["CPUExecutionProvider"], ("cpu", 0), value)
-    session.keep = (value, logits)  # the bound buffer outlives the session's use of it
-    return session
+    return SamplingSession(build.build_library(), ["CPUExecutionProvider"], ("cpu", 0), value)
 
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory) -> ctypes.CDLL:
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.fail("g++ is needed to compile the CUDA kernel for the host")
-    kernels = build.source_dir()
-    library = tmp_path_factory.mktemp("emulation") / "libemulated_sample.so"
-    command = [
-        compiler, "-std=c++20", "-O2", "-fPIC", "-shared", "-pthread", "-Wno-unknown-pragmas",
-        "-include", str(EMULATION / "cuda_shim.h"), f"-I{kernels}",
-        "-x", "c++", str(kernels / build.SAMPLE_CUDA_SOURCE),
-        "-x", "c++", str(EMULATION / "sample_emulation_driver.cc"),
-        "-o", str(library),
-    ]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, text=True)
-    handle = ctypes.CDLL(str(library))
-    handle.gptoss_emulated_sample.restype = ctypes.c_char_p
-    return handle
+    directory = tmp_path_factory.mktemp("emulation")
+    return compile_emulated(build.SAMPLE_CUDA_SOURCE, "sample_emulation_driver.cc", "gptoss_emulated_sample", directory)
 
 
 def _emulate(handle: ctypes.CDLL, logits: np.ndarray, rows: SamplingRows) -> Sampled:

@@ -18,10 +18,6 @@
 // The file is also compiled as host C++ with a warp-emulation shim (tests/kernel_emulation), so it keeps
 // to threadIdx/blockIdx, __shfl_down_sync, __syncthreads, atomicAdd and GPTOSS_LAUNCH.
 
-#ifndef GPTOSS_HOST_EMULATION
-#include <cuda_runtime.h>
-#endif
-
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -33,11 +29,8 @@
 #include <dlfcn.h>
 #endif
 
+#include "cuda_launch.h"
 #include "mxfp4_moe_launch.h"
-
-#ifndef GPTOSS_LAUNCH
-#define GPTOSS_LAUNCH(kernel, grid, block, stream, ...) kernel<<<grid, block, 0, stream>>>(__VA_ARGS__)
-#endif
 
 namespace gptoss {
 namespace {

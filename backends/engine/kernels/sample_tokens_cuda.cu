@@ -13,18 +13,11 @@
 // The file is also compiled as host C++ with the warp-emulation shim (tests/support/kernel_emulation), so it
 // keeps to threadIdx/blockIdx, __shfl_down_sync/__shfl_up_sync, __syncthreads and GPTOSS_LAUNCH.
 
-#ifndef GPTOSS_HOST_EMULATION
-#include <cuda_runtime.h>
-#endif
-
 #include <cmath>
 #include <cstdint>
 
+#include "cuda_launch.h"
 #include "sample_tokens_launch.h"
-
-#ifndef GPTOSS_LAUNCH
-#define GPTOSS_LAUNCH(kernel, grid, block, stream, ...) kernel<<<grid, block, 0, stream>>>(__VA_ARGS__)
-#endif
 
 namespace gptoss {
 namespace {
