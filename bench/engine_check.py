@@ -445,7 +445,7 @@ def scale(
     report: dict[str, Any] = results.setdefault(scale_key(model_name), {})  # partial figures survive a timeout
     started = time.perf_counter()
     # the experts zero, as holes: a speed check reads and multiplies them all the same, and the checkpoint fits
-    # a small disk (120b: about 4 GB written instead of 65 GB); parity is checked on random experts above
+    # a small disk (120b: about 4 GiB written instead of 61 GiB); parity is checked on random experts above
     directory = write_random_checkpoint(
         work / f"gpt-oss-{model_name}-zero-experts", config, "original", zero_experts=True
     )

@@ -122,14 +122,14 @@ async def _serve(checkpoint: str, cache: str, dtype: str) -> dict[str, float]:
     return {"load_s": load_s, "ttft_s": ttft, "decode_b1": count / rest, "decode_b4": batch4}
 
 
-SHAPES = {  # the checkpoint's, and the report's section
+RUNS = {  # by shape: how its report describes it, the report's section, make-checkpoint's extra flags
     "gpt-oss-20b": ("24 layers, 32 experts", "real_scale_bench", []),
     "gpt-oss-120b": ("36 layers, 128 experts (zero, as holes)", "real_scale_bench_120b", ["--zero-experts"]),
 }
 
 
 def report(figures: dict[str, float], dtype: str, shape: str) -> str:
-    described, section, _ = SHAPES[shape]
+    described, section, _ = RUNS[shape]
     start, end = markers(section)
     f = figures
     rows = [
@@ -204,7 +204,7 @@ cost the figure below, times `max_batch` slots. Written by `python bench/real_sc
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16"))
-    parser.add_argument("--shape", default="gpt-oss-20b", choices=tuple(SHAPES))
+    parser.add_argument("--shape", default="gpt-oss-20b", choices=tuple(RUNS))
     parser.add_argument("--workdir", help="where the checkpoint and graph go (default: a temporary directory)")
     parser.add_argument("--write", help="update this markdown file's real_scale_bench section")
     parser.add_argument("--memory", action="store_true", help="only write the computed memory table")
@@ -226,7 +226,7 @@ def main() -> None:
     try:
         if not (checkpoint / "config.json").is_file():
             make = [*cli, "make-checkpoint", str(checkpoint), "--shape", args.shape, "--layout", "hf"]
-            make += SHAPES[args.shape][2]
+            make += RUNS[args.shape][2]
             figures["make_s"], figures["make_rss"], figures["make_anon"], _ = _run(make)
         else:
             figures["make_s"] = figures["make_rss"] = figures["make_anon"] = float("nan")
@@ -243,7 +243,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(figures, indent=1))
     if args.write:
-        write_section(Path(args.write), SHAPES[args.shape][1], report(figures, args.dtype, args.shape))
+        write_section(Path(args.write), RUNS[args.shape][1], report(figures, args.dtype, args.shape))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Initializers never sit in one protobuf message: each is written to the external 
 made (and dropped), so neither protobuf's 2 GiB limit nor the host's memory caps the model. The experts'
 codes and scales are not copied at all where the checkpoint's files can be hard-linked beside the graph
 (the same file system, files the converting user may link): the graph reads them in place, so a model's
-experts take their disk space once (gpt-oss-120b: about 57 GB less).
+experts take their disk space once (gpt-oss-120b: about 57 GiB less).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The experts are MXFP4 like the real ones (random 4-bit codes, E8M0 scales chosen so that each matrix
 has about 1/sqrt(fan-in) spread), the rest bf16. Output is noise; the shapes and bytes are real, which
 is what loading, graph building, parity and speed need. With `zero_experts`, the experts' codes and scales
-are zeros left as holes in sparse files: a gpt-oss-120b-shaped checkpoint then takes about 4 GB of disk
-instead of 65 GB and writes in seconds, for speed checks (a kernel does the same work on zeros).
+are zeros left as holes in sparse files: a gpt-oss-120b-shaped checkpoint then takes about 4 GiB of disk
+instead of 61 GiB and writes in under a minute, for speed checks (a kernel does the same work on zeros).
 """
 
 from __future__ import annotations

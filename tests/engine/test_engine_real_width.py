@@ -80,6 +80,7 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
 
     model = compiled_model(Checkpoint(checkpoint), GraphOptions(64), cache)  # the backend's cached graph
     assert model.with_name(model.name + ".data").stat().st_size > 2**31  # past protobuf's limit
+    assert list(model.parent.glob("linked-*"))  # the experts served from the checkpoint's own file
     nodes = onnx.load(str(model), load_external_data=False).graph.node
     layers = REAL_WIDTH.num_hidden_layers
     ops = Counter(node.op_type for node in nodes)
