@@ -165,6 +165,7 @@ class Checkpoint:
                 self._where[name] = shard
         self.layout: Layout = "hf" if "model.embed_tokens.weight" in self._where else "original"
         self.fingerprint = self._fingerprint(config_path)
+        self._specs = expected(self.config)
         self._check()
 
     def _fingerprint(self, config_path: Path) -> str:
@@ -183,7 +184,7 @@ class Checkpoint:
                 "model with its experts quantized to MXFP4 (transformers: quantization_config Mxfp4Config, "
                 "or the original checkpoint's `*_blocks`/`*_scales` layout) and point the engine at that"
             )
-        for name, spec in expected(self.config).items():
+        for name, spec in self._specs.items():
             parts = hf_names(name) if self.layout == "hf" else [name]
             shapes = []
             for part in parts:
@@ -201,6 +202,10 @@ class Checkpoint:
                     f"tensor '{parts[0] if len(parts) == 1 else name}' has shape {list(shape)}; "
                     f"the config says {list(spec.shape)}"
                 )
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """An original-layout tensor's shape (checked against the file at opening; nothing read)."""
+        return self._specs[name].shape
 
     def location(self, name: str) -> tuple[Path, int, int] | None:
         """Where an original-layout tensor's bytes lie, as stored: (shard, byte offset, length); None when it is

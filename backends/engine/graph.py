@@ -255,7 +255,7 @@ class _Builder:
     def mxfp4(self, name: str) -> tuple[str, str]:
         checkpoint = self.checkpoint
         blocks, scales_name = name + ".blocks", name + ".scales"
-        experts, rows, groups, _ = checkpoint.tensor(blocks).shape  # a memory-mapped view: nothing read
+        experts, rows, groups, _ = checkpoint.shape(blocks)
         codes = self.writer.linked(
             name + ".fp4", TensorProto.FLOAT4E2M1, [experts, rows, groups * 32], checkpoint.location(blocks)
         )
