@@ -56,6 +56,7 @@ class Settings(BaseSettings):
     reasoning_stream_events: Literal["reasoning_text", "reasoning"] = "reasoning_text"
     ws_idle_s: float = Field(default=600.0, gt=0)  # a WebSocket with no message and nothing running is closed
     ws_max_sockets: int = Field(default=16, ge=1)  # open WebSockets per tenant, per replica
+    ws_max_age_s: float = Field(default=3600.0, gt=0)  # a WebSocket's lifetime (OpenAI's: 60 minutes)
     write_stall_s: float = Field(default=30.0, gt=0)  # a stream whose client reads nothing this long is cut
     # auto: API keys when a key secret or keys file is set; none on a loopback address; else refuse to start
     auth: Literal["auto", "off", "keys"] = "auto"

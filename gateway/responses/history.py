@@ -13,7 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 from state import StoredResponse, StoreUnavailable
 
 from ..conversations.items import conversation_items
-from ..errors import invalid, not_found, unavailable
+from ..errors import ApiError, invalid, not_found, unavailable
 from ..generation.dialog import Entry
 from ..services import Services
 from .job import TERMINAL
@@ -48,7 +48,7 @@ async def load_history(
         return History()
     record = (held or {}).get(req.previous_response_id)
     if record is None:
-        record = await load_record(services, tenant, req.previous_response_id, "previous_response_id")
+        record = await _previous_record(services, tenant, req.previous_response_id)
     status = record.response.get("status")
     if status not in TERMINAL:
         raise invalid("previous_response_id", f"Response '{record.id}' is still {status}; wait for it to finish.")
@@ -65,6 +65,22 @@ async def _conversation(services: Services, tenant: str, conversation_id: str) -
         raise invalid(
             "conversation", f"Conversation '{conversation_id}' holds an item this gateway cannot read."
         ) from exc
+
+
+async def _previous_record(services: Services, tenant: str, response_id: str) -> StoredResponse:
+    """What a continuation names, or the 400 `previous_response_not_found` clients recover from (OpenAI's answer:
+    Codex and others then drop the id and send the whole context)."""
+    try:
+        return await load_record(services, tenant, response_id, "previous_response_id")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        raise previous_response_not_found(response_id) from exc
+
+
+def previous_response_not_found(response_id: str) -> ApiError:
+    message = f"Previous response with id '{response_id}' not found."
+    return invalid("previous_response_id", message, "previous_response_not_found")
 
 
 async def load_record(services: Services, tenant: str, response_id: str, param: str) -> StoredResponse:

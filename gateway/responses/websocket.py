@@ -5,22 +5,28 @@ Client events: `response.create`, the create body (`stream` implicit, `backgroun
 sampling. Creates on one lane run one after another, in order; lanes run side by side. Server events are the
 SSE stream's events, as JSON text messages, each with the `stream_id` of its create when it had one;
 a create that fails is an `error` event (`status` and the HTTP error's body) and the socket stays usable, as it
-does after a malformed event. Each response the socket made is held for it (the last HELD_RESPONSES, stored or
-not), so `previous_response_id` continues with only the new input, even with `store: false`.
+does after a malformed event; a response that fails mid-stream sends its `error` event in the same shape (the
+SDK's `ResponseWsError`). Each response the socket made is held for it (the last HELD_RESPONSES, stored or
+not), so `previous_response_id` continues with only the new input, even with `store: false`; a continuation
+that fails (refused, or ending `failed`) evicts the response it named, and a failed response is not held, so
+naming either later is `previous_response_not_found`, which clients answer by sending the whole context.
 
 The upgrade passes through the same middleware as any request (key, tenant, drain, metrics); each create
 through the same admission, limits and store as `POST /v1/responses`. Bounded: a message's size
 (GATEWAY_MAX_BODY_BYTES), the lanes of a socket (MAX_LANES), the creates waiting in a lane (LANE_BACKLOG), the
 sockets of a tenant on one replica (GATEWAY_WS_MAX_SOCKETS), time without a message or a running response
-(GATEWAY_WS_IDLE_S), a client that reads nothing (GATEWAY_WRITE_STALL_S). When the replica drains, each socket
-finishes its running responses, answers the creates still waiting with an error event, and closes with 1001
-(going away), so the SDK reconnects to another replica.
+(GATEWAY_WS_IDLE_S), a socket's lifetime (GATEWAY_WS_MAX_AGE_S), a client that reads nothing
+(GATEWAY_WRITE_STALL_S). When the replica drains, or the socket reaches its age, it finishes its running
+responses, answers the creates still waiting with an error event (`server_shutting_down`,
+`websocket_connection_limit_reached`), and closes (1001 going away, 1000), so the client reconnects.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,8 +51,8 @@ log = structlog.get_logger("gateway.responses.websocket")
 
 HELD_RESPONSES = 16  # per socket: each holds its whole conversation
 LANE_BACKLOG = 16
-MAX_LANES = 16  # per socket
-MAX_LANE_ID_CHARS = 256
+MAX_LANES = 32  # named lanes per socket, as OpenAI's WebSocket mode allows
+LANE_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 GOING_AWAY = 1001
 TERMINAL_EVENTS = ("response.completed", "response.failed", "response.incomplete", "response.cancelled")
 
@@ -98,6 +104,7 @@ class _Session:
         self.held: OrderedDict[str, StoredResponse] = OrderedDict()
         self._sending = asyncio.Lock()
         self.closing = False
+        self.closes_at = time.monotonic() + self.settings.ws_max_age_s
 
     @property
     def busy(self) -> bool:
@@ -109,16 +116,18 @@ class _Session:
         try:
             while not self.closing:
                 received = asyncio.ensure_future(self.socket.receive())
-                done, _ = await asyncio.wait(
-                    {received, drained}, timeout=self.settings.ws_idle_s, return_when=asyncio.FIRST_COMPLETED
-                )
+                timeout = min(self.settings.ws_idle_s, max(self.closes_at - time.monotonic(), 0.0))
+                done, _ = await asyncio.wait({received, drained}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if received not in done:
                     received.cancel()
                     if drained in done:
-                        await self._leave(GOING_AWAY, "the gateway is shutting down; reconnect")
+                        await self._leave(GOING_AWAY, _shutting_down())
+                        return
+                    if time.monotonic() >= self.closes_at:
+                        await self._leave(1000, self._aged())
                         return
                     if not self.busy:
-                        await self._leave(1000, "idle")
+                        await self._leave(1000, None)
                         return
                     continue
                 message = received.result()
@@ -138,17 +147,27 @@ class _Session:
             tasks = [lane.task for lane in self.lanes.values() if lane.task is not None]
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _leave(self, code: int, reason: str) -> None:
-        """Finish what runs (new creates are refused meanwhile), then close."""
+    async def _leave(self, code: int, why: ApiError | None) -> None:
+        """Finish what runs, answer the creates still waiting with `why`, then close (an idle socket: no `why`)."""
         self.closing = True
-        for lane in self.lanes.values():
+        for lane_id, lane in self.lanes.items():
             while not lane.queue.empty():
                 lane.queue.get_nowait()
-                await self._error(ApiError(503, reason, code=SHUTTING_DOWN, kind="server_error"), None)
+                if why is not None:
+                    await self._error(why, lane_id or None)
             if not lane.running:  # its task may still wait on the queue it was woken for
                 lane.idle.set()
         await asyncio.gather(*(lane.idle.wait() for lane in self.lanes.values()))
+        reason = why.code if why is not None and why.code else "idle"
         await self.socket.close(code=code, message=reason.encode())
+
+    def _aged(self) -> ApiError:
+        minutes = self.settings.ws_max_age_s / 60
+        message = (
+            f"Responses websocket connection limit reached ({minutes:g} minutes). "
+            "Create a new websocket connection to continue."
+        )
+        return invalid(None, message, "websocket_connection_limit_reached")
 
     async def _on_text(self, text: str) -> None:
         try:
@@ -161,8 +180,9 @@ class _Session:
             return
         kind = event.get("type")
         lane_id = event.get("stream_id")
-        if lane_id is not None and (not isinstance(lane_id, str) or not 0 < len(lane_id) <= MAX_LANE_ID_CHARS):
-            await self._error(invalid("stream_id", "stream_id must be a string of 1 to 256 characters."), None)
+        if lane_id is not None and (not isinstance(lane_id, str) or not LANE_ID.fullmatch(lane_id)):
+            message = "stream_id must be 1 to 256 characters of letters, digits, '_', '.' and '-'."
+            await self._error(invalid("stream_id", message, "invalid_stream_id"), None)
             return
         if kind == "response.steer":
             message = "response.steer is not supported by this gateway; send a response.create."
@@ -180,11 +200,14 @@ class _Session:
         if not isinstance(generate, bool):
             await self._error(invalid("generate", "generate must be a boolean."), lane_id)
             return
+        if time.monotonic() >= self.closes_at:
+            await self._error(self._aged(), lane_id)
+            return
         lane = self.lanes.get(lane_id or "")
         if lane is None:
-            if len(self.lanes) >= MAX_LANES:
+            if sum(1 for name in self.lanes if name) >= MAX_LANES and lane_id:
                 message = f"This socket already has {MAX_LANES} lanes (stream_id values); reuse one."
-                await self._error(ApiError(429, message, code="too_many_lanes", kind="rate_limit_error"), lane_id)
+                await self._error(invalid("stream_id", message, "websocket_stream_limit_reached"), lane_id)
                 return
             lane = self.lanes[lane_id or ""] = _Lane()
             lane.task = asyncio.ensure_future(self._run_lane(lane, lane_id))
@@ -210,6 +233,7 @@ class _Session:
                 lane.running = False
 
     async def _create(self, body: dict[str, Any], size: int, lane_id: str | None, generate: bool) -> None:
+        previous = body.get("previous_response_id")
         try:
             job = await prepare(self.request, body, size, self.held)
             if not generate:
@@ -218,6 +242,7 @@ class _Session:
             await job.save_running(job.first_status)
         except ApiError as exc:
             self._count("refused")
+            self._evict(previous)
             await self._error(exc, lane_id)
             return
         run = start_job(job, stream=True)
@@ -227,6 +252,8 @@ class _Session:
                 for payload in batch:
                     if payload["type"] in TERMINAL_EVENTS:
                         final = payload["response"]
+                    elif payload["type"] == "error":
+                        payload = _socket_error(payload)
                     await self._send({**payload, "stream_id": lane_id} if lane_id else payload)
         except ListenerTooSlow:
             await self.socket.close(code=1008, message=b"the client fell too far behind the stream")
@@ -235,7 +262,9 @@ class _Session:
                 run.task.cancel()  # the socket went: stop the generation
                 await asyncio.wait({run.task}, timeout=5)
         self._count(final.get("status", "failed") if final is not None else "cancelled")
-        if final is not None:
+        if final is not None and final.get("status") == "failed":
+            self._evict(previous)
+        elif final is not None:
             self._hold(job, final)
             usage = final.get("usage") or {}
             log.info(
@@ -274,6 +303,11 @@ class _Session:
         while len(self.held) > HELD_RESPONSES:
             self.held.popitem(last=False)
 
+    def _evict(self, response_id: object) -> None:
+        """A failed continuation's previous response is no longer the socket's to continue from."""
+        if isinstance(response_id, str):
+            self.held.pop(response_id, None)
+
     def _count(self, status: str) -> None:
         metrics = self.request.app[SERVICES].metrics
         tenant = metrics.tenant_label(tenant_of(self.request))
@@ -297,6 +331,16 @@ class _Session:
                 with contextlib.suppress(Exception):
                     await self.socket.close(code=1008, message=b"the client stopped reading")
                 raise SocketGone from exc
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "The gateway is shutting down; reconnect.", code=SHUTTING_DOWN, kind="server_error")
+
+
+def _socket_error(payload: dict[str, Any]) -> dict[str, Any]:
+    """A stream's `error` event (the SSE shape: code and message at the top) as the socket's error event."""
+    error = {"type": "server_error", "code": payload.get("code"), "message": payload.get("message") or ""}
+    return {"type": "error", "sequence_number": payload.get("sequence_number"), "error": {**error, "param": None}}
 
 
 async def responses_socket(request: web.Request) -> web.StreamResponse:

@@ -177,3 +177,26 @@ def test_codex_adds_a_file_with_its_freeform_apply_patch(codex, gateway, tmp_pat
     assert "tool_search" not in first
     assert ANALYSIS_PATCH in second
     assert f"<|start|>assistant<|channel|>commentary to=functions.apply_patch<|message|>{PATCH}<|call|>" in second
+
+
+def test_codex_finishes_its_task_when_the_gateway_closes_its_socket_mid_conversation(codex, tmp_path):
+    """The socket's lifetime runs out while the first turn streams: the gateway finishes that turn and closes
+    the socket. Codex must reconnect and, its `store: false` chain gone with the old socket, send the whole
+    context (a `previous_response_id` there would get `previous_response_not_found`)."""
+    slow_first_turn = {**SCRIPT["rules"][2], "token_delay_ms": 40}
+    script = {"rules": [*SCRIPT["rules"][:2], slow_first_turn, *SCRIPT["rules"][3:]]}
+    live = LiveGateway(gateway_settings(tmp_path, script, ws_max_age_s=1.0)).start()
+    try:
+        home, work = tmp_path / "home", tmp_path / "work"
+        output = _run_codex(codex, live, home, work, "create hello.txt", catalog=False, websockets=True)
+        assert (work / "hello.txt").read_text() == "hi\n"
+        assert "Created hello.txt." in output
+        second = _codex_prompts(live)[-1]
+        assert ANALYSIS_SHELL in second and "echo hi > hello.txt" in second  # the whole context, resent
+        samples = [sample for family in live.services.metrics.registry.collect() for sample in family.samples]
+        statuses = {s.labels["status"]: s.value for s in samples if s.name == "gateway_websocket_responses_total"}
+        assert statuses.get("completed", 0) >= 2  # both turns over a socket
+        upgrades = [s.value for s in samples if s.name == "gateway_requests_total" and s.labels["status"] == "101"]
+        assert sum(upgrades) >= 2  # the first socket closed mid-conversation; Codex opened another
+    finally:
+        live.stop()

@@ -97,7 +97,12 @@ BAD_REQUESTS = [
     ({"model": MODEL, "input": "hi", "background": True, "store": False}, 400, "background", None),
     ({"model": MODEL, "input": "hi", "truncation": "sometimes"}, 400, "truncation", "invalid_value"),
     ({"model": "gpt-5", "input": "hi"}, 404, "model", "model_not_found"),
-    ({"model": MODEL, "input": "hi", "previous_response_id": "resp_nope"}, 404, "previous_response_id", "not_found"),
+    (
+        {"model": MODEL, "input": "hi", "previous_response_id": "resp_nope"},
+        400,
+        "previous_response_id",
+        "previous_response_not_found",
+    ),
     (
         {"model": MODEL, "input": [{"type": "reasoning", "summary": [], "encrypted_content": "gwr1.k2.AAAA"}]},
         400,

@@ -276,13 +276,21 @@ def test_max_output_tokens_gives_incomplete(gateway):
     assert events[-1].type == "response.incomplete"
 
 
-def test_unknown_or_foreign_previous_response_id_is_404(gateway):
+def test_an_unknown_foreign_deleted_or_unstored_previous_response_is_previous_response_not_found(gateway):
+    """OpenAI's 400 `previous_response_not_found`, the code clients key on to resend the whole context."""
     api = client(gateway)
     mine = api.responses.create(model=MODEL, input="Say hello")
-    for key, response_id in (("sk-tenant-a", "resp_missing"), ("sk-tenant-b", mine.id)):
-        with pytest.raises(openai.NotFoundError) as info:
+    deleted = api.responses.create(model=MODEL, input="Say hello")
+    api.responses.delete(deleted.id)
+    unstored = api.responses.create(model=MODEL, input="Say hello", store=False)
+    cases = [("sk-tenant-a", "resp_missing"), ("sk-tenant-b", mine.id), ("sk-tenant-a", deleted.id)]
+    for key, response_id in [*cases, ("sk-tenant-a", unstored.id)]:
+        with pytest.raises(openai.BadRequestError) as info:
             client(gateway, key).responses.create(model=MODEL, input="hi", previous_response_id=response_id)
-        assert info.value.body["param"] == "previous_response_id"
+        assert info.value.status_code == 400 and info.value.code == "previous_response_not_found"
+        assert info.value.body["param"] == "previous_response_id" and info.value.type == "invalid_request_error"
+        assert response_id in info.value.message
+    assert api.responses.create(model=MODEL, input="hi", previous_response_id=mine.id).status == "completed"
 
 
 def test_tool_choice_the_mock_cannot_enforce_fails_honestly(gateway):

@@ -11,34 +11,14 @@ import time
 
 import openai
 import pytest
-import websockets.sync.client as ws_client
 from gateway_fixtures import gateway_settings
 from live_gateway import LiveGateway
 from pydantic import TypeAdapter
+from responses_socket import SERVER_EVENT, TERMINAL, api_client, next_event, raw_socket, until_done
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 MODEL = "gpt-oss-120b"
-SERVER_EVENT = TypeAdapter(openai.types.responses.ResponsesServerEvent)
 STREAM_EVENT = TypeAdapter(openai.types.responses.ResponseStreamEvent)
-TERMINAL = ("response.completed", "response.failed", "response.incomplete")
-
-
-def _client(live: LiveGateway, key: str = "sk-tenant-a") -> openai.OpenAI:
-    return openai.OpenAI(base_url=live.url + "/v1", api_key=key, max_retries=0, timeout=30)
-
-
-def _until_done(connection, count: int = 1) -> list:
-    """Events (validated by the SDK's server-event models) until `count` responses have ended."""
-    events, ended = [], 0
-    for event in connection:
-        events.append(SERVER_EVENT.validate_python(event.model_dump(by_alias=True, exclude_unset=True)))
-        if event.type in TERMINAL:
-            ended += 1
-            if ended == count:
-                return events
-        if event.type == "error":
-            return events
-    return events
 
 
 def _types(events) -> list[str]:
@@ -46,28 +26,29 @@ def _types(events) -> list[str]:
 
 
 def test_a_socket_streams_the_same_events_as_sse_and_continues_without_storing(gateway):
-    api = _client(gateway)
+    api = api_client(gateway)
     sse = [event.type for event in api.responses.create(model=MODEL, input="thanks", stream=True)]
     with api.responses.connect() as connection:
         connection.response.create(model=MODEL, input="thanks", store=False)
-        first = _until_done(connection)
+        first = until_done(connection)
         assert _types(first) == sse
         done = first[-1].response
         assert done.output_text == "You are welcome." and done.store is False
         connection.response.create(model=MODEL, input="What did I say?", previous_response_id=done.id, store=False)
-        second = _until_done(connection)
+        second = until_done(connection)
     assert second[-1].type == "response.completed"
     assert "thanks" in gateway.backend.prompt_text() and "You are welcome." in gateway.backend.prompt_text()
-    with pytest.raises(openai.NotFoundError):  # held by that socket alone: never stored
+    with pytest.raises(openai.BadRequestError) as missing:  # held by that socket alone: never stored
         api.responses.create(model=MODEL, input="again", previous_response_id=done.id)
+    assert missing.value.code == "previous_response_not_found"
 
 
 def test_lanes_run_side_by_side_and_say_which_they_are(gateway):
-    api = _client(gateway)
+    api = api_client(gateway)
     with api.responses.connect() as connection:
         connection.response.create(model=MODEL, input="say it slowly", stream_id="slow")
         connection.response.create(model=MODEL, input="thanks", stream_id="quick")
-        events = _until_done(connection, count=2)
+        events = until_done(connection, count=2)
     by_lane = {lane: [e for e in events if getattr(e, "stream_id", None) == lane] for lane in ("slow", "quick")}
     assert all(getattr(event, "stream_id", None) in ("slow", "quick") for event in events)
     assert by_lane["quick"][-1].type == by_lane["slow"][-1].type == "response.completed"
@@ -76,17 +57,8 @@ def test_lanes_run_side_by_side_and_say_which_they_are(gateway):
     assert any(events.index(e) > quick_done for e in by_lane["slow"])
 
 
-def _raw(live: LiveGateway, key: str = "sk-tenant-a", **options):
-    url = live.url.replace("http://", "ws://") + "/v1/responses"
-    return ws_client.connect(url, additional_headers={"Authorization": f"Bearer {key}"}, **options)
-
-
-def _next(socket) -> dict:
-    return json.loads(socket.recv(timeout=10))
-
-
 def test_a_bad_event_gets_an_error_event_and_the_socket_stays_usable(gateway):
-    with _raw(gateway) as socket:
+    with raw_socket(gateway) as socket:
         for message, param in (
             ("not json", None),
             (json.dumps(["a list"]), None),
@@ -98,12 +70,12 @@ def test_a_bad_event_gets_an_error_event_and_the_socket_stays_usable(gateway):
             (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "generate": "no"}), "generate"),
         ):
             socket.send(message)
-            error = SERVER_EVENT.validate_python(_next(socket))
+            error = SERVER_EVENT.validate_python(next_event(socket))
             assert error.type == "error" and error.status == 400 and error.error.param == param, error
         socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "thanks"}))
         kinds = []
         while not kinds or kinds[-1] not in TERMINAL:
-            kinds.append(_next(socket)["type"])
+            kinds.append(next_event(socket)["type"])
         assert kinds[-1] == "response.completed"
 
 
@@ -111,14 +83,14 @@ def test_the_socket_needs_a_key_and_a_tenant_has_a_cap(tmp_path):
     live = LiveGateway(gateway_settings(tmp_path, ws_max_sockets=2)).start()
     try:
         with pytest.raises(InvalidStatus) as refused:
-            _raw(live, key="sk-wrong")
+            raw_socket(live, key="sk-wrong")
         assert refused.value.response.status_code == 401
-        with _raw(live), _raw(live):
+        with raw_socket(live), raw_socket(live):
             with pytest.raises(InvalidStatus) as capped:
-                _raw(live)
+                raw_socket(live)
             assert capped.value.response.status_code == 429
-            _raw(live, key="sk-tenant-b").close()  # another tenant is not held to this one's cap
-        with _raw(live):  # the two closed: room again
+            raw_socket(live, key="sk-tenant-b").close()  # another tenant is not held to this one's cap
+        with raw_socket(live):  # the two closed: room again
             pass
     finally:
         live.stop()
@@ -127,12 +99,12 @@ def test_the_socket_needs_a_key_and_a_tenant_has_a_cap(tmp_path):
 def test_a_message_over_the_size_limit_and_an_idle_socket_are_closed(tmp_path):
     live = LiveGateway(gateway_settings(tmp_path, max_body_bytes=4096, ws_idle_s=0.5)).start()
     try:
-        with _raw(live) as socket:
+        with raw_socket(live) as socket:
             socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "x" * 10_000}))
             with pytest.raises(ConnectionClosed) as closed:
                 socket.recv(timeout=10)
             assert closed.value.rcvd.code == 1009
-        with _raw(live) as socket:
+        with raw_socket(live) as socket:
             started = time.monotonic()
             with pytest.raises(ConnectionClosed) as idle:
                 socket.recv(timeout=10)
@@ -144,15 +116,15 @@ def test_a_message_over_the_size_limit_and_an_idle_socket_are_closed(tmp_path):
 def test_a_draining_replica_finishes_what_runs_then_closes_with_going_away(tmp_path):
     live = LiveGateway(gateway_settings(tmp_path)).start()
     try:
-        with _raw(live) as socket:
+        with raw_socket(live) as socket:
             socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "say it slowly"}))
-            assert _next(socket)["type"] == "response.created"
+            assert next_event(socket)["type"] == "response.created"
             drain = threading.Thread(target=live.call, args=(live.services.lifecycle.drain(30), 40))
             drain.start()
             kinds = []
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
-                    kinds.append(_next(socket)["type"])
+                    kinds.append(next_event(socket)["type"])
             assert kinds[-1] == "response.completed"  # finished, not cut
             assert closed.value.rcvd.code == 1001
             drain.join(30)
@@ -167,16 +139,16 @@ def test_sockets_and_their_responses_are_metered(gateway):
         return registry.get_sample_value(name, labels) or 0.0
 
     before = value("gateway_websocket_responses_total", status="completed", tenant="tenant-a")
-    with _raw(gateway) as socket:
+    with raw_socket(gateway) as socket:
         deadline = time.monotonic() + 5
         while value("gateway_websockets_open") < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert value("gateway_websockets_open") == 1
         socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "thanks"}))
-        while _next(socket)["type"] not in TERMINAL:
+        while next_event(socket)["type"] not in TERMINAL:
             pass
         socket.send(json.dumps({"type": "response.create", "model": "no-such-model", "input": "thanks"}))
-        assert _next(socket)["type"] == "error"
+        assert next_event(socket)["type"] == "error"
     deadline = time.monotonic() + 5
     while value("gateway_websockets_open") and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -188,7 +160,7 @@ def test_sockets_and_their_responses_are_metered(gateway):
 def test_generate_false_prepares_a_response_to_continue_from(gateway):
     """A create with generate: false samples nothing: the response completes with no output, and a later
     create on the socket continues from it with only the new input."""
-    with _raw(gateway) as socket:
+    with raw_socket(gateway) as socket:
         socket.send(
             json.dumps(
                 {
@@ -200,7 +172,7 @@ def test_generate_false_prepares_a_response_to_continue_from(gateway):
                 }
             )
         )
-        created, completed = _next(socket), _next(socket)
+        created, completed = next_event(socket), next_event(socket)
         assert (created["type"], completed["type"]) == ("response.created", "response.completed")
         prepared = completed["response"]
         assert prepared["output"] == [] and prepared["usage"]["output_tokens"] == 0
@@ -213,42 +185,43 @@ def test_generate_false_prepares_a_response_to_continue_from(gateway):
         )
         kinds = []
         while not kinds or kinds[-1] not in TERMINAL:
-            kinds.append(_next(socket)["type"])
+            kinds.append(next_event(socket)["type"])
     assert kinds[-1] == "response.completed"
     assert len(gateway.backend.prompts) == prompts + 1  # one sampling in all: the second create's
     assert "My name is Ada." in gateway.backend.prompt_text()
 
 
 def test_a_socket_has_a_bounded_number_of_lanes(gateway):
-    with _raw(gateway) as socket:
-        for lane in range(17):
+    with raw_socket(gateway) as socket:
+        for lane in range(33):
             socket.send(
                 json.dumps({"type": "response.create", "model": MODEL, "input": "thanks", "stream_id": f"l{lane}"})
             )
         refused, finished = [], set()
-        while len(finished) < 16 or not refused:
-            event = _next(socket)
+        while len(finished) < 32 or not refused:
+            event = next_event(socket)
             if event["type"] == "error":
                 refused.append(event)
             elif event["type"] in TERMINAL:
                 finished.add(event["stream_id"])
-    assert [(e["status"], e["error"]["code"], e["stream_id"]) for e in refused] == [(429, "too_many_lanes", "l16")]
-    assert finished == {f"l{lane}" for lane in range(16)}
+    codes = [(e["status"], e["error"]["code"], e["stream_id"]) for e in refused]
+    assert codes == [(400, "websocket_stream_limit_reached", "l32")]
+    assert finished == {f"l{lane}" for lane in range(32)}
 
 
 def test_a_drain_answers_the_creates_still_waiting_in_a_lane(tmp_path):
     live = LiveGateway(gateway_settings(tmp_path)).start()
     try:
-        with _raw(live) as socket:
+        with raw_socket(live) as socket:
             for _ in range(2):  # the second waits behind the first on the one lane
                 socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "say it slowly"}))
-            assert _next(socket)["type"] == "response.created"
+            assert next_event(socket)["type"] == "response.created"
             drain = threading.Thread(target=live.call, args=(live.services.lifecycle.drain(30), 40))
             drain.start()
             seen = []
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
-                    seen.append(_next(socket))
+                    seen.append(next_event(socket))
             kinds = [event["type"] for event in seen]
             assert "response.completed" in kinds and kinds.count("response.created") == 0
             errors = [event for event in seen if event["type"] == "error"]
@@ -261,12 +234,12 @@ def test_a_drain_answers_the_creates_still_waiting_in_a_lane(tmp_path):
 
 def test_a_socket_holds_its_last_sixteen_responses(gateway):
     """Held responses are bounded (generate: false ones too): the oldest of seventeen is forgotten."""
-    with _raw(gateway) as socket:
+    with raw_socket(gateway) as socket:
         ids = []
         for turn in range(17):
             body = {"type": "response.create", "model": MODEL, "input": f"turn {turn}", "generate": False}
             socket.send(json.dumps({**body, "store": False}))
-            while (event := _next(socket))["type"] != "response.completed":
+            while (event := next_event(socket))["type"] != "response.completed":
                 pass
             ids.append(event["response"]["id"])
         for previous, expected in ((ids[0], "error"), (ids[-1], "response.created")):
@@ -275,10 +248,10 @@ def test_a_socket_holds_its_last_sixteen_responses(gateway):
                     {"type": "response.create", "model": MODEL, "input": "thanks", "previous_response_id": previous}
                 )
             )
-            first = _next(socket)
+            first = next_event(socket)
             assert first["type"] == expected, first
             if expected == "error":
-                assert first["status"] == 404 and first["error"]["param"] == "previous_response_id"
+                assert first["status"] == 400 and first["error"]["code"] == "previous_response_not_found"
             else:
-                while _next(socket)["type"] not in TERMINAL:
+                while next_event(socket)["type"] not in TERMINAL:
                     pass
