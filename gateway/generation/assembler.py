@@ -14,7 +14,7 @@ channel's, nor a preamble's): on the item, and on the text delta it completed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,11 +29,12 @@ from harmony import (
     StopReason,
     StreamParser,
 )
+from harmony.tokens import FIRST_SPECIAL
 
 from ..hosted.results import HostedKind, ToolResult
 from ..ids import new_id
 from .dialog import Entry
-from .logprobs import LogprobWriter
+from .logprobs import HeaderTokens, LogprobWriter
 from .prompt import FUNCTIONS_PREFIX
 
 ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call", "compaction"] | HostedKind
@@ -178,6 +179,7 @@ class OutputAssembler:
         self._encoding = encoding
         self._logprobs = None if top_logprobs is None else LogprobWriter(encoding, top_logprobs)
         self._scored: list[dict[str, Any]] = []  # tokens of the open answer not yet in a delta (partial UTF-8)
+        self._header = None if self._logprobs is None else HeaderTokens(encoding, self._logprobs)
         self._parser = StreamParser(encoding, Role.ASSISTANT)
         self._routing = routing or CallRouting()
         self.items: list[OutputItem] = []
@@ -196,6 +198,8 @@ class OutputAssembler:
         self._parser = StreamParser(self._encoding, Role.ASSISTANT)
         self._open = None
         self._tokens_in_message = 0
+        if self._header is not None:
+            self._header.clear()
 
     def add(self, kind: ItemKind, **fields: Any) -> OutputItem:
         """An item the tool loop makes itself (a tool listing, an approval request, an approved call)."""
@@ -228,39 +232,51 @@ class OutputAssembler:
         return events
 
     def _feed_scored(self, token: int, entry: TokenLogprob | None, events: list[ItemEvent]) -> None:
-        """One token with its logprob: kept when it is text of an answer that carries them."""
-        assert self._logprobs is not None
+        """One token with its logprob: kept when it is text of an answer that carries them, or held while a
+        header is read (a malformed one may turn out to be text)."""
+        assert self._logprobs is not None and self._header is not None
         self.output_tokens += 1
         self._tokens_in_message += 1
+        was_open = self._open
         produced = self._parser.feed(token)
-        item = self._open
-        is_text = all(type(event) is ContentDelta for event in produced)  # not a message's start or end
-        if is_text and item is not None and item.logprobs is not None and entry is not None:
+        if was_open is None or any(type(event) is MessageEnd for event in produced):
+            self._header.add(token, entry)
+        elif was_open.logprobs is not None and entry is not None and 0 <= token < FIRST_SPECIAL:
             self._scored.append(self._logprobs.token(token, entry))
-        for event in produced:
-            if type(event) is ContentDelta and item is not None and event.text:
-                item.parts.append(event.text)
-                scored = None
-                if item.logprobs is not None:
-                    scored, self._scored = self._scored, []
-                    item.logprobs.extend(scored)
-                events.append(Delta(item, event.text, scored))
-            elif type(event) is not ContentDelta:
-                self._on(event, events)
+        self._emit(produced, events)
 
     def finish(self) -> list[ItemEvent]:
-        """The stream ended: close whatever message was cut off."""
+        """The stream ended: close whatever message was cut off (a header cut off is read as text)."""
         events: list[ItemEvent] = []
-        for event in self._parser.finish():
-            self._on(event, events)
+        self._emit(self._parser.finish(), events)
         return events
 
+    def _emit(self, produced: Sequence[object], events: list[ItemEvent]) -> None:
+        """A token's parser events as item events; an answer's text with the logprobs of the tokens it came from."""
+        after_start = opened = False  # text right after a message's start: a header the parser read as text
+        for event in produced:
+            if type(event) is not ContentDelta:
+                after_start = type(event) is MessageStart
+                opened = opened or after_start
+                self._on(event, events)
+                continue
+            item = self._open
+            if item is None or not event.text:
+                continue
+            item.parts.append(event.text)
+            scored = None
+            if item.logprobs is not None and self._header is not None:
+                if after_start:
+                    scored = self._header.read_as(event.text)
+                else:
+                    scored, self._scored = self._scored, []
+                item.logprobs.extend(scored)
+            events.append(Delta(item, event.text, scored))
+        if opened and self._header is not None:
+            self._header.clear()  # what is left of a header is not text
+
     def _on(self, event: object, events: list[ItemEvent]) -> None:
-        if isinstance(event, ContentDelta):
-            if self._open is not None and event.text:
-                self._open.parts.append(event.text)
-                events.append(Delta(self._open, event.text))
-        elif isinstance(event, MessageStart):
+        if isinstance(event, MessageStart):
             kind = _kind_of(event, self._routing)
             item = OutputItem(kind, len(self.items), new_id(_ID_PREFIX[kind]), channel=event.channel)
             if item.is_call:
@@ -270,7 +286,7 @@ class OutputAssembler:
                 item.namespace, item.name = self._routing.split(event.recipient or "")
                 item.call_id = item.id  # a stored call's key: an approval names it
             item.preamble = kind == "message" and event.channel == "commentary"
-            if self._logprobs is not None and kind == "message" and event.channel == "final":
+            if self._logprobs is not None and kind == "message" and not item.preamble:
                 item.logprobs = []
             self.items.append(item)
             self._open = item

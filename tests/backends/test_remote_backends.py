@@ -373,6 +373,38 @@ def test_vllm_logprobs_map_onto_the_final_answer_in_both_apis():
     assert asked == [(2, True), (2, True), (1, True), (0, True)]
 
 
+LONG_HEADER_WORDS = " ".join(f"w{n}" for n in range(90))
+MALFORMED_SCRIPT = {
+    "rules": [
+        {"match": {"user": "long"}, "emit": [{"raw": f"<|channel|>final {LONG_HEADER_WORDS}<|return|>"}]},
+        {"emit": [{"raw": "The answer, with no header at all.<|return|>"}]},
+    ]
+}
+
+
+@pytest.mark.parametrize("prompt", ["a long header", "no header"])
+def test_logprobs_never_change_or_lose_an_answer_read_from_a_malformed_header(prompt):
+    """A header past the parser's limit, and one with no channel and no <|message|>: the answer is the same
+    with and without logprobs, cut by max_output_tokens or not, and its logprob tokens make up its text."""
+    fake = _fake("vllm", MALFORMED_SCRIPT)
+    wanted = {"include": ["message.output_text.logprobs"], "top_logprobs": 1}
+    texts = []
+    with _serving("vllm", [fake]) as (_, client):
+        for limit in ({}, {"max_output_tokens": 80}):
+            plain = client.responses.create(model=MODEL, input=prompt, **limit)
+            texts.append(plain.output_text)
+            scored = client.responses.create(model=MODEL, input=prompt, **limit, **wanted)
+            assert scored.output_text == plain.output_text and plain.output_text
+            assert [item.status for item in scored.output] == [item.status for item in plain.output]
+            assert _scored_text(scored.output[-1].content[0].logprobs) == scored.output_text
+            chat = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": prompt}], logprobs=True, max_tokens=80
+            )
+            assert _scored_text(chat.choices[0].logprobs.content) == chat.choices[0].message.content
+    if prompt == "a long header":
+        assert texts[0] == LONG_HEADER_WORDS and texts[1].startswith("w0 w1") and len(texts[1]) < len(texts[0])
+
+
 def test_a_vllm_that_names_logprob_tokens_by_text_fails_the_response_with_the_reason():
     fake = _fake("vllm", logprobs_by_text=True)
     with _serving("vllm", [fake]) as (_, client):
