@@ -12,7 +12,7 @@ from pydantic.json_schema import models_json_schema
 from .chat.models import ChatRequest
 from .conversations.models import ConversationCreate, ConversationUpdate, ItemsCreate
 from .json_out import json_response
-from .responses.models import ResponsesRequest
+from .responses.models.request import ResponsesRequest
 from .responses.shape import DeletedResponse, InputItemList, ResponseObject
 
 _REF = "#/components/schemas/{model}"

@@ -8,7 +8,9 @@ from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 
 from ..generation.options import Effort, ServiceTier
 from ..limits import MAX_INPUT_ITEMS, MAX_TOOLS
-from ..responses.models import MediaPart, Metadata, SchemaText, Strict
+from ..responses.models.common import Metadata, Strict
+from ..responses.models.items import MediaPart
+from ..responses.models.tools import SchemaText
 
 MAX_CHOICES = 8
 MAX_STOP_SEQUENCES = 4

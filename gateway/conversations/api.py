@@ -18,7 +18,7 @@ from ..json_body import read_model
 from ..json_out import json_response
 from ..pagination import page
 from ..responses.input import item_dicts
-from ..responses.models import UNION_TAGS
+from ..responses.models.items import UNION_TAGS
 from ..services import SERVICES
 from ..tenants.tenancy import tenant_of
 from .items import UNAVAILABLE, append_items, conversation_items, gone, load_conversation

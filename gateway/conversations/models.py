@@ -6,7 +6,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from ..responses.models import InputItem, Metadata, Strict
+from ..responses.models.common import Metadata, Strict
+from ..responses.models.items import InputItem
 
 MAX_ITEMS_PER_CALL = 20  # as OpenAI: items given at creation or in one items.create
 

@@ -96,7 +96,7 @@ class Generation:
     def events(self) -> AsyncIterator[list[ItemEvent]]:
         """Batches of item events. Without server-side tools or opening items, the one turn's own (no layer
         between: this runs once per chunk of every answer)."""
-        inner = self.turn.events() if self._toolset is None else self._loop(self._toolset)
+        inner = self.turn.events() if self._toolset is None else self._run_loop(self._toolset)
         return self._after_opening(inner) if self._opening else inner
 
     async def _after_opening(self, inner: AsyncIterator[list[ItemEvent]]) -> AsyncIterator[list[ItemEvent]]:
@@ -104,6 +104,16 @@ class Generation:
         async with aclosing(inner) as batches:  # type: ignore[type-var]
             async for batch in batches:
                 yield batch
+
+    async def _run_loop(self, toolset: Toolset) -> AsyncIterator[list[ItemEvent]]:
+        """The loop, then its calls left unrun (the response failed or stopped on one) settled as not run, so
+        that every item of a finished response ends in a terminal status."""
+        async with aclosing(self._loop(toolset)) as batches:
+            async for batch in batches:
+                yield batch
+        unrun = [item for item in self.assembler.items if item.is_hosted and not item.settled]
+        if unrun:
+            yield [settle(item, NotRun("incomplete", toolset.container_id)) for item in unrun]
 
     async def _loop(self, toolset: Toolset) -> AsyncIterator[list[ItemEvent]]:
         for batch in self._listings(toolset):

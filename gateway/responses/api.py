@@ -24,7 +24,7 @@ from .compaction import SUMMARY_PURPOSE, summarise, user_messages
 from .execution import Feed, run_job, start_job
 from .history import load_record
 from .job import Job
-from .models import REQUEST_TAGS, CompactRequest, ResponsesRequest
+from .models.request import REQUEST_TAGS, CompactRequest, ResponsesRequest
 from .prepare import prepare, request_prompt
 from .resume import stream_again
 from .runs import ListenerTooSlow, Run

@@ -30,7 +30,7 @@ from ..metrics import STATS
 from ..services import Services
 from ..tenants.tenancy import request_id_of
 from .input import SUMMARY_PURPOSE
-from .models import ResponsesRequest
+from .models.request import ResponsesRequest
 from .shape import usage
 
 log = structlog.get_logger("gateway.responses.compaction")

@@ -17,7 +17,8 @@ from ..errors import ApiError, invalid, not_found, unavailable
 from ..generation.dialog import Entry
 from ..services import Services
 from .job import TERMINAL
-from .models import InputItem, MessageInput, ResponsesRequest
+from .models.items import InputItem, MessageInput
+from .models.request import ResponsesRequest
 
 STORED_ITEMS = TypeAdapter(list[InputItem])
 

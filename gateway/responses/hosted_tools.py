@@ -19,18 +19,17 @@ from ..hosted.mcp_servers import McpServer, McpToolInfo, McpUnavailable
 from ..hosted.runtime import HostedRuntime
 from ..hosted.toolset import McpBinding, Toolset, check_mcp_url, mcp_binding_problem
 from ..ids import new_id
-from .models import (
+from .models.items import CodeInterpreterCallInput, McpListToolsInput
+from .models.request import ResponsesRequest
+from .models.tools import (
     WEB_SEARCH_KINDS,
-    CodeInterpreterCallInput,
     CodeInterpreterTool,
     HostedTool,
-    McpListToolsInput,
     McpTool,
     McpToolFilter,
     NamedHosted,
     NamedMcp,
     NamespaceTool,
-    ResponsesRequest,
 )
 
 BROWSER_CALLS = ("browser.search", "browser.open", "browser.find")

@@ -17,32 +17,33 @@ from ..generation.prompt import PromptSpec
 from ..hosted.toolset import Toolset
 from ..ids import new_id
 from ..tenants.limits import TenantLimits, check_caps, json_size
-from .models import (
-    WEB_SEARCH_KINDS,
+from .models.items import (
     CodeInterpreterCallInput,
-    CodeInterpreterTool,
     CompactionInput,
     CustomToolCallInput,
     CustomToolCallOutputInput,
     FunctionCallInput,
     FunctionCallOutputInput,
-    HostedTool,
     InputItem,
     McpApprovalRequestInput,
     McpApprovalResponseInput,
     McpCallInput,
     McpListToolsInput,
-    McpTool,
     MessageInput,
+    ReasoningInput,
+    Refusal,
+    WebSearchCallInput,
+)
+from .models.request import ResponsesRequest, TextFormatJsonSchema
+from .models.tools import (
+    WEB_SEARCH_KINDS,
+    CodeInterpreterTool,
+    HostedTool,
+    McpTool,
     NamedCustom,
     NamedFunction,
     NamedHosted,
     NamedMcp,
-    ReasoningInput,
-    Refusal,
-    ResponsesRequest,
-    TextFormatJsonSchema,
-    WebSearchCallInput,
 )
 from .tools import FUNCTIONS, OfferedTools, offered_tools
 

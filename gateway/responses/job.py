@@ -19,7 +19,7 @@ from ..generation.turn import Outcome
 from ..limits import MAX_HISTORY_MESSAGES
 from ..services import Services
 from ..tenants.admission import Ticket
-from .models import ResponsesRequest
+from .models.request import ResponsesRequest
 from .record_keeper import RecordKeeper
 from .shape import item_json, response_json, usage
 
@@ -76,7 +76,7 @@ class Job:
             response_id=self.response_id,
             created_at=self.created_at,
             status=status,
-            output=[item_json(item, self.seal) for item in assembler.items] if finished else [],
+            output=[item_json(item, self.seal, ended=True) for item in assembler.items] if finished else [],
             usage=usage(
                 generation.prompt_tokens, generation.cached_tokens, assembler.output_tokens, assembler.reasoning_tokens
             )
@@ -129,7 +129,7 @@ class Job:
         """A finished (or cut-short) response adds its input and output items to its conversation."""
         if self.conversation_id is None or status not in ("completed", "incomplete"):
             return
-        output = [item_json(item) for item in self.generation.assembler.items]
+        output = [item_json(item, ended=True) for item in self.generation.assembler.items]
         try:
             kept = await self.services.conversations.append(
                 self.tenant, self.conversation_id, [*self.input_items, *output]

@@ -31,7 +31,7 @@ from .history import load_history
 from .hosted_tools import hosted_toolset, pending_approvals, with_hosted_tools
 from .input import checked_tools, item_dicts, prompt_spec
 from .job import Job
-from .models import REQUEST_TAGS, ResponsesRequest
+from .models.request import REQUEST_TAGS, ResponsesRequest
 from .record_keeper import RecordKeeper
 from .tools import OfferedTools
 

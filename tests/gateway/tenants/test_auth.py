@@ -79,10 +79,12 @@ def test_two_tenants_cannot_reach_each_others_responses_or_cot(keyed):
         lambda: rival.responses.input_items.list(first.id),
         lambda: rival.responses.delete(first.id),
         lambda: rival.responses.cancel(background.id),
-        lambda: rival.responses.create(model=MODEL, previous_response_id=first.id, input="thanks"),
     ):
         with pytest.raises(openai.NotFoundError):
             attempt()
+    with pytest.raises(openai.BadRequestError) as continued:  # as for an id that never existed
+        rival.responses.create(model=MODEL, previous_response_id=first.id, input="thanks")
+    assert continued.value.code == "previous_response_not_found"
 
     # the chat CoT index: the rival replays acme's call id and gets none of acme's reasoning
     assistant = {
