@@ -66,12 +66,17 @@ def test_a_bad_event_gets_an_error_event_and_the_socket_stays_usable(gateway):
             (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "background": True}), "background"),
             (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "bogus": 1}), "bogus"),
             (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "stream_id": 7}), "stream_id"),
+            (
+                json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "stream_id": "a lane"}),
+                "stream_id",
+            ),
             (json.dumps({"type": "response.steer", "input": "x", "previous_response_id": "resp_1"}), "type"),
             (json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "generate": "no"}), "generate"),
         ):
             socket.send(message)
             error = SERVER_EVENT.validate_python(next_event(socket))
             assert error.type == "error" and error.status == 400 and error.error.param == param, error
+            assert param != "stream_id" or error.error.code == "invalid_stream_id"
         socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "thanks"}))
         kinds = []
         while not kinds or kinds[-1] not in TERMINAL:
