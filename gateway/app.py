@@ -18,6 +18,7 @@ from .ids import new_id
 from .json_out import json_response
 from .lifecycle import SHUTTING_DOWN
 from .logs import AccessLog
+from .loop_watch import watch_the_loop
 from .metrics import STATS, RequestStats
 from .models_api import add_routes as add_models_routes
 from .openapi import serve_openapi
@@ -171,7 +172,10 @@ async def tenant_middleware(request: web.Request, handler):
 def create_app(settings: Settings, services: Services | None = None) -> web.Application:
     """`services` lets tests inject a backend or store; by default they come from the settings."""
     middlewares = [observe_middleware, error_middleware, drain_middleware, tenant_middleware]
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
+    # bodies are inflated by read_json, bounded and off the loop (aiohttp would inflate them on it, unbounded in time)
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=middlewares, handler_args={"auto_decompress": False}
+    )
     if services is None:  # the model's own header layout in the history: prompts repeat its tokens
         services = build_services(
             settings, Renderer(load_harmony_encoding(settings.vocab_path), recipient_in_channel=True)
@@ -202,6 +206,7 @@ def create_app(settings: Settings, services: Services | None = None) -> web.Appl
 
     app.on_startup.append(check_store)
     app.on_startup.append(probe_hosted_tools)
+    watch_the_loop(app, services.metrics)
 
     app.on_cleanup.append(close_services)
     return app

@@ -3,15 +3,22 @@
 Python's json module accepts `"\\ud800"` (a lone surrogate) and recurses once per nesting level, so a
 body can parse into text that cannot be stored or rendered, or not parse at all for lack of stack.
 Both are the client's error: a 400 naming where in the body it is, before any work is done.
+
+Nothing here holds the event loop past its budget: a compressed body (gzip, deflate, zstd, br) is inflated,
+at most GATEWAY_MAX_BODY_BYTES of it, and a body past OFFLOAD_BYTES parsed, as the tenant's costly work in a
+worker thread; past C_PARSE_BYTES by the json module's Python scanner, which lets the loop run between its
+steps (the C parser holds the interpreter for its whole run: ~30 ms a MiB here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import json.scanner
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD, BrotliDecompressor, ZLibDecompressor, ZSTDDecompressor
 from pydantic import BaseModel, ValidationError
 
 from .errors import ApiError, from_validation, invalid
@@ -19,6 +26,9 @@ from .services import SERVICES
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 MAX_DEPTH = 64  # JSON nesting levels of a request body (a JSON Schema inside counts with its own levels)
+OFFLOAD_BYTES = 64 * 1024  # a body this large or larger is decoded in a worker thread
+C_PARSE_BYTES = 1024 * 1024  # up to this, the C parser (one uninterrupted run of ~30 ms at most)
+BODY_BYTES = web.RequestKey("body_bytes", int)  # the decoded body's size, once read
 
 
 def _where(path: tuple[str | int, ...]) -> str:
@@ -56,8 +66,8 @@ def check_tree(value: Any, max_depth: int = MAX_DEPTH) -> None:
             stack.extend((item, (*path, index)) for index, item in enumerate(node))
 
 
-async def read_json(request: web.Request) -> Any:
-    """The request body as JSON, or a 400/413 that says what is wrong with it."""
+async def read_json(request: web.Request, tenant: str) -> Any:
+    """The request body as JSON, or a 400/413/415 that says what is wrong with it."""
     try:
         if request.content.is_eof():  # all of it arrived with the head (a small body): nothing to wait for
             raw = await request.read()
@@ -68,8 +78,58 @@ async def read_json(request: web.Request) -> Any:
         raise ApiError(413, f"Request body too large. {exc.text}", code="request_too_large") from exc
     except TimeoutError:
         raise ApiError(408, "The request body did not arrive in time.", code="request_timeout") from None
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    settings = request.app[SERVICES].settings
+    limit = min(settings.max_body_bytes, settings.limits.for_tenant(tenant).max_body_bytes or settings.max_body_bytes)
+    if encoding == "identity" and len(raw) < OFFLOAD_BYTES:
+        request[BODY_BYTES] = len(raw)
+        return _parsed(raw)
+    services = request.app[SERVICES]
+    body, size = await services.costly.run(tenant, lambda: _decoded(raw, encoding, limit))
+    request[BODY_BYTES] = size
+    return body
+
+
+def body_bytes(request: web.Request) -> int | None:
+    """The size of the body read_json decoded (None before it did)."""
+    return request.get(BODY_BYTES)
+
+
+def _decoded(raw: bytes, encoding: str, limit: int) -> tuple[Any, int]:
+    """(the JSON, its size) of a body as sent: inflated to at most `limit` bytes, then parsed."""
+    if encoding != "identity":
+        raw = _inflated(raw, encoding, limit)
+    return _parsed(raw), len(raw)
+
+
+def _inflated(raw: bytes, encoding: str, limit: int) -> bytes:
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        raw_deflate = encoding == "deflate" and bool(raw) and raw[0] & 0x0F != 8  # no zlib header (RFC 1950)
+        decompressor: Any = ZLibDecompressor(encoding=encoding, suppress_deflate_header=raw_deflate)
+    elif encoding == "zstd" and HAS_ZSTD:
+        decompressor = ZSTDDecompressor()
+    elif encoding == "br" and HAS_BROTLI:
+        decompressor = BrotliDecompressor()
+    else:
+        message = f"Content-Encoding '{encoding}' is not supported: send gzip, deflate, zstd or identity."
+        raise ApiError(415, message, code="unsupported_content_encoding")
     try:
-        body = json.loads(raw)
+        inflated = decompressor.decompress_sync(raw, limit + 1)
+    except Exception as exc:  # each library raises its own error for a corrupt stream
+        raise ApiError(400, f"The request body is not valid {encoding} data.", code="invalid_encoding") from exc
+    if len(inflated) > limit:
+        message = f"Request body too large: past {limit} bytes once decompressed (GATEWAY_MAX_BODY_BYTES)."
+        raise ApiError(413, message, code="request_too_large")
+    return inflated
+
+
+def _parsed(raw: bytes) -> Any:
+    try:
+        if len(raw) <= C_PARSE_BYTES:
+            body = json.loads(raw)
+        else:
+            text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+            body = _stepwise_decoder().decode(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
     except RecursionError:
@@ -78,9 +138,19 @@ async def read_json(request: web.Request) -> Any:
     return body
 
 
-async def read_model(request: web.Request, model: type[ModelT], tags: frozenset[str] = frozenset()) -> ModelT:
+def _stepwise_decoder() -> json.JSONDecoder:
+    """The json module's decoder on its Python scanner: the same JSON and errors, in steps other threads run
+    between."""
+    decoder = json.JSONDecoder()
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    return decoder
+
+
+async def read_model(
+    request: web.Request, tenant: str, model: type[ModelT], tags: frozenset[str] = frozenset()
+) -> ModelT:
     """The JSON body validated as `model`; `tags` name the union tags to leave out of parameter paths."""
-    return parse_model(await read_json(request), model, tags)
+    return parse_model(await read_json(request, tenant), model, tags)
 
 
 def parse_model(body: Any, model: type[ModelT], tags: frozenset[str] = frozenset()) -> ModelT:

@@ -39,6 +39,7 @@ class RequestStats:
 STATS = web.RequestKey("stats", RequestStats)  # where the app's middleware keeps a request's token counts
 
 
+LOOP_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 STORE_OPERATIONS = ("save", "renew", "load", "delete", "index_tool_calls", "find_cot", "health")
 
 
@@ -99,6 +100,12 @@ class Metrics:
         )  # fmt: skip
         self.store_errors = Counter(
             "gateway_store_errors", "Response store operations that failed", ["operation"], registry=r
+        )
+        self.loop_lag = Histogram(
+            "gateway_event_loop_lag_seconds",
+            "How late the event loop ran a timer (sampled every 10 ms): a stall anywhere shows here",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=r,
         )
 
     def start_at_zero(self, models: list[str]) -> None:

@@ -20,6 +20,7 @@ from state.record_cipher import RecordCipher
 from state.redis_store import RedisStore
 
 from .config import Settings
+from .costly_work import CostlyWork
 from .encrypted_reasoning import ReasoningSealer, parse_keys
 from .errors import ApiError
 from .hosted.runtime import HostedRuntime
@@ -64,6 +65,7 @@ class Services:
     runs: RunRegistry = field(default_factory=RunRegistry)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     hosted: HostedRuntime = field(default_factory=lambda: HostedRuntime(HostedToolsSettings()))
+    costly: CostlyWork = field(default_factory=CostlyWork)
 
     @property
     def encoding(self) -> HarmonyEncoding:

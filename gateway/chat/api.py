@@ -18,7 +18,7 @@ from ..generation.constraints import NOT_ENFORCED
 from ..generation.cot_recovery import index_cot
 from ..generation.plan import off_the_loop_if_large, plan_turn, start_turn
 from ..ids import new_id
-from ..json_body import read_model
+from ..json_body import body_bytes, read_model
 from ..json_out import json_response
 from ..lifecycle import SHUTTING_DOWN
 from ..limits import MAX_STREAM_BACKLOG
@@ -189,15 +189,17 @@ async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
-    req = await read_model(request, ChatRequest, CHAT_UNION_TAGS)
+    tenant = tenant_of(request)
+    req = await read_model(request, tenant, ChatRequest, CHAT_UNION_TAGS)
     backend = services.backend_for(req.model)
     _refuse_unsupported(req, backend.capabilities.logprobs)
-    tenant = tenant_of(request)
     limits = services.settings.limits.for_tenant(tenant)
     asked = req.max_completion_tokens or req.max_tokens
-    constraint = await off_the_loop_if_large(request.content_length, lambda: checked_constraint(req, limits))
+    constraint = await off_the_loop_if_large(
+        services, tenant, body_bytes(request), lambda: checked_constraint(req, limits)
+    )
     max_output = asked or limits.max_output_tokens
-    plan = await plan_turn(services, tenant, backend, prompt_spec(req), max_output, request.content_length)
+    plan = await plan_turn(services, tenant, backend, prompt_spec(req), max_output, body_bytes(request))
     ticket = await services.admission.admit(
         tenant,
         prompt_tokens=len(plan.built.tokens),

@@ -27,7 +27,7 @@ from .models import ConversationCreate, ConversationUpdate, ItemsCreate
 
 async def create_conversation(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    body = await read_model(request, ConversationCreate, UNION_TAGS)
+    body = await read_model(request, tenant_of(request), ConversationCreate, UNION_TAGS)
     conversation = StoredConversation(new_id("conv_"), tenant_of(request), int(time.time()), body.metadata or {})
     try:
         await services.conversations.create(conversation, item_dicts(body.items or []))
@@ -44,7 +44,7 @@ async def get_conversation(request: web.Request) -> web.Response:
 
 async def update_conversation(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    body = await read_model(request, ConversationUpdate)
+    body = await read_model(request, tenant_of(request), ConversationUpdate)
     conversation = await load_conversation(services, tenant_of(request), request.match_info["conversation_id"])
     conversation.metadata = body.metadata
     try:
@@ -77,7 +77,7 @@ async def list_items(request: web.Request) -> web.Response:
 
 async def add_items(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    body = await read_model(request, ItemsCreate, UNION_TAGS)
+    body = await read_model(request, tenant_of(request), ItemsCreate, UNION_TAGS)
     conversation_id = request.match_info["conversation_id"]
     items = item_dicts(body.items)
     if not await append_items(services, tenant_of(request), conversation_id, items):

@@ -13,6 +13,7 @@ from harmony import HarmonyEncoding
 from harmony.render import Renderer
 from state import ResponseStore
 
+from ..costly_work import CostlyWork
 from ..lifecycle import Lifecycle
 from ..metrics import TurnObserver
 from .assembler import CallRouting, OutputAssembler
@@ -37,6 +38,9 @@ class CoreServices(Protocol):
     @property
     def lifecycle(self) -> Lifecycle: ...
 
+    @property
+    def costly(self) -> CostlyWork: ...
+
 
 @dataclass(slots=True)
 class Plan:
@@ -49,11 +53,13 @@ T = TypeVar("T")
 OFFLOAD_CHARS = 64 * 1024  # below this much text a render takes well under the ~80 µs a thread hop costs
 
 
-async def off_the_loop_if_large(body_bytes: int | None, work: Callable[[], T]) -> T:
-    """`work` (checking a request's schemas, say) in a worker thread when the body is large enough for it to
-    take long (a 1.4 MB schema takes seconds to check), else here: the event loop serves everyone else."""
+async def off_the_loop_if_large(
+    services: CoreServices, tenant: str, body_bytes: int | None, work: Callable[[], T]
+) -> T:
+    """`work` (checking a request's schemas, say) as the tenant's costly work, in a worker thread, when the body
+    is large enough for it to take long, else here: the event loop serves everyone else."""
     if body_bytes is None or body_bytes > OFFLOAD_CHARS:
-        return await asyncio.to_thread(work)
+        return await services.costly.run(tenant, work)
     return work()
 
 
@@ -111,7 +117,7 @@ async def _render(
 ) -> BuiltPrompt:
     spec.items = await recover_cot(services.store, tenant, spec.items)
     if _large(spec, body_bytes):
-        return await asyncio.to_thread(build_prompt, services.renderer, spec, budget)
+        return await services.costly.run(tenant, lambda: build_prompt(services.renderer, spec, budget))
     return build_prompt(services.renderer, spec, budget)
 
 

@@ -14,7 +14,7 @@ from state import StoreUnavailable
 from ..errors import ApiError, invalid, not_found, unavailable
 from ..generation.plan import count_prompt
 from ..ids import new_id
-from ..json_body import parse_model, read_json, read_model
+from ..json_body import body_bytes, parse_model, read_json, read_model
 from ..json_out import json_response
 from ..pagination import page
 from ..services import SERVICES
@@ -135,22 +135,22 @@ async def count_input_tokens(request: web.Request) -> web.Response:
     """The prompt a create with this body would render, counted by the same conversation builder (the
     model may be left out: every gpt-oss model has the same tokenizer)."""
     services = request.app[SERVICES]
-    body = await read_json(request)
+    tenant = tenant_of(request)
+    body = await read_json(request, tenant)
     if isinstance(body, dict) and body.get("model") is None:
         body = {**body, "model": next(iter(services.backends))}
     req = parse_model(body, ResponsesRequest, REQUEST_TAGS)
     services.backend_for(req.model)
-    tenant = tenant_of(request)
-    spec, *_ = await request_prompt(services, tenant, req, request.content_length)
-    count = await count_prompt(services, tenant, spec, request.content_length)
+    spec, *_ = await request_prompt(services, tenant, req, body_bytes(request))
+    count = await count_prompt(services, tenant, spec, body_bytes(request))
     return json_response({"object": "response.input_tokens", "input_tokens": count})
 
 
 async def compact_response(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    req = await read_model(request, CompactRequest, REQUEST_TAGS)
-    services.backend_for(req.model)
     tenant = tenant_of(request)
+    req = await read_model(request, tenant, CompactRequest, REQUEST_TAGS)
+    services.backend_for(req.model)
     conversation = ResponsesRequest(
         model=req.model,
         input=req.input,
@@ -159,8 +159,8 @@ async def compact_response(request: web.Request) -> web.Response:
         prompt_cache_key=req.prompt_cache_key,
         store=False,
     )
-    spec, *_ = await request_prompt(services, tenant, conversation, request.content_length)
-    replaced = await count_prompt(services, tenant, spec, request.content_length)
+    spec, *_ = await request_prompt(services, tenant, conversation, body_bytes(request))
+    replaced = await count_prompt(services, tenant, spec, body_bytes(request))
     summary, spent = await summarise(services, request, tenant, req.model, spec, replaced)
     sealed = services.sealer.seal(tenant, summary, SUMMARY_PURPOSE)
     output = [*user_messages(spec), {"id": new_id("cmp_"), "type": "compaction", "encrypted_content": sealed}]

@@ -26,6 +26,7 @@ from ..generation.dialog import Instruction, Said
 from ..generation.plan import count_prompt, plan_turn, start_turn
 from ..generation.prompt import SUMMARY_HEADING, PromptSpec, dialog_entries, entry_text, summary_entry
 from ..ids import new_id
+from ..json_body import body_bytes
 from ..metrics import STATS
 from ..services import Services
 from ..tenants.tenancy import request_id_of
@@ -63,7 +64,7 @@ async def summarise(
     )
     backend = services.backend_for(model)
     budget = min(MAX_SUMMARY_TOKENS, max(16, replaced // 2))
-    plan = await plan_turn(services, tenant, backend, summarising, budget, request.content_length)
+    plan = await plan_turn(services, tenant, backend, summarising, budget, body_bytes(request))
     ticket = await services.admission.admit(
         tenant, prompt_tokens=len(plan.built.tokens), max_output_tokens=plan.max_new_tokens, choices=1, stream=False
     )

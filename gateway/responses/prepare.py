@@ -22,6 +22,7 @@ from ..generation.prompt import PromptSpec
 from ..generation.turn import Turn
 from ..hosted.toolset import Toolset
 from ..ids import new_id
+from ..json_body import body_bytes as body_size
 from ..json_body import parse_model, read_model
 from ..metrics import STATS
 from ..services import SERVICES, Services
@@ -49,7 +50,7 @@ async def request_prompt(
     its history, its server-side tools and the prompt spec made of them. `held`: responses a WebSocket keeps
     for its own continuations (stored or not)."""
     limits = services.settings.limits.for_tenant(tenant)
-    tools, constraint = await off_the_loop_if_large(body_bytes, lambda: checked_tools(req, limits))
+    tools, constraint = await off_the_loop_if_large(services, tenant, body_bytes, lambda: checked_tools(req, limits))
     history = await load_history(services, tenant, req, held)
     toolset, hosted_not_offered = await hosted_toolset(services.hosted, tenant, req, history.previous_output)
     left_out = {*tools.not_offered, *hosted_not_offered}
@@ -71,8 +72,8 @@ async def prepare(
     """A create from the request's JSON body, or (a WebSocket's `response.create`) from `body`."""
     services = request.app[SERVICES]
     if body is None:
-        req = await read_model(request, ResponsesRequest, REQUEST_TAGS)
-        body_bytes = request.content_length
+        req = await read_model(request, tenant_of(request), ResponsesRequest, REQUEST_TAGS)
+        body_bytes = body_size(request)
     else:
         req = parse_model(body, ResponsesRequest, REQUEST_TAGS)
     backend = services.backend_for(req.model)

@@ -1,8 +1,10 @@
 """A hostile client against a real `serve` process (API keys on, a real redis-server): nothing it sends is
-fetched, nothing blocks the event loop, and every malformed body is a 4xx naming the parameter, never a 500."""
+fetched, nothing holds the event loop past its 50 ms budget (each test is checked by the gateway's own
+`gateway_event_loop_lag_seconds`), and every malformed body is a 4xx naming the parameter, never a 500."""
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import socket
@@ -58,6 +60,7 @@ def served(tmp_path_factory):
         "GATEWAY_MOCK_SCRIPT": str(script),
         "GATEWAY_KEY_SECRET": KEY_SECRET,
         "GATEWAY_KEYS_FILE": str(write_keys(directory)),
+        "GATEWAY_METRICS_PUBLIC": "1",
     }
     gateway = GatewayProcess(env, directory / "gateway.log").start()
     yield gateway
@@ -66,9 +69,36 @@ def served(tmp_path_factory):
     assert "Traceback" not in gateway.log_text()
 
 
-def _post(gateway: GatewayProcess, body: bytes | dict, path: str = "/v1/responses", timeout: float = 30):
+LOOP_BUDGET_S = 0.05
+
+
+def _loop_stalls(gateway: GatewayProcess) -> float:
+    """How many times the gateway's event loop ran a timer more than LOOP_BUDGET_S late, so far."""
+    with urllib.request.urlopen(gateway.url + "/metrics", timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if line.startswith("gateway_event_loop")}
+    within = samples[f'gateway_event_loop_lag_seconds_bucket{{le="{LOOP_BUDGET_S}"}}']
+    return samples["gateway_event_loop_lag_seconds_count"] - within
+
+
+@pytest.fixture(autouse=True)
+def within_the_loop_budget(served):
+    """Every hostile input of this module is read, checked and refused (or served) without a stall."""
+    before = _loop_stalls(served)
+    yield
+    time.sleep(0.05)  # the watcher's last sample
+    assert _loop_stalls(served) == before, "the event loop ran a timer more than 50 ms late"
+
+
+def _post(
+    gateway: GatewayProcess,
+    body: bytes | dict,
+    path: str = "/v1/responses",
+    timeout: float = 30,
+    headers: dict | None = None,
+):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(gateway.url + path, data=data, headers=AUTH)
+    request = urllib.request.Request(gateway.url + path, data=data, headers={**AUTH, **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -232,3 +262,43 @@ def test_integers_past_64_bits_in_a_schema_are_kept_exactly(served):
     request = urllib.request.Request(served.url + "/v1/responses", data=stream, headers=AUTH, method="POST")
     with urllib.request.urlopen(request, timeout=10) as response:
         assert b"event: response.completed" in response.read()
+
+
+def test_a_compression_bomb_is_refused_after_at_most_the_body_limit_inflated(served):
+    bomb = gzip.compress(b'{"model": "' + MODEL.encode() + b'", "input": "' + b" " * (200 * 1024 * 1024) + b'"}')
+    status, payload = _post(served, bomb, headers={"Content-Encoding": "gzip"})
+    assert status == 413 and payload["error"]["code"] == "request_too_large"
+    status, payload = _post(served, gzip.compress(b"{not json"), headers={"Content-Encoding": "gzip"})
+    assert status == 400 and payload["error"]["code"] == "invalid_json"
+    status, payload = _post(served, b"{}", headers={"Content-Encoding": "compress"})
+    assert status == 415 and payload["error"]["code"] == "unsupported_content_encoding"
+
+
+def _properties(count: int, description: str = "d" * 40) -> dict:
+    fields = {f"field_{n}": {"type": "string", "description": description} for n in range(count)}
+    return {"type": "object", "properties": fields}
+
+
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        (_properties(15_000), "524288"),  # 1.3 MiB of schema: refused by its size alone
+        (_properties(6_000, ""), "5000 properties"),  # refused in one walk, before the metaschema
+        ({"type": "string", "pattern": "a" * 2000}, "1000 characters"),
+        ({"type": "string", "description": "d" * 600_000}, "524288"),
+    ],
+)
+def test_a_schema_past_a_limit_is_refused_before_it_is_compiled_naming_the_limit(served, schema, named):
+    started = time.monotonic()
+    status, payload = _post(served, {"model": MODEL, "input": "hi", "text": _schema_format(schema)})
+    assert status == 400 and payload["error"]["param"] == "text.format.schema"
+    assert named in payload["error"]["message"] and time.monotonic() - started < 2
+
+
+def test_large_tool_schemas_are_read_and_checked_off_the_loop(served):
+    """5 MiB of tools (1,200 properties each): parsed, checked and rendered without a stall; answered."""
+    tools = [{"type": "function", "name": f"tool_{n}", "parameters": _properties(1_200)} for n in range(60)]
+    body = {"model": MODEL, "input": "hi", "tools": tools}
+    assert len(json.dumps(body)) > 5 * 1024 * 1024
+    status, payload = _post(served, body, timeout=120)
+    assert status in (200, 400), payload  # 400: the tools overflow the model's context
