@@ -53,6 +53,9 @@ async def readyz(request: web.Request) -> web.Response:
         "store": "ok" if store_ok else store_problem,
         "models": models,
     }
+    python = services.hosted.python_status()
+    if python is not None:
+        body["python"] = python  # offered or not, and what bounds the sandboxes' memory
     described = {model: b.describe() for model, b in services.backends.items() if hasattr(b, "describe")}
     if described:
         body["engines"] = described  # where each built-in engine runs, or why it did not load

@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD, BrotliDecompressor, ZLibDecompressor, ZSTDDecompressor
 from pydantic import BaseModel, ValidationError
 
+from .costly_work import pace
 from .errors import ApiError, from_validation, invalid
 from .services import SERVICES
 
@@ -50,6 +51,7 @@ def check_tree(value: Any, max_depth: int = MAX_DEPTH) -> None:
     """A 400 for nesting past `max_depth` or a string (or key) that is not valid Unicode (iterative walk)."""
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
     while stack:
+        pace()
         node, path = stack.pop()
         if isinstance(node, str):
             if _unencodable(node):
@@ -83,7 +85,7 @@ async def read_json(request: web.Request, tenant: str) -> Any:
     limit = min(settings.max_body_bytes, settings.limits.for_tenant(tenant).max_body_bytes or settings.max_body_bytes)
     if encoding == "identity" and len(raw) < OFFLOAD_BYTES:
         request[BODY_BYTES] = len(raw)
-        return _parsed(raw)
+        return parse_json(raw)
     services = request.app[SERVICES]
     body, size = await services.costly.run(tenant, lambda: _decoded(raw, encoding, limit))
     request[BODY_BYTES] = size
@@ -99,7 +101,7 @@ def _decoded(raw: bytes, encoding: str, limit: int) -> tuple[Any, int]:
     """(the JSON, its size) of a body as sent: inflated to at most `limit` bytes, then parsed."""
     if encoding != "identity":
         raw = _inflated(raw, encoding, limit)
-    return _parsed(raw), len(raw)
+    return parse_json(raw), len(raw)
 
 
 def _inflated(raw: bytes, encoding: str, limit: int) -> bytes:
@@ -123,7 +125,8 @@ def _inflated(raw: bytes, encoding: str, limit: int) -> bytes:
     return inflated
 
 
-def _parsed(raw: bytes) -> Any:
+def parse_json(raw: bytes) -> Any:
+    """JSON within the bounds above (call it off the loop past OFFLOAD_BYTES), or the 400 that says why not."""
     try:
         if len(raw) <= C_PARSE_BYTES:
             body = json.loads(raw)
@@ -139,9 +142,20 @@ def _parsed(raw: bytes) -> Any:
 
 
 def _stepwise_decoder() -> json.JSONDecoder:
-    """The json module's decoder on its Python scanner: the same JSON and errors, in steps other threads run
-    between."""
+    """The json module's decoder on its Python scanner: the same JSON and errors, in steps that give the event
+    loop its turns (each object and array paces)."""
     decoder = json.JSONDecoder()
+    parse_object, parse_array = decoder.parse_object, decoder.parse_array
+
+    def paced_object(*args: Any) -> Any:
+        pace()
+        return parse_object(*args)
+
+    def paced_array(*args: Any) -> Any:
+        pace()
+        return parse_array(*args)
+
+    decoder.parse_object, decoder.parse_array = paced_object, paced_array  # type: ignore[method-assign]
     decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
     return decoder
 

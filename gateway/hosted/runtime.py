@@ -30,6 +30,18 @@ class HostedRuntime:
         """Enabled by the operator, and the start-up probe found the isolation it asks for (or was not run)."""
         return self.settings.python.enabled and self.sandboxes.unavailable is None
 
+    def python_status(self) -> dict[str, object] | None:
+        """For /readyz, when the operator enabled python: offered or why not, and what bounds its memory."""
+        if not self.settings.python.enabled:
+            return None
+        pool = self.sandboxes
+        status: dict[str, object] = {"offered": self.python_enabled}
+        if pool.unavailable is not None:
+            status["reason"] = pool.unavailable
+        if pool.memory is not None:
+            status["memory"] = pool.memory.as_log()
+        return status
+
     def browser(self) -> BrowserSession | None:
         """A browser for one response, when a search provider is configured."""
         if self.search is None:

@@ -38,6 +38,7 @@ from aiohttp import WSMsgType, web
 from state import StoredResponse
 
 from ..errors import ApiError, invalid
+from ..json_body import OFFLOAD_BYTES, parse_json
 from ..lifecycle import SHUTTING_DOWN
 from ..services import SERVICES
 from ..tenants.tenancy import tenant_of
@@ -171,9 +172,16 @@ class _Session:
 
     async def _on_text(self, text: str) -> None:
         try:
-            event = orjson.loads(text)
+            if len(text) < OFFLOAD_BYTES:
+                event = orjson.loads(text)
+            else:  # the tenant's costly work, off the loop (a message may be GATEWAY_MAX_BODY_BYTES)
+                costly = self.request.app[SERVICES].costly
+                event = await costly.run(tenant_of(self.request), lambda: parse_json(text.encode()))
         except orjson.JSONDecodeError:
             await self._error(invalid(None, "The message is not valid JSON.", "invalid_json"), None)
+            return
+        except ApiError as exc:
+            await self._error(exc, None)
             return
         if not isinstance(event, dict):
             await self._error(invalid(None, "A client event must be a JSON object.", "invalid_type"), None)

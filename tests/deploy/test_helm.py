@@ -224,7 +224,11 @@ def test_gpu_mode_runs_the_built_in_engine_on_cuda_unless_told_otherwise(helm):
     assert "GATEWAY_BACKEND_OPTIONS" not in cpu_only["ConfigMap/gw-gpt-oss-gateway"]["data"]
 
 
-PYTHON_VALUES = '{"python": {"enabled": true, "wall_s": 5, "python": "/usr/bin/python3"}}'
+# as values.yaml says for its 1Gi pod without a cgroup: memory_mb x processes x max_sandboxes within half of it
+PYTHON_VALUES = (
+    '{"python": {"enabled": true, "wall_s": 5, "python": "/usr/bin/python3",'
+    ' "memory_mb": 128, "processes": 4, "max_sandboxes": 1, "memory_budget_mb": 512}}'
+)
 
 
 def test_the_python_sandbox_gets_user_namespaces_and_nothing_more(helm, default_manifests):

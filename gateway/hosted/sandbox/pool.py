@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from . import seccomp
 from .cgroup import Cgroup, CgroupLimits, CgroupTree
 from .lease import Lease, Leases
+from .memory_bound import MemoryBound, memory_bound
 
 log = structlog.get_logger("gateway.sandbox")
 
@@ -56,6 +57,8 @@ class SandboxSettings(BaseModel):
     cpus: float = Field(default=1.0, gt=0, le=64)  # its CPU share at any moment (with a cgroup)
     memory_mb: int = Field(default=512, ge=64)  # each process's address space; all its processes' memory (cgroup)
     processes: int = Field(default=16, ge=1)
+    # without a cgroup per sandbox, memory_mb x processes x max_sandboxes must fit (None: half the container's)
+    memory_budget_mb: int | None = Field(default=None, ge=64)
     file_mb: int = Field(default=64, ge=1)  # any one file it writes, its output included; each of its tmpfs
     output_bytes: int = Field(default=16384, ge=256)  # of a cell's output, shown to the model
     idle_s: float = Field(default=600.0, gt=0)
@@ -302,6 +305,7 @@ class SandboxPool:
         self.settings = settings
         self.unavailable: str | None = None  # why python is not offered (the start-up probe failed)
         self.isolation: Isolation | None = None  # what the start-up probe's sandbox got
+        self.memory: MemoryBound | None = None  # what bounds the sandboxes' memory, as the probe found
         self._leases = Leases(settings.uid_range)
         self._cgroups: CgroupTree | None = None
         self._prepared = False
@@ -328,6 +332,21 @@ class SandboxPool:
         log.info("sandbox_isolation", mode=self.settings.isolation, missing=missing, **self.isolation.as_log())
         if missing:
             log.warning("sandbox_isolation_weak", missing=missing)
+        settings = self.settings
+        self.memory = await asyncio.to_thread(
+            memory_bound,
+            self.isolation.cgroup,
+            settings.memory_mb,
+            settings.processes,
+            settings.max_sandboxes,
+            settings.memory_budget_mb,
+        )
+        log.info("sandbox_memory_bound", **self.memory.as_log())
+        if not self.memory.fits and settings.isolation == "strict":
+            self.unavailable = self.memory.refusal()
+            log.error("python_not_offered", reason=self.unavailable)
+        elif not self.memory.fits:
+            log.warning("sandbox_memory_unbounded", reason=self.memory.refusal())
 
     async def _prepare(self) -> None:
         """Once: the lease directory, the cgroup tree, and what crashed replicas left under free numbers."""

@@ -359,7 +359,8 @@ class _PoolProcess:
 def _unprivileged_gateway(directory: Path, isolation: str, no_user_namespaces: bool = False) -> GatewayProcess:
     directory.mkdir(mode=0o755)
     script = {"rules": [{"match": {"tool": "."}, "emit": [{"final": "Noted."}]}, python_rule("who", WHO)]}
-    hosted = {"python": {"enabled": True, "wall_s": 5, "python": SYSTEM_PYTHON, "isolation": isolation}}
+    python = {"enabled": True, "wall_s": 5, "python": SYSTEM_PYTHON, "isolation": isolation, **FITS_WITHOUT_CGROUP}
+    hosted = {"python": python}
     env = {
         "GATEWAY_MOCK_SCRIPT": str(write_readable(directory / "script.json", script)),
         "GATEWAY_HOSTED_TOOLS": json.dumps(hosted),
@@ -367,6 +368,8 @@ def _unprivileged_gateway(directory: Path, isolation: str, no_user_namespaces: b
     return unprivileged_gateway(directory, env, no_user_namespaces).start()
 
 
+# no cgroup for an unprivileged gateway here: memory_mb x processes x max_sandboxes (1 GiB) within the budget
+FITS_WITHOUT_CGROUP = {"memory_mb": 128, "processes": 4, "max_sandboxes": 2, "memory_budget_mb": 1024}
 WHO = (
     "import os\n"
     "status = dict(line.split(':\\t', 1) for line in open('/proc/self/status').read().splitlines())\n"

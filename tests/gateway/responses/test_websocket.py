@@ -260,3 +260,16 @@ def test_a_socket_holds_its_last_sixteen_responses(gateway):
             else:
                 while next_event(socket)["type"] not in TERMINAL:
                     pass
+
+
+def test_a_large_message_is_parsed_off_the_loop_and_answered(gateway):
+    """Past 64 KiB a message is the tenant's costly work (parsed in a worker thread); bad JSON is still a 400."""
+    with raw_socket(gateway) as socket:
+        socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "thanks " + "x" * 300_000}))
+        kinds = []
+        while not kinds or kinds[-1] not in TERMINAL:
+            kinds.append(next_event(socket)["type"])
+        assert kinds[-1] == "response.completed"
+        socket.send('{"type": "response.create", "input": "' + "x" * 300_000)
+        error = SERVER_EVENT.validate_python(next_event(socket))
+        assert error.status == 400 and error.error.code == "invalid_json"
