@@ -5,7 +5,10 @@ layer's KV cache is a [B, kv_heads, max_positions, head_dim] buffer bound as bot
 (updated in place). Attention is GroupQueryAttention on the packed qkv, with the sinks as `head_sink`, a
 128-token window on even layers and YaRN rotary tables; each residual add is fused with the next RMSNorm
 (SkipSimplifiedLayerNormalization). Activations, non-expert weights and the KV cache are in the graph's
-dtype (float32, float16 or bfloat16). Each MoE is one node of the custom-domain op `MXFP4MoE` over the
+dtype (float32, float16 or bfloat16); in a float32 graph the dense weights (projections, router, unembedding)
+that the checkpoint holds in bf16 stay bf16, as the custom-domain op `DenseBF16` (a model-local function:
+widened once at load and a MatMul, unless a compiled kernel reads the 16 bits each step). Each MoE is one
+node of the custom-domain op `MXFP4MoE` over the
 checkpoint's own bytes (FLOAT4E2M1 codes, 1-byte E8M0 scales): a model-local function whose body is the
 portable realization (exact MXFP4 dequantization by GatherBlockQuantized of the experts the step's tokens
 route to, then the contrib MoE with the interleaved clamped SwiGLU, in float32); a compiled kernel
@@ -39,7 +42,7 @@ from .config import SWIGLU_ALPHA, ModelConfig
 from .qmoe import MS_DOMAIN, MoeRealization, qmoe_node, qmoe_weights
 from .rope import cos_sin
 
-BUILDER_VERSION = "5"
+BUILDER_VERSION = "6"
 OPSET = 23
 IR_VERSION = 11  # FLOAT4E2M1 needs 11; onnxruntime 1.31 loads up to 13
 ENGINE_DOMAIN = "gptoss.engine"
@@ -49,6 +52,7 @@ STREAM_BLOCK_BYTES = 32 * 1024 * 1024  # a large weight is converted and written
 DATA_ALIGNMENT = 4096  # each tensor's offset in the data file (page-aligned: ONNX Runtime can map it)
 
 Dtype = Literal["float32", "float16", "bfloat16"]
+BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES: dict[str, tuple[int, np.dtype]] = {
     "float32": (TensorProto.FLOAT, np.dtype(np.float32)),
     "float16": (TensorProto.FLOAT16, np.dtype(np.float16)),
@@ -61,6 +65,7 @@ class GraphOptions:
     max_positions: int  # KV capacity per sequence (and the rotary table length)
     dtype: Dtype = "float32"  # activations, non-expert weights, KV cache
     moe: MoeRealization = "mxfp4moe"  # each MoE as our MXFP4MoE op, or as ONNX Runtime's QMoE (CUDA only)
+    dense_bf16: bool = True  # float32 graphs: bf16 dense weights kept in bf16 for DenseBF16 (else float32 copies)
 
     @property
     def onnx_type(self) -> int:
@@ -223,6 +228,17 @@ def _moe_function(config: ModelConfig, options: GraphOptions) -> onnx.FunctionPr
     )
 
 
+def _dense_bf16_function() -> onnx.FunctionProto:
+    """`DenseBF16(x [..., K] float, w [N, K] bfloat16) -> x . w^T [..., N]`, portable realization (the weight
+    widened to float once, at load): what the compiled kernel computes, reading the 16 bits each step."""
+    nodes = [
+        helper.make_node("Cast", ["w"], ["w32"], to=TensorProto.FLOAT),
+        helper.make_node("Transpose", ["w32"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wt"], ["y"]),
+    ]
+    return helper.make_function(ENGINE_DOMAIN, "DenseBF16", ["x", "w"], ["y"], nodes, [helper.make_opsetid("", OPSET)])
+
+
 def moe_attributes(config: ModelConfig) -> dict[str, float | int]:
     """What a compiled MXFP4MoE kernel reads from its node."""
     return {"k": config.experts_per_token, "swiglu_limit": config.swiglu_limit, "activation_alpha": SWIGLU_ALPHA}
@@ -241,15 +257,27 @@ class _Builder:
         self.initializers.append(self.writer.array(name, array))
         return name
 
+    def dense(self, x: str, name: str, out: str) -> str:
+        """x . W^T for a dense weight W [N, K]. In a float32 graph a bf16 checkpoint weight stays bf16 and goes
+        through DenseBF16 (widened exactly as read: half the bytes of a float32 copy per step); otherwise it is
+        stored transposed in the graph's dtype for a MatMul."""
+        array = self.checkpoint.tensor(name)
+        if self.options.dtype != "float32" or array.dtype != BF16 or not self.options.dense_bf16:
+            return self.node("MatMul", [x, self._as_stored(name, array, transpose=True)], [out])
+        return self.node("DenseBF16", [x, self._as_stored(name, array, dtype=BF16)], [out], domain=ENGINE_DOMAIN)
+
     def stored(self, name: str, transpose: bool = False) -> str:
         """A checkpoint tensor in the graph's dtype (bf16 → float32 and float16 exactly or rounded once);
         large ones are converted and transposed block by block as they are written."""
-        array = self.checkpoint.tensor(name)
+        return self._as_stored(name, self.checkpoint.tensor(name), transpose)
+
+    def _as_stored(self, name: str, array: np.ndarray, transpose: bool = False, dtype: np.dtype | None = None) -> str:
+        dtype = dtype or self.options.numpy_type
         if array.nbytes > STREAM_BLOCK_BYTES and array.ndim == 2:
-            self.initializers.append(self.writer.converted(name, array, self.options.numpy_type, transpose))
+            self.initializers.append(self.writer.converted(name, array, dtype, transpose))
             return name
-        if array.dtype != self.options.numpy_type:
-            array = array.astype(np.float32).astype(self.options.numpy_type, copy=False)
+        if array.dtype != dtype:
+            array = array.astype(np.float32).astype(dtype, copy=False)
         return self.weight(name, array.T if transpose else array)
 
     def mxfp4(self, name: str) -> tuple[str, str]:
@@ -293,7 +321,7 @@ class _Builder:
         return out, total
 
     def product(self, x: str, name: str, out: str) -> str:
-        return self.node("MatMul", [x, self.stored(name + ".weight", transpose=True)], [out + "_mm"])
+        return self.dense(x, name + ".weight", out + "_mm")
 
     def linear(self, x: str, name: str, out: str) -> str:
         return self.node("Add", [self.product(x, name, out), self.stored(name + ".bias")], [out])
@@ -385,7 +413,7 @@ class _Builder:
         last_residual = self.node("Slice", [residual, *last], ["last_residual"])
         normed, _ = self.norm(last_moe, "norm.scale", "final_norm", last_residual)
         squeezed = self.node("Squeeze", [normed, "seq_axis"], ["final_rows"])
-        logits = self.node("MatMul", [squeezed, self.stored("unembedding.weight", transpose=True)], ["logits_t"])
+        logits = self.dense(squeezed, "unembedding.weight", "logits_t")
         if self.options.dtype == "float32":
             self.node("Identity", [logits], ["logits"])
         else:
@@ -415,6 +443,8 @@ class _Builder:
 def _model(graph: onnx.GraphProto, config: ModelConfig, options: GraphOptions) -> onnx.ModelProto:
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1), helper.make_opsetid(ENGINE_DOMAIN, 1)]
     functions = [_moe_function(config, options)] if options.moe == "mxfp4moe" else []
+    if options.dtype == "float32" and options.dense_bf16:
+        functions.append(_dense_bf16_function())
     model = helper.make_model(graph, opset_imports=opsets, functions=functions, producer_name="gpt-oss-gateway")
     model.ir_version = IR_VERSION
     return model
@@ -488,3 +518,26 @@ def write_model(
     finally:
         writer.close()
     path.write_bytes(model.SerializeToString())
+
+
+def dense_bf16_model(weight: np.ndarray, path: Path) -> Path:
+    """One DenseBF16 node (x [T, K] float in, y [T, N] out) over `weight` [N, K] bf16, written to `path`: to
+    check and time its realizations."""
+    writer = TensorWriter(path.with_suffix(".onnx.data"))
+    try:
+        initializer = writer.array("w", weight)
+    finally:
+        writer.close()
+    rows, width = weight.shape
+    graph = helper.make_graph(
+        [helper.make_node("DenseBF16", ["x", "w"], ["y"], domain=ENGINE_DOMAIN)],
+        "dense_bf16",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["tokens", rows])],
+        [initializer],
+    )
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(ENGINE_DOMAIN, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=[_dense_bf16_function()])
+    model.ir_version = IR_VERSION
+    path.write_bytes(model.SerializeToString())
+    return path

@@ -27,7 +27,8 @@ def compiled_model(
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """The .onnx file for this checkpoint and these options, built (weights streamed to disk) if not cached."""
-    key = f"{checkpoint.fingerprint}-b{BUILDER_VERSION}-p{options.max_positions}-{options.dtype}-{options.moe}"
+    dense = "-dense32" if not options.dense_bf16 else ""
+    key = f"{checkpoint.fingerprint}-b{BUILDER_VERSION}-p{options.max_positions}-{options.dtype}-{options.moe}{dense}"
     target = cache_dir / key
     if (target / MODEL_FILE).is_file():
         return target / MODEL_FILE

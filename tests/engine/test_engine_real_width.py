@@ -85,13 +85,18 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
     layers = REAL_WIDTH.num_hidden_layers
     ops = Counter(node.op_type for node in nodes)
     # nine nodes a layer: two norms, three projections (the router's and QKV's with a bias Add; the attention
-    # output's bias goes to the following norm, as its fourth input), attention and the MoE
-    assert (ops["MatMul"], ops["Add"], ops["GroupQueryAttention"], ops["MXFP4MoE"]) == (
+    # output's bias goes to the following norm, as its fourth input), attention and the MoE; the projections
+    # and the unembedding read the checkpoint's bf16 weights as they are (DenseBF16), no float32 copy
+    assert (ops["DenseBF16"], ops["MatMul"], ops["Add"], ops["GroupQueryAttention"], ops["MXFP4MoE"]) == (
         3 * layers + 1,
+        0,
         2 * layers,
         layers,
         layers,
     )
+    dense = {i.name: i for i in onnx.load(str(model), load_external_data=False).graph.initializer}
+    assert dense["unembedding.weight"].data_type == onnx.TensorProto.BFLOAT16
+    assert list(dense["unembedding.weight"].dims) == [REAL_WIDTH.vocab_size, REAL_WIDTH.hidden_size]
     biased = [n for n in nodes if n.op_type == "SkipSimplifiedLayerNormalization" and len(n.input) == 4]
     assert len(biased) == layers and all(n.input[3].endswith("attn.out.bias") for n in biased)
     runtime = DecoderRuntime(str(model), REAL_WIDTH, 1, 64, kernels=kernel_library())

@@ -41,9 +41,23 @@ HEADERS_ENV = "GATEWAY_ORT_HEADERS"
 KERNELS_ENV = "GATEWAY_ENGINE_KERNELS"  # "0": none; a path: that prebuilt library; unset: build on first use
 DOWNLOAD_TIMEOUT_S = 300
 LIBRARY = "libgptoss_engine_kernels.so"
-SOURCES = ("mxfp4_moe_op.cc", "mxfp4_moe_cpu.cc", "sample_tokens_op.cc", "sample_tokens_cpu.cc", "register.cc")
+SOURCES = (
+    "mxfp4_moe_op.cc",
+    "mxfp4_moe_cpu.cc",
+    "sample_tokens_op.cc",
+    "sample_tokens_cpu.cc",
+    "dense_bf16_cpu.cc",
+    "register.cc",
+)
 # the kernels' own headers
-HEADERS = ("mxfp4_moe_op.h", "mxfp4_moe_launch.h", "sample_tokens_op.h", "sample_tokens_launch.h", "cuda_launch.h")
+HEADERS = (
+    "mxfp4_moe_op.h",
+    "mxfp4_moe_launch.h",
+    "sample_tokens_op.h",
+    "sample_tokens_launch.h",
+    "cuda_launch.h",
+    "dense_bf16_op.h",
+)
 CXX_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-pthread")
 CUDA_ENV = "GATEWAY_ENGINE_CUDA"  # "0": build the CPU kernel only
 MOE_CUDA_SOURCE = "mxfp4_moe_cuda.cu"

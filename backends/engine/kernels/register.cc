@@ -1,6 +1,7 @@
 // The library's entry point: SessionOptions.register_custom_ops_library() calls RegisterCustomOps.
 #include <onnxruntime_cxx_api.h>  // ORT_API_MANUAL_INIT is set for every unit by the build
 
+#include "dense_bf16_op.h"
 #include "mxfp4_moe_op.h"
 #include "sample_tokens_op.h"
 
@@ -18,6 +19,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   using CpuOp = gptoss::MoeOpBase<gptoss::MoeKernel>;
   static CpuOp cpu_ops[] = {CpuOp(kCpu, kFloat), CpuOp(kCpu, kHalf), CpuOp(kCpu, kBFloat)};
   static gptoss::SampleOpBase<gptoss::SampleCpuKernel> cpu_sample(kCpu);
+  static gptoss::DenseBf16Op cpu_dense;
 #ifdef GPTOSS_WITH_CUDA
   using CudaOp = gptoss::MoeOpBase<gptoss::MoeCudaKernel>;
   constexpr const char* kCuda = "CUDAExecutionProvider";
@@ -31,6 +33,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
       domain = Ort::CustomOpDomain(kDomain);
       for (auto& op : cpu_ops) domain.Add(&op);
       domain.Add(&cpu_sample);
+      domain.Add(&cpu_dense);
 #ifdef GPTOSS_WITH_CUDA
       for (auto& op : cuda_ops) domain.Add(&op);
       domain.Add(&cuda_sample);

@@ -1,0 +1,259 @@
+// gptoss.engine::DenseBF16 on the CPU execution provider: y[m, n] = sum_k x[m, k] * w[n, k], w in bfloat16.
+//
+// A bfloat16 is the top half of a float, so widening one is a 16-bit shift: exact. The work is split over
+// blocks of output rows on ONNX Runtime's intra-op thread pool, and each block's weights are read from memory
+// once whatever the number of input rows:
+// - up to kFewRows input rows (decode): each weight row is widened as it is read and met by every input row
+//   (dot products: the step reads the weights' 2 bytes a value at memory bandwidth);
+// - more (prefill): the block is widened once into a float tile laid out by k, and groups of input rows run
+//   against it as an outer product in registers (the arithmetic bound, not the memory).
+// The sums are float, in an order of their own: equal to a float32 MatMul's to float rounding.
+
+#include "dense_bf16_op.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace gptoss {
+namespace {
+
+constexpr int64_t kFewRows = 8;
+constexpr int64_t kBlockRows = 32;  // output rows per task (and per prefill tile: two 16-float vectors)
+constexpr int64_t kGroupRows = 8;   // input rows per register block of the prefill path
+
+inline float Widen(uint16_t bits) {
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof value);
+  return value;
+}
+
+struct Problem {
+  const float* x;
+  const uint16_t* w;
+  float* y;
+  int64_t rows;  // M
+  int64_t k;
+  int64_t n;
+};
+
+#if defined(__AVX512F__)
+inline __m512 Widen16(const uint16_t* bits) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+#endif
+
+// Output rows [first, last) for the R input rows from m0 (R <= kFewRows): dot products, each weight vector
+// widened once and met by every row; with few rows, U independent sums per row keep the FMAs in flight.
+template <int R>
+void FewRows(const Problem& p, int64_t first, int64_t last, int64_t m0) {
+  constexpr int U = R == 1 ? 4 : R == 2 ? 2 : 1;
+  const int64_t k = p.k;
+  for (int64_t row = first; row < last; ++row) {
+    const uint16_t* w = p.w + row * k;
+    float sums[R] = {};
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    __m512 acc[R][U];
+    for (int r = 0; r < R; ++r) {
+      for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
+    }
+    for (; i + 16 * U <= k; i += 16 * U) {
+      for (int u = 0; u < U; ++u) {
+        const __m512 wide = Widen16(w + i + 16 * u);
+        for (int r = 0; r < R; ++r) {
+          acc[r][u] = _mm512_fmadd_ps(wide, _mm512_loadu_ps(p.x + (m0 + r) * k + i + 16 * u), acc[r][u]);
+        }
+      }
+    }
+    for (; i + 16 <= k; i += 16) {
+      const __m512 wide = Widen16(w + i);
+      for (int r = 0; r < R; ++r) acc[r][0] = _mm512_fmadd_ps(wide, _mm512_loadu_ps(p.x + (m0 + r) * k + i), acc[r][0]);
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int u = 1; u < U; ++u) acc[r][0] = _mm512_add_ps(acc[r][0], acc[r][u]);
+      sums[r] = _mm512_reduce_add_ps(acc[r][0]);
+    }
+#endif
+    for (; i < k; ++i) {
+      const float value = Widen(w[i]);
+      for (int r = 0; r < R; ++r) sums[r] += value * p.x[(m0 + r) * k + i];
+    }
+    for (int r = 0; r < R; ++r) p.y[(m0 + r) * p.n + row] = sums[r];
+  }
+}
+
+#if defined(__AVX512F__)
+// The same for R >= 3 rows, whose x rows would not stay in L1 whole (R x K floats, re-read for every weight
+// row): K is taken in chunks whose x stays in L1 across the block's weight rows, the sums kept as vectors,
+// and P weight rows at a time share each load of an x vector.
+template <int R>
+void ChunkedRows(const Problem& p, int64_t first, int64_t last) {
+  constexpr int64_t kChunk = 512;
+  constexpr int P = R <= 4 ? 4 : 2;  // weight rows per pass: P x R sums, P + R loads, in 32 registers
+  const int64_t k = p.k;
+  const int64_t whole = k / 16 * 16;
+  alignas(64) __m512 acc[kBlockRows][R];
+  for (int64_t j = 0; j < last - first; ++j) {
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
+  }
+  const int64_t width = last - first;
+  for (int64_t c0 = 0; c0 < whole; c0 += kChunk) {
+    const int64_t c1 = std::min(c0 + kChunk, whole);
+    int64_t j = 0;
+    for (; j + P <= width; j += P) {  // P weight rows share each load of the x rows
+      const uint16_t* w = p.w + (first + j) * k;
+      __m512 sums[P][R];
+      for (int q = 0; q < P; ++q) {
+        for (int r = 0; r < R; ++r) sums[q][r] = acc[j + q][r];
+      }
+      for (int64_t i = c0; i < c1; i += 16) {
+        __m512 wide[P];
+        for (int q = 0; q < P; ++q) wide[q] = Widen16(w + q * k + i);
+        for (int r = 0; r < R; ++r) {
+          const __m512 x = _mm512_loadu_ps(p.x + r * k + i);
+          for (int q = 0; q < P; ++q) sums[q][r] = _mm512_fmadd_ps(wide[q], x, sums[q][r]);
+        }
+      }
+      for (int q = 0; q < P; ++q) {
+        for (int r = 0; r < R; ++r) acc[j + q][r] = sums[q][r];
+      }
+    }
+    for (; j < width; ++j) {
+      const uint16_t* w = p.w + (first + j) * k;
+      __m512 sums[R];
+      for (int r = 0; r < R; ++r) sums[r] = acc[j][r];
+      for (int64_t i = c0; i < c1; i += 16) {
+        const __m512 wide = Widen16(w + i);
+        for (int r = 0; r < R; ++r) sums[r] = _mm512_fmadd_ps(wide, _mm512_loadu_ps(p.x + r * k + i), sums[r]);
+      }
+      for (int r = 0; r < R; ++r) acc[j][r] = sums[r];
+    }
+  }
+  for (int64_t j = 0; j < last - first; ++j) {
+    const uint16_t* w = p.w + (first + j) * k;
+    for (int r = 0; r < R; ++r) {
+      float sum = _mm512_reduce_add_ps(acc[j][r]);
+      for (int64_t i = whole; i < k; ++i) sum += Widen(w[i]) * p.x[r * k + i];
+      p.y[r * p.n + first + j] = sum;
+    }
+  }
+}
+#endif
+
+void FewRows(const Problem& p, int64_t first, int64_t last) {
+  switch (p.rows) {
+    case 1: return FewRows<1>(p, first, last, 0);
+    case 2: return FewRows<2>(p, first, last, 0);
+#if defined(__AVX512F__)
+    case 3: return ChunkedRows<3>(p, first, last);
+    case 4: return ChunkedRows<4>(p, first, last);
+    case 5: return ChunkedRows<5>(p, first, last);
+    case 6: return ChunkedRows<6>(p, first, last);
+    case 7: return ChunkedRows<7>(p, first, last);
+    default: return ChunkedRows<8>(p, first, last);
+#else
+    case 3: return FewRows<3>(p, first, last, 0);
+    case 4: return FewRows<4>(p, first, last, 0);
+    case 5: return FewRows<5>(p, first, last, 0);
+    case 6: return FewRows<6>(p, first, last, 0);
+    case 7: return FewRows<7>(p, first, last, 0);
+    default: return FewRows<8>(p, first, last, 0);
+#endif
+  }
+}
+
+// Output rows [first, last) for every input row, through a widened tile [k][kBlockRows].
+void ManyRows(const Problem& p, int64_t first, int64_t last, std::vector<float>& tile) {
+  const int64_t k = p.k;
+  const int64_t width = last - first;
+  tile.assign(static_cast<size_t>(k) * kBlockRows, 0.0f);
+  for (int64_t j = 0; j < width; ++j) {
+    const uint16_t* w = p.w + (first + j) * k;
+    for (int64_t i = 0; i < k; ++i) tile[i * kBlockRows + j] = Widen(w[i]);
+  }
+  int64_t m = 0;
+#if defined(__AVX512F__)
+  static_assert(kBlockRows == 32, "the register block holds two 16-float vectors of outputs");
+  for (; m + kGroupRows <= p.rows; m += kGroupRows) {
+    __m512 lo[kGroupRows], hi[kGroupRows];
+    for (int64_t r = 0; r < kGroupRows; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+    const float* x = p.x + m * k;
+    for (int64_t i = 0; i < k; ++i) {
+      const __m512 w_lo = _mm512_loadu_ps(tile.data() + i * kBlockRows);
+      const __m512 w_hi = _mm512_loadu_ps(tile.data() + i * kBlockRows + 16);
+      for (int64_t r = 0; r < kGroupRows; ++r) {
+        const __m512 value = _mm512_set1_ps(x[r * k + i]);
+        lo[r] = _mm512_fmadd_ps(value, w_lo, lo[r]);
+        hi[r] = _mm512_fmadd_ps(value, w_hi, hi[r]);
+      }
+    }
+    for (int64_t r = 0; r < kGroupRows; ++r) {
+      alignas(64) float out[kBlockRows];
+      _mm512_store_ps(out, lo[r]);
+      _mm512_store_ps(out + 16, hi[r]);
+      std::memcpy(p.y + (m + r) * p.n + first, out, sizeof(float) * width);
+    }
+  }
+#endif
+  for (; m < p.rows; ++m) {
+    const float* x = p.x + m * k;
+    float sums[kBlockRows] = {};
+    for (int64_t i = 0; i < k; ++i) {
+      const float value = x[i];
+      for (int64_t j = 0; j < width; ++j) sums[j] += value * tile[i * kBlockRows + j];
+    }
+    std::memcpy(p.y + m * p.n + first, sums, sizeof(float) * width);
+  }
+}
+
+void RunBlock(void* data, size_t task) {
+  const Problem& p = *static_cast<const Problem*>(data);
+  const int64_t first = static_cast<int64_t>(task) * kBlockRows;
+  const int64_t last = std::min(first + kBlockRows, p.n);
+  if (p.rows <= kFewRows) {
+    FewRows(p, first, last);
+    return;
+  }
+  thread_local std::vector<float> tile;
+  ManyRows(p, first, last, tile);
+}
+
+}  // namespace
+
+void DenseBf16Kernel::Compute(OrtKernelContext* raw_context) {
+  Ort::KernelContext context(raw_context);
+  const Ort::ConstValue x = context.GetInput(0);
+  const Ort::ConstValue w = context.GetInput(1);
+  const std::vector<int64_t> x_shape = x.GetTensorTypeAndShapeInfo().GetShape();
+  const std::vector<int64_t> w_shape = w.GetTensorTypeAndShapeInfo().GetShape();
+  if (x_shape.empty() || w_shape.size() != 2 || x_shape.back() != w_shape[1]) {
+    ORT_CXX_API_THROW("DenseBF16: x [..., K] and w [N, K] must share K", ORT_INVALID_ARGUMENT);
+  }
+  std::vector<int64_t> y_shape = x_shape;
+  y_shape.back() = w_shape[0];
+  Ort::UnownedValue y = context.GetOutput(0, y_shape);
+  Problem p{};
+  p.x = x.GetTensorData<float>();
+  p.w = reinterpret_cast<const uint16_t*>(w.GetTensorRawData());
+  p.y = y.GetTensorMutableData<float>();
+  p.k = w_shape[1];
+  p.n = w_shape[0];
+  p.rows = 1;
+  for (size_t d = 0; d + 1 < x_shape.size(); ++d) p.rows *= x_shape[d];
+  if (p.rows == 0 || p.n == 0) return;
+  if (p.k == 0) {
+    std::fill(p.y, p.y + p.rows * p.n, 0.0f);
+    return;
+  }
+  context.ParallelFor(RunBlock, static_cast<size_t>((p.n + kBlockRows - 1) / kBlockRows), 0, &p);
+}
+
+}  // namespace gptoss
