@@ -6,16 +6,15 @@ its portable build."""
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 import pytest
+from engine_fixtures import kernel_builds
 
 from backends.engine.graph import dense_bf16_model
-from backends.engine.kernels import build
 
 RELATIVE = 1e-5  # float sums in another order, against the magnitude of the row's products
 SHAPES = [  # (N, K, rows)
@@ -30,10 +29,7 @@ SHAPES = [  # (N, K, rows)
 
 @pytest.fixture(scope="module")
 def libraries() -> dict[str, str]:
-    built = {"native": str(build.build_library())}
-    if platform.machine() in ("x86_64", "AMD64"):
-        built["portable"] = str(build.build_library(march="x86-64"))
-    return built
+    return kernel_builds()
 
 
 def _session(model: Path, library: str | None) -> ort.InferenceSession:

@@ -5,13 +5,12 @@ place of the pure-ONNX MoE with the same results; and without it the engine fall
 from __future__ import annotations
 
 import json
-import platform
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from engine_fixtures import export_model, make_checkpoint, tiny_config
+from engine_fixtures import export_model, kernel_builds, make_checkpoint, tiny_config
 
 from backends.engine.config import GPT_OSS_20B, ModelConfig
 from backends.engine.graph import GraphOptions, moe_layer_model
@@ -32,11 +31,7 @@ SHAPES = [
 
 @pytest.fixture(scope="module")
 def libraries() -> dict[str, str]:
-    """The kernels built for this machine, and (on x86-64) a portable build without AVX2."""
-    built = {"native": str(build.build_library())}
-    if platform.machine() in ("x86_64", "AMD64"):
-        built["portable"] = str(build.build_library(march="x86-64"))
-    return built
+    return kernel_builds()
 
 
 def _session(model: Path | str, library: str | None) -> ort.InferenceSession:

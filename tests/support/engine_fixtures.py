@@ -33,3 +33,15 @@ def make_checkpoint(directory: Path, config: ModelConfig, layout: str, seed: int
 def export_model(checkpoint_dir: Path, max_positions: int) -> str:
     """The decoder graph of a checkpoint, built into a cache next to it; the .onnx path."""
     return str(compiled_model(Checkpoint(checkpoint_dir), GraphOptions(max_positions), checkpoint_dir / "graphs"))
+
+
+def kernel_builds() -> dict[str, str]:
+    """The kernels built for this machine, and (on x86-64) a portable build without AVX2."""
+    import platform
+
+    from backends.engine.kernels import build
+
+    built = {"native": str(build.build_library())}
+    if platform.machine() in ("x86_64", "AMD64"):
+        built["portable"] = str(build.build_library(march="x86-64"))
+    return built
