@@ -132,7 +132,8 @@ class EngineBackend:
                 raise EngineDeviceError(reason)
             self._placement = {"device": device, "dtype": dtype, "moe": options.moe}
             log.info("engine_device", device=device, dtype=dtype, asked=options.device, moe=options.moe)
-            graph_options = GraphOptions(options.max_positions, dtype, options.moe)
+            # DenseBF16 runs on the CPU alone: a CUDA graph keeps its dense weights for MatMul
+            graph_options = GraphOptions(options.max_positions, dtype, options.moe, dense_bf16=device == "cpu")
             model = compiled_model(checkpoint, graph_options, cache, _progress)
             kernels = kernel_library() if options.kernels else None  # the MoE (unless qmoe) and the sampler
             runtime = DecoderRuntime(

@@ -65,7 +65,8 @@ class GraphOptions:
     max_positions: int  # KV capacity per sequence (and the rotary table length)
     dtype: Dtype = "float32"  # activations, non-expert weights, KV cache
     moe: MoeRealization = "mxfp4moe"  # each MoE as our MXFP4MoE op, or as ONNX Runtime's QMoE (CUDA only)
-    dense_bf16: bool = True  # float32 graphs: bf16 dense weights kept in bf16 for DenseBF16 (else float32 copies)
+    # float32 graphs: bf16 dense weights kept in bf16 for DenseBF16, a CPU op (else float32 copies for MatMul)
+    dense_bf16: bool = True
 
     @property
     def onnx_type(self) -> int:

@@ -96,7 +96,7 @@ def copied_prefix_differences(device: str, dtype: str, kernels: Path, directory:
     config = tiny_config()
     model = compiled_model(
         Checkpoint(make_checkpoint(directory / "model", config, "original")),
-        GraphOptions(256, dtype),  # type: ignore[arg-type]
+        GraphOptions(256, dtype, dense_bf16=device == "cpu"),  # type: ignore[arg-type]
         directory / "graphs",
     )
     runtime = DecoderRuntime(str(model), config, 3, 256, kernels=kernels, device=device, dtype=dtype)  # type: ignore[arg-type]
