@@ -103,6 +103,10 @@ class CostlyWork:
         self._queues: dict[str, _Queue] = {}
         self._threads = ThreadPoolExecutor(workers, "costly-work")  # apart from the loop's default executor
 
+    def close(self) -> None:
+        """Let the worker threads go once what runs is done (the replica is shutting down)."""
+        self._threads.shutdown(wait=False)
+
     def waiting(self, tenant: str) -> int:
         queue = self._queues.get(tenant)
         return queue.holders if queue is not None else 0

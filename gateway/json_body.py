@@ -81,12 +81,12 @@ async def read_json(request: web.Request, tenant: str) -> Any:
     except TimeoutError:
         raise ApiError(408, "The request body did not arrive in time.", code="request_timeout") from None
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    settings = request.app[SERVICES].settings
+    services = request.app[SERVICES]
+    settings = services.settings
     limit = min(settings.max_body_bytes, settings.limits.for_tenant(tenant).max_body_bytes or settings.max_body_bytes)
     if encoding == "identity" and len(raw) < OFFLOAD_BYTES:
         request[BODY_BYTES] = len(raw)
         return parse_json(raw)
-    services = request.app[SERVICES]
     body, size = await services.costly.run(tenant, lambda: _decoded(raw, encoding, limit))
     request[BODY_BYTES] = size
     return body

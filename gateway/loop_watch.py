@@ -2,8 +2,8 @@
 late it woke (`gateway_event_loop_lag_seconds`), so a stall anywhere (a parse, a garbage-collector pass, a
 blocking call) shows on /metrics. At start-up what is loaded by then (the vocabulary above all) is frozen out of
 the garbage collector's full passes, which would otherwise walk it, holding the interpreter, whenever young
-objects pile up, and a worker thread running Python
-(costly work) must hand the interpreter lock to the loop after 0.5 ms rather than Python's 5 ms."""
+objects pile up; and a worker thread running Python (costly work) must hand the interpreter lock to the loop
+after 0.5 ms rather than Python's 5 ms."""
 
 from __future__ import annotations
 

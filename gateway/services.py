@@ -92,6 +92,7 @@ class Services:
         await self.events.aclose()
         await self.conversations.aclose()
         await self.hosted.aclose()
+        self.costly.close()
 
 
 def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backend]:

@@ -8,8 +8,8 @@ Analysis becomes a `reasoning` item, `final` and recipient-less `commentary` bec
 `custom_tool_call`, and for a tool the gateway runs itself its own kind (`web_search_call`,
 `code_interpreter_call`, `mcp_call`), which the tool loop executes and settles.
 Messages the model wrongly authored as another role are kept as reasoning, never shown as answers.
-When logprobs are asked for, each token of a final-channel message carries its own (never the analysis
-channel's, nor a preamble's): on the item, and on the text delta it completed.
+When logprobs are asked for, each token of an answer message (final channel, or none) carries its own (never
+the analysis channel's, nor a preamble's): on the item, and on the text delta it completed.
 """
 
 from __future__ import annotations

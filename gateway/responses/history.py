@@ -49,7 +49,13 @@ async def load_history(
         return History()
     record = (held or {}).get(req.previous_response_id)
     if record is None:
-        record = await _previous_record(services, tenant, req.previous_response_id)
+        # OpenAI's 400 for a continuation that cannot be resolved: Codex and others then send the whole context
+        missing = invalid(
+            "previous_response_id",
+            f"Previous response with id '{req.previous_response_id}' not found.",
+            "previous_response_not_found",
+        )
+        record = await load_record(services, tenant, req.previous_response_id, "previous_response_id", missing)
     status = record.response.get("status")
     if status not in TERMINAL:
         raise invalid("previous_response_id", f"Response '{record.id}' is still {status}; wait for it to finish.")
@@ -68,27 +74,14 @@ async def _conversation(services: Services, tenant: str, conversation_id: str) -
         ) from exc
 
 
-async def _previous_record(services: Services, tenant: str, response_id: str) -> StoredResponse:
-    """What a continuation names, or the 400 `previous_response_not_found` clients recover from (OpenAI's answer:
-    Codex and others then drop the id and send the whole context)."""
-    try:
-        return await load_record(services, tenant, response_id, "previous_response_id")
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
-        raise previous_response_not_found(response_id) from exc
-
-
-def previous_response_not_found(response_id: str) -> ApiError:
-    message = f"Previous response with id '{response_id}' not found."
-    return invalid("previous_response_id", message, "previous_response_not_found")
-
-
-async def load_record(services: Services, tenant: str, response_id: str, param: str) -> StoredResponse:
+async def load_record(
+    services: Services, tenant: str, response_id: str, param: str, missing: ApiError | None = None
+) -> StoredResponse:
+    """The tenant's stored response, else `missing` (by default a 404 naming `param`)."""
     try:
         record = await services.store.load(tenant, response_id)
     except StoreUnavailable as exc:
         raise unavailable("The response store is unavailable; try again.") from exc
     if record is None:
-        raise not_found(param, f"Response with id '{response_id}' not found.")
+        raise missing or not_found(param, f"Response with id '{response_id}' not found.")
     return record

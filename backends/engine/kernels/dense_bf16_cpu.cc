@@ -4,7 +4,8 @@
 // blocks of output rows on ONNX Runtime's intra-op thread pool, and each block's weights are read from memory
 // once whatever the number of input rows:
 // - up to kFewRows input rows (decode): each weight row is widened as it is read and met by every input row
-//   (dot products: the step reads the weights' 2 bytes a value at memory bandwidth);
+//   (dot products: the step reads the weights' 2 bytes a value at memory bandwidth); from 3 rows K is taken in
+//   chunks whose x rows stay in L1, several weight rows a pass sharing each x load;
 // - more (prefill): the block is widened once into a float tile laid out by k, and groups of input rows run
 //   against it as an outer product in registers (the arithmetic bound, not the memory).
 // The sums are float, in an order of their own: equal to a float32 MatMul's to float rounding.
