@@ -47,6 +47,8 @@ SOURCES = (
     "sample_tokens_op.cc",
     "sample_tokens_cpu.cc",
     "dense_bf16_cpu.cc",
+    "paged_attention_op.cc",
+    "paged_attention_cpu.cc",
     "register.cc",
 )
 # the kernels' own headers
@@ -57,13 +59,18 @@ HEADERS = (
     "sample_tokens_launch.h",
     "cuda_launch.h",
     "dense_bf16_op.h",
+    "kernel_dtype.h",
+    "cuda_numbers.h",
+    "paged_attention_op.h",
+    "paged_attention_launch.h",
 )
 CXX_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-pthread")
 CUDA_ENV = "GATEWAY_ENGINE_CUDA"  # "0": build the CPU kernel only
 MOE_CUDA_SOURCE = "mxfp4_moe_cuda.cu"
 SAMPLE_CUDA_SOURCE = "sample_tokens_cuda.cu"
-CUDA_SOURCES = (MOE_CUDA_SOURCE, SAMPLE_CUDA_SOURCE)
-CUDA_HOST_SOURCES = ("mxfp4_moe_cuda_op.cc",)
+ATTENTION_CUDA_SOURCE = "paged_attention_cuda.cu"
+CUDA_SOURCES = (MOE_CUDA_SOURCE, SAMPLE_CUDA_SOURCE, ATTENTION_CUDA_SOURCE)
+CUDA_HOST_SOURCES = ("mxfp4_moe_cuda_op.cc", "paged_attention_cuda_op.cc")
 CUDA_ARCHS = ("sm_80", "sm_90")
 CUDA_FLAGS = (
     "-O3",

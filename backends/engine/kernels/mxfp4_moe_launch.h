@@ -5,10 +5,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernel_dtype.h"
+
 namespace gptoss {
 
-// The activation dtype: x, router logits, biases and y share it.
-enum class Dtype : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+// The activation dtype (kernel_dtype.h): x, router logits, biases and y share it.
 
 struct MoeArgs {
   int64_t tokens, hidden, inter, experts, k;

@@ -3,6 +3,7 @@
 
 #include "dense_bf16_op.h"
 #include "mxfp4_moe_op.h"
+#include "paged_attention_op.h"
 #include "sample_tokens_op.h"
 
 namespace {
@@ -20,11 +21,17 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   static CpuOp cpu_ops[] = {CpuOp(kCpu, kFloat), CpuOp(kCpu, kHalf), CpuOp(kCpu, kBFloat)};
   static gptoss::SampleOpBase<gptoss::SampleCpuKernel> cpu_sample(kCpu);
   static gptoss::DenseBf16Op cpu_dense;
+  using CpuAttention = gptoss::AttentionOpBase<gptoss::AttentionKernel>;
+  static CpuAttention cpu_attention[] = {CpuAttention(kCpu, kFloat), CpuAttention(kCpu, kHalf),
+                                         CpuAttention(kCpu, kBFloat)};
 #ifdef GPTOSS_WITH_CUDA
   using CudaOp = gptoss::MoeOpBase<gptoss::MoeCudaKernel>;
   constexpr const char* kCuda = "CUDAExecutionProvider";
   static CudaOp cuda_ops[] = {CudaOp(kCuda, kFloat), CudaOp(kCuda, kHalf), CudaOp(kCuda, kBFloat)};
   static gptoss::SampleOpBase<gptoss::SampleCudaKernel> cuda_sample(kCuda);
+  using CudaAttention = gptoss::AttentionOpBase<gptoss::AttentionCudaKernel>;
+  static CudaAttention cuda_attention[] = {CudaAttention(kCuda, kFloat), CudaAttention(kCuda, kHalf),
+                                           CudaAttention(kCuda, kBFloat)};
 #endif
   static Ort::CustomOpDomain domain{nullptr};
   OrtStatus* status = nullptr;
@@ -34,9 +41,11 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
       for (auto& op : cpu_ops) domain.Add(&op);
       domain.Add(&cpu_sample);
       domain.Add(&cpu_dense);
+      for (auto& op : cpu_attention) domain.Add(&op);
 #ifdef GPTOSS_WITH_CUDA
       for (auto& op : cuda_ops) domain.Add(&op);
       domain.Add(&cuda_sample);
+      for (auto& op : cuda_attention) domain.Add(&op);
 #endif
     }
     Ort::UnownedSessionOptions(options).Add(domain);

@@ -1,0 +1,176 @@
+// gptoss.engine::PagedAttention on the CUDA execution provider, in the activation dtype (float, fp16, bf16),
+// float arithmetic:
+//
+// 1. Write: a block per token rotates its keys and stores them and its values into its row's page.
+// 2. Attend: a block per (token, KV head), a warp per query head of the KV head's group. The block walks the
+//    token's keys in tiles of 32 positions, each tile's keys and values read once into shared memory for the
+//    group; lane l scores key l of the tile for its warp's head, and the softmax runs online (a running maximum
+//    and sum per head, started from the head's sink logit), each lane accumulating the weighted values of the
+//    dimensions it holds.
+// Both run on ONNX Runtime's stream, in order, with nothing read back: a step replays as a CUDA graph whatever
+// its page tables hold (they are device buffers).
+//
+// The file is also compiled as host C++ with a warp-emulation shim (tests/kernel_emulation), so it keeps to
+// threadIdx/blockIdx, __syncthreads and GPTOSS_LAUNCH.
+
+#include <cfloat>
+#include <cmath>
+
+#include "cuda_launch.h"
+#include "cuda_numbers.h"
+#include "paged_attention_launch.h"
+
+namespace gptoss {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kTile = 32;  // key positions per tile: one per lane
+constexpr int kWriteThreads = 256;
+
+// The cache slot of `row`'s `position`; a page number outside the cache reads and writes page 0.
+__device__ __forceinline__ int64_t SlotOf(const AttentionArgs& a, int64_t row, int64_t position) {
+  int64_t page = a.page_table[row * a.table_width + position / a.page_size];
+  if (page < 0 || page * a.page_size >= a.cache_slots) page = 0;
+  return page * a.page_size + position % a.page_size;
+}
+
+__device__ __forceinline__ bool TokenInRange(const AttentionArgs& a, int64_t row, int64_t position) {
+  return row >= 0 && row < a.rows && position >= 0 && position < a.max_positions &&
+         position / a.page_size < a.table_width;
+}
+
+template <typename T>
+__global__ void WriteKv(AttentionArgs a) {
+  const int64_t t = blockIdx.x, d = a.head_dim, half = d / 2;
+  const int64_t row = a.token_rows[t], position = a.positions[t];
+  if (!TokenInRange(a, row, position)) return;
+  const int64_t slot = SlotOf(a, row, position);
+  const int64_t width = (a.heads + 2 * a.kv_heads) * d;
+  const T* qkv = static_cast<const T*>(a.qkv) + t * width;
+  T* keys = static_cast<T*>(a.key_cache) + slot * a.kv_heads * d;
+  T* values = static_cast<T*>(a.value_cache) + slot * a.kv_heads * d;
+  const T* cos = static_cast<const T*>(a.cos) + position * half;
+  const T* sin = static_cast<const T*>(a.sin) + position * half;
+  for (int64_t e = threadIdx.x; e < a.kv_heads * half; e += blockDim.x) {
+    const int64_t h = e / half, i = e % half;
+    const T* key = qkv + (a.heads + h) * d;
+    const float x1 = ToFloat(key[i]), x2 = ToFloat(key[i + half]), c = ToFloat(cos[i]), s = ToFloat(sin[i]);
+    keys[h * d + i] = FromFloat<T>(x1 * c - x2 * s);
+    keys[h * d + i + half] = FromFloat<T>(x2 * c + x1 * s);
+    const T* value = qkv + (a.heads + a.kv_heads + h) * d;
+    values[h * d + i] = value[i];
+    values[h * d + i + half] = value[i + half];
+  }
+}
+
+template <typename T>
+__global__ void Attend(AttentionArgs a) {
+  __shared__ float keys[kTile][kMaxHeadDim + 1];  // padded: lanes reading one dimension of 32 keys hit 32 banks
+  __shared__ float values[kTile][kMaxHeadDim + 1];
+  __shared__ float queries[kMaxGroup][kMaxHeadDim];
+  __shared__ float weights[kMaxGroup][kTile];
+  const int64_t t = blockIdx.x, h = blockIdx.y, d = a.head_dim, half = d / 2;
+  const int64_t group = a.heads / a.kv_heads;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t row = a.token_rows[t], position = a.positions[t];
+  const int64_t head = h * group + warp;
+  T* out = static_cast<T*>(a.out) + t * a.heads * d + head * d;
+  const bool valid = TokenInRange(a, row, position);
+  if (!valid) {  // nothing to attend to: zeros (every thread of the block returns before any barrier)
+    for (int64_t i = lane; i < d; i += kWarp) out[i] = FromFloat<T>(0.0f);
+    return;
+  }
+  const int64_t first = a.window > 0 ? (position - a.window + 1 > 0 ? position - a.window + 1 : 0) : 0;
+  {  // this warp's query, rotated and scaled, into shared memory
+    const T* q = static_cast<const T*>(a.qkv) + t * (a.heads + 2 * a.kv_heads) * d + head * d;
+    const T* cos = static_cast<const T*>(a.cos) + position * half;
+    const T* sin = static_cast<const T*>(a.sin) + position * half;
+    for (int64_t i = lane; i < half; i += kWarp) {
+      const float x1 = ToFloat(q[i]), x2 = ToFloat(q[i + half]), c = ToFloat(cos[i]), s = ToFloat(sin[i]);
+      queries[warp][i] = (x1 * c - x2 * s) * a.scale;
+      queries[warp][i + half] = (x2 * c + x1 * s) * a.scale;
+    }
+  }
+  constexpr int kPerLane = kMaxHeadDim / kWarp;
+  float acc[kPerLane] = {};
+  float top = ToFloat(static_cast<const T*>(a.sinks)[head]);  // the sink: a logit with no value
+  float total = 1.0f;
+  const T* key_cache = static_cast<const T*>(a.key_cache);
+  const T* value_cache = static_cast<const T*>(a.value_cache);
+  for (int64_t base = first; base <= position; base += kTile) {
+    __syncthreads();  // the last tile's readers are done (and, the first time, the queries written)
+    for (int64_t e = threadIdx.x; e < kTile * d; e += blockDim.x) {
+      const int64_t k = e / d, i = e % d, j = base + k;
+      float key = 0.0f, value = 0.0f;
+      if (j <= position) {
+        const int64_t at = (SlotOf(a, row, j) * a.kv_heads + h) * d + i;
+        key = ToFloat(key_cache[at]);
+        value = ToFloat(value_cache[at]);
+      }
+      keys[k][i] = key;
+      values[k][i] = value;
+    }
+    __syncthreads();
+    float score = -FLT_MAX;
+    if (base + lane <= position) {
+      score = 0.0f;
+      for (int64_t i = 0; i < d; ++i) score += queries[warp][i] * keys[lane][i];
+    }
+    weights[warp][lane] = score;
+    __syncthreads();
+    float tile_top = top;
+    for (int k = 0; k < kTile; ++k) tile_top = fmaxf(tile_top, weights[warp][k]);
+    const float rescale = expf(top - tile_top);
+    total *= rescale;
+    for (int e = 0; e < kPerLane; ++e) acc[e] *= rescale;
+    for (int k = 0; k < kTile && base + k <= position; ++k) {
+      const float p = expf(weights[warp][k] - tile_top);
+      total += p;
+      for (int e = 0; e < kPerLane && lane + e * kWarp < d; ++e) acc[e] += p * values[k][lane + e * kWarp];
+    }
+    top = tile_top;
+  }
+  for (int e = 0; e < kPerLane && lane + e * kWarp < d; ++e) out[lane + e * kWarp] = FromFloat<T>(acc[e] / total);
+}
+
+template <typename T>
+void Launch(const AttentionArgs& a, cudaStream_t stream) {
+  GPTOSS_LAUNCH(WriteKv<T>, dim3(static_cast<unsigned>(a.tokens)), dim3(kWriteThreads), stream, a);
+  const unsigned threads = static_cast<unsigned>(a.heads / a.kv_heads * kWarp);
+  GPTOSS_LAUNCH(Attend<T>, dim3(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.kv_heads)), dim3(threads),
+                stream, a);
+}
+
+}  // namespace
+
+const char* LaunchPagedAttention(const AttentionArgs& a, void* raw_stream) {
+  cudaStream_t stream = static_cast<cudaStream_t>(raw_stream);
+  if (a.heads / a.kv_heads > kMaxGroup || a.head_dim > kMaxHeadDim || a.head_dim % 64) {
+    return "more than 16 query heads per KV head, or a head size that is not 64 or 128";
+  }
+  const size_t element = a.dtype == Dtype::kFloat32 ? 4 : 2;
+  const size_t cache_bytes = static_cast<size_t>(a.cache_slots * a.kv_heads * a.head_dim) * element;
+  if (a.key_cache != a.key_cache_in) {
+    cudaMemcpyAsync(a.key_cache, a.key_cache_in, cache_bytes, cudaMemcpyDeviceToDevice, stream);
+  }
+  if (a.value_cache != a.value_cache_in) {
+    cudaMemcpyAsync(a.value_cache, a.value_cache_in, cache_bytes, cudaMemcpyDeviceToDevice, stream);
+  }
+  if (a.tokens > 0) {
+    switch (a.dtype) {
+      case Dtype::kFloat32:
+        Launch<float>(a, stream);
+        break;
+      case Dtype::kFloat16:
+        Launch<Half>(a, stream);
+        break;
+      case Dtype::kBFloat16:
+        Launch<BFloat>(a, stream);
+        break;
+    }
+  }
+  const cudaError_t status = cudaGetLastError();
+  return status == cudaSuccess ? nullptr : cudaGetErrorString(status);
+}
+
+}  // namespace gptoss

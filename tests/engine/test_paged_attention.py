@@ -1,0 +1,221 @@
+"""gptoss.engine::PagedAttention against a float64 reference at gpt-oss's attention width (64 query heads, 8 KV
+heads of 64): the model-local function, the compiled CPU kernel, and the CUDA kernel under the host warp
+emulation, over ragged steps (a prefill chunk beside decode rows), pages scattered through the pool, the
+128-token window crossing page borders, and the caches updated in place."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from emulated_kernels import compile_emulated
+from onnx import TensorProto, helper
+
+from backends.engine.attention import INPUTS, attention_attributes, paged_attention_function
+from backends.engine.config import ModelConfig
+from backends.engine.kernels import build
+from backends.engine.opsets import ENGINE_DOMAIN, IR_VERSION, OPSET
+from backends.engine.rope import cos_sin
+
+CONFIG = ModelConfig(num_hidden_layers=2)  # gpt-oss's heads: 64 query, 8 KV, 64 wide; window 128
+PAGE = 16
+POSITIONS = 512
+ONNX_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+NUMPY_TYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def _model(window_layer: bool, dtype: str) -> bytes:
+    c = CONFIG
+    act = ONNX_TYPES[dtype]
+    attributes = attention_attributes(c, 0 if window_layer else 1, PAGE)
+    node = helper.make_node(
+        "PagedAttention", INPUTS, ["out", "present_key", "present_value"], domain=ENGINE_DOMAIN, **attributes
+    )
+    width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    cache = ["slots", c.num_key_value_heads, c.head_dim]
+    inputs = [
+        helper.make_tensor_value_info("qkv", act, ["tokens", width]),
+        helper.make_tensor_value_info("key_cache", act, cache),
+        helper.make_tensor_value_info("value_cache", act, cache),
+        helper.make_tensor_value_info("positions", TensorProto.INT32, ["tokens"]),
+        helper.make_tensor_value_info("token_rows", TensorProto.INT32, ["tokens"]),
+        helper.make_tensor_value_info("page_table", TensorProto.INT32, ["rows", "pages"]),
+        helper.make_tensor_value_info("cos_cache", act, [POSITIONS, c.head_dim // 2]),
+        helper.make_tensor_value_info("sin_cache", act, [POSITIONS, c.head_dim // 2]),
+        helper.make_tensor_value_info("sinks", act, [c.num_attention_heads]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("out", act, ["tokens", c.num_attention_heads * c.head_dim]),
+        helper.make_tensor_value_info("present_key", act, cache),
+        helper.make_tensor_value_info("present_value", act, cache),
+    ]
+    graph = helper.make_graph([node], "paged_attention", inputs, outputs)
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(ENGINE_DOMAIN, 1)]
+    model = helper.make_model(graph, opset_imports=opsets, functions=[paged_attention_function()])
+    model.ir_version = IR_VERSION
+    return model.SerializeToString()
+
+
+class Reference:
+    """Float64 attention over each row's positions, kept contiguously (keys rotated as written)."""
+
+    def __init__(self, rows: int) -> None:
+        cos, sin = cos_sin(CONFIG, POSITIONS)
+        self.cos, self.sin = cos.astype(np.float64), sin.astype(np.float64)
+        self.keys = [dict() for _ in range(rows)]
+        self.values = [dict() for _ in range(rows)]
+
+    def _rotate(self, x: np.ndarray, position: int) -> np.ndarray:
+        half = x.shape[-1] // 2
+        c, s = self.cos[position], self.sin[position]
+        x1, x2 = x[..., :half], x[..., half:]
+        return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+    def step(self, qkv, positions, rows, sinks, window: int) -> np.ndarray:
+        c = CONFIG
+        h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        qkv = qkv.astype(np.float64)
+        for t, (row, position) in enumerate(zip(rows, positions, strict=True)):
+            k = qkv[t, h * d : (h + kv) * d].reshape(kv, d)
+            self.keys[row][position] = self._rotate(k, position)
+            self.values[row][position] = qkv[t, (h + kv) * d :].reshape(kv, d)
+        out = np.zeros((len(rows), h * d))
+        for t, (row, position) in enumerate(zip(rows, positions, strict=True)):
+            q = self._rotate(qkv[t, : h * d].reshape(h, d), position) / np.sqrt(d)
+            first = max(0, position - window + 1) if window else 0
+            seen = range(first, position + 1)
+            keys = np.stack([self.keys[row][j] for j in seen])  # [L, kv, d]
+            values = np.stack([self.values[row][j] for j in seen])
+            for head in range(h):
+                group = head // (h // kv)
+                scores = keys[:, group] @ q[head]
+                top = max(scores.max(), sinks[head])
+                weights = np.exp(scores - top)
+                total = weights.sum() + np.exp(sinks[head] - top)
+                out[t, head * d : (head + 1) * d] = weights @ values[:, group] / total
+        return out
+
+
+def _steps(rng: np.random.Generator) -> list[tuple[list[int], list[int]]]:
+    """(rows, positions) per step: row 0 prefills 150 tokens in chunks, rows 1 and 2 start later and decode beside
+    it; every row crosses page borders and row 0 goes past the window."""
+    steps = [([1] * 40, list(range(40))), ([0] * 100 + [1], list(range(100)) + [40])]
+    steps.append(([0] * 50 + [1] + [2] * 7, list(range(100, 150)) + [41] + list(range(7))))
+    for offset in range(3):
+        steps.append(([0, 1, 2], [150 + offset, 42 + offset, 7 + offset]))
+    return steps
+
+
+def _run_all(runner, dtype: str, window: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The outputs of each step from `runner` and the reference's, on the same random inputs."""
+    rng = np.random.default_rng(5)
+    c = CONFIG
+    width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    rows = 3
+    pages_per_row = POSITIONS // PAGE
+    pool = rng.permutation(np.arange(1, rows * pages_per_row + 1)).astype(np.int32)  # page 0: scratch
+    table = pool.reshape(rows, pages_per_row)
+    sinks = rng.standard_normal(c.num_attention_heads).astype(np.float32)
+    reference = Reference(rows)
+    got, expected = [], []
+    for step_rows, positions in _steps(rng):
+        qkv = rng.standard_normal((len(step_rows), width)).astype(NUMPY_TYPES[dtype])
+        got.append(runner(qkv, np.array(positions, np.int32), np.array(step_rows, np.int32), table, sinks))
+        expected.append(reference.step(qkv, positions, step_rows, sinks.astype(np.float64), window))
+    return got, expected
+
+
+class Session:
+    """One PagedAttention node in a session, its caches bound in place across steps."""
+
+    def __init__(self, window_layer: bool, dtype: str, kernels: bool) -> None:
+        options = ort.SessionOptions()
+        if kernels:
+            options.register_custom_ops_library(str(build.build_library()))
+        self.session = ort.InferenceSession(_model(window_layer, dtype), options, providers=["CPUExecutionProvider"])
+        self.dtype = dtype
+        c = CONFIG
+        slots = (3 * POSITIONS // PAGE + 1) * PAGE
+        self.caches = [np.zeros((slots, c.num_key_value_heads, c.head_dim), NUMPY_TYPES[dtype]) for _ in range(2)]
+        cos, sin = cos_sin(c, POSITIONS)
+        self.tables = cos.astype(NUMPY_TYPES[dtype]), sin.astype(NUMPY_TYPES[dtype])
+
+    def __call__(self, qkv, positions, rows, table, sinks) -> np.ndarray:
+        onnx_type = ONNX_TYPES[self.dtype]
+        binding = self.session.io_binding()
+        binding.bind_output("out", "cpu")  # first: get_outputs() follows the order of binding
+        for name, cache in zip(("key_cache", "value_cache"), self.caches, strict=True):
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(cache, onnx_type))
+        for name, cache in zip(("present_key", "present_value"), self.caches, strict=True):
+            binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(cache, onnx_type))
+        inputs = {
+            "qkv": qkv,
+            "positions": positions,
+            "token_rows": rows,
+            "page_table": table,
+            "cos_cache": self.tables[0],
+            "sin_cache": self.tables[1],
+            "sinks": sinks.astype(NUMPY_TYPES[self.dtype]),
+        }
+        for name, value in inputs.items():
+            binding.bind_cpu_input(name, value)
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy().astype(np.float64)
+
+
+TOLERANCE = {"float32": 2e-5, "float16": 4e-3}
+
+
+@pytest.mark.parametrize("window_layer", [True, False], ids=["window", "full"])
+@pytest.mark.parametrize(("dtype", "kernels"), [("float32", False), ("float32", True), ("float16", True)])
+def test_matches_reference(window_layer: bool, dtype: str, kernels: bool) -> None:
+    window = CONFIG.sliding_window if window_layer else 0
+    got, expected = _run_all(Session(window_layer, dtype, kernels), dtype, window)
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        error = np.abs(a - b).max() / max(1.0, np.abs(b).max())
+        assert error < TOLERANCE[dtype], f"step {step}: relative error {error}"
+
+
+def test_the_kernel_refuses_a_page_outside_the_cache() -> None:
+    session = Session(False, "float32", kernels=True)
+    c = CONFIG
+    qkv = np.zeros((1, (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim), np.float32)
+    table = np.full((1, POSITIONS // PAGE), 10_000, np.int32)
+    with pytest.raises(Exception, match="outside the cache"):
+        session(qkv, np.array([3], np.int32), np.array([0], np.int32), table, np.zeros(c.num_attention_heads))
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory) -> ctypes.CDLL:
+    directory = tmp_path_factory.mktemp("attention_emulation")
+    return compile_emulated(
+        build.ATTENTION_CUDA_SOURCE, "attention_emulation_driver.cc", "gptoss_emulated_attention", directory, "-O1"
+    )
+
+
+@pytest.mark.parametrize("window_layer", [True, False], ids=["window", "full"])
+def test_cuda_kernel_under_emulation(emulated: ctypes.CDLL, window_layer: bool) -> None:
+    c = CONFIG
+    window = c.sliding_window if window_layer else 0
+    slots = (3 * POSITIONS // PAGE + 1) * PAGE
+    caches = [np.zeros((slots, c.num_key_value_heads, c.head_dim), np.float32) for _ in range(2)]
+    cos, sin = cos_sin(c, POSITIONS)
+
+    def run(qkv, positions, rows, table, sinks) -> np.ndarray:
+        out = np.zeros((len(rows), c.num_attention_heads * c.head_dim), np.float32)
+        sinks = sinks.astype(np.float32)
+        arrays = [qkv, caches[0], caches[1], positions, rows, table, cos, sin, sinks, out]
+        pointers = [ctypes.c_void_p(np.ascontiguousarray(a).ctypes.data) for a in arrays]
+        sizes = [len(rows), table.shape[0], table.shape[1], slots, POSITIONS]
+        error = emulated.gptoss_emulated_attention(
+            *pointers, *(ctypes.c_int64(v) for v in sizes), ctypes.c_int64(window), ctypes.c_int64(PAGE)
+        )
+        assert error is None, error.decode()
+        return out.astype(np.float64)
+
+    got, expected = _run_all(run, "float32", window)
+    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
+        error = np.abs(a - b).max() / max(1.0, np.abs(b).max())
+        assert error < TOLERANCE["float32"], f"step {step}: relative error {error}"

@@ -1,0 +1,39 @@
+// A C entry point over the PagedAttention CUDA kernel file compiled for the host (cuda_shim.h is included first):
+// one float32 step at gpt-oss's attention heads (64 query, 8 KV, 64 wide) on caches in host memory, updated in
+// place, for the tests to compare with the reference.
+#include <cmath>
+
+#include "paged_attention_launch.h"
+
+extern "C" const char* gptoss_emulated_attention(const void* qkv, void* keys, void* values, const int32_t* positions,
+                                                 const int32_t* rows, const int32_t* table, const void* cos,
+                                                 const void* sin, const void* sinks, void* out, int64_t tokens,
+                                                 int64_t table_rows, int64_t table_width, int64_t slots,
+                                                 int64_t max_positions, int64_t window, int64_t page_size) {
+  gptoss::AttentionArgs a{};
+  a.tokens = tokens;
+  a.rows = table_rows;
+  a.table_width = table_width;
+  a.heads = 64;
+  a.kv_heads = 8;
+  a.head_dim = 64;
+  a.page_size = page_size;
+  a.cache_slots = slots;
+  a.max_positions = max_positions;
+  a.window = window;
+  a.scale = 1.0f / std::sqrt(64.0f);
+  a.dtype = gptoss::Dtype::kFloat32;
+  a.qkv = qkv;
+  a.key_cache_in = keys;
+  a.value_cache_in = values;
+  a.key_cache = keys;
+  a.value_cache = values;
+  a.positions = positions;
+  a.token_rows = rows;
+  a.page_table = table;
+  a.cos = cos;
+  a.sin = sin;
+  a.sinks = sinks;
+  a.out = out;
+  return gptoss::LaunchPagedAttention(a, nullptr);
+}
