@@ -1,9 +1,12 @@
 """The gpt-oss decoder as an ONNX graph, built from a checkpoint and written tensor by tensor to disk.
 
-One graph serves prefill and decode: token ids [B, S] in, last-position logits [B, V] (float32) out. Each
-layer's KV cache is a [B, kv_heads, max_positions, head_dim] buffer bound as both past and present
-(updated in place). Attention is GroupQueryAttention on the packed qkv, with the sinks as `head_sink`, a
-128-token window on even layers and YaRN rotary tables; each residual add is fused with the next RMSNorm
+One graph serves prefill and decode, over ragged steps: the step's token ids [T] in (each with its row and
+position), each row's last-token logits [B, V] (float32) out. Each layer's KV cache is a pool of pages
+[pages x page_size, kv_heads, head_dim] bound as both past and present (updated in place): full-attention
+layers read it through the rows' `full_pages` tables, sliding-window layers through `window_pages` (their
+own, smaller pool: a row keeps only the pages its window reaches). Attention is the custom-domain op
+`PagedAttention` (attention.py) on the packed qkv, with the sinks, a 128-token window on even layers and YaRN
+rotary tables; each residual add is fused with the next RMSNorm
 (SkipSimplifiedLayerNormalization). Activations, non-expert weights and the KV cache are in the graph's
 dtype (float32, float16 or bfloat16); in a float32 graph the dense weights (projections, router, unembedding)
 that the checkpoint holds in bf16 stay bf16, as the custom-domain op `DenseBF16` (a model-local function:
@@ -25,7 +28,6 @@ experts take their disk space once (gpt-oss-120b: about 57 GiB less).
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,15 +39,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .attention import attention_attributes, paged_attention_function
 from .checkpoint import Checkpoint
 from .config import SWIGLU_ALPHA, ModelConfig
+from .opsets import ENGINE_DOMAIN, IR_VERSION, OPSET
 from .qmoe import MS_DOMAIN, MoeRealization, qmoe_node, qmoe_weights
 from .rope import cos_sin
 
-BUILDER_VERSION = "6"
-OPSET = 23
-IR_VERSION = 11  # FLOAT4E2M1 needs 11; onnxruntime 1.31 loads up to 13
-ENGINE_DOMAIN = "gptoss.engine"
+BUILDER_VERSION = "7"
 RMS_EPSILON = 1e-5
 INLINE_BYTES = 1024
 STREAM_BLOCK_BYTES = 32 * 1024 * 1024  # a large weight is converted and written in blocks of this size
@@ -62,11 +63,12 @@ DTYPES: dict[str, tuple[int, np.dtype]] = {
 
 @dataclass(frozen=True, slots=True)
 class GraphOptions:
-    max_positions: int  # KV capacity per sequence (and the rotary table length)
+    max_positions: int  # positions a sequence may reach (the rotary table length)
     dtype: Dtype = "float32"  # activations, non-expert weights, KV cache
     moe: MoeRealization = "mxfp4moe"  # each MoE as our MXFP4MoE op, or as ONNX Runtime's QMoE (CUDA only)
     # float32 graphs: bf16 dense weights kept in bf16 for DenseBF16, a CPU op (else float32 copies for MatMul)
     dense_bf16: bool = True
+    page_size: int = 32  # positions per KV page
 
     @property
     def onnx_type(self) -> int:
@@ -79,6 +81,9 @@ class GraphOptions:
 
 def kv_names(layer: int) -> tuple[str, str, str, str]:
     return f"past_key_{layer}", f"past_value_{layer}", f"present_key_{layer}", f"present_value_{layer}"
+
+
+STEP_INPUTS = ("input_ids", "positions", "token_rows", "full_pages", "window_pages", "last_tokens")
 
 
 class TensorWriter:
@@ -334,30 +339,14 @@ class _Builder:
         h, residual = self.norm(x, b + "attn.norm.scale", f"l{n}_attn_in", residual)
         qkv = self.linear(h, b + "attn.qkv", f"l{n}_qkv")
         past_k, past_v, present_k, present_v = kv_names(n)
+        table = "window_pages" if c.is_sliding(n) else "full_pages"
+        inputs = [qkv, past_k, past_v, "positions", "token_rows", table, "cos_cache", "sin_cache"]
         attention = self.node(
-            "GroupQueryAttention",
-            [
-                qkv,
-                "",
-                "",
-                past_k,
-                past_v,
-                "seqlens_k",
-                "total_sequence_length",
-                "cos_cache",
-                "sin_cache",
-                "",
-                "",
-                self.stored(b + "attn.sinks"),
-            ],
+            "PagedAttention",
+            [*inputs, self.stored(b + "attn.sinks")],
             [f"l{n}_attn", present_k, present_v],
-            domain=MS_DOMAIN,
-            num_heads=c.num_attention_heads,
-            kv_num_heads=c.num_key_value_heads,
-            scale=1 / math.sqrt(c.head_dim),
-            local_window_size=c.sliding_window if c.is_sliding(n) else -1,
-            do_rotary=1,
-            rotary_interleaved=0,
+            domain=ENGINE_DOMAIN,
+            **attention_attributes(c, n, self.options.page_size),
         )
         # the output projection's bias is added by the norm, with the residual: one node fewer per layer
         out = self.product(attention, b + "attn.out", f"l{n}_o")
@@ -405,16 +394,10 @@ class _Builder:
             if progress is not None:
                 progress(n + 1, layers + 1)
         assert residual is not None
-        last = [
-            self.weight("last_start", np.array([-1], np.int64)),
-            self.weight("last_end", np.array([2**62], np.int64)),
-            self.weight("seq_axis", np.array([1], np.int64)),
-        ]
-        last_moe = self.node("Slice", [x, *last], ["last_moe"])
-        last_residual = self.node("Slice", [residual, *last], ["last_residual"])
+        last_moe = self.node("Gather", [x, "last_tokens"], ["last_moe"], axis=0)
+        last_residual = self.node("Gather", [residual, "last_tokens"], ["last_residual"], axis=0)
         normed, _ = self.norm(last_moe, "norm.scale", "final_norm", last_residual)
-        squeezed = self.node("Squeeze", [normed, "seq_axis"], ["final_rows"])
-        logits = self.dense(squeezed, "unembedding.weight", "logits_t")
+        logits = self.dense(normed, "unembedding.weight", "logits_t")
         if self.options.dtype == "float32":
             self.node("Identity", [logits], ["logits"])
         else:
@@ -426,15 +409,20 @@ class _Builder:
     def _model(self) -> onnx.ModelProto:
         c = self.config
         kv_type = self.options.onnx_type
-        kv_shape = ["batch", c.num_key_value_heads, self.options.max_positions, c.head_dim]
+        int32, int64 = TensorProto.INT32, TensorProto.INT64
         inputs = [
-            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
-            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+            helper.make_tensor_value_info("input_ids", int64, ["tokens"]),
+            helper.make_tensor_value_info("positions", int32, ["tokens"]),
+            helper.make_tensor_value_info("token_rows", int32, ["tokens"]),
+            helper.make_tensor_value_info("full_pages", int32, ["rows", "pages"]),
+            helper.make_tensor_value_info("window_pages", int32, ["rows", "pages"]),
+            helper.make_tensor_value_info("last_tokens", int64, ["rows"]),
         ]
-        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", c.vocab_size])]
+        outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", c.vocab_size])]
         for n in range(c.num_hidden_layers):
             past_k, past_v, present_k, present_v = kv_names(n)
+            slots = "window_slots" if c.is_sliding(n) else "full_slots"
+            kv_shape = [slots, c.num_key_value_heads, c.head_dim]
             inputs += [helper.make_tensor_value_info(name, kv_type, kv_shape) for name in (past_k, past_v)]
             outputs += [helper.make_tensor_value_info(name, kv_type, kv_shape) for name in (present_k, present_v)]
         graph = helper.make_graph(self.nodes, "gpt_oss", inputs, outputs, self.initializers)
@@ -443,7 +431,9 @@ class _Builder:
 
 def _model(graph: onnx.GraphProto, config: ModelConfig, options: GraphOptions) -> onnx.ModelProto:
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1), helper.make_opsetid(ENGINE_DOMAIN, 1)]
-    functions = [_moe_function(config, options)] if options.moe == "mxfp4moe" else []
+    functions = [paged_attention_function()]
+    if options.moe == "mxfp4moe":
+        functions.append(_moe_function(config, options))
     if options.dtype == "float32" and options.dense_bf16:
         functions.append(_dense_bf16_function())
     model = helper.make_model(graph, opset_imports=opsets, functions=functions, producer_name="gpt-oss-gateway")

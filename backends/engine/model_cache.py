@@ -28,7 +28,10 @@ def compiled_model(
 ) -> Path:
     """The .onnx file for this checkpoint and these options, built (weights streamed to disk) if not cached."""
     dense = "-dense32" if not options.dense_bf16 else ""
-    key = f"{checkpoint.fingerprint}-b{BUILDER_VERSION}-p{options.max_positions}-{options.dtype}-{options.moe}{dense}"
+    key = (
+        f"{checkpoint.fingerprint}-b{BUILDER_VERSION}-p{options.max_positions}-g{options.page_size}"
+        f"-{options.dtype}-{options.moe}{dense}"
+    )
     target = cache_dir / key
     if (target / MODEL_FILE).is_file():
         return target / MODEL_FILE

@@ -98,11 +98,11 @@ class Reference:
         return out
 
 
-def _steps(rng: np.random.Generator) -> list[tuple[list[int], list[int]]]:
+def _steps() -> list[tuple[list[int], list[int]]]:
     """(rows, positions) per step: row 0 prefills 150 tokens in chunks, rows 1 and 2 start later and decode beside
     it; every row crosses page borders and row 0 goes past the window."""
-    steps = [([1] * 40, list(range(40))), ([0] * 100 + [1], list(range(100)) + [40])]
-    steps.append(([0] * 50 + [1] + [2] * 7, list(range(100, 150)) + [41] + list(range(7))))
+    steps = [([1] * 40, list(range(40))), ([0] * 100 + [1], [*range(100), 40])]
+    steps.append(([0] * 50 + [1] + [2] * 7, [*range(100, 150), 41, *range(7)]))
     for offset in range(3):
         steps.append(([0, 1, 2], [150 + offset, 42 + offset, 7 + offset]))
     return steps
@@ -120,7 +120,7 @@ def _run_all(runner, dtype: str, window: int) -> tuple[list[np.ndarray], list[np
     sinks = rng.standard_normal(c.num_attention_heads).astype(np.float32)
     reference = Reference(rows)
     got, expected = [], []
-    for step_rows, positions in _steps(rng):
+    for step_rows, positions in _steps():
         qkv = rng.standard_normal((len(step_rows), width)).astype(NUMPY_TYPES[dtype])
         got.append(runner(qkv, np.array(positions, np.int32), np.array(step_rows, np.int32), table, sinks))
         expected.append(reference.step(qkv, positions, step_rows, sinks.astype(np.float64), window))
