@@ -108,18 +108,20 @@ class Backend(Protocol):
 class EngineStats:
     """A snapshot of an in-process engine's load (the gateway exports it as `gateway_engine_*` metrics)."""
 
-    running: int  # sequences holding a KV slot
-    waiting: int  # sequences queued for a slot
-    slots: int
-    kv_tokens: int  # positions filled in the slots in use
-    kv_capacity_tokens: int
+    running: int  # sequences holding KV pages
+    waiting: int  # sequences queued for pages (or for room in the batch)
+    max_batch: int  # the most sequences running at once
+    kv_tokens: int  # positions written by running sequences
+    kv_capacity_tokens: int  # positions the full-attention pool holds
     decode_steps: int  # since start
     prefill_tokens: int
     decode_tokens: int
     prefix_lookup_tokens: int = 0  # prompt tokens of the sequences started, since start
     prefix_hit_tokens: int = 0  # of those, tokens reused from the prefix cache instead of prefilled
-    prefix_blocks: int = 0  # prefix-cache blocks held in KV slots now
-    prefix_evicted_blocks: int = 0  # blocks given up for the budget or for another prefix, since start
+    prefix_blocks: int = 0  # pages the prefix cache names now
+    prefix_evicted_blocks: int = 0  # named pages taken back for other sequences or the budget, since start
+    kv_pages: dict[str, Any] = field(default_factory=dict)  # pool → its PoolStats (pages, in_use, cached, free)
+    preemptions: int = 0  # sequences preempted for pages and run again later, since start
 
 
 @runtime_checkable

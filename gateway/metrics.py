@@ -218,14 +218,21 @@ class EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         sequences = GaugeMetricFamily(
             "gateway_engine_sequences",
-            "Sequences running (in a KV slot) or waiting for one",
+            "Sequences running (holding KV pages) or waiting for pages or room in the batch",
             labels=["backend", "state"],
         )
-        slots = GaugeMetricFamily("gateway_engine_slots", "KV slots (the largest decode batch)", labels=["backend"])
+        batch = GaugeMetricFamily("gateway_engine_max_batch", "Sequences run at once, at most", labels=["backend"])
         kv = GaugeMetricFamily(
-            "gateway_engine_kv_tokens", "KV cache positions: used by running sequences, and capacity",
+            "gateway_engine_kv_tokens", "KV positions: written by running sequences, and the full-attention pool's",
             labels=["backend", "state"],
         )  # fmt: skip
+        pages = GaugeMetricFamily(
+            "gateway_engine_kv_pages", "KV pages per pool: held by sequences, kept by the prefix cache only, free",
+            labels=["backend", "pool", "state"],
+        )  # fmt: skip
+        preemptions = CounterMetricFamily(
+            "gateway_engine_preemptions", "Sequences preempted for KV pages (run again later)", labels=["backend"]
+        )
         steps = CounterMetricFamily("gateway_engine_decode_steps", "Decode steps run", labels=["backend"])
         tokens = CounterMetricFamily(
             "gateway_engine_tokens", "Tokens run: prompt tokens prefilled, tokens decoded", labels=["backend", "phase"]
@@ -235,10 +242,12 @@ class EngineCollector(Collector):
             "Prompt tokens of started sequences: all looked up, and those reused from the prefix cache (hit ratio)",
             labels=["backend", "outcome"],
         )
-        blocks = GaugeMetricFamily("gateway_engine_prefix_blocks", "Prefix-cache blocks held in KV", labels=["backend"])
+        blocks = GaugeMetricFamily(
+            "gateway_engine_prefix_blocks", "KV pages the prefix cache names", labels=["backend"]
+        )
         evicted = CounterMetricFamily(
             "gateway_engine_prefix_evicted_blocks",
-            "Prefix-cache blocks given up, for the budget or for another prefix",
+            "Named KV pages taken back, for other sequences or the prefix cache's budget",
             labels=["backend"],
         )
         for name, engine in self._engines.items():
@@ -247,7 +256,11 @@ class EngineCollector(Collector):
                 continue
             sequences.add_metric([name, "running"], stats.running)
             sequences.add_metric([name, "waiting"], stats.waiting)
-            slots.add_metric([name], stats.slots)
+            batch.add_metric([name], stats.max_batch)
+            for pool, counts in stats.kv_pages.items():
+                for state in ("in_use", "cached", "free"):
+                    pages.add_metric([name, pool, state], getattr(counts, state))
+            preemptions.add_metric([name], stats.preemptions)
             kv.add_metric([name, "used"], stats.kv_tokens)
             kv.add_metric([name, "capacity"], stats.kv_capacity_tokens)
             steps.add_metric([name], stats.decode_steps)
@@ -257,4 +270,4 @@ class EngineCollector(Collector):
             prompt.add_metric([name, "hit"], stats.prefix_hit_tokens)
             blocks.add_metric([name], stats.prefix_blocks)
             evicted.add_metric([name], stats.prefix_evicted_blocks)
-        yield from (sequences, slots, kv, steps, tokens, prompt, blocks, evicted)
+        yield from (sequences, batch, kv, pages, preemptions, steps, tokens, prompt, blocks, evicted)

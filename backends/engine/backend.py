@@ -1,17 +1,19 @@
 """The `onnx` backend: gpt-oss run in-process on ONNX Runtime, with continuous batching.
 
 Options: `checkpoint` (a gpt-oss checkpoint directory, either layout; unset: a small random-weight model
-generated once and cached, whose output is noise), `max_batch` (sequences decoded together, each with
-its own KV slot), `max_positions` (KV capacity per sequence: prompt + output), `device` (`auto`: CUDA
+generated once and cached, whose output is noise), `max_batch` (sequences running at once: the largest
+decode batch), `max_positions` (the longest sequence: prompt + output), `kv_cache_tokens` (positions the
+full-attention layers' page pool holds for all sequences together; unset: `max_batch` x `max_positions`;
+the sliding-window layers get a pool of their windows), `page_size` (positions per KV page), `device` (`auto`: CUDA
 when onnxruntime's CUDA provider loads here, else the CPU; `cuda`: the gateway stops at start if it
 cannot; `cpu`), `device_id`, `dtype` (activations, non-expert weights, KV cache: `float32`, `float16`, `bfloat16`;
 default bfloat16 on CUDA, float32 on the CPU), `moe` (`mxfp4moe`: our MXFP4MoE op, compiled kernels unless
 `kernels` is false (the compiled SampleTokens op also chooses the tokens on the engine's device; without
 the kernels, NumPy does on the host); `qmoe`: ONNX Runtime's contrib QMoE, CUDA in float16/bfloat16 only), `cuda_graph`
 (decode steps replayed as CUDA graphs), `threads`, `cache_dir`; the prefix cache: `prefix_cache_tokens`
-(tokens that ended sequences' KV slots keep for later prompts that start the same way; unset: all of
-the KV, 0: no reuse), `prefix_block` (tokens per block), `prefix_cache_scope` (`tenant`: a prompt is
-reused only within its tenant and `prompt_cache_key`; `shared`: across tenants, see docs/backends.md).
+(tokens of pages no sequence holds that stay cached for later prompts that start the same way; unset:
+the whole pool, 0: no reuse), `prefix_cache_scope` (`tenant`: a prompt is reused only within its tenant
+and `prompt_cache_key`; `shared`: across tenants, see docs/backends.md).
 The model loads in the background; readiness says when it is there.
 """
 
@@ -40,6 +42,7 @@ from .graph import Dtype, GraphOptions
 from .kernels.build import kernel_library
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
+from .page_pool import KvPools
 from .prefix_cache import namespace_of
 from .qmoe import MoeRealization, qmoe_unsupported_reason
 from .runtime import DecoderRuntime, Device, EngineDeviceError, cuda_unavailable_reason, resolve_device
@@ -58,6 +61,8 @@ class EngineOptions(BaseModel):
     checkpoint: str | None = None
     max_batch: int = Field(default=8, ge=1, le=256)
     max_positions: int = Field(default=4096, ge=16, le=MAX_POSITIONS)
+    kv_cache_tokens: int | None = Field(default=None, ge=16)
+    page_size: int = Field(default=32, ge=8, le=256)
     prefill_chunk: int = Field(default=512, ge=16)  # prompt tokens per step while others decode
     kernels: bool = True  # build and use the compiled MXFP4 MoE kernels (else the pure-ONNX realization)
     device: Device = "auto"
@@ -68,12 +73,22 @@ class EngineOptions(BaseModel):
     threads: int = Field(default=0, ge=0)
     cache_dir: str | None = None
     prefix_cache_tokens: int | None = Field(default=None, ge=0)
-    prefix_block: int = Field(default=32, ge=1, le=1024)
     prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
 
+    def full_pages(self) -> int:
+        """Pages of the full-attention pool, the scratch page included: at least one longest sequence's."""
+        tokens = self.kv_cache_tokens or self.max_batch * self.max_positions
+        return max(tokens, self.max_positions) // self.page_size + 2
+
+    def window_pages(self, window: int) -> int:
+        """Pages of the sliding-window pool: each running sequence's ring (its window and a prefill chunk in
+        flight), and an eighth of the full pool for the prefix cache's pages, the scratch page included."""
+        ring = -(-(window + self.prefill_chunk) // self.page_size) + 1
+        return self.max_batch * ring + self.full_pages() // 8 + 1
+
     def prefix_budget(self) -> int:
-        """Tokens idle KV slots keep for reuse: by default all of them (their memory is allocated anyway)."""
-        everything = self.max_batch * self.max_positions
+        """Tokens of pages no sequence holds that stay cached: by default the whole pool (allocated anyway)."""
+        everything = self.full_pages() * self.page_size
         return everything if self.prefix_cache_tokens is None else min(self.prefix_cache_tokens, everything)
 
 
@@ -133,14 +148,21 @@ class EngineBackend:
             self._placement = {"device": device, "dtype": dtype, "moe": options.moe}
             log.info("engine_device", device=device, dtype=dtype, asked=options.device, moe=options.moe)
             # DenseBF16 runs on the CPU alone: a CUDA graph keeps its dense weights for MatMul
-            graph_options = GraphOptions(options.max_positions, dtype, options.moe, dense_bf16=device == "cpu")
+            graph_options = GraphOptions(
+                options.max_positions, dtype, options.moe, dense_bf16=device == "cpu", page_size=options.page_size
+            )
             model = compiled_model(checkpoint, graph_options, cache, _progress)
             kernels = kernel_library() if options.kernels else None  # the MoE (unless qmoe) and the sampler
+            window = checkpoint.config.sliding_window
+            pools = KvPools(options.full_pages(), options.window_pages(window), options.page_size, window)
             runtime = DecoderRuntime(
                 str(model),
                 checkpoint.config,
-                options.max_batch,
+                options.max_batch + 1,  # the decode rows and a prefill chunk
                 options.max_positions,
+                pools.full.pages,
+                pools.window.pages,
+                options.page_size,
                 options.threads,
                 kernels,
                 device=device,
@@ -149,12 +171,13 @@ class EngineBackend:
                 cuda_graph=options.cuda_graph,
             )
             self._placement["sampler"] = "kernel" if runtime.samples_on_device else "numpy"
-            self._batcher = Batcher(runtime, options.prefill_chunk, options.prefix_block, options.prefix_budget())
+            self._batcher = Batcher(runtime, pools, options.max_batch, options.prefill_chunk, options.prefix_budget())
             log.info(
                 "engine_ready",
                 layout=checkpoint.layout,
                 kv_bytes=runtime.kv_bytes,
-                slots=options.max_batch,
+                kv_pages={"full": pools.full.pages - 1, "window": pools.window.pages - 1},
+                max_batch=options.max_batch,
                 moe="ONNX Runtime QMoE" if options.moe == "qmoe" else "compiled kernel" if kernels else "pure ONNX",
                 device=device,
                 dtype=dtype,
@@ -215,7 +238,7 @@ class EngineBackend:
                     first = False
                 yield item
         finally:
-            sequence.cancelled.set()  # frees the slot before the next step, or drops it from the queue
+            sequence.cancelled.set()  # frees its pages before the next step, or drops it from the queue
 
     async def aclose(self) -> None:
         if self._batcher is not None:

@@ -1,12 +1,20 @@
-"""Continuous batching on one engine thread: sequences join between decode steps (their prompt is
-prefilled into a KV slot, one chunk per step, so that a long prompt does not stall the others),
-every decoding sequence advances by one token per step (the step's next tokens chosen together, by the
-SampleTokens kernels on the runtime's device where they are loaded), and a finished or cancelled sequence
-frees its slot at once. A sequence starts from the longest prefix of its prompt that a slot already holds in its
-namespace (prefix_cache.py): it takes that slot over, or the held positions are copied into its own."""
+"""Continuous batching on one engine thread, over the paged KV pools (page_pool.py).
+
+A sequence is admitted when the pools can give it the pages of its whole prompt (beyond what the prefix
+cache already holds for it: prefix_cache.py) and the window pages of its first chunk, in arrival order; it
+starts from the longest prefix of its prompt that pages already hold in its namespace, by reference. Each
+step runs every decoding sequence's next token and one chunk of the oldest prefilling sequence's prompt
+together (with CUDA graphs: the chunk first, then the decode rows as the graph of their bucket); the step's
+next tokens are chosen together, by the SampleTokens kernels on the runtime's device where they are loaded.
+When a running sequence needs a page and none is left, the most recently admitted sequence is preempted:
+its pages go back (the prefix cache keeps naming the full ones) and it waits at the head of the queue to be
+run again from what it had written, its answer continuing where it stopped. A finished or cancelled sequence
+gives its pages back at once."""
 
 from __future__ import annotations
 
+import collections
+import itertools
 import queue
 import threading
 from collections.abc import Callable
@@ -19,8 +27,9 @@ from backends.base import Chunk, EngineStats, GenerateRequest, TokenLogprob
 from harmony.tokens import FIRST_SPECIAL
 
 from .grammar import TokenGuide
-from .prefix_cache import PrefixCache
-from .runtime import DecoderRuntime
+from .page_pool import KvPools, PageTable
+from .prefix_cache import PrefixCache, Written
+from .runtime import DecoderRuntime, StepRows
 from .sampler import RowSpec, sampling_rows
 
 log = structlog.get_logger("backends.engine")
@@ -33,51 +42,71 @@ class Sequence:
     request: GenerateRequest
     emit: Emit
     rng: np.random.Generator
-    namespace: bytes = b""  # the prefix cache's: only a slot filled in the same namespace is reused
-    slot: int = -1
+    namespace: bytes = b""  # the prefix cache's: only pages written in the same namespace are reused
     reused: int = 0  # prompt tokens taken from the prefix cache (set before the first token is emitted)
-    position: int = 0  # positions filled in the slot's KV cache
-    decoding: bool = False  # the prompt is all in; each step feeds `token`
+    placed: bool = False  # admitted once (a preempted sequence is admitted again)
+    admitted: int = 0  # admission order: the latest is preempted first
+    fill: list[int] = field(default_factory=list)  # tokens to run before decoding: the prompt, or all it wrote
+    resumed: bool = False  # run again after a preemption: its next token is chosen already
+    table: PageTable = field(default_factory=PageTable)
+    written: Written = field(default_factory=Written)
+    decoding: bool = False  # the fill is all in; each step feeds `token`
     generated: int = 0
     token: int = 0  # the last sampled token, fed at the next decode step
     guide: TokenGuide | None = None  # the output constraint's grammar, when the request has one
     counts: dict[int, int] = field(default_factory=dict)  # text tokens generated so far (for the penalties)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def position(self) -> int:
+        """Positions whose KV is written."""
+        return len(self.written.tokens)
+
 
 class Batcher:
     def __init__(
-        self, runtime: DecoderRuntime, prefill_chunk: int = 512, prefix_block: int = 32, prefix_budget: int = 0
+        self,
+        runtime: DecoderRuntime,
+        pools: KvPools,
+        max_batch: int,
+        prefill_chunk: int = 512,
+        prefix_budget: int = 0,
     ) -> None:
-        """`prefix_budget`: tokens idle slots keep for later sequences to reuse (0: no reuse)."""
+        """`max_batch`: sequences running at once; `prefix_budget`: tokens of pages no sequence holds that the
+        prefix cache may keep (0: no reuse)."""
         self.runtime = runtime
+        self.pools = pools
+        self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
-        self.prefix = PrefixCache(runtime.slots, prefix_block, prefix_budget)
+        self.prefix = PrefixCache(pools, prefix_budget)
         self._prefix_stats = self.prefix.stats()
+        self._pool_stats = (pools.full.stats(), pools.window.stats())
         self._incoming: queue.Queue[Sequence | None] = queue.Queue()
-        self._waiting: Sequence | None = None  # taken from the queue, waiting for a slot
-        self._active: dict[int, Sequence] = {}  # slot → the sequence holding it (prefilling or decoding)
-        self._prefilling: list[Sequence] = []  # in arrival order
-        self._kv_tokens = 0  # positions filled in active slots, as of the last step
+        self._waiting: collections.deque[Sequence] = collections.deque()  # taken from the queue, or preempted
+        self._running: list[Sequence] = []  # in admission order
+        self._order = itertools.count()
+        self._kv_tokens = 0  # positions written by running sequences, as of the last step
         self._decode_steps = 0
         self._prefill_tokens = 0
         self._decode_tokens = 0
+        self._preemptions = 0
         self._thread = threading.Thread(target=self._loop, name="gpt-oss-engine", daemon=True)
         self._thread.start()
 
     @property
     def active(self) -> int:
-        return len(self._active)
+        return len(self._running)
 
     def stats(self) -> EngineStats:
         """Read from other threads: each figure is one the engine thread last wrote."""
-        runtime, prefix = self.runtime, self._prefix_stats
+        prefix = self._prefix_stats
+        full, window = self._pool_stats
         return EngineStats(
-            running=len(self._active),
-            waiting=self._incoming.qsize() + (self._waiting is not None),
-            slots=runtime.slots,
+            running=len(self._running),
+            waiting=self._incoming.qsize() + len(self._waiting),
+            max_batch=self.max_batch,
             kv_tokens=self._kv_tokens,
-            kv_capacity_tokens=runtime.slots * runtime.max_positions,
+            kv_capacity_tokens=full.pages * self.pools.page_size,
             decode_steps=self._decode_steps,
             prefill_tokens=self._prefill_tokens,
             decode_tokens=self._decode_tokens,
@@ -85,6 +114,8 @@ class Batcher:
             prefix_hit_tokens=prefix.hit_tokens,
             prefix_blocks=prefix.blocks,
             prefix_evicted_blocks=prefix.evicted_blocks,
+            kv_pages={"full": full, "window": window},
+            preemptions=self._preemptions,
         )
 
     def submit(self, sequence: Sequence) -> None:
@@ -98,96 +129,162 @@ class Batcher:
         while True:
             if not self._admit():
                 return
-            for sequence in [s for s in self._active.values() if s.cancelled.is_set()]:
+            for sequence in [s for s in self._running if s.cancelled.is_set()]:
                 self._release(sequence)
-            if self._prefilling:
-                self._prefill_chunk(self._prefilling[0])
-            if any(sequence.decoding for sequence in self._active.values()):
+            if self._running:
                 self._step()
-            self._kv_tokens = sum(sequence.position for sequence in self._active.values())
+            self._kv_tokens = sum(sequence.position for sequence in self._running)
             self._prefix_stats = self.prefix.stats()
+            self._pool_stats = (self.pools.full.stats(), self.pools.window.stats())
+
+    # admission
 
     def _admit(self) -> bool:
-        """Give waiting sequences slots, in arrival order (blocking while idle); False once closed."""
+        """Admit waiting sequences in arrival order while pages and batch room last (blocking while idle);
+        False once closed."""
         while True:
-            sequence = self._waiting
-            if sequence is None:
-                if self.prefix.free_slots() == 0:
-                    return True
+            if not self._waiting:
                 try:
-                    sequence = self._incoming.get(block=not self._active)
+                    arrival = self._incoming.get(block=not self._running)
                 except queue.Empty:
                     return True
-                if sequence is None:
+                if arrival is None:
                     self._fail_all(RuntimeError("the engine stopped"))
                     return False
-            self._waiting = None
+                arrival.fill = list(arrival.request.prompt)
+                self._waiting.append(arrival)
+            sequence = self._waiting[0]
             if sequence.cancelled.is_set():
+                self._waiting.popleft()
                 continue
-            if not self._place(sequence):
-                self._waiting = sequence
+            if len(self._running) >= self.max_batch or not self._place(sequence):
                 return True
+            self._waiting.popleft()
 
     def _place(self, sequence: Sequence) -> bool:
-        """Give the sequence a slot holding as much of its prompt as any slot does; False: none is free."""
-        prompt = sequence.request.prompt
-        placement = self.prefix.place(sequence.namespace, prompt)
-        if placement is None:
+        """Hold the pages of the longest kept prefix of the sequence's fill and start it after them, if the pools
+        can also give it its whole fill's pages; False (nothing held) if they cannot yet."""
+        fill, pools = sequence.fill, self.pools
+        blocks, tail, reused = self.prefix.lookup(sequence.namespace, fill)
+        kept = len(blocks) * pools.page_size
+        probe = PageTable(
+            [block.full for block in blocks],
+            [block.window if index >= pools.first_window_page(reused) else 0 for index, block in enumerate(blocks)],
+        )
+        full, _ = pools.needed(probe, kept, len(fill))
+        _, window = pools.needed(probe, reused, min(len(fill), reused + self.prefill_chunk))
+        taken_full = sum(pools.full.cached(page) for page in probe.full)  # cached pages held stop being available
+        taken_window = sum(pools.window.cached(page) for page in probe.window if page)
+        if not pools.fits((full + taken_full, window + taken_window)):
             return False
-        if placement.source is not None:
-            self.runtime.copy_prefix(placement.source, placement.slot, placement.reused)
-        self.prefix.count(len(prompt), placement.reused)
-        sequence.slot, sequence.position, sequence.reused = placement.slot, placement.reused, placement.reused
-        self._active[sequence.slot] = sequence
-        self._prefilling.append(sequence)
+        self.prefix.take(blocks, reused, sequence.table, sequence.written, fill)
+        if tail is not None:
+            pools.extend(sequence.table, kept, kept + 1)
+            copied = reused - kept
+            self.runtime.copy_page("full", tail.full, sequence.table.full[-1], copied)
+            self.runtime.copy_page("window", tail.window, sequence.table.window[-1], copied)
+            sequence.written.tokens.extend(tail.tokens[:copied])
+        if not sequence.placed:
+            sequence.placed, sequence.reused = True, reused
+            self.prefix.count(len(fill), reused)
+        sequence.admitted = next(self._order)
+        sequence.decoding = False
+        self._running.append(sequence)
         return True
 
-    def _prefill_chunk(self, sequence: Sequence) -> None:
-        """Run the next chunk of the prompt; after the last one the sequence samples its first token."""
-        prompt = sequence.request.prompt
-        chunk = prompt[sequence.position : sequence.position + self.prefill_chunk]
-        try:
-            self.runtime.fill(sequence.slot, chunk, sequence.position)
-        except Exception as exc:  # a bad prompt fails its own sequence only
-            self.prefix.forget(sequence.slot)
-            self._finish(sequence, exc)
-            return
-        self.prefix.extend(sequence.slot, chunk)
-        sequence.position += len(chunk)
-        self._prefill_tokens += len(chunk)
-        if sequence.position == len(prompt):
-            self._prefilling.remove(sequence)
-            sequence.decoding = True
-            self._sample([sequence])
+    def _make_room(self, sequence: Sequence, needs: tuple[int, int]) -> bool:
+        """Preempt the most recently admitted sequences until `needs` fit; False if `sequence` itself was."""
+        while not self.pools.fits(needs):
+            victim = self._running[-1]
+            self._preempt(victim)
+            if victim is sequence:
+                return False
+        return True
+
+    def _preempt(self, sequence: Sequence) -> None:
+        """Give the sequence's pages back and queue it first, to run again from what it wrote."""
+        self._preemptions += 1
+        log.info("engine_preempted", written=sequence.position, generated=sequence.generated)
+        sequence.resumed = sequence.generated > 0
+        sequence.fill = list(sequence.written.tokens) if sequence.resumed else list(sequence.request.prompt)
+        self._give_back(sequence)
+        sequence.written = Written()
+        self._running.remove(sequence)
+        self._waiting.appendleft(sequence)
+
+    # steps
 
     def _step(self) -> None:
-        decoding = [s for s in self._active.values() if s.decoding]
-        rows = [(s.slot, s.token, s.position) for s in decoding]
-        span = self.runtime.span(max(slot for slot, _, _ in rows) + 1)
-        # the batch's other slots write a spare row past what they keep: a prefilling slot's next chunk
-        # rewrites that position, an idle slot's kept prefix stays whole
-        parked = {slot: self.prefix.held(slot) for slot in range(span) if slot not in self._active}
-        parked.update((s.slot, s.position) for s in self._prefilling)
+        pools = self.pools
+        decoding: list[Sequence] = []
+        for sequence in [s for s in self._running if s.decoding]:
+            if sequence not in self._running:  # preempted to make room for an earlier one
+                continue
+            position = sequence.position
+            if not self._make_room(sequence, pools.needed(sequence.table, position, position + 1)):
+                continue
+            pools.extend(sequence.table, position, position + 1)
+            decoding.append(sequence)
+        filling = next((s for s in self._running if not s.decoding), None)
+        chunk: list[int] = []
+        if filling is not None:
+            start = filling.position
+            end = min(len(filling.fill), start + self.prefill_chunk)
+            limit = self.runtime.chunk_limit(end)
+            end = end if limit is None else min(end, start + limit)
+            needs = pools.needed(filling.table, start, end)
+            if pools.fits(needs) or (not decoding and self._make_room(filling, needs)):
+                pools.extend(filling.table, start, end)
+                chunk = filling.fill[start:end]
+        if self.runtime.buckets and chunk and decoding:  # the decode rows run padded (a CUDA graph): the chunk alone
+            self._run([], filling, chunk)
+            chunk, filling = [], None
+        if decoding or chunk:
+            self._run(decoding, filling, chunk)
+
+    def _run(self, decoding: list[Sequence], filling: Sequence | None, chunk: list[int]) -> None:
+        step = StepRows()
+        for sequence in decoding:
+            step.add([sequence.token], sequence.position, sequence.table)
+        if chunk:
+            assert filling is not None
+            step.add(chunk, filling.position, filling.table)
         try:
-            self.runtime.step(rows, parked)
+            self.runtime.run(step)
         except Exception as exc:
             log.exception("engine_step_failed")
-            for slot in range(span):
-                self.prefix.forget(slot)
-            self._fail_all(exc)
+            for sequence in [*decoding, *([filling] if chunk else [])]:
+                self.prefix.forget(sequence.table)
+                self._finish(sequence, exc)
             return
-        self._decode_steps += 1
-        self._decode_tokens += len(rows)
+        if decoding:
+            self._decode_steps += 1
+            self._decode_tokens += len(decoding)
         for sequence in decoding:
-            self.prefix.extend(sequence.slot, [sequence.token])
-            sequence.position += 1
-        self._sample(decoding)
+            self._written(sequence, [sequence.token])
+        sampled = list(decoding)
+        if chunk:
+            assert filling is not None
+            self._written(filling, chunk)
+            self._prefill_tokens += len(chunk)
+            if filling.position == len(filling.fill):
+                filling.decoding = True
+                if not filling.resumed:
+                    sampled.append(filling)
+                filling.resumed = False
+        if sampled:
+            self._sample(sampled, {id(s): index for index, s in enumerate([*decoding, *([filling] if chunk else [])])})
 
-    def _sample(self, sequences: list[Sequence]) -> None:
-        """Choose each sequence's next token from its slot's logits row, all in one call, and take them."""
+    def _written(self, sequence: Sequence, tokens: list[int]) -> None:
+        """`tokens` are in the sequence's pages: name the full ones, give back the window pages left behind."""
+        self.prefix.extend(sequence.namespace, sequence.table, sequence.written, tokens)
+        self.pools.trim(sequence.table, sequence.position, self.prefix.named_window)
+
+    def _sample(self, sequences: list[Sequence], rows: dict[int, int]) -> None:
+        """Choose each sequence's next token from its logits row, all in one call, and take them."""
         specs = [
             RowSpec(
-                s.slot,
+                rows[id(s)],
                 s.request.sampling,
                 s.rng,
                 None if s.guide is None else s.guide.allowed(),
@@ -236,11 +333,16 @@ class Batcher:
         self._release(sequence)
 
     def _release(self, sequence: Sequence) -> None:
-        if self._active.pop(sequence.slot, None) is not None:
-            self.prefix.release(sequence.slot)
-        if sequence in self._prefilling:
-            self._prefilling.remove(sequence)
+        if sequence in self._running:
+            self._running.remove(sequence)
+            self.prefix.keep_tail(sequence.namespace, sequence.table, sequence.written)
+            self._give_back(sequence)
+            self.prefix.fit_budget()
+
+    def _give_back(self, sequence: Sequence) -> None:
+        self.pools.release(sequence.table, self.prefix.named_full, self.prefix.named_window)
 
     def _fail_all(self, failure: BaseException) -> None:
-        for sequence in list(self._active.values()):
+        for sequence in [*self._running, *self._waiting]:
             self._finish(sequence, failure)
+        self._waiting.clear()

@@ -1,26 +1,27 @@
-"""Which KV slot holds which token prefix, so that a new sequence prefills only what no slot already holds.
+"""Which KV pages hold which token prefix, so that a new sequence prefills only what no page already holds.
 
-A slot's cache is cut into blocks of `block` positions. A block is named by a hash chain: the hash of the
-cache's namespace (tenant, and `prompt_cache_key` when given), the previous block's name and the block's
-tokens, so equal names mean equal tokens from position 0 on, in the same namespace. A slot registers each
-block once its KV is written (prompt chunks, then every generated token fed back); a new sequence looks up
-the longest chain of its prompt's blocks that some slot holds.
+A view over the page pools (page_pool.py): a full page is named by a hash chain, the hash of the cache's
+namespace (tenant, and `prompt_cache_key` when given), the previous page's name and the page's tokens, so
+equal names mean equal tokens from position 0 on, in the same namespace. A sequence names each page once it
+is full (prompt chunks, then every generated token fed back), with its window-layer page beside it; a new
+sequence takes the longest chain of its prompt's pages by reference, running holders and cached pages alike,
+as long as the window layers' pages its first token reads are still kept. A finished sequence's last,
+partly filled page is kept too (a tail): a later prompt that continues the chain into it gets a copy of the
+positions they share (copy-on-write: a shared page is never written).
 
-A slot is running (held by a sequence: never overwritten by another), idle (its sequence ended; its blocks
-stay findable, least recently used first out) or empty. Idle slots keep at most `budget` tokens in all;
-past it the least recently used idle slot loses blocks from its end. Blocks live where the slots put them:
-a block is found in place (the slot is taken over) or copied into another slot's same positions, never
-held twice by a second pool.
+Pages nobody holds stay cached while the pools have room, least recently used out first, and at most
+`budget` tokens' worth of them.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from hashlib import blake2b
 
 import numpy as np
+
+from .page_pool import SCRATCH, KvPools, PageTable
 
 ROOT = b"gpt-oss-gateway prefix v1"
 
@@ -44,158 +45,233 @@ def chain(namespace: bytes, tokens: list[int], block: int, previous: bytes | Non
 @dataclass(frozen=True, slots=True)
 class PrefixStats:
     lookup_tokens: int  # prompt tokens of sequences placed so far
-    hit_tokens: int  # of those, tokens taken from a slot instead of prefilled
-    blocks: int  # blocks held in slots now (running and idle)
-    idle_tokens: int  # tokens kept by idle slots
-    evicted_blocks: int  # blocks dropped to stay within the budget or to give an idle slot to another prefix
+    hit_tokens: int  # of those, tokens taken from cached pages instead of prefilled
+    blocks: int  # named full pages now (held or cached)
+    evicted_blocks: int  # named pages taken back for other sequences or to stay within the budget
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
-    slot: int
-    reused: int  # prompt tokens the slot holds once placed: prefill starts there
-    source: int | None  # copy positions [0, reused) from this slot first (None: the slot holds them already)
+@dataclass(slots=True)
+class Block:
+    full: int
+    window: int  # SCRATCH once the window page was taken back
+
+
+@dataclass(slots=True)
+class Tail:
+    """A finished sequence's last, partly filled page pair and the tokens it holds."""
+
+    full: int
+    window: int
+    tokens: list[int]
+
+
+@dataclass(slots=True)
+class Written:
+    """What a sequence has written: its tokens and the names of its full pages."""
+
+    tokens: list[int] = field(default_factory=list)
+    names: list[bytes] = field(default_factory=list)
 
 
 class PrefixCache:
-    """Bookkeeping only, on the engine thread: the batcher copies KV and runs prefill as a Placement says."""
+    """Bookkeeping only, on the engine thread: the batcher copies KV as a lookup says."""
 
-    def __init__(self, slots: int, block: int, budget: int) -> None:
-        self.block = block
-        self.budget = budget
-        self._holders: dict[bytes, dict[int, None]] = {}  # block name → slots holding it (ordered set)
-        self._chains: list[list[bytes]] = [[] for _ in range(slots)]  # per slot: its registered blocks' names
-        self._tokens: list[list[int]] = [[] for _ in range(slots)]  # per slot: the tokens its KV holds, in order
-        self._namespaces: list[bytes] = [b""] * slots
-        self._running: set[int] = set()
-        self._idle: OrderedDict[int, None] = OrderedDict()  # idle slots with blocks, least recently used first
+    def __init__(self, pools: KvPools, budget: int, enabled: bool = True) -> None:
+        self.pools = pools
+        self.block = pools.page_size
+        self.enabled = enabled and budget > 0
+        self.budget_pages = budget // self.block
+        self._blocks: dict[bytes, Block] = {}
+        self._full_names: dict[int, bytes] = {}
+        self._window_names: dict[int, bytes] = {}
+        self._tails: dict[bytes, dict[int, Tail]] = {}  # parent name → tails by full page
+        self._children: dict[bytes, dict[int, list[int]]] = {}  # parent name → its named children's tokens by page
+        self._parents: dict[int, bytes] = {}  # named full page → its parent's name
+        self._tail_full: dict[int, tuple[bytes, Tail]] = {}
+        self._tail_window: dict[int, tuple[bytes, Tail]] = {}
         self._lookup_tokens = 0
         self._hit_tokens = 0
         self._evicted = 0
+        pools.full.on_evict = self._evict_full
+        pools.window.on_evict = self._evict_window
 
     def stats(self) -> PrefixStats:
-        return PrefixStats(
-            self._lookup_tokens,
-            self._hit_tokens,
-            sum(len(names) for names in self._chains),
-            sum(len(self._tokens[slot]) for slot in self._idle),
-            self._evicted,
-        )
+        return PrefixStats(self._lookup_tokens, self._hit_tokens, len(self._blocks), self._evicted)
 
-    def held(self, slot: int) -> int:
-        """Positions of `slot` whose KV is kept (a decode batch's spare rows must write past them)."""
-        return len(self._tokens[slot])
+    def named_full(self, page: int) -> bool:
+        return page in self._full_names or page in self._tail_full
 
-    def free_slots(self) -> int:
-        return len(self._chains) - len(self._running)
+    def named_window(self, page: int) -> bool:
+        return page in self._window_names or page in self._tail_window
 
-    def _longest(self, namespace: bytes, prompt: list[int]) -> tuple[int, int | None]:
-        """(blocks, a slot holding them) for the longest chain of the prompt's blocks any slot holds; idle first."""
-        found, holders = 0, None
-        for name in chain(namespace, prompt, self.block):
-            slots = self._holders.get(name)
-            if not slots:
+    # lookups
+
+    def lookup(self, namespace: bytes, prompt: list[int]) -> tuple[list[Block], Tail | None, int]:
+        """(the pages of the prompt's longest kept prefix, a tail to copy from or None, prompt tokens reused).
+
+        The last prompt token is always run (its logits choose the first output token)."""
+        if not self.enabled:
+            return [], None, 0
+        limit = len(prompt) - 1
+        found: list[tuple[bytes, Block]] = []
+        for name in chain(namespace, prompt[: limit // self.block * self.block], self.block):
+            block = self._blocks.get(name)
+            if block is None:
                 break
-            found, holders = found + 1, slots
-        if holders is None:
-            return 0, None
-        idle = [slot for slot in self._idle if slot in holders]  # least recently used first
-        return found, (idle[-1] if idle else next(iter(holders)))
+            found.append((name, block))
+        count = len(found)
+        while count > 0 and not self._window_kept([b for _, b in found[:count]], count * self.block):
+            count -= 1
+        blocks = [block for _, block in found[:count]]
+        reused = count * self.block
+        parent = found[count - 1][0] if count else namespace
+        tail, copied = self._tail_for(parent, prompt[reused:limit])
+        return blocks, tail, reused + copied
 
-    def place(self, namespace: bytes, prompt: list[int]) -> Placement | None:
-        """A slot for a new sequence and the prompt tokens it already holds; None while every slot runs.
+    def _window_kept(self, blocks: list[Block], position: int) -> bool:
+        """Whether the window pages that the token at `position` reads among `blocks` are all kept."""
+        first = self.pools.first_window_page(position)
+        return all(block.window != SCRATCH for block in blocks[first:])
 
-        The last prompt token is always run (its logits choose the first output token). An idle holder is
-        taken over unless that would drop blocks of another prefix while an empty slot is free; a running
-        holder is copied from."""
-        if not self.free_slots():
-            return None
-        blocks, holder = self._longest(namespace, prompt) if self.budget > 0 else (0, None)
-        matched = blocks * self.block
-        if holder is not None:
-            matched += _common_length(prompt[matched:], self._tokens[holder][matched:])  # into a partial block
-        reused = max(0, min(matched, len(prompt) - 1))
-        empty = [slot for slot in range(len(self._chains)) if slot not in self._running and slot not in self._idle]
-        if holder is not None and holder not in self._running:
-            loses_other_blocks = len(self._chains[holder]) > blocks
-            if not (loses_other_blocks and empty):
-                return self._claim(Placement(holder, reused, None), namespace)
-        target = empty[0] if empty else next(iter(self._idle))  # else the least recently used idle slot
-        if holder == target or reused == 0:
-            return self._claim(Placement(target, reused if holder == target else 0, None), namespace)
-        return self._claim(Placement(target, reused, holder), namespace)
-
-    def _claim(self, placement: Placement, namespace: bytes) -> Placement:
-        slot, reused, source = placement.slot, placement.reused, placement.source
-        self._idle.pop(slot, None)
-        kept = reused // self.block if source is None else 0
-        self._evicted += max(0, len(self._chains[slot]) - kept)  # an idle slot's other blocks, given up
-        if source is None:
-            self._truncate(slot, reused)
-        else:
-            self._truncate(slot, 0)
-            self._tokens[slot] = self._tokens[source][:reused]
-            self._chains[slot] = self._chains[source][: reused // self.block]
-            for name in self._chains[slot]:
-                self._holders[name][slot] = None
-        self._namespaces[slot] = namespace
-        self._running.add(slot)
-        return placement
+    def _tail_for(self, parent: bytes, rest: list[int]) -> tuple[Tail | None, int]:
+        """The page after `parent` (a finished sequence's tail, or a named page of another continuation, running
+        or cached) sharing the most leading tokens with `rest`, and how many it shares."""
+        best, shared = None, 0
+        for tail in self._tails.get(parent, {}).values():
+            common = _common_length(tail.tokens, rest)
+            if common > shared:
+                best, shared = tail, common
+        for page, tokens in self._children.get(parent, {}).items():
+            common = _common_length(tokens, rest)
+            block = self._blocks[self._full_names[page]]
+            if common > shared and block.window != SCRATCH:
+                best, shared = Tail(block.full, block.window, tokens), common
+        return best, shared
 
     def count(self, prompt_tokens: int, reused: int) -> None:
         """A placed sequence's prompt: `reused` of its tokens were not run again."""
         self._lookup_tokens += prompt_tokens
         self._hit_tokens += reused
 
-    def extend(self, slot: int, tokens: list[int]) -> None:
-        """`tokens` were written into `slot` after what it held; register the blocks they complete."""
-        held = self._tokens[slot]
-        held.extend(tokens)
-        names = self._chains[slot]
-        done = len(names) * self.block
-        if len(held) - done < self.block:
+    def take(self, blocks: list[Block], reused: int, table: PageTable, written: Written, prompt: list[int]) -> None:
+        """Hold `blocks` in `table` for a sequence that starts at `reused` (its window pages from where its
+        first token reads), and name them as its own."""
+        pools = self.pools
+        first = pools.first_window_page(reused)
+        for index, block in enumerate(blocks):
+            pools.full.retain(block.full)
+            table.full.append(block.full)
+            if index >= first:
+                pools.window.retain(block.window)
+                table.window.append(block.window)
+            else:
+                table.window.append(SCRATCH)
+        written.tokens = list(prompt[: len(blocks) * self.block])
+        written.names = [self._full_names[block.full] for block in blocks]
+
+    # naming
+
+    def extend(self, namespace: bytes, table: PageTable, written: Written, tokens: list[int]) -> None:
+        """`tokens` were written after what the sequence held; name the pages they fill."""
+        written.tokens.extend(tokens)
+        if not self.enabled:
             return
-        previous = names[-1] if names else None
-        for name in chain(self._namespaces[slot], held[done:], self.block, previous):
-            names.append(name)
-            self._holders.setdefault(name, {})[slot] = None
+        done = len(written.names)
+        if len(written.tokens) - done * self.block < self.block:
+            return
+        previous = written.names[-1] if written.names else namespace
+        for name in chain(namespace, written.tokens[done * self.block :], self.block, previous):
+            page = len(written.names)
+            written.names.append(name)
+            tokens = written.tokens[page * self.block : (page + 1) * self.block]
+            self._name(name, previous, tokens, table.full[page], table.window[page])
+            previous = name
 
-    def release(self, slot: int) -> None:
-        """The slot's sequence ended: its blocks stay findable, within the budget."""
-        self._running.discard(slot)
-        if self._tokens[slot]:
-            self._idle[slot] = None
-            self._idle.move_to_end(slot)
-        self._fit_budget()
+    def _name(self, name: bytes, parent: bytes, tokens: list[int], full: int, window: int) -> None:
+        block = self._blocks.get(name)
+        if block is None:
+            self._blocks[name] = Block(full, window)
+            self._full_names[full] = name
+            self._children.setdefault(parent, {})[full] = tokens
+            self._parents[full] = parent
+            if window != SCRATCH:
+                self._window_names[window] = name
+        elif block.window == SCRATCH and window != SCRATCH and window not in self._window_names:
+            block.window = window  # the same tokens at the same positions: the same KV
+            self._window_names[window] = name
 
-    def forget(self, slot: int) -> None:
-        """The slot's KV cannot be trusted (a failed step): nothing of it is found again."""
-        self._truncate(slot, 0)
+    def keep_tail(self, namespace: bytes, table: PageTable, written: Written) -> None:
+        """A finished sequence's partly filled last page stays findable (before its pages are released)."""
+        count = len(written.tokens) - len(written.names) * self.block
+        page = len(written.names)
+        if not self.enabled or count <= 0 or page >= len(table.full) or table.window[page] == SCRATCH:
+            return
+        full, window = table.full[page], table.window[page]
+        if full in self._full_names or full in self._tail_full:
+            return
+        parent = written.names[-1] if written.names else namespace
+        tail = Tail(full, window, written.tokens[page * self.block :])
+        self._tails.setdefault(parent, {})[full] = tail
+        self._tail_full[full] = (parent, tail)
+        self._tail_window[window] = (parent, tail)
 
-    def _fit_budget(self) -> None:
-        over = sum(len(self._tokens[slot]) for slot in self._idle) - self.budget
-        while over > 0 and self._idle:
-            slot = next(iter(self._idle))
-            held = len(self._tokens[slot])
-            keep = max(0, (held - over) // self.block * self.block)
-            over -= held - keep
-            self._evicted += len(self._chains[slot]) - keep // self.block
-            self._truncate(slot, keep)
+    def forget(self, table: PageTable) -> None:
+        """The pages' KV cannot be trusted (a failed step): nothing of them is found again."""
+        for page in table.full:
+            if page in self._full_names:
+                self._unname(page)
+        for page in table.window:
+            name = self._window_names.pop(page, None)
+            if name is not None and name in self._blocks:
+                self._blocks[name].window = SCRATCH
 
-    def _truncate(self, slot: int, keep: int) -> None:
-        """`slot` keeps its first `keep` tokens; blocks past them are no longer found there."""
-        names = self._chains[slot]
-        kept_blocks = keep // self.block
-        for name in names[kept_blocks:]:
-            holders = self._holders.get(name)
-            if holders is not None:
-                holders.pop(slot, None)
-                if not holders:
-                    del self._holders[name]
-        del names[kept_blocks:]
-        del self._tokens[slot][keep:]
-        if not self._tokens[slot]:
-            self._idle.pop(slot, None)
+    def fit_budget(self) -> None:
+        """Cached pages beyond the budget are freed, least recently used first."""
+        while self.pools.full.stats().cached > self.budget_pages and self.pools.full.evict_oldest():
+            pass
+        while self.pools.window.stats().cached > self.budget_pages and self.pools.window.evict_oldest():
+            pass
+
+    # eviction (called by the pools as they take a cached page back)
+
+    def _unname(self, page: int) -> Block:
+        """Page `page` is named no more (nor is its window page); the block it was."""
+        block = self._blocks.pop(self._full_names.pop(page))
+        self._window_names.pop(block.window, None)
+        parent = self._parents.pop(page)
+        children = self._children[parent]
+        del children[page]
+        if not children:
+            del self._children[parent]
+        return block
+
+    def _evict_full(self, page: int) -> None:
+        if page in self._full_names:
+            self._evicted += 1
+            block = self._unname(page)
+            if block.window != SCRATCH:
+                self.pools.window.drop(block.window)
+        entry = self._tail_full.pop(page, None)
+        if entry is not None:
+            self._drop_tail(*entry)
+            if self._tail_window.pop(entry[1].window, None) is not None:
+                self.pools.window.drop(entry[1].window)
+
+    def _evict_window(self, page: int) -> None:
+        name = self._window_names.pop(page, None)
+        if name is not None and name in self._blocks:
+            self._blocks[name].window = SCRATCH
+        entry = self._tail_window.pop(page, None)
+        if entry is not None:
+            self._drop_tail(*entry)
+            if self._tail_full.pop(entry[1].full, None) is not None:
+                self.pools.full.drop(entry[1].full)
+
+    def _drop_tail(self, parent: bytes, tail: Tail) -> None:
+        tails = self._tails.get(parent, {})
+        tails.pop(tail.full, None)
+        if not tails:
+            self._tails.pop(parent, None)
 
 
 def _common_length(first: list[int], second: list[int]) -> int:

@@ -1,11 +1,13 @@
-"""One ONNX Runtime session over the decoder graph, on the CPU or a CUDA device, with preallocated KV
-caches for a fixed number of sequence slots, bound in place through IO binding (no per-step copies of
-the cache). On CUDA the caches and logits live on the device. Each slot's next-token logits land in its
-row of one logits buffer, where the SampleTokens op (sampling_session.py, with the compiled kernels)
-chooses the next tokens on the same device: only token ids and asked-for logprobs come back; without the
-kernels the NumPy sampler reads the rows on the host. With `cuda_graph`, a decode batch spans a bucket of
-slots (1, 2, 4, ... up to all of them), each bucket captured once as a CUDA graph and replayed: its token
-and length inputs sit in fixed device buffers, updated in place."""
+"""One ONNX Runtime session over the decoder graph, on the CPU or a CUDA device, with the KV page pools of
+every layer preallocated and bound in place through IO binding (no per-step copies of the cache). On CUDA
+the pools and logits live on the device. A step runs any rows at once (decode rows and prefill chunks,
+each row's tokens at its positions through its page tables); each row's next-token logits land in its row
+of one logits buffer, where the SampleTokens op (sampling_session.py, with the compiled kernels) chooses
+the next tokens on the same device: only token ids and asked-for logprobs come back; without the kernels
+the NumPy sampler reads the rows on the host. With `cuda_graph`, a decode step is padded to a bucket of
+rows (1, 2, 4, ... up to the largest batch), each bucket captured once as a CUDA graph and replayed: its
+tokens, positions and page tables sit in fixed device buffers of full width, updated in place; padding
+rows write to the scratch page."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import ctypes
 import dataclasses
 import functools
 import io
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -22,8 +25,10 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from .attention import FUNCTION_GATHER_BUDGET
 from .config import ModelConfig
 from .graph import DTYPES, Dtype, kv_names
+from .page_pool import SCRATCH, PageTable
 from .sampler import Sampled, SamplingRows, sample_rows
 from .sampling_session import SamplingSession
 
@@ -86,10 +91,9 @@ def resolve_device(device: Device, device_id: int = 0) -> Literal["cpu", "cuda"]
     return "cpu"
 
 
-def _host_view(address: int, shape: tuple[int, int, int]) -> np.ndarray:
+def _host_view(address: int, size: int) -> np.ndarray:
     """A writable byte view of host memory that an OrtValue owns."""
-    size = shape[0] * shape[1] * shape[2]
-    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address)).reshape(shape)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
 
 
 @functools.cache
@@ -119,24 +123,52 @@ def copy_device_rows(target: int, source: int, pitch: int, width: int, rows: int
     if status == 0:
         status = cudart.cudaDeviceSynchronize()  # a device-to-device copy may return before it is done
     if status != 0:
-        raise EngineDeviceError(f"copying KV between slots failed (CUDA error {status})")
+        raise EngineDeviceError(f"copying KV between pages failed (CUDA error {status})")
 
 
-def bucket(rows: int, slots: int) -> int:
-    """The CUDA-graph bucket (1, 2, 4, ... up to `slots`) a decode batch of `rows` slots is padded to."""
-    return min(slots, 1 << (rows - 1).bit_length())
+def graph_page_size(model_path: str) -> int:
+    """The page size a decoder graph's attention was built for (read from the graph, not its weights)."""
+    model = onnx.load(model_path, load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type == "PagedAttention":
+            return next(helper.get_attribute_value(a) for a in node.attribute if a.name == "page_size")
+    raise ValueError(f"{model_path} has no PagedAttention node: it was built by another version")
+
+
+def bucket(rows: int, largest: int) -> int:
+    """The CUDA-graph bucket (1, 2, 4, ... up to `largest`) a decode step of `rows` rows is padded to."""
+    return min(largest, 1 << (rows - 1).bit_length())
+
+
+@dataclass(slots=True)
+class StepRows:
+    """A step's rows: each row's tokens (consecutive positions from `starts[i]`) and its page table."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    tables: list[PageTable] = field(default_factory=list)
+
+    def add(self, tokens: list[int], start: int, table: PageTable) -> int:
+        """A row; its index (and its logits row once the step ran)."""
+        self.tokens.append(tokens)
+        self.starts.append(start)
+        self.tables.append(table)
+        return len(self.tokens) - 1
 
 
 class DecoderRuntime:
-    """`fill` runs prompt tokens into one slot; `step` advances any set of slots by one token each; `sample`
-    chooses their next tokens from the logits those left (`prefill` and `decode` return the logits instead)."""
+    """`run` advances rows of sequences by their tokens, each row's logits row then its next token's; `sample`
+    chooses the rows' next tokens from those logits (`logits` copies them to the host instead)."""
 
     def __init__(
         self,
         model_path: str,
         config: ModelConfig,
-        slots: int,
+        max_rows: int,
         max_positions: int,
+        full_pages: int,
+        window_pages: int,
+        page_size: int,
         threads: int = 0,
         kernels: Path | None = None,
         device: Literal["cpu", "cuda"] = "cpu",
@@ -145,9 +177,11 @@ class DecoderRuntime:
         cuda_graph: bool = False,
         buckets: bool | None = None,
     ) -> None:
-        """`kernels`: a compiled kernel library; its MXFP4MoE replaces the graph's pure-ONNX realization and
-        its SampleTokens samples on this runtime's device. `dtype`: the graph's activation and KV dtype.
-        `buckets`: decode spans padded to the bucket sizes (None: with CUDA graphs, so that few are captured)."""
+        """`max_rows`: the most rows a step runs (decode rows plus a prefill chunk); `full_pages`, `window_pages`:
+        the pools' pages of `page_size` positions (page 0 of each is scratch). `kernels`: a compiled kernel
+        library; its ops replace the graph's portable realizations and its SampleTokens samples on this
+        runtime's device. `dtype`: the graph's activation and KV dtype. `buckets`: decode steps padded to the
+        bucket sizes, their inputs in fixed buffers (None: with CUDA graphs, which replay them)."""
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -165,30 +199,38 @@ class DecoderRuntime:
             sampler_providers = [(CUDA, cuda_options), "CPUExecutionProvider"]
             graphs = {**cuda_options, "enable_cuda_graph": "1" if cuda_graph else "0"}
             providers = [(CUDA, graphs), "CPUExecutionProvider"]
+        built_for = graph_page_size(model_path)
+        if built_for != page_size:
+            raise ValueError(f"{model_path} was built for pages of {built_for} positions, not {page_size}")
         self.session = ort.InferenceSession(model_path, options, providers=providers)
         if device == "cuda" and self.session.get_providers()[0] != CUDA:
             raise EngineDeviceError("the CUDA provider did not load for the decoder graph")
         self.config = config
-        self.slots = slots
+        self.max_rows = max_rows
         self.max_positions = max_positions
+        self.page_size = page_size
+        self.pages = {"full": full_pages, "window": window_pages}
         self.device = device
         self.cuda_graph = cuda_graph and device == "cuda"
         self.buckets = self.cuda_graph if buckets is None else buckets
+        self.gather_budget = None if kernels is not None else FUNCTION_GATHER_BUDGET
         self._place = ("cuda", device_id) if device == "cuda" else ("cpu", 0)
         self._kv_type = DTYPES[dtype][0]
-        self._kv_shape = (config.num_key_value_heads, max_positions, config.head_dim)
-        self._cache = [
-            self._zeros((slots, *self._kv_shape), DTYPES[dtype][1]) for _ in range(2 * config.num_hidden_layers)
-        ]
         self._kv_itemsize = DTYPES[dtype][1].itemsize
-        self._logits = self._zeros((slots, config.vocab_size), np.dtype(np.float32))
+        self._row_bytes = config.num_key_value_heads * config.head_dim * self._kv_itemsize  # one position
+        self._caches: list[tuple[str, ort.OrtValue]] = []  # per layer K, V: (pool kind, buffer)
+        for layer in range(config.num_hidden_layers):
+            kind = "window" if config.is_sliding(layer) else "full"
+            shape = (self.pages[kind] * page_size, config.num_key_value_heads, config.head_dim)
+            self._caches += [(kind, self._zeros(shape, DTYPES[dtype][1])) for _ in range(2)]
+        self._logits = self._zeros((max_rows, config.vocab_size), np.dtype(np.float32))
         self._sampler = (
             None if kernels is None else SamplingSession(kernels, sampler_providers, self._place, self._logits, threads)
         )
-        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
-        self._graph_inputs: dict[int, tuple[ort.OrtValue, ort.OrtValue]] = {}
+        self._binding = self._bound()
+        self._graph_bindings: dict[int, tuple[ort.IOBinding, dict[str, ort.OrtValue]]] = {}
         self._graph_run_options: dict[int, ort.RunOptions] = {}
-        self._last_run: tuple[int, ort.IOBinding] | None = None  # (first slot, binding) of the last run
+        self._last_rows = 0  # rows the last step wrote logits for
 
     def _zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> ort.OrtValue:
         """A zeroed buffer in this runtime's memory, bound by address with its real type (host memory is
@@ -199,49 +241,47 @@ class DecoderRuntime:
             return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(storage, helper.np_dtype_to_tensor_dtype(dtype))
         return ort.OrtValue.ortvalue_from_numpy(storage, *self._place)
 
-    def copy_prefix(self, source: int, target: int, count: int) -> None:
-        """Copy positions [0, count) of every layer's keys and values from slot `source` to slot `target`."""
-        if count <= 0 or source == target:
-            return
-        heads, positions, head_dim = self._kv_shape
-        row = head_dim * self._kv_itemsize  # one position of one head
-        slot_bytes = heads * positions * row
-        for buffer in self._cache:
-            base = buffer.data_ptr()
-            if self.device == "cpu":
-                storage = _host_view(base, (self.slots, heads, positions * row))
-                storage[target, :, : count * row] = storage[source, :, : count * row]
-            else:
-                copy_device_rows(
-                    base + target * slot_bytes, base + source * slot_bytes, positions * row, count * row, heads
-                )
+    def _bound(self) -> ort.IOBinding:
+        """An IO binding with every layer's pools bound in place, as input and output."""
+        binding = self.session.io_binding()
+        place, device_id = self._place
+        for layer in range(self.config.num_hidden_layers):
+            past_k, past_v, present_k, present_v = kv_names(layer)
+            for (past, present), (_, buffer) in zip(
+                ((past_k, present_k), (past_v, present_v)), self._caches[2 * layer : 2 * layer + 2], strict=True
+            ):
+                shape = buffer.shape()
+                binding.bind_input(past, place, device_id, self._kv_type, shape, buffer.data_ptr())
+                binding.bind_output(present, place, device_id, self._kv_type, shape, buffer.data_ptr())
+        return binding
 
     @property
     def kv_bytes(self) -> int:
-        return sum(value.tensor_size_in_bytes() for value in self._cache)
+        return sum(buffer.tensor_size_in_bytes() for _, buffer in self._caches)
 
-    def _binding(self, first_slot: int, rows: int) -> ort.IOBinding:
-        """The IO binding of a window of slots, its KV and logits bound in place; made once per window."""
-        key = (first_slot, rows)
-        if key not in self._bindings:
-            binding = self.session.io_binding()
-            place, device_id = self._place
-            vocab = self.config.vocab_size
-            pointer = self._logits.data_ptr() + first_slot * vocab * 4
-            binding.bind_output("logits", place, device_id, np.float32, [rows, vocab], pointer)  # output 0
-            kv_bytes = self._cache[0].tensor_size_in_bytes() // self.slots
-            shape = [rows, *self._kv_shape]
-            for layer in range(self.config.num_hidden_layers):
-                past_k, past_v, present_k, present_v = kv_names(layer)
-                for past, present, buffer in (
-                    (past_k, present_k, self._cache[2 * layer]),
-                    (past_v, present_v, self._cache[2 * layer + 1]),
-                ):
-                    pointer = buffer.data_ptr() + first_slot * kv_bytes
-                    binding.bind_input(past, place, device_id, self._kv_type, shape, pointer)
-                    binding.bind_output(present, place, device_id, self._kv_type, shape, pointer)
-            self._bindings[key] = binding
-        return self._bindings[key]
+    def kv_bytes_per_page(self, kind: str) -> int:
+        """Bytes one page of pool `kind` takes over all of its layers."""
+        layers = sum(1 for pool, _ in self._caches if pool == kind)
+        return layers * self.page_size * self._row_bytes
+
+    def copy_page(self, kind: str, source: int, target: int, positions: int) -> None:
+        """Copy the first `positions` positions of page `source` to page `target` in every layer of pool `kind`."""
+        offset = self.page_size * self._row_bytes
+        width = positions * self._row_bytes
+        for pool, buffer in self._caches:
+            if pool != kind:
+                continue
+            base = buffer.data_ptr()
+            if self.device == "cpu":
+                storage = _host_view(base, buffer.tensor_size_in_bytes())
+                storage[target * offset : target * offset + width] = storage[source * offset : source * offset + width]
+            else:
+                copy_device_rows(base + target * offset, base + source * offset, offset, width, 1)
+
+    def chunk_limit(self, context: int) -> int | None:
+        """The most tokens one step may run for a row reaching `context` positions (None: no limit): the portable
+        attention gathers every token's context."""
+        return None if self.gather_budget is None else max(1, self.gather_budget // max(1, context))
 
     @property
     def samples_on_device(self) -> bool:
@@ -249,48 +289,115 @@ class DecoderRuntime:
         return self._sampler is not None
 
     def sample(self, rows: SamplingRows) -> Sampled:
-        """Next tokens from the logits rows the last steps left (`rows.rows`: slots)."""
+        """Next tokens from the logits rows the last step left (`rows.rows`: their indices)."""
         if self._sampler is not None:
             return self._sampler.sample(rows)
-        slots = sorted(set(rows.rows.tolist()))
-        local = np.searchsorted(np.array(slots), rows.rows).astype(np.int32)  # each row's index among `slots`
-        return sample_rows(self.logits(slots), dataclasses.replace(rows, rows=local))
+        indices = sorted(set(rows.rows.tolist()))
+        local = np.searchsorted(np.array(indices), rows.rows).astype(np.int32)  # each row's index among `indices`
+        return sample_rows(self.logits(indices), dataclasses.replace(rows, rows=local))
 
-    def logits(self, slots: list[int]) -> np.ndarray:
-        """A host copy of these slots' logits rows, as the last steps left them."""
+    def logits(self, rows: list[int]) -> np.ndarray:
+        """A host copy of these logits rows, as the last step left them."""
+        if not all(0 <= row < self._last_rows for row in rows):
+            raise ValueError(f"rows {rows} are not all among the last step's {self._last_rows}")
         vocab = self.config.vocab_size
         if self.device == "cpu":
-            view = np.ctypeslib.as_array((ctypes.c_float * (self.slots * vocab)).from_address(self._logits.data_ptr()))
-            return view.reshape(self.slots, vocab)[slots]  # fancy indexing copies
-        if self._last_run is None:
-            raise ValueError("no step has run: there are no logits yet")
-        first, binding = self._last_run  # the window of slots the last run wrote: copied whole, once
-        window = binding.get_outputs()[0].numpy()
-        if not all(first <= slot < first + len(window) for slot in slots):
-            raise ValueError(f"slots {slots} are not all in the last run's window")
-        return window[[slot - first for slot in slots]]
+            view = np.ctypeslib.as_array(
+                (ctypes.c_float * (self.max_rows * vocab)).from_address(self._logits.data_ptr())
+            )
+            return view.reshape(self.max_rows, vocab)[rows]  # fancy indexing copies
+        return self._logits.numpy()[rows]
 
-    def _run(self, first_slot: int, rows: int, ids: np.ndarray, seqlens: np.ndarray, total: int) -> None:
-        binding = self._binding(first_slot, rows)
-        graph_id = -1  # not replayed: prefill chunks, windows not at slot 0
-        if self.cuda_graph and ids.shape[1] == 1 and first_slot == 0:
-            graph_id = rows
-            ids_value, seqlens_value = self._graph_input_buffers(rows)
-            ids_value.update_inplace(ids)
-            seqlens_value.update_inplace(seqlens)
-            binding.bind_ortvalue_input("input_ids", ids_value)
-            binding.bind_ortvalue_input("seqlens_k", seqlens_value)
-            # a replayed graph keeps the values it was captured with: attend up to the cache's end, the
-            # device-side sequence lengths bound each row
-            binding.bind_cpu_input("total_sequence_length", np.array(self.max_positions, np.int32))
+    def run(self, step: StepRows) -> None:
+        """Run the step's rows; each row's logits row is then its next token's."""
+        count = len(step.tokens)
+        if not 0 < count <= self.max_rows:
+            raise ValueError(f"a step runs 1 to {self.max_rows} rows, not {count}")
+        ends = [start + len(tokens) for start, tokens in zip(step.starts, step.tokens, strict=True)]
+        if min(len(tokens) for tokens in step.tokens) == 0 or max(ends) > self.max_positions:
+            raise ValueError(f"every row runs a token, within {self.max_positions} positions")
+        if self.buckets and all(len(tokens) == 1 for tokens in step.tokens):
+            self._padded(step)
         else:
-            binding.bind_cpu_input("input_ids", ids)
-            binding.bind_cpu_input("seqlens_k", seqlens)
-            binding.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
-        self.session.run_with_iobinding(binding, self._run_options(graph_id) if self.cuda_graph else None)
-        self._last_run = (first_slot, binding)
+            self._run_once(step, ends)
+        self._last_rows = count
         if self.device == "cuda":
-            binding.synchronize_outputs()  # ORT's stream computed them; the next reader may use another
+            self._binding.synchronize_outputs()  # ORT's stream computed them; the next reader may use another
+
+    def _tables(self, step: StepRows, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        full = np.full((rows, width), SCRATCH, np.int32)
+        window = np.full((rows, width), SCRATCH, np.int32)
+        for row, table in enumerate(step.tables):
+            full[row, : len(table.full)] = table.full[:width]
+            window[row, : len(table.window)] = table.window[:width]
+        return full, window
+
+    def _run_once(self, step: StepRows, ends: list[int]) -> None:
+        rows = len(step.tokens)
+        width = -(-max(ends) // self.page_size)
+        full, window = self._tables(step, rows, width)
+        inputs = {
+            "input_ids": np.fromiter((t for tokens in step.tokens for t in tokens), np.int64),
+            "positions": np.concatenate(
+                [np.arange(s, e, dtype=np.int32) for s, e in zip(step.starts, ends, strict=True)]
+            ),
+            "token_rows": np.repeat(np.arange(rows, dtype=np.int32), [len(tokens) for tokens in step.tokens]),
+            "full_pages": full,
+            "window_pages": window,
+            "last_tokens": np.cumsum([len(tokens) for tokens in step.tokens], dtype=np.int64) - 1,
+        }
+        for name, value in inputs.items():
+            self._binding.bind_cpu_input(name, value)
+        place, device_id = self._place
+        vocab = self.config.vocab_size
+        self._binding.bind_output("logits", place, device_id, np.float32, [rows, vocab], self._logits.data_ptr())
+        self.session.run_with_iobinding(self._binding, self._run_options(-1) if self.cuda_graph else None)
+
+    def _padded(self, step: StepRows) -> None:
+        """A decode step padded to its bucket, from the bucket's fixed buffers: with CUDA graphs, the graph of the
+        bucket (captured at its first run) replayed."""
+        rows = len(step.tokens)
+        size = bucket(rows, self.max_rows)
+        binding, buffers = self._graph_binding(size)
+        width = -(-self.max_positions // self.page_size)
+        full, window = self._tables(step, size, width)
+        ids = np.zeros(size, np.int64)
+        ids[:rows] = [tokens[0] for tokens in step.tokens]
+        positions = np.zeros(size, np.int32)
+        positions[:rows] = step.starts
+        for name, value in (
+            ("input_ids", ids),
+            ("positions", positions),
+            ("full_pages", full),
+            ("window_pages", window),
+        ):
+            buffers[name].update_inplace(value)
+        self.session.run_with_iobinding(binding, self._run_options(size) if self.cuda_graph else None)
+
+    def _graph_binding(self, size: int) -> tuple[ort.IOBinding, dict[str, ort.OrtValue]]:
+        """The binding of a decode bucket: the pools, fixed device buffers for its inputs, and its logits rows."""
+        if size not in self._graph_bindings:
+            binding = self._bound()
+            place, device_id = self._place
+            width = -(-self.max_positions // self.page_size)
+            shapes = {
+                "input_ids": ([size], np.int64, None),
+                "positions": ([size], np.int32, None),
+                "token_rows": ([size], np.int32, np.arange(size, dtype=np.int32)),
+                "full_pages": ([size, width], np.int32, None),
+                "window_pages": ([size, width], np.int32, None),
+                "last_tokens": ([size], np.int64, np.arange(size, dtype=np.int64)),
+            }
+            buffers = {}
+            for name, (shape, dtype, initial) in shapes.items():
+                buffers[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, place, device_id)
+                if initial is not None:
+                    buffers[name].update_inplace(initial)
+                binding.bind_ortvalue_input(name, buffers[name])
+            vocab = self.config.vocab_size
+            binding.bind_output("logits", place, device_id, np.float32, [size, vocab], self._logits.data_ptr())
+            self._graph_bindings[size] = (binding, buffers)
+        return self._graph_bindings[size]
 
     def _run_options(self, graph_id: int) -> ort.RunOptions:
         """Run options naming the CUDA graph to capture or replay (-1: none), made once per id."""
@@ -299,56 +406,3 @@ class DecoderRuntime:
             options.add_run_config_entry("gpu_graph_id", str(graph_id))
             self._graph_run_options[graph_id] = options
         return self._graph_run_options[graph_id]
-
-    def _graph_input_buffers(self, rows: int) -> tuple[ort.OrtValue, ort.OrtValue]:
-        """Fixed device buffers for the token ids and lengths of a decode batch of `rows`."""
-        if rows not in self._graph_inputs:
-            place, device_id = self._place
-            self._graph_inputs[rows] = (
-                ort.OrtValue.ortvalue_from_shape_and_type([rows, 1], np.int64, place, device_id),
-                ort.OrtValue.ortvalue_from_shape_and_type([rows], np.int32, place, device_id),
-            )
-        return self._graph_inputs[rows]
-
-    def fill(self, slot: int, tokens: list[int], start: int = 0) -> None:
-        """Run prompt tokens into `slot` from position `start` (0 restarts its cache); its logits row is the
-        next token's."""
-        count = len(tokens)
-        if not count > 0 or start + count > self.max_positions:
-            raise ValueError(f"a prompt of {start + count} tokens does not fit {self.max_positions} positions")
-        ids = np.array([tokens], np.int64)
-        self._run(slot, 1, ids, np.array([start + count - 1], np.int32), start + count)
-
-    def prefill(self, slot: int, tokens: list[int], start: int = 0) -> np.ndarray:
-        """`fill`, then the next-token logits [V] on the host."""
-        self.fill(slot, tokens, start)
-        return self.logits([slot])[0]
-
-    def decode(self, rows: list[tuple[int, int, int]], parked: dict[int, int] | None = None) -> dict[int, np.ndarray]:
-        """`step`, then the next-token logits per slot on the host."""
-        self.step(rows, parked)
-        slots = [slot for slot, _, _ in rows]
-        return dict(zip(slots, self.logits(slots), strict=True))
-
-    def span(self, rows: int) -> int:
-        """The slots a decode batch reaching slot `rows - 1` runs: `rows`, or with buckets its bucket."""
-        return bucket(rows, self.slots) if self.buckets else rows
-
-    def step(self, rows: list[tuple[int, int, int]], parked: dict[int, int] | None = None) -> None:
-        """`rows`: (slot, token, position) each; each slot's logits row is then its next token's.
-
-        The batch spans slots 0..span(max(slot) + 1) - 1; the other slots in it get a throwaway token, written
-        at the position `parked` gives for the slot (one a later prefill overwrites) or else at position 0.
-        """
-        span = self.span(max(slot for slot, _, _ in rows) + 1)
-        ids = np.zeros((span, 1), np.int64)
-        seqlens = np.zeros(span, np.int32)
-        for slot, position in (parked or {}).items():
-            if slot < span:
-                seqlens[slot] = position
-        for slot, token, position in rows:
-            if position >= self.max_positions:
-                raise ValueError(f"position {position} is past the cache of {self.max_positions}")
-            ids[slot, 0] = token
-            seqlens[slot] = position
-        self._run(0, span, ids, seqlens, int(seqlens.max()) + 1)

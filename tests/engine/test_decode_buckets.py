@@ -1,6 +1,7 @@
-"""Decode batches padded to bucket sizes (1, 2, 4, ... up to every slot), so that CUDA graphs are captured for a
-few sizes only: the padding slots write at their parked positions (a slot's kept prefix stays whole), and
-every sequence gets the tokens it gets without buckets. Run on the CPU, where the padding is the same."""
+"""Decode steps padded to bucket sizes (1, 2, 4, ... up to the largest batch), their inputs in fixed buffers of
+full page-table width, so that CUDA graphs are captured for a few sizes only: the padding rows write to the
+scratch page (no sequence's pages change), and every sequence gets the tokens it gets without buckets. Run on
+the CPU, where the padding and the fixed buffers are the same."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from engine_fixtures import export_model, make_checkpoint, tiny_config
 from backends.base import Chunk, GenerateRequest, Sampling
 from backends.engine.batcher import Batcher, Sequence
 from backends.engine.kernels.build import kernel_library
+from backends.engine.page_pool import KvPools
+from backends.engine.paged_runner import PagedRunner
 from backends.engine.runtime import DecoderRuntime, bucket
 
-SLOTS = 5
+ROWS = 5
 POSITIONS = 256
+PAGE = 32
 
 
 @pytest.fixture(scope="module")
@@ -24,45 +28,48 @@ def model(tmp_path_factory) -> str:
     return export_model(make_checkpoint(tmp_path_factory.mktemp("buckets") / "model", tiny_config(), "hf"), POSITIONS)
 
 
-def _runtime(model: str, buckets: bool) -> DecoderRuntime:
-    return DecoderRuntime(model, tiny_config(), SLOTS, POSITIONS, kernels=kernel_library(), buckets=buckets)
-
-
 def test_the_buckets():
-    assert [bucket(rows, SLOTS) for rows in range(1, SLOTS + 1)] == [1, 2, 4, 4, 5]
+    assert [bucket(rows, ROWS) for rows in range(1, ROWS + 1)] == [1, 2, 4, 4, 5]
     assert [bucket(rows, 256) for rows in (1, 3, 17, 129, 256)] == [1, 4, 32, 256, 256]
 
 
-def test_a_padding_slot_keeps_its_prefix(model):
-    """Slot 3 holds a prompt; three sequences decode on slots 0-2 (a span of 4 with buckets, slot 3 parked past
-    its prompt); slot 3 then goes on from its prompt exactly as on a runtime without buckets."""
+def test_padding_rows_leave_every_sequence_s_pages_whole(model):
+    """Sequence 3 holds a prompt; three sequences decode beside it (padded to 4 with buckets); sequence 3 then goes
+    on from its prompt exactly as on a runtime without buckets."""
     prompt = list(range(300, 340))
 
     def run(buckets: bool) -> list[np.ndarray]:
-        runtime = _runtime(model, buckets)
-        runtime.fill(3, prompt)
-        for slot in range(3):
-            runtime.fill(slot, [10 + slot, 20, 30])
+        runner = PagedRunner.create(model, tiny_config(), ROWS, POSITIONS, kernels=kernel_library(), buckets=buckets)
+        runner.prefill(3, prompt)
+        for sequence in range(3):
+            runner.prefill(sequence, [10 + sequence, 20, 30])
         for step in range(4):
-            runtime.step([(slot, 50 + step, 3 + step) for slot in range(3)], parked={3: len(prompt)})
-        return [runtime.decode([(3, 77, len(prompt))])[3], runtime.decode([(3, 78, len(prompt) + 1)])[3]]
+            runner.decode([(sequence, 50 + step, 3 + step) for sequence in range(3)])
+        return [runner.decode([(3, 77, len(prompt))])[3], runner.decode([(3, 78, len(prompt) + 1)])[3]]
 
     for padded, plain in zip(run(True), run(False), strict=True):
         np.testing.assert_allclose(padded, plain, atol=1e-5)
 
 
-def _generate(runtime: DecoderRuntime, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[int], int]:
-    """Greedy tokens for each prompt (the first alone, then the others at once; the prefix cache on), the spans
-    each step ran, and the prompt tokens the last prompt reused."""
-    spans: list[int] = []
-    inner_step = runtime.step
+def _generate(
+    buckets: bool, model: str, prompts: list[list[int]], steps: int
+) -> tuple[list[list[int]], list[int], int]:
+    """Greedy tokens for each prompt (the first alone, then the others at once; the prefix cache on), the rows
+    each padded step ran, and the prompt tokens the last prompt reused."""
+    pages = ROWS * POSITIONS // PAGE + 2
+    pools = KvPools(pages, pages, PAGE, tiny_config().sliding_window)
+    runtime = DecoderRuntime(
+        model, tiny_config(), ROWS + 1, POSITIONS, pages, pages, PAGE, kernels=kernel_library(), buckets=buckets
+    )
+    padded_rows: list[int] = []
+    inner = runtime._padded
 
-    def recording_step(rows, parked=None):
-        spans.append(runtime.span(max(slot for slot, _, _ in rows) + 1))
-        inner_step(rows, parked)
+    def recording(step):
+        padded_rows.append(bucket(len(step.tokens), runtime.max_rows))
+        inner(step)
 
-    runtime.step = recording_step  # type: ignore[method-assign]
-    batcher = Batcher(runtime, prefill_chunk=16, prefix_block=4, prefix_budget=SLOTS * POSITIONS)
+    runtime._padded = recording  # type: ignore[method-assign]
+    batcher = Batcher(runtime, pools, ROWS, prefill_chunk=16, prefix_budget=pages * PAGE)
     outputs: list[list[int]] = [[] for _ in prompts]
     done = [threading.Event() for _ in prompts]
 
@@ -76,7 +83,7 @@ def _generate(runtime: DecoderRuntime, prompts: list[list[int]], steps: int) -> 
 
         return take
 
-    for wave in ([0], range(1, len(prompts))):  # the first ends before the others start: its slot keeps its prefix
+    for wave in ([0], range(1, len(prompts))):  # the first ends before the others start: its pages stay cached
         for index in wave:
             request = GenerateRequest(prompts[index], steps, (), f"r{index}", Sampling(temperature=0))
             sequence = Sequence(request, emit(index), np.random.default_rng(index))
@@ -84,13 +91,13 @@ def _generate(runtime: DecoderRuntime, prompts: list[list[int]], steps: int) -> 
         for index in wave:
             assert done[index].wait(120)
     batcher.close()
-    return outputs, spans, sequence.reused
+    return outputs, padded_rows, sequence.reused
 
 
 def test_sequences_get_the_same_tokens_with_buckets(model):
     prompts = [list(range(100, 140)), [5, 6, 7], list(range(900, 930)), [42, 43], list(range(100, 140))]
-    padded, spans, reused = _generate(_runtime(model, True), prompts, 24)
-    plain, plain_spans, _ = _generate(_runtime(model, False), prompts, 24)
+    padded, rows, reused = _generate(True, model, prompts, 24)
+    plain, plain_rows, _ = _generate(False, model, prompts, 24)
     assert padded == plain and padded[4] == padded[0]
-    assert reused >= 36  # the last prompt repeats the first: its kept prefix, past padded steps, reused
-    assert set(spans) <= {1, 2, 4, SLOTS} and 3 in plain_spans  # the padding happened
+    assert reused == 39  # the last prompt repeats the first: its cached page and a copy of its tail reused
+    assert 4 in rows and not plain_rows  # the padding happened

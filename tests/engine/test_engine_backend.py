@@ -1,5 +1,5 @@
 """The `onnx` backend through its public interface: continuous batching gives each request the tokens it
-gets alone, cancellation frees the slot, seeds repeat, and the gateway serves it to the openai SDK."""
+gets alone, cancellation frees its pages, seeds repeat, and the gateway serves it to the openai SDK."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ async def _collect(backend: EngineBackend, prompt: list[int], count: int, sampli
 
 def test_concurrent_greedy_requests_get_exactly_their_solo_tokens(checkpoint):
     async def scenario() -> tuple[list[list[int]], list[list[int]], EngineStats]:
-        backend = EngineBackend(_options(checkpoint, max_batch=3), ENCODING)  # 5 requests, 3 slots: some wait
+        backend = EngineBackend(_options(checkpoint, max_batch=3), ENCODING)  # 5 requests, 3 at once: some wait
         greedy = Sampling(temperature=0)
         alone = [await _collect(backend, prompt, 30, greedy) for prompt in PROMPTS]
         together = await asyncio.gather(*(_collect(backend, prompt, 30, greedy) for prompt in PROMPTS))
@@ -63,50 +63,49 @@ def test_concurrent_greedy_requests_get_exactly_their_solo_tokens(checkpoint):
         return alone, list(together), stats
 
     alone, together, stats = asyncio.run(scenario())
-    assert stats.slots == 3
+    assert stats.max_batch == 3
     assert together == alone
     assert all(len(tokens) == 30 for tokens in alone)
-    # what the metrics export: each request's first token comes from its prefill, the other 29 from decode steps
-    assert stats.prefill_tokens == 2 * sum(len(prompt) for prompt in PROMPTS)
+    # what the metrics export: each request's first token comes from its prefill (of what the prefix cache did not
+    # hold: the second time, all but the last prompt token), the other 29 from decode steps
+    assert stats.prefix_hit_tokens == sum(len(prompt) - 1 for prompt in PROMPTS)
+    assert stats.prefill_tokens == 2 * sum(len(prompt) for prompt in PROMPTS) - stats.prefix_hit_tokens
     assert stats.decode_tokens == 2 * len(PROMPTS) * 29 and stats.decode_steps < stats.decode_tokens
     assert (stats.running, stats.waiting, stats.kv_tokens) == (0, 0, 0)
-    assert stats.kv_capacity_tokens == 3 * 256
+    assert stats.kv_capacity_tokens >= 3 * 256
+    assert stats.kv_pages["full"].in_use == 0 and stats.kv_pages["full"].cached > 0
 
 
 class RecordingRuntime:
-    """The engine's runtime, with the order of its prefill chunks and decode steps written down."""
+    """The engine's runtime, with the tokens of each step's rows written down."""
 
     def __init__(self, runtime) -> None:
         self.inner = runtime
-        self.calls: list[tuple[str, int]] = []
+        self.calls: list[list[int]] = []
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
-    def fill(self, slot: int, tokens: list[int], start: int = 0):
-        self.calls.append(("prefill", slot))
-        return self.inner.fill(slot, tokens, start)
-
-    def step(self, rows, parked=None):
-        self.calls.append(("decode", len(rows)))
-        return self.inner.step(rows, parked)
+    def run(self, step):
+        self.calls.append([len(tokens) for tokens in step.tokens])
+        return self.inner.run(step)
 
 
 def test_a_long_prompt_is_prefilled_between_the_decode_steps_of_others(checkpoint):
     long_prompt = list(range(1000, 1150))  # 150 tokens: 10 chunks of 16
 
     async def scenario() -> tuple[list[list[int]], list[list[int]], list[tuple[str, int]]]:
-        backend = EngineBackend(_options(checkpoint, max_batch=2), ENCODING)
+        backend = EngineBackend(_options(checkpoint, max_batch=2, prefix_cache_tokens=0), ENCODING)
         greedy = Sampling(temperature=0)
         alone = [await _collect(backend, PROMPTS[1], 60, greedy), await _collect(backend, long_prompt, 10, greedy)]
         batcher = backend._batcher
         recorder = RecordingRuntime(batcher.runtime)
         batcher.runtime = recorder
-        placeholder = backend.generate(GenerateRequest(PROMPTS[0], 200, NO_STOPS, "slot-0", greedy))
+        placeholder = backend.generate(GenerateRequest(PROMPTS[0], 200, NO_STOPS, "placeholder", greedy))
         await anext(placeholder)
-        short = backend.generate(GenerateRequest(PROMPTS[1], 60, NO_STOPS, "short", greedy))  # slot 1
+        short = backend.generate(GenerateRequest(PROMPTS[1], 60, NO_STOPS, "short", greedy))
         first = [(await anext(short)).tokens[0] for _ in range(3)]  # decoding before the long one arrives
-        await placeholder.aclose()  # slot 0 frees: the long prompt takes it, inside the decode batch's span
+        await placeholder.aclose()  # its place in the batch frees: the long prompt takes it
         while batcher.active != 1:
             await asyncio.sleep(0.001)
         rest = asyncio.create_task(_drain(short))
@@ -117,17 +116,17 @@ def test_a_long_prompt_is_prefilled_between_the_decode_steps_of_others(checkpoin
 
     alone, together, calls = asyncio.run(scenario())
     assert together == alone
-    long_chunks = [index for index, (kind, slot) in enumerate(calls) if kind == "prefill" and slot == 0][1:]
-    assert len(long_chunks) == 10
-    decodes_meanwhile = [c for c in calls[long_chunks[0] : long_chunks[-1]] if c == ("decode", 1)]
-    assert len(decodes_meanwhile) >= 9  # the short sequence kept decoding while the long prompt went in
+    long_chunks = [rows for rows in calls if max(rows) >= 6]  # the other prompts are 5 tokens or fewer
+    assert [max(rows) for rows in long_chunks] == [16] * 9 + [6]
+    beside_a_decode_row = [rows for rows in long_chunks if 1 in rows]
+    assert len(beside_a_decode_row) >= 9  # the short sequence kept decoding, in the same steps as the chunks
 
 
 async def _drain(stream) -> list[int]:
     return [token async for chunk in stream for token in chunk.tokens]
 
 
-def test_a_seed_repeats_a_sampled_answer_and_closing_frees_the_slot(checkpoint):
+def test_a_seed_repeats_a_sampled_answer_and_closing_frees_the_pages(checkpoint):
     async def scenario() -> None:
         backend = EngineBackend(_options(checkpoint, max_batch=2), ENCODING)
         seeded = Sampling(temperature=1.0, top_p=0.9, seed=11)
@@ -144,6 +143,7 @@ def test_a_seed_repeats_a_sampled_answer_and_closing_frees_the_slot(checkpoint):
         while batcher.active and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert batcher.active == 0
+        assert backend.engine_stats().kv_pages["full"].in_use == 0
         await backend.aclose()
 
     asyncio.run(scenario())
@@ -277,7 +277,8 @@ def test_the_numpy_sampler_chooses_what_the_sampler_kernel_does(checkpoint):
     greedy = Sampling(temperature=0)
 
     async def scenario() -> tuple[list[list[int]], list[list[int]], dict[str, str]]:
-        backend = EngineBackend(_options(checkpoint, max_batch=2), ENCODING)
+        # no prefix reuse: a prompt's last token run alone rounds its logits otherwise than inside a longer chunk
+        backend = EngineBackend(_options(checkpoint, max_batch=2, prefix_cache_tokens=0), ENCODING)
         kernel = [await _collect(backend, PROMPTS[0], 40, seeded), await _collect(backend, PROMPTS[1], 40, greedy)]
         backend._batcher.runtime._sampler = None  # the runtime as it is built without the kernel library
         host = [await _collect(backend, PROMPTS[0], 40, seeded), await _collect(backend, PROMPTS[1], 40, greedy)]

@@ -16,7 +16,7 @@ from backends.engine.config import GPT_OSS_20B, ModelConfig
 from backends.engine.graph import GraphOptions, moe_layer_model
 from backends.engine.kernels import build
 from backends.engine.make_checkpoint import random_moe_layer
-from backends.engine.runtime import DecoderRuntime
+from backends.engine.paged_runner import PagedRunner
 from gateway.cli import main
 
 RELATIVE = 1e-5  # fp32 sums in another order: measured below 1e-6 of the output's magnitude
@@ -95,8 +95,8 @@ def test_the_kernel_in_16_bit_activations_equals_its_float32_result_rounded(libr
 def test_the_engine_with_the_kernel_decodes_as_without_it(libraries, tmp_path):
     config = tiny_config()
     model = export_model(make_checkpoint(tmp_path, config, "hf"), 256)
-    plain = DecoderRuntime(model, config, 1, 256)
-    compiled = DecoderRuntime(model, config, 1, 256, kernels=libraries["native"])
+    plain = PagedRunner.create(model, config, 1, 256)
+    compiled = PagedRunner.create(model, config, 1, 256, kernels=libraries["native"])
     prompt = list(range(3000, 3040))
     a, b = plain.prefill(0, prompt), compiled.prefill(0, prompt)
     worst, tokens = float(np.abs(a - b).max()), []

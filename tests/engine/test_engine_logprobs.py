@@ -25,7 +25,7 @@ from backends.engine.checkpoint import Checkpoint
 from backends.engine.graph import GraphOptions
 from backends.engine.kernels.build import kernel_library
 from backends.engine.model_cache import compiled_model
-from backends.engine.runtime import DecoderRuntime
+from backends.engine.paged_runner import PagedRunner
 from backends.engine.sampler import RowSpec, sample_rows, sampling_rows
 from backends.engine.sampling_session import SamplingSession
 from harmony import load_harmony_encoding
@@ -68,7 +68,7 @@ def _engine(checkpoint: Path, sampling: Sampling) -> tuple[list[int], list[Token
 def _reference(checkpoint: Path, tokens: list[int]) -> list[np.ndarray]:
     """The penalised float64 log-softmax at each step of the engine's own token sequence."""
     model = compiled_model(Checkpoint(checkpoint), GraphOptions(256), checkpoint.parent / "graphs")
-    runtime = DecoderRuntime(str(model), tiny_config(), 1, 256, kernels=kernel_library())
+    runtime = PagedRunner.create(str(model), tiny_config(), 1, 256, kernels=kernel_library())
     logits = runtime.prefill(0, PROMPT)
     seen: set[int] = set()
     rows = []

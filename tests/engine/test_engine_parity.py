@@ -11,7 +11,7 @@ import pytest
 from engine_fixtures import export_model, make_checkpoint, tiny_config
 from engine_reference import ReferenceModel
 
-from backends.engine.runtime import DecoderRuntime
+from backends.engine.paged_runner import PagedRunner
 
 PROMPT = [200006, 17360, 200008, 3575, 553, 17554, 162016, 11, 261, 4410, 2359, 2420, 13, 200007, 200006]
 GENERATED = 300
@@ -26,7 +26,7 @@ def test_logits_match_the_reference_over_a_long_greedy_run(tmp_path, experts, to
     config = tiny_config(experts=experts, top_k=top_k)
     engine_dir = make_checkpoint(tmp_path / layout, config, layout)
     reference_dir = make_checkpoint(tmp_path / "reference", config, "original")  # same seed: same weights
-    runtime = DecoderRuntime(export_model(engine_dir, 512), config, slots=1, max_positions=512)
+    runtime = PagedRunner.create(export_model(engine_dir, 512), config, 1, 512)
     reference = ReferenceModel(reference_dir)
 
     logits = runtime.prefill(0, PROMPT)
@@ -53,7 +53,7 @@ def test_a_prompt_prefilled_in_chunks_matches_the_reference(tmp_path):
     """Chunks continue the slot's cache (past the 128 window here), as the batcher feeds long prompts."""
     config = tiny_config()
     directory = make_checkpoint(tmp_path, config, "original")
-    runtime = DecoderRuntime(export_model(directory, 512), config, slots=1, max_positions=512)
+    runtime = PagedRunner.create(export_model(directory, 512), config, 1, 512)
     reference = ReferenceModel(directory)
     prompt = np.random.default_rng(3).integers(0, 199_000, size=200).tolist()
     for start in range(0, len(prompt), 64):
@@ -69,7 +69,7 @@ def test_a_prompt_prefilled_in_chunks_matches_the_reference(tmp_path):
     assert worst < TOLERANCE, f"largest logit difference {worst:.2e}"
 
 
-def _greedy_alone(runtime: DecoderRuntime, prompt: list[int], count: int) -> list[int]:
+def _greedy_alone(runtime: PagedRunner, prompt: list[int], count: int) -> list[int]:
     logits, position, out = runtime.prefill(0, prompt), len(prompt), []
     for _ in range(count):
         out.append(int(np.argmax(logits)))
@@ -80,7 +80,7 @@ def _greedy_alone(runtime: DecoderRuntime, prompt: list[int], count: int) -> lis
 
 def test_batched_decoding_gives_each_sequence_its_own_tokens(tmp_path: Path):
     config = tiny_config()
-    runtime = DecoderRuntime(export_model(make_checkpoint(tmp_path, config, "original"), 256), config, 4, 256)
+    runtime = PagedRunner.create(export_model(make_checkpoint(tmp_path, config, "original"), 256), config, 4, 256)
     prompts = [PROMPT, [1000, 2000, 3000], list(range(5, 40)), [42]]
     count = 40
     alone = [_greedy_alone(runtime, prompt, count) for prompt in prompts]
@@ -109,7 +109,7 @@ def test_batched_decoding_gives_each_sequence_its_own_tokens(tmp_path: Path):
 
 def test_logits_returned_by_a_step_are_not_overwritten_by_the_next(tmp_path: Path):
     config = tiny_config()
-    runtime = DecoderRuntime(export_model(make_checkpoint(tmp_path, config, "original"), 64), config, 1, 64)
+    runtime = PagedRunner.create(export_model(make_checkpoint(tmp_path, config, "original"), 64), config, 1, 64)
     first = runtime.prefill(0, [5, 6, 7])
     kept = first.copy()
     runtime.decode([(0, int(np.argmax(first)), 3)])

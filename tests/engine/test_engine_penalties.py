@@ -17,7 +17,7 @@ from backends.engine.checkpoint import Checkpoint
 from backends.engine.graph import GraphOptions
 from backends.engine.kernels.build import kernel_library
 from backends.engine.model_cache import compiled_model
-from backends.engine.runtime import DecoderRuntime
+from backends.engine.paged_runner import PagedRunner
 from harmony import load_harmony_encoding
 from harmony.tokens import FIRST_SPECIAL
 
@@ -51,7 +51,7 @@ def _engine_tokens(checkpoint: Path, sampling: Sampling) -> list[int]:
 
 def _reference_tokens(checkpoint: Path, presence: float, frequency: float) -> list[int]:
     model = compiled_model(Checkpoint(checkpoint), GraphOptions(256), checkpoint.parent / "graphs")
-    runtime = DecoderRuntime(str(model), tiny_config(), 1, 256, kernels=kernel_library())
+    runtime = PagedRunner.create(str(model), tiny_config(), 1, 256, kernels=kernel_library())
     logits = runtime.prefill(0, PROMPT)
     counts: dict[int, int] = {}
     tokens: list[int] = []

@@ -46,7 +46,8 @@ def _initializers(model: onnx.ModelProto, directory: Path) -> dict[str, np.ndarr
 def test_each_layer_is_one_qmoe_node_over_the_checkpoints_own_bytes(checkpoint, tmp_path):
     path = compiled_model(checkpoint, GraphOptions(64, "float16", "qmoe"), tmp_path)
     model = onnx.load(str(path), load_external_data=False)
-    assert not model.functions and all(node.op_type != "MXFP4MoE" for node in model.graph.node)
+    assert [function.name for function in model.functions] == ["PagedAttention"]
+    assert all(node.op_type != "MXFP4MoE" for node in model.graph.node)
     nodes = [node for node in model.graph.node if node.op_type == "QMoE"]
     assert len(nodes) == CONFIG.num_hidden_layers
     arrays = _initializers(model, path.parent)

@@ -26,13 +26,14 @@ from backends.engine.config import GPT_OSS_20B
 from backends.engine.graph import GraphOptions
 from backends.engine.kernels.build import kernel_library
 from backends.engine.model_cache import compiled_model
-from backends.engine.runtime import DecoderRuntime
+from backends.engine.paged_runner import PagedRunner
 from harmony import load_harmony_encoding
 
 REAL_WIDTH = replace(GPT_OSS_20B, num_hidden_layers=2, num_experts=4, experts_per_token=2)
 PROMPT = [200006, 17360, 200008, 3575, 553, 261, 10297, 29186, 13, 200007, 200006, 1428, 200008, 13225]
 GENERATED = 4
 TOLERANCE = 2e-4  # float32 sums over 2880-wide rows against float64
+PAGE = 8  # the prompt spans pages; reuse takes whole pages by reference and copies the rest
 
 
 def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int, list[TokenLogprob]]]:
@@ -40,7 +41,7 @@ def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int, list[
     the prompt again; the prompt and the first two answer tokens, whose greedy tokens must be the first answer's
     last two."""
     options = EngineOptions(
-        checkpoint=str(checkpoint), max_positions=64, max_batch=1, cache_dir=str(cache), device="cpu", prefix_block=4
+        checkpoint=str(checkpoint), max_positions=64, max_batch=1, cache_dir=str(cache), device="cpu", page_size=PAGE
     )
     backend = EngineBackend(options, load_harmony_encoding())
     started = time.monotonic()
@@ -78,7 +79,7 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
     assert (fresh, repeated, continued) == (0, len(PROMPT) - 1, len(PROMPT) + 1)
     assert again == tokens and rest == tokens[2:]
 
-    model = compiled_model(Checkpoint(checkpoint), GraphOptions(64), cache)  # the backend's cached graph
+    model = compiled_model(Checkpoint(checkpoint), GraphOptions(64, page_size=PAGE), cache)  # the backend's graph
     assert model.with_name(model.name + ".data").stat().st_size > 2**31  # past protobuf's limit
     assert list(model.parent.glob("linked-*"))  # the experts served from the checkpoint's own file
     nodes = onnx.load(str(model), load_external_data=False).graph.node
@@ -87,7 +88,7 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
     # nine nodes a layer: two norms, three projections (the router's and QKV's with a bias Add; the attention
     # output's bias goes to the following norm, as its fourth input), attention and the MoE; the projections
     # and the unembedding read the checkpoint's bf16 weights as they are (DenseBF16), no float32 copy
-    assert (ops["DenseBF16"], ops["MatMul"], ops["Add"], ops["GroupQueryAttention"], ops["MXFP4MoE"]) == (
+    assert (ops["DenseBF16"], ops["MatMul"], ops["Add"], ops["PagedAttention"], ops["MXFP4MoE"]) == (
         3 * layers + 1,
         0,
         2 * layers,
@@ -99,7 +100,7 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
     assert list(dense["unembedding.weight"].dims) == [REAL_WIDTH.vocab_size, REAL_WIDTH.hidden_size]
     biased = [n for n in nodes if n.op_type == "SkipSimplifiedLayerNormalization" and len(n.input) == 4]
     assert len(biased) == layers and all(n.input[3].endswith("attn.out.bias") for n in biased)
-    runtime = DecoderRuntime(str(model), REAL_WIDTH, 1, 64, kernels=kernel_library())
+    runtime = PagedRunner.create(str(model), REAL_WIDTH, 1, 64, PAGE, kernels=kernel_library())
     reference = ReferenceModel(checkpoint)
     logits = runtime.prefill(0, PROMPT)
     for position, token in enumerate(PROMPT):

@@ -81,8 +81,9 @@ def test_the_decoder_on_cuda_follows_the_cpu_float32_decoder(parity_report, moe)
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_prefix_copied_between_kv_slots_on_the_device_continues_as_the_original(kernels, dtype, tmp_path):
-    """The prefix cache's device-to-device copy: positions [0, n) of every layer's keys and values moved to
-    another slot, whose prefill of the rest then gives the logits the source slot's whole prefill gave."""
+    """The prefix cache's sharing: a sequence holds another's full pages by reference and a device-to-device copy
+    of its partly shared page (copy-on-write), and its prefill of the rest then gives the logits the source's
+    whole prefill gave."""
     copied_prefix_differences(DEVICE, dtype, kernels, tmp_path, limit=1e-5 if dtype == "float32" else 5e-3)
 
 
@@ -91,7 +92,7 @@ def copied_prefix_differences(device: str, dtype: str, kernels: Path, directory:
 
     from backends.engine.checkpoint import Checkpoint
     from backends.engine.model_cache import compiled_model
-    from backends.engine.runtime import DecoderRuntime
+    from backends.engine.paged_runner import PagedRunner
 
     config = tiny_config()
     model = compiled_model(
@@ -99,11 +100,11 @@ def copied_prefix_differences(device: str, dtype: str, kernels: Path, directory:
         GraphOptions(256, dtype, dense_bf16=device == "cpu"),  # type: ignore[arg-type]
         directory / "graphs",
     )
-    runtime = DecoderRuntime(str(model), config, 3, 256, kernels=kernels, device=device, dtype=dtype)  # type: ignore[arg-type]
+    runtime = PagedRunner.create(str(model), config, 3, 256, kernels=kernels, device=device, dtype=dtype)  # type: ignore[arg-type]
     prompt = [200006, 17360, 200008, *range(3000, 3150)]  # past the 128-position window
     whole = runtime.prefill(0, prompt)
     kept = 133
-    runtime.copy_prefix(0, 2, kept)
+    runtime.share_prefix(0, 2, kept)
     rest = runtime.prefill(2, prompt[kept:], kept)
     step = runtime.decode([(0, 77, len(prompt)), (2, 77, len(prompt))])
     for expected, got in ((whole, rest), (step[0], step[2])):

@@ -17,13 +17,13 @@ from backends.engine.checkpoint import Checkpoint
 from backends.engine.graph import GraphOptions
 from backends.engine.kernels.build import kernel_library
 from backends.engine.model_cache import compiled_model
-from backends.engine.runtime import DecoderRuntime
+from backends.engine.paged_runner import PagedRunner
 
 PROMPT = [200006, 17360, 200008, *range(3000, 3040)]
 
 
 def _logits(model: Path) -> list[np.ndarray]:
-    runtime = DecoderRuntime(str(model), tiny_config(), 1, 128, kernels=kernel_library())
+    runtime = PagedRunner.create(str(model), tiny_config(), 1, 128, kernels=kernel_library())
     rows = [runtime.prefill(0, PROMPT)]
     for step in range(4):
         rows.append(runtime.decode([(0, int(np.argmax(rows[-1])), len(PROMPT) + step)])[0])

@@ -1,6 +1,6 @@
 """Prefix reuse in the engine: a prompt that starts the way an earlier one did (same tenant, same cache key)
 prefills only the rest, and the answer is the one a full prefill gives; running sequences are never
-disturbed by others reusing, copying or evicting blocks."""
+disturbed by others sharing their pages, copying from them or evicting cached ones."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from engine_fixtures import make_checkpoint, tiny_config
 
 from backends.base import EngineStats, GenerateRequest, Sampling
 from backends.engine.backend import EngineBackend, EngineOptions
-from backends.engine.prefix_cache import PrefixCache, namespace_of
+from backends.engine.page_pool import KvPools, PageTable
+from backends.engine.prefix_cache import PrefixCache, Written, namespace_of
 from harmony import load_harmony_encoding
 
 ENCODING = load_harmony_encoding()
@@ -32,7 +33,7 @@ def _backend(checkpoint: Path, **extra) -> EngineBackend:
         max_positions=512,
         cache_dir=str(checkpoint.parent / "graphs"),
         prefill_chunk=48,
-        prefix_block=BLOCK,
+        page_size=BLOCK,
         **extra,
     )
     return EngineBackend(options, ENCODING)
@@ -86,7 +87,8 @@ def test_reuse_gives_exactly_the_tokens_a_full_prefill_gives(checkpoint):
     assert [cached for _, cached in fresh] == [0, 0, 0, 0]
     cached = [cached for _, cached in reused]
     # the first prompt runs whole; its repeat keeps all but its last token (run again for its logits); a
-    # continuation reuses all of what came before, up to where it differs from what the slot went on to hold
+    # continuation reuses all of what came before, up to where it differs from what the earlier sequence went on
+    # to write (its last page copied up to there)
     assert cached[0] == 0
     assert cached[1] == len(prompts[1]) - 1
     assert cached[2] == len(prompts[1])
@@ -102,7 +104,7 @@ def test_a_prompt_is_reused_only_in_its_own_tenant_and_cache_key(checkpoint):
     prompt = SHARED[:33]  # short: every position of it weighs on the answer
 
     async def scenario() -> list[tuple[list[int], int]]:
-        backend = await _ready(_backend(checkpoint, max_batch=3))  # a slot each for a, b and a's session
+        backend = await _ready(_backend(checkpoint, max_batch=3))
         results = [
             await _generate(backend, prompt, tenant="a"),
             await _generate(backend, prompt, tenant="b"),  # another tenant: nothing
@@ -116,7 +118,7 @@ def test_a_prompt_is_reused_only_in_its_own_tenant_and_cache_key(checkpoint):
     results = asyncio.run(scenario())
     hit = len(prompt) - 1
     assert [cached for _, cached in results] == [0, 0, 0, hit, hit]
-    # b and the session decoded in slots above a's idle one: a's kept positions came through them intact
+    # b and the session ran while a's pages were cached: they came through intact
     assert all(tokens == results[0][0] for tokens, _ in results)
 
 
@@ -132,7 +134,7 @@ def test_an_operator_may_share_the_cache_across_tenants(checkpoint):
     assert asyncio.run(scenario()) == [0, len(prompt) - 1]
 
 
-def test_a_running_sequences_prefix_is_copied_for_another_and_both_answers_stay_exact(checkpoint):
+def test_a_running_sequences_pages_are_shared_with_another_and_both_answers_stay_exact(checkpoint):
     first, second = [*SHARED, *range(5000, 5030)], [*SHARED, *range(8000, 8045)]
 
     async def scenario() -> tuple[list[list[int]], list[list[int]], list[int], EngineStats]:
@@ -142,7 +144,7 @@ def test_a_running_sequences_prefix_is_copied_for_another_and_both_answers_stay_
         backend = await _ready(_backend(checkpoint, max_batch=3))
         running = asyncio.create_task(_generate(backend, first, 40))
         while (await _settled(backend)).decode_tokens < 5:
-            await asyncio.sleep(0.005)  # the first decodes; its prompt's blocks are in its slot
+            await asyncio.sleep(0.005)  # the first decodes; its prompt's pages are named
         copied = await _generate(backend, second, 40)
         together = [(await running)[0], copied[0]]
         stats = await _settled(backend)
@@ -151,7 +153,7 @@ def test_a_running_sequences_prefix_is_copied_for_another_and_both_answers_stay_
 
     solo, together, cached, stats = asyncio.run(scenario())
     assert together == solo
-    assert cached == [len(SHARED)]  # the blocks, then the tokens of the next block the two share
+    assert cached == [len(SHARED)]  # the pages by reference, then a copy of the part of the next the two share
     assert stats.prefix_hit_tokens == cached[0]
 
 
@@ -167,24 +169,47 @@ def test_eviction_under_a_small_budget_never_breaks_a_running_sequence(checkpoin
 
     alone, _ = asyncio.run(scenario(0))
     squeezed, stats = asyncio.run(scenario(2 * BLOCK))
-    assert squeezed == alone  # 12 requests through 2 slots, blocks reused and dropped under them
+    assert squeezed == alone  # 12 requests, 2 at a time, pages reused and taken back under them
     assert stats.prefix_evicted_blocks > 0 and stats.prefix_hit_tokens > 0
     assert stats.prefix_blocks <= 2 * (512 // BLOCK)
 
 
-def test_the_index_keeps_idle_slots_within_the_budget_least_recently_used_first():
+def _written(cache: PrefixCache, pools: KvPools, space: bytes, prompt: list[int]) -> PageTable:
+    """A sequence that wrote `prompt` into fresh pages (its window ring trimmed as it went) and finished."""
+    table, written = PageTable(), Written()
+    pools.extend(table, 0, len(prompt))
+    cache.extend(space, table, written, prompt)
+    pools.trim(table, len(prompt), cache.named_window)
+    cache.keep_tail(space, table, written)
+    pools.release(table, cache.named_full, cache.named_window)
+    cache.fit_budget()
+    return table
+
+
+def test_cached_pages_stay_within_the_budget_least_recently_used_first():
     space = namespace_of("tenant", None, shared=False)
-    cache = PrefixCache(slots=3, block=4, budget=12)
+    pools = KvPools(full_pages=20, window_pages=20, page_size=4, window=8)
+    cache = PrefixCache(pools, budget=16)  # four pages of each pool
     prompts = [list(range(base, base + 10)) for base in (100, 200, 300)]
-    for slot, prompt in enumerate(prompts):
-        placement = cache.place(space, prompt)
-        assert placement is not None and (placement.slot, placement.reused) == (slot, 0)
-        cache.extend(slot, prompt)
-    for slot in range(3):
-        cache.release(slot)  # 30 tokens idle against a budget of 12: the oldest give up blocks
-    assert [cache.held(slot) for slot in range(3)] == [0, 0, 10]
-    assert cache.stats().evicted_blocks == 2 + 2
-    again = cache.place(space, prompts[2])
-    assert again is not None and (again.slot, again.reused, again.source) == (2, 9, None)  # taken over
-    other = cache.place(namespace_of("other", None, shared=False), prompts[1])
-    assert other is not None and other.reused == 0  # another namespace finds nothing
+    for prompt in prompts:
+        _written(cache, pools, space, prompt)  # two full pages and a tail page each
+    assert pools.full.stats().cached == 4 and cache.stats().evicted_blocks == 4
+    blocks, tail, reused = cache.lookup(space, prompts[2])
+    assert (len(blocks), reused) == (2, 9) and tail is not None  # the newest: its pages and a copy of its tail
+    assert cache.lookup(space, prompts[0])[2] == 0  # the oldest went first
+    assert cache.lookup(namespace_of("other", None, shared=False), prompts[2])[2] == 0  # another namespace
+
+
+def test_a_prefix_is_reused_only_as_far_as_its_window_pages_are_kept():
+    """A long prompt's early window pages are given back as it goes: a later prompt that shares only its start
+    cannot start there (its first token would read window pages no longer kept), one sharing it all can."""
+    space = namespace_of("tenant", None, shared=False)
+    pools = KvPools(full_pages=40, window_pages=40, page_size=4, window=8)
+    cache = PrefixCache(pools, budget=160)
+    prompt = list(range(100, 140))  # 10 pages; the window reaches back two
+    _written(cache, pools, space, prompt)
+    for _ in range(8):  # the early window pages, cached, are taken for other sequences
+        pools.window.evict_oldest()
+    assert cache.lookup(space, [*prompt[:16], 7, 7, 7])[2] == 0
+    blocks, _, reused = cache.lookup(space, [*prompt, 7])
+    assert reused == 40 and len(blocks) == 10

@@ -33,7 +33,7 @@ def live(tmp_path_factory):
         "checkpoint": str(checkpoint),
         "max_positions": 2048,
         "cache_dir": str(directory / "graphs"),
-        "prefix_block": BLOCK,
+        "page_size": BLOCK,
     }
     engine = {"kind": "onnx", "options": options, "models": [MODEL]}
     settings = gateway_settings(directory, backends={"engine": engine}, metrics_port=free_port())
@@ -193,7 +193,7 @@ def test_another_tenant_reuses_nothing_and_metrics_show_the_hits(live):
     owner, intruder = _client(live), _client(live, "sk-tenant-b")
     _cached(live, lambda: owner.responses.create(input=text, **CALL))
     _, cached = _cached(live, lambda: intruder.responses.create(input=text, **CALL))
-    assert cached == 0  # tenant b's first request: not even the shared system prompt comes from a's slots
+    assert cached == 0  # tenant b's first request: not even the shared system prompt comes from a's pages
     _, cached = _cached(live, lambda: intruder.responses.create(input=text, **CALL))
     assert cached > 0  # b's own repeat does
     port = live.settings.metrics_port

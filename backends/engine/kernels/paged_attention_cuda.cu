@@ -145,8 +145,8 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
 
 const char* LaunchPagedAttention(const AttentionArgs& a, void* raw_stream) {
   cudaStream_t stream = static_cast<cudaStream_t>(raw_stream);
-  if (a.heads / a.kv_heads > kMaxGroup || a.head_dim > kMaxHeadDim || a.head_dim % 64) {
-    return "more than 16 query heads per KV head, or a head size that is not 64 or 128";
+  if (a.heads / a.kv_heads > kMaxGroup || a.head_dim > kMaxHeadDim || a.head_dim % 2) {
+    return "more than 16 query heads per KV head, or a head size that is odd or over 128";
   }
   const size_t element = a.dtype == Dtype::kFloat32 ? 4 : 2;
   const size_t cache_bytes = static_cast<size_t>(a.cache_slots * a.kv_heads * a.head_dim) * element;

@@ -40,7 +40,7 @@ struct AttentionArgs {
 };
 
 constexpr int64_t kMaxGroup = 16;     // query heads per KV head
-constexpr int64_t kMaxHeadDim = 128;  // and a multiple of 64 (each lane holds both halves of its rotary pairs)
+constexpr int64_t kMaxHeadDim = 128;  // and even
 
 // Runs the step on `stream` (a cudaStream_t): the writes, then the attention; returns a CUDA error string, or
 // nullptr. Page numbers outside the cache read and write page 0 (the engine's scratch page).

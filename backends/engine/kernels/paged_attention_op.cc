@@ -62,8 +62,8 @@ AttentionArgs ReadAttentionArgs(Ort::KernelContext& context, const AttentionAttr
   a.rows = table_shape[0];
   a.table_width = table_shape[1];
   a.max_positions = cos_shape[0];
-  Require(cache_shape[1] == a.kv_heads && a.head_dim % 64 == 0 && a.head_dim <= kMaxHeadDim,
-          "the caches must hold kv_num_heads heads of a head size that is a multiple of 64, at most 128");
+  Require(cache_shape[1] == a.kv_heads && a.head_dim % 2 == 0 && a.head_dim <= kMaxHeadDim,
+          "the caches must hold kv_num_heads heads of an even head size, at most 128");
   Require(qkv_shape[1] == (a.heads + 2 * a.kv_heads) * a.head_dim, "qkv's width must be (H + 2 Hkv) D");
   Require(values.GetTensorTypeAndShapeInfo().GetShape() == cache_shape, "value_cache must match key_cache");
   Require(a.cache_slots % a.page_size == 0, "the caches must hold whole pages");

@@ -1,0 +1,66 @@
+"""The decoder runtime driven sequence by sequence, without the batcher, as the tests and benches drive it: each
+sequence gets its own pages from the pools (shared only when asked), and `prefill`/`decode` return logits on
+the host."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import ModelConfig
+from .page_pool import KvPools, PageTable
+from .runtime import DecoderRuntime, StepRows
+
+
+class PagedRunner:
+    def __init__(self, runtime: DecoderRuntime, pools: KvPools) -> None:
+        self.runtime = runtime
+        self.pools = pools
+        self.tables: dict[int, PageTable] = {}
+
+    @classmethod
+    def create(
+        cls, model: str, config: ModelConfig, sequences: int, max_positions: int, page_size: int = 32, **options
+    ) -> PagedRunner:
+        """A runtime whose pools hold `sequences` sequences of `max_positions` (window layers too: no trimming)."""
+        pages = sequences * -(-max_positions // page_size) + 1
+        pools = KvPools(pages, pages, page_size, config.sliding_window)
+        runtime = DecoderRuntime(model, config, sequences, max_positions, pages, pages, page_size, **options)
+        return cls(runtime, pools)
+
+    def _table(self, sequence: int, start: int, end: int) -> PageTable:
+        table = self.tables.setdefault(sequence, PageTable())
+        if start == 0 and table.full:  # a restart: the sequence's pages are written again
+            self.pools.release(table, lambda page: False, lambda page: False)
+        self.pools.extend(table, start, end)
+        return table
+
+    def share_prefix(self, source: int, target: int, positions: int) -> None:
+        """`target` starts as `source`'s first `positions`: its full pages by reference, a copy of the page they
+        end in (copy-on-write), as the prefix cache hands them out."""
+        shared, size = self.tables[source], self.pools.page_size
+        table = self.tables.setdefault(target, PageTable())
+        whole = positions // size
+        for page in shared.full[:whole]:
+            self.pools.full.retain(page)
+        for page in shared.window[:whole]:
+            self.pools.window.retain(page)
+        table.full, table.window = shared.full[:whole], shared.window[:whole]
+        if positions % size:
+            self.pools.extend(table, whole * size, whole * size + 1)
+            self.runtime.copy_page("full", shared.full[whole], table.full[whole], positions % size)
+            self.runtime.copy_page("window", shared.window[whole], table.window[whole], positions % size)
+
+    def prefill(self, sequence: int, tokens: list[int], start: int = 0) -> np.ndarray:
+        step = StepRows()
+        step.add(tokens, start, self._table(sequence, start, start + len(tokens)))
+        self.runtime.run(step)
+        return self.runtime.logits([0])[0]
+
+    def decode(self, rows: list[tuple[int, int, int]]) -> dict[int, np.ndarray]:
+        """(sequence, token, position) rows: each sequence's next-token logits."""
+        step = StepRows()
+        for sequence, token, position in rows:
+            step.add([token], position, self._table(sequence, position, position + 1))
+        self.runtime.run(step)
+        logits = self.runtime.logits(list(range(len(rows))))
+        return {sequence: logits[index] for index, (sequence, _, _) in enumerate(rows)}
