@@ -33,7 +33,7 @@ from backends.engine.graph import GraphOptions  # noqa: E402
 from backends.engine.kernels.build import kernel_library  # noqa: E402
 from backends.engine.make_checkpoint import write_random_checkpoint  # noqa: E402
 from backends.engine.model_cache import compiled_model  # noqa: E402
-from backends.engine.runtime import DecoderRuntime  # noqa: E402
+from backends.engine.paged_runner import PagedRunner  # noqa: E402
 
 NAME = "dense_bf16_bench"
 PROMPT = 64
@@ -73,7 +73,7 @@ def step_bytes(config: ModelConfig, dense_bytes: int, batch: int, position: int)
     return dense * dense_bytes + experts + kv
 
 
-def rates(runtime: DecoderRuntime, batch: int, rng: np.random.Generator) -> float:
+def rates(runtime: PagedRunner, batch: int, rng: np.random.Generator) -> float:
     for slot in range(batch):
         runtime.prefill(slot, rng.integers(0, 199_000, size=PROMPT).tolist())
     started = time.perf_counter()
@@ -82,7 +82,7 @@ def rates(runtime: DecoderRuntime, batch: int, rng: np.random.Generator) -> floa
     return batch * STEPS / (time.perf_counter() - started)
 
 
-def prefill_rate(runtime: DecoderRuntime, rng: np.random.Generator) -> float:
+def prefill_rate(runtime: PagedRunner, rng: np.random.Generator) -> float:
     started = time.perf_counter()
     runtime.prefill(0, rng.integers(0, 199_000, size=PREFILL).tolist())
     return PREFILL / (time.perf_counter() - started)
@@ -95,8 +95,8 @@ def measure(layers: int, threads: int, work: Path) -> dict:
     runtimes = {}
     for dense in (True, False):
         model = compiled_model(checkpoint, GraphOptions(MAX_POSITIONS, dense_bf16=dense), work / "graphs")
-        runtimes["bf16" if dense else "float32"] = DecoderRuntime(
-            str(model), config, 4, MAX_POSITIONS, threads, kernels
+        runtimes["bf16" if dense else "float32"] = PagedRunner.create(
+            str(model), config, 4, MAX_POSITIONS, threads=threads, kernels=kernels
         )
     rng = np.random.default_rng(0)
     figures: dict = {"layers": layers}

@@ -36,7 +36,7 @@ from backends.engine.graph import GraphOptions  # noqa: E402
 from backends.engine.kernels.build import kernel_library  # noqa: E402
 from backends.engine.make_checkpoint import write_random_checkpoint  # noqa: E402
 from backends.engine.model_cache import compiled_model  # noqa: E402
-from backends.engine.runtime import DecoderRuntime  # noqa: E402
+from backends.engine.paged_runner import PagedRunner  # noqa: E402
 from harmony import load_harmony_encoding  # noqa: E402
 
 NAME = "engine_bench"
@@ -71,8 +71,8 @@ def _prompt(rng: np.random.Generator, length: int) -> list[int]:
 
 
 def runtime_rates(model: str, threads: int, sizes: Sizes) -> dict[int, tuple[float, float]]:
-    """Batch → (prefill tok/s, decode tok/s) through DecoderRuntime; prompts are prefilled one slot at a time."""
-    runtime = DecoderRuntime(model, CONFIG, max(BATCHES), MAX_POSITIONS, threads, kernel_library())
+    """Batch → (prefill tok/s, decode tok/s) through the runtime; prompts are prefilled one sequence at a time."""
+    runtime = PagedRunner.create(model, CONFIG, max(BATCHES), MAX_POSITIONS, threads=threads, kernels=kernel_library())
     rng = np.random.default_rng(0)
     runtime.prefill(0, _prompt(rng, sizes.prompt))  # warm-up
     runtime.decode([(0, 1, sizes.prompt)])
@@ -80,12 +80,12 @@ def runtime_rates(model: str, threads: int, sizes: Sizes) -> dict[int, tuple[flo
     for batch in BATCHES:
         prompts = [_prompt(rng, sizes.prompt) for _ in range(batch)]
         started = time.perf_counter()
-        for slot, prompt in enumerate(prompts):
-            runtime.prefill(slot, prompt)
+        for sequence, prompt in enumerate(prompts):
+            runtime.prefill(sequence, prompt)
         prefill = batch * sizes.prompt / (time.perf_counter() - started)
         started = time.perf_counter()
         for step in range(sizes.decode_steps):
-            runtime.decode([(slot, 1000 + step, sizes.prompt + step) for slot in range(batch)])
+            runtime.decode([(sequence, 1000 + step, sizes.prompt + step) for sequence in range(batch)])
         decode = batch * sizes.decode_steps / (time.perf_counter() - started)
         rates[batch] = (prefill, decode)
     return rates
@@ -151,8 +151,9 @@ def report(rates: dict[int, tuple[float, float]], batched: float, sequential: fl
         lines.append(f"| {batch} | {prefill:,.0f} | {decode:,.0f} | {decode / rates[1][1]:.1f}x |")
     lines += [
         "",
-        f"Prefill runs one prompt at a time (a prompt joins the batch between decode steps), so its rate does not "
-        f"grow with the batch; decode advances every running sequence in one step ({sizes.decode_steps} steps timed).",
+        f"Prefill runs one prompt at a time here (the batcher runs a chunk of one prompt in each step, beside the "
+        f"decode rows), so its rate does not grow with the batch; decode advances every running sequence in one step "
+        f"({sizes.decode_steps} steps timed).",
         "",
         f"{sizes.requests} requests of {sizes.new_tokens} new tokens each (greedy) through the engine backend:",
         "",

@@ -57,7 +57,8 @@ from backends.engine.config import DEMO_CONFIG, GPT_OSS_20B, GPT_OSS_120B, Model
 from backends.engine.graph import GraphOptions, moe_layer_model
 from backends.engine.make_checkpoint import random_moe_layer, write_random_checkpoint
 from backends.engine.model_cache import compiled_model
-from backends.engine.runtime import DecoderRuntime, cuda_unavailable_reason
+from backends.engine.paged_runner import PagedRunner
+from backends.engine.runtime import cuda_unavailable_reason
 from backends.engine.sampler import RowSpec, sampling_rows
 
 PARITY_CONFIG = replace(DEMO_CONFIG, hidden_size=256, intermediate_size=256, head_dim=64)  # real head size
@@ -102,7 +103,7 @@ def step(results: dict[str, Any], name: str, run: Callable[[], Any]) -> None:
     log(f"{name}: {json.dumps(results[name], default=str)[:2000]}")
 
 
-def greedy(runtime: DecoderRuntime, steps: int, forced: list[int] | None = None) -> tuple[list[int], list[np.ndarray]]:
+def greedy(runtime: PagedRunner, steps: int, forced: list[int] | None = None) -> tuple[list[int], list[np.ndarray]]:
     """Greedy tokens after PROMPT (or, with `forced`, the argmax at each step while feeding `forced`)."""
     logits = runtime.prefill(0, PROMPT)
     tokens, every = [], [logits]
@@ -118,7 +119,7 @@ def parity(work: Path, device: str, kernels: Path | None, cuda_graph: bool) -> d
     checkpoint = Checkpoint(write_random_checkpoint(work / "parity", PARITY_CONFIG, "original", seed=3))
     positions = 512
     cpu_model = compiled_model(checkpoint, GraphOptions(positions, "float32"), work / "graphs")
-    cpu = DecoderRuntime(str(cpu_model), PARITY_CONFIG, 1, positions, kernels=kernels)
+    cpu = PagedRunner.create(str(cpu_model), PARITY_CONFIG, 1, positions, kernels=kernels)
     reference_tokens, reference_logits = greedy(cpu, GREEDY_TOKENS)
     scale = float(np.abs(reference_logits[0]).max())
     report: dict[str, Any] = {"logit_scale": round(scale, 3)}
@@ -149,7 +150,7 @@ def parity_of(
     scale = float(np.abs(reference_logits[0]).max())
     work = checkpoint.directory.parent
     model = compiled_model(checkpoint, GraphOptions(positions, dtype, moe), work / "graphs")
-    runtime = DecoderRuntime(
+    runtime = PagedRunner.create(
         str(model), PARITY_CONFIG, 1, positions, kernels=kernels, device=device, dtype=dtype, cuda_graph=cuda_graph
     )
     tokens, _ = greedy(runtime, GREEDY_TOKENS)
@@ -371,20 +372,21 @@ def scale_key(model_name: str) -> str:
     return "scale" if model_name == "20b" else f"scale_{model_name}"
 
 
-def timed_decode(runtime: DecoderRuntime, batch: int, steps: int, context: int = 128) -> float:
+def timed_decode(runner: PagedRunner, batch: int, steps: int, context: int = 128) -> float:
     """Decode tokens/s as the engine serves: each step runs the batch and samples its tokens (on the device
     when the kernels are loaded: only token ids come back), each next step feeding the sampled tokens. The
     sequences stand at `context` positions: a 128-token prompt prefilled; past that, the KV as the buffers
     hold it (zeros: attention reads and weighs every position all the same), so that hundreds of long
     sequences need no prefill of their own."""
+    runtime = runner.runtime
     if context == 128:
         for slot in range(batch):
-            runtime.fill(slot, PROMPT[:128])
+            runner.fill(slot, PROMPT[:128])
     specs = [RowSpec(slot, Sampling(temperature=1.0), np.random.default_rng(slot)) for slot in range(batch)]
     tokens = [1000 + slot for slot in range(batch)]
 
     def advance(position: int) -> None:
-        runtime.step([(slot, tokens[slot], position) for slot in range(batch)])
+        runner.step([(slot, tokens[slot], position) for slot in range(batch)])
         tokens[:] = runtime.sample(sampling_rows(specs, runtime.config.vocab_size)).tokens.tolist()
 
     advance(context)  # warm-up (and graph capture)
@@ -405,11 +407,11 @@ def many_sequences(directory: Path, work: Path, device: str, kernels: Path | Non
     try:
         positions = MANY_CONTEXT + 256
         model = compiled_model(Checkpoint(directory), GraphOptions(positions, SCALE_DTYPE), work / "graphs")
-        runtime = DecoderRuntime(
+        runtime = PagedRunner.create(
             str(model), GPT_OSS_20B, MANY, positions, kernels=kernels, device=device, dtype=SCALE_DTYPE,
             cuda_graph=cuda_graph,
         )  # fmt: skip
-        report["many_kv_gb_allocated"] = round(runtime.kv_bytes / 1e9, 2)
+        report["many_kv_gb_allocated"] = round(runtime.runtime.kv_bytes / 1e9, 2)
         tok_s = timed_decode(runtime, MANY, 16, MANY_CONTEXT)
         report[f"decode_tok_s_{MANY}_sequences_{MANY_CONTEXT}_context"] = round(tok_s, 1)
         log(f"{MANY} sequences at {MANY_CONTEXT}: {tok_s:.1f} tok/s")
@@ -424,15 +426,16 @@ def sampler_figures(device: str) -> dict[str, Any]:
     return {f"{kind}, batch {batch}": {"numpy_ms": round(a, 3), "kernel_ms": round(b, 3)} for batch, kind, a, b in rows}
 
 
-def time_to_first_token(runtime: DecoderRuntime, length: int) -> float:
-    """Seconds for one prefill call of a `length`-token prompt into slot 0 and its first token sampled (after a
+def time_to_first_token(runner: PagedRunner, length: int) -> float:
+    """Seconds for one prefill call of a `length`-token prompt into sequence 0 and its first token sampled (after a
     short warm-up prefill)."""
     prompt = [(31 * i) % 200000 + 5 for i in range(length)]
+    runtime = runner.runtime
     first = sampling_rows([RowSpec(0, Sampling(temperature=0), np.random.default_rng(0))], runtime.config.vocab_size)
-    runtime.fill(0, prompt[:64])
+    runner.fill(0, prompt[:64])
     runtime.sample(first)
     started = time.perf_counter()
-    runtime.fill(0, prompt)
+    runner.fill(0, prompt)
     runtime.sample(first)
     return time.perf_counter() - started
 
@@ -457,11 +460,11 @@ def scale(
     report["graph_data_gb"] = round(model.with_name(model.name + ".data").stat().st_size / 1e9, 2)
     before = device_memory()
     started = time.perf_counter()
-    runtime = DecoderRuntime(
+    runtime = PagedRunner.create(
         str(model), config, slots, positions, kernels=kernels, device=device, dtype=SCALE_DTYPE, cuda_graph=cuda_graph
     )
     report["load_s"] = round(time.perf_counter() - started, 1)
-    report["kv_gb_allocated"] = round(runtime.kv_bytes / 1e9, 2)
+    report["kv_gb_allocated"] = round(runtime.runtime.kv_bytes / 1e9, 2)
     kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2
     report["kv_bytes_per_token_per_sequence"] = kv_per_token
     for batch in setting.batches:
@@ -478,7 +481,7 @@ def scale(
         report[f"ttft_{length}_s"] = round(time_to_first_token(runtime, length), 3)
         log(f"ttft {length}: {report[f'ttft_{length}_s']} s")
     after = device_memory()
-    kv_allocated = runtime.kv_bytes
+    kv_allocated = runtime.runtime.kv_bytes
     del runtime
     if before and after:
         used = before[0] - after[0]
@@ -532,7 +535,7 @@ def qmoe_decode(directory: Path, work: Path, device: str, positions: int, kernel
         started = time.perf_counter()
         model = compiled_model(Checkpoint(directory), GraphOptions(positions, SCALE_DTYPE, "qmoe"), work / "graphs")
         report["qmoe_convert_s"] = round(time.perf_counter() - started, 1)
-        runtime = DecoderRuntime(
+        runtime = PagedRunner.create(
             str(model), GPT_OSS_20B, 64, positions, kernels=kernels, device=device, dtype=SCALE_DTYPE
         )
         for batch in (1, 8, 64):
@@ -548,10 +551,10 @@ def graph_decode(model: Path, config: ModelConfig, kernels: Path | None, device:
     """Decode with each batch size captured as a CUDA graph: speed, and the logits against plain runs."""
     report: dict[str, Any] = {}
     try:
-        plain = DecoderRuntime(str(model), config, 8, 8192 + 256, kernels=kernels, device=device, dtype=SCALE_DTYPE)
+        plain = PagedRunner.create(str(model), config, 8, 8192 + 256, kernels=kernels, device=device, dtype=SCALE_DTYPE)
         plain_logits = greedy(plain, 8)[1]
         del plain
-        graphs = DecoderRuntime(
+        graphs = PagedRunner.create(
             str(model), config, 8, 8192 + 256, kernels=kernels, device=device, dtype=SCALE_DTYPE, cuda_graph=True
         )
         graph_logits = greedy(graphs, 8)[1]

@@ -37,7 +37,7 @@ from backends.engine.config import GPT_OSS_20B
 from backends.engine.graph import GraphOptions, kv_names
 from backends.engine.make_checkpoint import write_random_checkpoint
 from backends.engine.model_cache import compiled_model
-from backends.engine.runtime import DecoderRuntime
+from backends.engine.paged_runner import PagedRunner
 
 
 def intermediates(work: Path, kernels: str | None) -> dict[str, object]:
@@ -145,7 +145,7 @@ def profile(work: Path, kernels: str | None) -> dict[str, object]:
     positions = 2048
     path = compiled_model(checkpoint, GraphOptions(positions, "bfloat16"), work / "graphs")
     report: dict[str, object] = {}
-    runtime = DecoderRuntime(
+    runtime = PagedRunner.create(
         str(path), config, 64, positions, kernels=Path(kernels) if kernels else None, device="cuda", dtype="bfloat16"
     )
     prompt = [(31 * i) % 200000 + 5 for i in range(1024)]

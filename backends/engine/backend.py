@@ -81,10 +81,12 @@ class EngineOptions(BaseModel):
         return max(tokens, self.max_positions) // self.page_size + 2
 
     def window_pages(self, window: int) -> int:
-        """Pages of the sliding-window pool: each running sequence's ring (its window and a prefill chunk in
-        flight), and an eighth of the full pool for the prefix cache's pages, the scratch page included."""
-        ring = -(-(window + self.prefill_chunk) // self.page_size) + 1
-        return self.max_batch * ring + self.full_pages() // 8 + 1
+        """Pages of the sliding-window pool, the scratch page included: each running sequence's window (and the
+        page its next token starts), one prompt chunk's reach (one sequence prefills at a time), and an eighth
+        of the full pool for the pages the prefix cache keeps."""
+        decoding = -(-window // self.page_size) + 2
+        chunk = -(-(window + self.prefill_chunk) // self.page_size) + 1
+        return self.max_batch * decoding + chunk + self.full_pages() // 8 + 1
 
     def prefix_budget(self) -> int:
         """Tokens of pages no sequence holds that stay cached: by default the whole pool (allocated anyway)."""

@@ -1,7 +1,8 @@
 """Continuous batching on one engine thread, over the paged KV pools (page_pool.py).
 
 A sequence is admitted when the pools can give it the pages of its whole prompt (beyond what the prefix
-cache already holds for it: prefix_cache.py) and the window pages of its first chunk, in arrival order; it
+cache already holds for it: prefix_cache.py, and what the prompts admitted before it still need) and the
+window pages of its first chunk, in arrival order; it
 starts from the longest prefix of its prompt that pages already hold in its namespace, by reference. Each
 step runs every decoding sequence's next token and one chunk of the oldest prefilling sequence's prompt
 together (with CUDA graphs: the chunk first, then the decode rows as the graph of their bucket); the step's
@@ -157,8 +158,14 @@ class Batcher:
             if sequence.cancelled.is_set():
                 self._waiting.popleft()
                 continue
-            if len(self._running) >= self.max_batch or not self._place(sequence):
+            if len(self._running) >= self.max_batch:
                 return True
+            if not self._place(sequence):
+                if self._running:
+                    return True  # pages come back as the running sequences finish
+                self._waiting.popleft()  # empty pools cannot hold it: it would wait forever
+                self._finish(sequence, RuntimeError("the prompt needs more KV pages than the engine's pools hold"))
+                continue
             self._waiting.popleft()
 
     def _place(self, sequence: Sequence) -> bool:
@@ -175,7 +182,10 @@ class Batcher:
         _, window = pools.needed(probe, reused, min(len(fill), reused + self.prefill_chunk))
         taken_full = sum(pools.full.cached(page) for page in probe.full)  # cached pages held stop being available
         taken_window = sum(pools.window.cached(page) for page in probe.window if page)
-        if not pools.fits((full + taken_full, window + taken_window)):
+        promised = sum(  # the rest of the fills already admitted
+            pools.needed(s.table, s.position, len(s.fill))[0] for s in self._running if not s.decoding
+        )
+        if not pools.fits((full + taken_full + promised, window + taken_window)):
             return False
         self.prefix.take(blocks, reused, sequence.table, sequence.written, fill)
         if tail is not None:

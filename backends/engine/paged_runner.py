@@ -50,17 +50,26 @@ class PagedRunner:
             self.runtime.copy_page("full", shared.full[whole], table.full[whole], positions % size)
             self.runtime.copy_page("window", shared.window[whole], table.window[whole], positions % size)
 
-    def prefill(self, sequence: int, tokens: list[int], start: int = 0) -> np.ndarray:
+    def fill(self, sequence: int, tokens: list[int], start: int = 0) -> None:
+        """Run `tokens` into the sequence from `start` (0 restarts it); logits row 0 is then its next token's."""
         step = StepRows()
         step.add(tokens, start, self._table(sequence, start, start + len(tokens)))
         self.runtime.run(step)
+
+    def prefill(self, sequence: int, tokens: list[int], start: int = 0) -> np.ndarray:
+        """`fill`, then the next-token logits on the host."""
+        self.fill(sequence, tokens, start)
         return self.runtime.logits([0])[0]
 
-    def decode(self, rows: list[tuple[int, int, int]]) -> dict[int, np.ndarray]:
-        """(sequence, token, position) rows: each sequence's next-token logits."""
+    def step(self, rows: list[tuple[int, int, int]]) -> None:
+        """(sequence, token, position) rows, one token each: logits row i is then row i's next token's."""
         step = StepRows()
         for sequence, token, position in rows:
             step.add([token], position, self._table(sequence, position, position + 1))
         self.runtime.run(step)
+
+    def decode(self, rows: list[tuple[int, int, int]]) -> dict[int, np.ndarray]:
+        """`step`, then each sequence's next-token logits on the host."""
+        self.step(rows)
         logits = self.runtime.logits(list(range(len(rows))))
         return {sequence: logits[index] for index, (sequence, _, _) in enumerate(rows)}

@@ -101,3 +101,20 @@ def test_sequences_get_the_same_tokens_with_buckets(model):
     assert padded == plain and padded[4] == padded[0]
     assert reused == 39  # the last prompt repeats the first: its cached page and a copy of its tail reused
     assert 4 in rows and not plain_rows  # the padding happened
+
+
+def test_a_prompt_the_empty_pools_cannot_hold_fails_instead_of_waiting_forever(model):
+    pools = KvPools(4, 8, PAGE, tiny_config().sliding_window)  # three pages: 96 positions
+    runtime = DecoderRuntime(model, tiny_config(), 2, POSITIONS, 4, 8, PAGE, kernels=kernel_library())
+    batcher = Batcher(runtime, pools, 1, prefill_chunk=16, prefix_budget=0)
+    outcome: list[Chunk | BaseException | None] = []
+    done = threading.Event()
+
+    def emit(item: Chunk | BaseException | None) -> None:
+        outcome.append(item)
+        done.set()
+
+    batcher.submit(Sequence(GenerateRequest(list(range(200)), 4, (), "big", Sampling()), emit, np.random.default_rng()))
+    assert done.wait(30)
+    batcher.close()
+    assert isinstance(outcome[0], RuntimeError) and "more KV pages" in str(outcome[0])

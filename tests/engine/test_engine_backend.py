@@ -291,3 +291,26 @@ def test_the_numpy_sampler_chooses_what_the_sampler_kernel_does(checkpoint):
     kernel, host, described = asyncio.run(scenario())
     assert kernel == host and len(set(kernel[0])) > 5
     assert described["sampler"] == "numpy"
+
+
+def test_a_pool_too_small_for_the_load_preempts_and_every_answer_completes(checkpoint):
+    """Four sequences of 140 positions each need 20 pages of 32; the full-attention pool holds 9: the latest are
+    preempted as the others grow (their pages given back) and run again from what they wrote, and every answer is
+    the one it gets alone."""
+    prompts = [[*range(base, base + 40)] for base in (1000, 2000, 3000, 4000)]
+
+    async def scenario() -> tuple[list[list[int]], list[list[int]], EngineStats]:
+        backend = EngineBackend(_options(checkpoint, max_batch=4, kv_cache_tokens=256), ENCODING)
+        greedy = Sampling(temperature=0)
+        alone = [await _collect(backend, prompt, 100, greedy) for prompt in prompts]
+        together = await asyncio.gather(*(_collect(backend, prompt, 100, greedy) for prompt in prompts))
+        await asyncio.sleep(0.05)
+        stats = backend.engine_stats()
+        await backend.aclose()
+        return alone, list(together), stats
+
+    alone, together, stats = asyncio.run(scenario())
+    assert stats.kv_pages["full"].pages == 9
+    assert stats.preemptions > 0
+    assert together == alone and all(len(tokens) == 100 for tokens in together)
+    assert stats.kv_pages["full"].in_use == 0

@@ -6,7 +6,8 @@
 //    token's keys in tiles of 32 positions, each tile's keys and values read once into shared memory for the
 //    group; lane l scores key l of the tile for its warp's head, and the softmax runs online (a running maximum
 //    and sum per head, started from the head's sink logit), each lane accumulating the weighted values of the
-//    dimensions it holds.
+//    dimensions it holds. Where rows run several tokens (prefill chunks), AttendTiles instead takes 8 tokens a
+//    block and reads each tile once for all of a row's tokens among them.
 // Both run on ONNX Runtime's stream, in order, with nothing read back: a step replays as a CUDA graph whatever
 // its page tables hold (they are device buffers).
 //
@@ -133,12 +134,137 @@ __global__ void Attend(AttentionArgs a) {
   for (int e = 0; e < kPerLane && lane + e * kWarp < d; ++e) out[lane + e * kWarp] = FromFloat<T>(acc[e] / total);
 }
 
+// Steps where rows run several tokens (prefill chunks): a block per (kTileTokens consecutive tokens, KV head), a
+// warp per query head of the group. The block's tokens are taken in runs of one row; each run's keys and values
+// are read once per tile for all of its tokens (not once per token), every warp scoring its head's queries of the
+// run against the tile, lane l key l. For gpt-oss's shape (a group of at most 8 heads of at most 64).
+constexpr int kTileTokens = 8;
+constexpr int kTileGroup = 8;
+constexpr int kTileDim = 64;
+
+template <typename T>
+__global__ void AttendTiles(AttentionArgs a) {
+  __shared__ float keys[kTile][kTileDim + 1];
+  __shared__ float values[kTile][kTileDim + 1];
+  __shared__ float queries[kTileGroup][kTileTokens][kTileDim];
+  __shared__ float weights[kTileGroup][kTileTokens][kTile];
+  const int64_t h = blockIdx.y, d = a.head_dim, half = d / 2;
+  const int64_t group = a.heads / a.kv_heads;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t head = h * group + warp;
+  const int64_t block_first = static_cast<int64_t>(blockIdx.x) * kTileTokens;
+  const int64_t block_end = block_first + kTileTokens < a.tokens ? block_first + kTileTokens : a.tokens;
+  constexpr int kPerLane = kTileDim / kWarp;
+  for (int64_t run = block_first; run < block_end;) {
+    const int64_t row = a.token_rows[run];
+    int64_t run_end = run + 1;
+    while (run_end < block_end && a.token_rows[run_end] == row) ++run_end;
+    const int64_t count = run_end - run;
+    int64_t lowest = 0, highest = -1;
+    bool valid = row >= 0 && row < a.rows;
+    for (int64_t n = 0; n < count; ++n) {
+      const int64_t position = a.positions[run + n];
+      valid = valid && TokenInRange(a, row, position);
+      const int64_t first = a.window > 0 ? (position - a.window + 1 > 0 ? position - a.window + 1 : 0) : 0;
+      lowest = n == 0 || first < lowest ? first : lowest;
+      highest = position > highest ? position : highest;
+    }
+    float acc[kTileTokens][kPerLane] = {};
+    float top[kTileTokens], total[kTileTokens];
+    __syncthreads();  // the last run's readers of the queries are done
+#pragma unroll
+    for (int n = 0; n < kTileTokens; ++n) {
+      total[n] = 1.0f;
+      top[n] = ToFloat(static_cast<const T*>(a.sinks)[head]);
+      if (n < count && valid) {
+        const int64_t t = run + n, position = a.positions[t];
+        const T* q = static_cast<const T*>(a.qkv) + t * (a.heads + 2 * a.kv_heads) * d + head * d;
+        const T* cos = static_cast<const T*>(a.cos) + position * half;
+        const T* sin = static_cast<const T*>(a.sin) + position * half;
+        for (int64_t i = lane; i < half; i += kWarp) {
+          const float x1 = ToFloat(q[i]), x2 = ToFloat(q[i + half]), c = ToFloat(cos[i]), s = ToFloat(sin[i]);
+          queries[warp][n][i] = (x1 * c - x2 * s) * a.scale;
+          queries[warp][n][i + half] = (x2 * c + x1 * s) * a.scale;
+        }
+      }
+    }
+    for (int64_t base = valid ? lowest : highest + 1; base <= highest; base += kTile) {
+      __syncthreads();  // the queries written; the last tile's readers done
+      for (int64_t e = threadIdx.x; e < kTile * d; e += blockDim.x) {
+        const int64_t k = e / d, i = e % d, j = base + k;
+        float key = 0.0f, value = 0.0f;
+        if (j <= highest) {
+          const int64_t at = (SlotOf(a, row, j) * a.kv_heads + h) * d + i;
+          key = ToFloat(static_cast<const T*>(a.key_cache)[at]);
+          value = ToFloat(static_cast<const T*>(a.value_cache)[at]);
+        }
+        keys[k][i] = key;
+        values[k][i] = value;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int n = 0; n < kTileTokens; ++n) {
+        if (n < count) {
+          const int64_t position = a.positions[run + n], j = base + lane;
+          const int64_t first = a.window > 0 ? (position - a.window + 1 > 0 ? position - a.window + 1 : 0) : 0;
+          float score = -FLT_MAX;
+          if (j >= first && j <= position) {
+            score = 0.0f;
+            for (int64_t i = 0; i < d; ++i) score += queries[warp][n][i] * keys[lane][i];
+          }
+          weights[warp][n][lane] = score;
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int n = 0; n < kTileTokens; ++n) {
+        if (n < count) {
+          float tile_top = top[n];
+          for (int k = 0; k < kTile; ++k) tile_top = fmaxf(tile_top, weights[warp][n][k]);
+          const float rescale = expf(top[n] - tile_top);
+          total[n] *= rescale;
+#pragma unroll
+          for (int e = 0; e < kPerLane; ++e) acc[n][e] *= rescale;
+          for (int k = 0; k < kTile; ++k) {
+            const float w = weights[warp][n][k];
+            if (w == -FLT_MAX) continue;
+            const float p = expf(w - tile_top);
+            total[n] += p;
+#pragma unroll
+            for (int e = 0; e < kPerLane; ++e) {
+              if (lane + e * kWarp < d) acc[n][e] += p * values[k][lane + e * kWarp];
+            }
+          }
+          top[n] = tile_top;
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kTileTokens; ++n) {
+      if (n < count) {
+        T* out = static_cast<T*>(a.out) + (run + n) * a.heads * d + head * d;
+#pragma unroll
+        for (int e = 0; e < kPerLane; ++e) {
+          if (lane + e * kWarp < d) out[lane + e * kWarp] = FromFloat<T>(valid ? acc[n][e] / total[n] : 0.0f);
+        }
+      }
+    }
+    run = run_end;
+  }
+}
+
 template <typename T>
 void Launch(const AttentionArgs& a, cudaStream_t stream) {
   GPTOSS_LAUNCH(WriteKv<T>, dim3(static_cast<unsigned>(a.tokens)), dim3(kWriteThreads), stream, a);
   const unsigned threads = static_cast<unsigned>(a.heads / a.kv_heads * kWarp);
-  GPTOSS_LAUNCH(Attend<T>, dim3(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.kv_heads)), dim3(threads),
-                stream, a);
+  const bool runs = a.tokens > a.rows;  // some row runs several tokens: known from the shapes, nothing read back
+  if (runs && a.heads / a.kv_heads <= kTileGroup && a.head_dim <= kTileDim) {
+    const unsigned blocks = static_cast<unsigned>((a.tokens + kTileTokens - 1) / kTileTokens);
+    GPTOSS_LAUNCH(AttendTiles<T>, dim3(blocks, static_cast<unsigned>(a.kv_heads)), dim3(threads), stream, a);
+  } else {
+    GPTOSS_LAUNCH(Attend<T>, dim3(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.kv_heads)),
+                  dim3(threads), stream, a);
+  }
 }
 
 }  // namespace
