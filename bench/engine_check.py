@@ -20,7 +20,11 @@ Steps (each reported, a failure recorded and the next step run):
    to bf16, loaded on the device: decode tokens/s (20b: batch 1, 8, 32, 64; 120b: 1, 8; each step sampled as
    the engine serves: on the device with the kernels; 20b also 256 sequences at 2,048 positions each),
    time to first token (20b: 1k and 8k prompts; 120b: 1k), KV capacity, and batch-1 decode as a fraction of
-   the HBM bound (bytes read per token / measured copy bandwidth).
+   the HBM bound (bytes read per token / measured copy bandwidth);
+5. paged (its own run: `--steps paged`): gpt-oss-20b's shape on the paged KV pools: 512 sequences at 2,048
+   positions each decoded together (the full-attention pool holding their positions, the window pool only
+   their windows), then a 131,000-token prompt prefilled in chunks of 2,048, each chunk in one step beside 64
+   short sequences' decode rows (their tokens/s during it, and alone in the same run).
 Results go to DIR/engine_check.json and DIR/engine_check.md (the docs section).
 """
 
@@ -513,6 +517,92 @@ def scale(
     return report
 
 
+PAGED_SEQUENCES = 512
+PAGED_CONTEXT = 2048
+LONG_PROMPT = 131_000
+LONG_CHUNK = 2048
+SHORT_SEQUENCES = 64
+
+
+def paged(work: Path, device: str, kernels: Path | None) -> dict[str, Any]:
+    """512 sequences of 2k context decoding, then a 131k-token prompt beside 64 decoding sequences (the issue's
+    paged-KV figures), on a zero-expert 20b checkpoint."""
+    config = GPT_OSS_20B
+    report: dict[str, Any] = {}
+    directory = work / "gpt-oss-20b-zero-experts"
+    if not (directory / "config.json").is_file():
+        write_random_checkpoint(directory, config, "original", zero_experts=True)
+    positions = LONG_PROMPT + 256
+    model = str(compiled_model(Checkpoint(directory), GraphOptions(positions, SCALE_DTYPE), work / "graphs"))
+    page = GraphOptions(positions).page_size
+    window_ring = -(-config.sliding_window // page) + 2
+    try:
+        full = PAGED_SEQUENCES * -(-(PAGED_CONTEXT + 64) // page) + 1
+        runner = PagedRunner.create(
+            model, config, PAGED_SEQUENCES, positions, full_pages=full,
+            window_pages=PAGED_SEQUENCES * window_ring + 1, kernels=kernels, device=device, dtype=SCALE_DTYPE,
+        )  # fmt: skip
+        report["paged_kv_gb_allocated"] = round(runner.runtime.kv_bytes / 1e9, 2)
+        tok_s = timed_decode(runner, PAGED_SEQUENCES, 8, PAGED_CONTEXT)
+        report[f"decode_tok_s_{PAGED_SEQUENCES}_sequences_{PAGED_CONTEXT}_context"] = round(tok_s, 1)
+        log(f"paged: {PAGED_SEQUENCES} sequences at {PAGED_CONTEXT}: {tok_s:.1f} tok/s")
+        del runner
+    except Exception as exc:
+        report["paged_many_error"] = f"{type(exc).__name__}: {exc}"[:600]
+    SAVE()
+    try:
+        report.update(long_beside_short(model, config, positions, page, window_ring, device, kernels))
+    except Exception as exc:
+        report["long_error"] = f"{type(exc).__name__}: {exc}"[:600]
+    return report
+
+
+def long_beside_short(
+    model: str, config: ModelConfig, positions: int, page: int, ring: int, device: str, kernels: Path | None
+) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    short_pages = -(-(128 + LONG_PROMPT // LONG_CHUNK * 2 + 64) // page)
+    full = -(-positions // page) + SHORT_SEQUENCES * short_pages + 1
+    window = SHORT_SEQUENCES * ring + -(-(config.sliding_window + LONG_CHUNK) // page) + 2
+    runner = PagedRunner.create(
+        model, config, SHORT_SEQUENCES + 1, positions, full_pages=full, window_pages=window,
+        kernels=kernels, device=device, dtype=SCALE_DTYPE,
+    )  # fmt: skip
+    runtime = runner.runtime
+    for sequence in range(SHORT_SEQUENCES):
+        runner.fill(sequence, PROMPT[:128])
+    specs = [RowSpec(row, Sampling(temperature=1.0), np.random.default_rng(row)) for row in range(SHORT_SEQUENCES)]
+    tokens, position = [1000 + row for row in range(SHORT_SEQUENCES)], 128
+
+    def decode_rows() -> list[tuple[int, list[int], int]]:
+        return [(sequence, [tokens[sequence]], position) for sequence in range(SHORT_SEQUENCES)]
+
+    def sample() -> None:
+        tokens[:] = runtime.sample(sampling_rows(specs, config.vocab_size)).tokens[:SHORT_SEQUENCES].tolist()
+
+    started = time.perf_counter()
+    for _ in range(8):
+        runner.run(decode_rows())
+        sample()
+        position += 1
+    report["short_decode_tok_s_alone"] = round(SHORT_SEQUENCES * 8 / (time.perf_counter() - started), 1)
+    long = [(31 * i) % 200000 + 5 for i in range(LONG_PROMPT)]
+    started = time.perf_counter()
+    steps = 0
+    for start in range(0, LONG_PROMPT, LONG_CHUNK):
+        runner.run([*decode_rows(), (SHORT_SEQUENCES, long[start : start + LONG_CHUNK], start)])
+        sample()
+        position += 1
+        steps += 1
+    elapsed = time.perf_counter() - started
+    report["long_prompt_tokens"] = LONG_PROMPT
+    report["long_prefill_s_beside_64_decoding"] = round(elapsed, 1)
+    report["short_decode_tok_s_during_long_prefill"] = round(SHORT_SEQUENCES * steps / elapsed, 1)
+    report["long_kv_pages_full"] = len(runner.tables[SHORT_SEQUENCES].full)
+    log(f"paged: {LONG_PROMPT} tokens beside {SHORT_SEQUENCES} decoding: {report}")
+    return report
+
+
 def logits_copy_seconds(config: ModelConfig, rows: int, device: str) -> float:
     """One copy of `rows` float32 logits rows from the device to the host, as the runtime makes each step."""
     import onnxruntime as ort
@@ -574,7 +664,7 @@ def merged(paths: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for path in paths:
         for key, value in json.loads(Path(path).read_text()).items():
-            later_wins = key in ("parity", "kernel", "sampler", "scale", "scale_120b")
+            later_wins = key in ("parity", "kernel", "sampler", "scale", "scale_120b", "paged")
             if value is not None and (key not in results or later_wins):
                 results[key] = value
     return results
@@ -625,6 +715,8 @@ def main() -> int:
     if "scale" in steps:
         run = lambda: scale(work, args.device, kernels, results, args.cuda_graph, args.model)  # noqa: E731
         step(results, scale_key(args.model), run)
+    if "paged" in steps:
+        step(results, "paged", lambda: paged(work, args.device, kernels))
     (out / "engine_check.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "engine_check.md").write_text(markdown(results))
     if args.docs:

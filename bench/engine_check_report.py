@@ -178,5 +178,24 @@ def markdown(results: dict[str, Any]) -> str:
         ]
     elif "error" in big:
         lines += [f"**gpt-oss-120b's full shape**: failed: {big['error'][:300]}", ""]
+    lines += paged_lines(results.get("paged", {}))
     lines.append(end)
     return "\n".join(lines)
+
+
+def paged_lines(paged: dict[str, Any]) -> list[str]:
+    """The paged-KV figures (engine_check's `paged` step), or why they are missing."""
+    if not paged:
+        return []
+    if "error" in paged:
+        return [f"**Paged KV at 20b's shape**: failed: {paged['error'][:300]}", ""]
+    many = next((v for k, v in paged.items() if k.startswith("decode_tok_s_") and "_sequences_" in k), None)
+    problems = "; ".join(f"{k}: {v[:200]}" for k, v in paged.items() if k.endswith("error"))
+    return [
+        f"**Paged KV at 20b's shape** (bf16): 512 sequences at 2,048 positions decoded together at {many} tok/s in"
+        f" total ({paged.get('paged_kv_gb_allocated')} GB of KV pools); a {paged.get('long_prompt_tokens')}-token"
+        f" prompt prefilled in {paged.get('long_prefill_s_beside_64_decoding')} s in chunks beside 64 decoding"
+        f" sequences, which ran {paged.get('short_decode_tok_s_during_long_prefill')} tok/s meanwhile and"
+        f" {paged.get('short_decode_tok_s_alone')} tok/s alone." + (f" Failed parts: {problems}." if problems else ""),
+        "",
+    ]

@@ -42,7 +42,8 @@ from backends.engine.runtime import StepRows  # noqa: E402
 from backends.engine.sampler import Sampled, SamplingRows  # noqa: E402
 
 NAME = "kv_pages_bench"
-PAGE = 32
+PAGE = 32  # the engine's default
+PAGE_SIZES = (16, 32, 64)
 CHUNK = 512
 CONFIG = GPT_OSS_20B
 BF16 = 2
@@ -75,9 +76,14 @@ class CountingRuntime:
         return None
 
 
-def run_load(prompts: list[list[int]], new_tokens: int, full_pages: int, window_pages: int, max_batch: int) -> dict:
-    """Every prompt through the batcher at once: peak running sequences, pages and positions, preemptions."""
-    pools = KvPools(full_pages, window_pages, PAGE, CONFIG.sliding_window)
+def run_load(prompts: list[list[int]], new_tokens: int, pool_tokens: int, max_positions: int, page: int) -> dict:
+    """Every prompt through the batcher at once, in pools the engine sizes for `pool_tokens` and pages of `page`:
+    peak running sequences, pages and positions, preemptions."""
+    options = EngineOptions(
+        max_batch=len(prompts), max_positions=max_positions, kv_cache_tokens=pool_tokens, page_size=page
+    )
+    full_pages, window_pages = options.full_pages(), options.window_pages(CONFIG.sliding_window)
+    pools = KvPools(full_pages, window_pages, page, CONFIG.sliding_window)
     peak = {"running": 0, "full_pages": 0, "window_pages": 0, "tokens_at_peak_pages": 0}
 
     def probe(step: StepRows) -> None:
@@ -92,7 +98,7 @@ def run_load(prompts: list[list[int]], new_tokens: int, full_pages: int, window_
             peak["full_pages"], peak["tokens_at_peak_pages"] = full, written + in_flight
 
     runtime = CountingRuntime(max(len(p) for p in prompts) + new_tokens + 1, probe)
-    batcher = Batcher(runtime, pools, max_batch, CHUNK, prefix_budget=0)  # type: ignore[arg-type]
+    batcher = Batcher(runtime, pools, len(prompts), CHUNK, prefix_budget=0)  # type: ignore[arg-type]
     done = threading.Semaphore(0)
 
     def emit(item: Chunk | BaseException | None) -> None:
@@ -108,7 +114,7 @@ def run_load(prompts: list[list[int]], new_tokens: int, full_pages: int, window_
     time.sleep(0.05)  # the engine thread's counters after the last step
     preemptions = batcher.stats().preemptions
     batcher.close()
-    return {**peak, "preemptions": preemptions}
+    return {**peak, "preemptions": preemptions, "full_pool": full_pages - 1, "window_pool": window_pages - 1}
 
 
 def conversation(length: int) -> dict:
@@ -134,8 +140,13 @@ def conversation(length: int) -> dict:
     return seen
 
 
-def page_bytes(layers: int) -> int:
-    return layers * PAGE * LAYER_POSITION_BYTES
+def _per_position(run: dict, page: int) -> float:
+    held = run["full_pages"] * page_bytes(FULL_LAYERS, page) + run["window_pages"] * page_bytes(WINDOW_LAYERS, page)
+    return held / max(1, run["tokens_at_peak_pages"])
+
+
+def page_bytes(layers: int, page: int = PAGE) -> int:
+    return layers * page * LAYER_POSITION_BYTES
 
 
 def main() -> None:
@@ -147,21 +158,19 @@ def main() -> None:
     rng = np.random.default_rng(7)
     lengths = np.exp(rng.uniform(math.log(10), math.log(longest), requests)).astype(int)
     prompts = [[7] * int(length) for length in lengths]
-    options = EngineOptions(  # the pools the engine sizes for this load
-        max_batch=requests, max_positions=max_positions, kv_cache_tokens=slots * max_positions, page_size=PAGE
-    )
-    full_pages, window_pages = options.full_pages(), options.window_pages(CONFIG.sliding_window)
-    load = run_load(prompts, 64, full_pages, window_pages, max_batch=requests)
-    load.update(full_pool=full_pages - 1, window_pool=window_pages - 1)
+    loads = {page: run_load(prompts, 64, slots * max_positions, max_positions, page) for page in PAGE_SIZES}
     long = conversation(8192 if args.quick else 32768)
-    section = report(load, long, lengths, requests, slots, max_positions, 8192 if args.quick else 32768)
+    section = report(loads, long, lengths, requests, slots, max_positions, 8192 if args.quick else 32768)
     print(section)
     if args.write:
         write_section(args.write, NAME, section)
 
 
-def report(load: dict, long: dict, lengths: np.ndarray, requests: int, slots: int, positions: int, length: int) -> str:
+def report(
+    loads: dict[int, dict], long: dict, lengths: np.ndarray, requests: int, slots: int, positions: int, length: int
+) -> str:
     start, end = markers(NAME)
+    load = loads[PAGE]
     slot_bytes = CONFIG.num_hidden_layers * positions * LAYER_POSITION_BYTES
     pool_bytes = slots * slot_bytes
     allocated = load["full_pool"] * page_bytes(FULL_LAYERS) + load["window_pool"] * page_bytes(WINDOW_LAYERS)
@@ -196,6 +205,16 @@ def report(load: dict, long: dict, lengths: np.ndarray, requests: int, slots: in
         f" window-layer pages, {long_bytes / 2**20:,.0f} MiB against one slot's {long_slot / 2**20:,.0f} MiB"
         f" (**{long_bytes / long_slot:.3f}x**; the full layers' positions alone are"
         f" {FULL_LAYERS * length * LAYER_POSITION_BYTES / 2**20:,.0f} MiB).",
+        "",
+        "The same load by page size (the pool's positions fixed): smaller pages round less per sequence, larger"
+        " ones hold a longer window ring and cut the page tables.",
+        "",
+        "| page size | sequences at once, at most | KV held at the peak per position written | preemptions |",
+        "|---|---|---|---|",
+        *(
+            f"| {page} | {run['running']} | {_per_position(run, page) / 1024:.1f} KiB | {run['preemptions']} |"
+            for page, run in loads.items()
+        ),
         end,
     ]
     return "\n".join(lines)

@@ -12,25 +12,39 @@ from .runtime import DecoderRuntime, StepRows
 
 
 class PagedRunner:
-    def __init__(self, runtime: DecoderRuntime, pools: KvPools) -> None:
+    def __init__(self, runtime: DecoderRuntime, pools: KvPools, trim: bool = False) -> None:
         self.runtime = runtime
         self.pools = pools
+        self.trim = trim
         self.tables: dict[int, PageTable] = {}
 
     @classmethod
     def create(
-        cls, model: str, config: ModelConfig, sequences: int, max_positions: int, page_size: int = 32, **options
+        cls,
+        model: str,
+        config: ModelConfig,
+        sequences: int,
+        max_positions: int,
+        page_size: int = 32,
+        full_pages: int | None = None,
+        window_pages: int | None = None,
+        **options,
     ) -> PagedRunner:
-        """A runtime whose pools hold `sequences` sequences of `max_positions` (window layers too: no trimming)."""
-        pages = sequences * -(-max_positions // page_size) + 1
-        pools = KvPools(pages, pages, page_size, config.sliding_window)
-        runtime = DecoderRuntime(model, config, sequences, max_positions, pages, pages, page_size, **options)
-        return cls(runtime, pools)
+        """A runtime whose pools hold `sequences` sequences of `max_positions` unless `full_pages` says otherwise;
+        the window pool as large as the full one (nothing given back), or of `window_pages`, each sequence's window
+        pages behind it then given back as it moves on. `options`: the DecoderRuntime's."""
+        pages = full_pages or sequences * -(-max_positions // page_size) + 1
+        pools = KvPools(pages, window_pages or pages, page_size, config.sliding_window)
+        windows = pools.window.pages
+        runtime = DecoderRuntime(model, config, sequences, max_positions, pages, windows, page_size, **options)
+        return cls(runtime, pools, trim=window_pages is not None)
 
     def _table(self, sequence: int, start: int, end: int) -> PageTable:
         table = self.tables.setdefault(sequence, PageTable())
         if start == 0 and table.full:  # a restart: the sequence's pages are written again
             self.pools.release(table, lambda page: False, lambda page: False)
+        if self.trim:
+            self.pools.trim(table, start, lambda page: False)
         self.pools.extend(table, start, end)
         return table
 
@@ -50,11 +64,16 @@ class PagedRunner:
             self.runtime.copy_page("full", shared.full[whole], table.full[whole], positions % size)
             self.runtime.copy_page("window", shared.window[whole], table.window[whole], positions % size)
 
+    def run(self, rows: list[tuple[int, list[int], int]]) -> None:
+        """(sequence, tokens, start) rows in one step: logits row i is then row i's next token's."""
+        step = StepRows()
+        for sequence, tokens, start in rows:
+            step.add(tokens, start, self._table(sequence, start, start + len(tokens)))
+        self.runtime.run(step)
+
     def fill(self, sequence: int, tokens: list[int], start: int = 0) -> None:
         """Run `tokens` into the sequence from `start` (0 restarts it); logits row 0 is then its next token's."""
-        step = StepRows()
-        step.add(tokens, start, self._table(sequence, start, start + len(tokens)))
-        self.runtime.run(step)
+        self.run([(sequence, tokens, start)])
 
     def prefill(self, sequence: int, tokens: list[int], start: int = 0) -> np.ndarray:
         """`fill`, then the next-token logits on the host."""
@@ -63,10 +82,7 @@ class PagedRunner:
 
     def step(self, rows: list[tuple[int, int, int]]) -> None:
         """(sequence, token, position) rows, one token each: logits row i is then row i's next token's."""
-        step = StepRows()
-        for sequence, token, position in rows:
-            step.add([token], position, self._table(sequence, position, position + 1))
-        self.runtime.run(step)
+        self.run([(sequence, [token], position) for sequence, token, position in rows])
 
     def decode(self, rows: list[tuple[int, int, int]]) -> dict[int, np.ndarray]:
         """`step`, then each sequence's next-token logits on the host."""

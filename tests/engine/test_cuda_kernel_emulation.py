@@ -59,7 +59,7 @@ def _widen(raw: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _emulated_and_cpu(
-    emulated, config, tokens, dtype, tmp_path, gemm_min_tokens, capturing=False
+    emulated, config, tokens, dtype, tmp_path, gemm_min_tokens, capturing=False, mma_min_tokens=0
 ) -> tuple[np.ndarray, np.ndarray]:
     """The emulated CUDA kernel's output and the CPU kernel's, widened to float32, on a random layer."""
     layer = random_moe_layer(config, seed=tokens)
@@ -87,7 +87,7 @@ def _emulated_and_cpu(
         ctypes.c_int(DTYPE_CODES[dtype]), pointer(x), pointer(logits),
         pointer(layer["mlp1_weight.blocks"]), pointer(layer["mlp1_weight.scales"]), pointer(biases["mlp1_bias"]),
         pointer(layer["mlp2_weight.blocks"]), pointer(layer["mlp2_weight.scales"]), pointer(biases["mlp2_bias"]),
-        pointer(out), ctypes.c_int64(gemm_min_tokens), ctypes.c_int(capturing),
+        pointer(out), ctypes.c_int64(gemm_min_tokens), ctypes.c_int(capturing), ctypes.c_int64(mma_min_tokens),
     )  # fmt: skip
     assert error is None
     return _widen(out, dtype), expected
@@ -120,14 +120,43 @@ def test_the_gemm_path_computes_what_the_cpu_kernel_does(emulated, config, token
     assert error.max() <= 1.0, f"largest error {error.max():.3f} of the bound"  # 0.50 to 0.67 seen
 
 
+MMA_SHAPES = [
+    (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=288, intermediate_size=64), 19),
+    # a decode batch of 64 among gpt-oss-20b's 32 experts by its top 4 (several tiles of 16 for some experts)
+    (ModelConfig(num_experts=32, experts_per_token=4, hidden_size=64, intermediate_size=96), 64),
+    # gpt-oss's width on the K of fc1 and the rows of fc2
+    (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=2880, intermediate_size=64), 8),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize(("config", "tokens"), MMA_SHAPES, ids=lambda v: getattr(v, "hidden_size", v))
+def test_the_tensor_core_path_computes_what_the_cpu_kernel_does(emulated, config, tokens, dtype, tmp_path):
+    """A decode batch's path: fc1 and fc2 as mma.sync m16n8k16 tiles (the shim computes each tile from the warp's
+    fragments in PTX's layout), the MXFP4 weights decoded into the fragments, the plan and combine the CUDA
+    cores'."""
+    got, expected = _emulated_and_cpu(emulated, config, tokens, dtype, tmp_path, 0, mma_min_tokens=8)
+    scale = float(np.abs(expected).max())
+    assert scale > 0.1
+    # as the GEMM path: the inputs rounded to 16 bits for the tiles (fc2's from the float swiglu output)
+    ulp = {"float16": 2**-10, "bfloat16": 2**-7}[dtype]
+    error = np.abs(got - expected) / (ulp * (np.abs(expected) + scale / 4))
+    assert error.max() <= 1.0, f"largest error {error.max():.3f} of the bound"
+
+
 def test_a_step_captured_into_a_cuda_graph_stays_off_the_gemm_path(emulated, tmp_path):
     """That path waits for the host (the experts' row counts), which a capture cannot: the CUDA-core kernel runs."""
     config, tokens = SHAPES[1]
     runs = {
-        name: _emulated_and_cpu(emulated, config, tokens, "bfloat16", tmp_path / name, threshold, capturing)[0]
-        for name, threshold, capturing in (("cores", 0, False), ("gemms", 1, False), ("captured", 1, True))
-    }
+        name: _emulated_and_cpu(emulated, config, tokens, "bfloat16", tmp_path / name, threshold, capturing, mma)[0]
+        for name, threshold, capturing, mma in (
+            ("cores", 0, False, 0), ("gemms", 1, False, 0), ("captured", 1, True, 0), ("mma", 0, False, 8),
+            ("captured_mma", 1, True, 8),
+        )
+    }  # fmt: skip
     assert np.array_equal(runs["captured"], runs["cores"]) and not np.array_equal(runs["gemms"], runs["cores"])
+    # with the tensor-core tiles on, a captured step of this size runs them instead
+    assert np.array_equal(runs["captured_mma"], runs["mma"]) and not np.array_equal(runs["mma"], runs["cores"])
 
 
 def test_the_emulated_routing_is_a_softmax_over_the_top_k(emulated, tmp_path):
@@ -148,7 +177,7 @@ def test_the_emulated_routing_is_a_softmax_over_the_top_k(emulated, tmp_path):
             ctypes.c_float(attributes["swiglu_limit"]), ctypes.c_float(attributes["activation_alpha"]), ctypes.c_int(0),
             pointer(x), pointer(routed), pointer(layer["mlp1_weight.blocks"]), pointer(layer["mlp1_weight.scales"]),
             pointer(biases[0]), pointer(layer["mlp2_weight.blocks"]), pointer(layer["mlp2_weight.scales"]),
-            pointer(biases[1]), pointer(out), ctypes.c_int64(0), ctypes.c_int(0),
+            pointer(biases[1]), pointer(out), ctypes.c_int64(0), ctypes.c_int(0), ctypes.c_int64(0),
         ) is None  # fmt: skip
         outputs.append(out)
     first = 1 / (1 + np.exp(6.03 - 6.75))

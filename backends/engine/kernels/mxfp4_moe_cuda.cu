@@ -648,6 +648,148 @@ const char* LaunchGemms(const MoeArgs& a, const Plan& plan, const GemmScratch& s
   return nullptr;
 }
 
+// ---- Decode batches on tensor cores: Fc1 and Fc2 as mma.sync m16n8k16 tiles (16-bit inputs, float sums) ----
+//
+// The same plan, scratch and combine as the CUDA-core path, so a step replays as a CUDA graph (nothing read back):
+// a block per (routed expert, kMmaRows output rows), a warp per 8 of them; the expert's choices taken 16 at a time
+// as the tile's rows, the weights' MXFP4 codes decoded into the B fragment in registers (exactly: a 4-bit value
+// times a power of two), K walked 16 at a time. Fragment layouts are PTX's for m16n8k16 (.row.col): lane l is
+// group l / 4 and thread t = l % 4 of it; A holds rows {g, g + 8}, columns {2t, 2t + 1} and {2t + 8, 2t + 9}; B
+// columns (output rows) g, K {2t, 2t + 1} and {2t + 8, 2t + 9}; C rows {g, g + 8}, columns {2t, 2t + 1}.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaRows = kMmaWarps * 8;
+constexpr int kMmaTokens = 16;
+
+template <typename T>
+__device__ __forceinline__ uint32_t Pack(float low, float high) {
+  return static_cast<uint32_t>(FromFloat<T>(low).bits) | (static_cast<uint32_t>(FromFloat<T>(high).bits) << 16);
+}
+
+// c += a b for one m16n8k16 tile.
+template <typename T>
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef GPTOSS_HOST_EMULATION
+  emulation::Mma16816(std::is_same<T, BFloat>::value, c, a, b);
+#else
+  if constexpr (std::is_same<T, BFloat>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#endif
+}
+
+// The B fragment of output row `row` (MXFP4 codes `codes`, `groups` scales `scales`) at K step `k0`: this lane's
+// values K {k0 + 2t, + 1} and {k0 + 2t + 8, + 9}, decoded and packed as T.
+template <typename T>
+__device__ __forceinline__ void WeightFragment(const uint8_t* codes, const uint8_t* scales, int64_t k0, int t,
+                                               uint32_t (&b)[2]) {
+  const float scale = E8M0(scales[k0 / kBlock]);
+  const uint32_t first = codes[(k0 + 2 * t) / 2], second = codes[(k0 + 2 * t + 8) / 2];
+  b[0] = Pack<T>(E2M1(first & 0xFu) * scale, E2M1(first >> 4) * scale);
+  b[1] = Pack<T>(E2M1(second & 0xFu) * scale, E2M1(second >> 4) * scale);
+}
+
+// The A fragment at K step `k0` of two tile rows (`low`, `high`: their inputs, or null for a row past the
+// choices), `In` the inputs' type (the activations' T, or float rounded to T).
+template <typename T, typename In>
+__device__ __forceinline__ void InputFragment(const In* low, const In* high, int64_t k0, int t, uint32_t (&a)[4]) {
+  const int64_t column = k0 + 2 * t;
+  const auto value = [](const In* row, int64_t i) { return row ? ToFloat(row[i]) : 0.0f; };
+  a[0] = Pack<T>(value(low, column), value(low, column + 1));
+  a[1] = Pack<T>(value(high, column), value(high, column + 1));
+  a[2] = Pack<T>(value(low, column + 8), value(low, column + 9));
+  a[3] = Pack<T>(value(high, column + 8), value(high, column + 9));
+}
+
+// Fc1 on tensor cores: activated[c] = swiglu(W1 x + b1) per choice c. A warp's 8 output rows are 4 gate/linear
+// pairs; C's columns {2t, 2t + 1} are one pair's gate and linear sums, so each lane finishes its pair itself.
+template <typename T>
+__global__ void Fc1Mma(MoeArgs a, Plan plan) {
+  const int lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
+  const int64_t first_row = blockIdx.y * static_cast<int64_t>(kMmaRows) + threadIdx.x / kWarp * 8;
+  int expert, first, last;
+  if (first_row >= 2 * a.inter || !ExpertRange(plan, &expert, &first, &last)) return;
+  const int64_t bytes = a.hidden / 2, groups = a.hidden / kBlock;
+  const int64_t weight_row = expert * 2 * a.inter + first_row + g;  // this lane's B column
+  const uint8_t* codes = a.w1 + weight_row * bytes;
+  const uint8_t* scales = a.s1 + weight_row * groups;
+  const T* x = static_cast<const T*>(a.x);
+  const T* b1 = static_cast<const T*>(a.b1);
+  const int64_t pair = (first_row + 2 * t) / 2;  // the gate/linear pair of this lane's C columns
+  const float gate_bias = ToFloat(b1[expert * 2 * a.inter + 2 * pair]);
+  const float lin_bias = ToFloat(b1[expert * 2 * a.inter + 2 * pair + 1]);
+  for (int start = first; start < last; start += kMmaTokens) {
+    const int low_choice = start + g < last ? plan.list[start + g] : -1;
+    const int high_choice = start + g + 8 < last ? plan.list[start + g + 8] : -1;
+    const T* low = low_choice < 0 ? nullptr : x + static_cast<int64_t>(low_choice / static_cast<int>(a.k)) * a.hidden;
+    const T* high = high_choice < 0 ? nullptr : x + static_cast<int64_t>(high_choice / static_cast<int>(a.k)) * a.hidden;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t k0 = 0; k0 < a.hidden; k0 += 16) {
+      uint32_t fa[4], fb[2];
+      InputFragment<T>(low, high, k0, t, fa);
+      WeightFragment<T>(codes, scales, k0, t, fb);
+      Mma<T>(c, fa, fb);
+    }
+    const int choices[2] = {low_choice, high_choice};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (choices[half] < 0) continue;
+      const float gate = fminf(c[2 * half] + gate_bias, a.limit);
+      const float linear = fmaxf(fminf(c[2 * half + 1] + lin_bias, a.limit), -a.limit);
+      plan.activated[choices[half] * a.inter + pair] = gate / (1.0f + expf(-a.alpha * gate)) * (linear + 1.0f);
+    }
+  }
+}
+
+// Fc2 on tensor cores: partial[c] = W2 activated[c] + b2 per choice c (activated rounded to T for the mma).
+template <typename T>
+__global__ void Fc2Mma(MoeArgs a, Plan plan) {
+  const int lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
+  const int64_t first_row = blockIdx.y * static_cast<int64_t>(kMmaRows) + threadIdx.x / kWarp * 8;
+  int expert, first, last;
+  if (first_row >= a.hidden || !ExpertRange(plan, &expert, &first, &last)) return;
+  const int64_t bytes = a.inter / 2, groups = a.inter / kBlock;
+  const int64_t weight_row = expert * a.hidden + first_row + g;
+  const uint8_t* codes = a.w2 + weight_row * bytes;
+  const uint8_t* scales = a.s2 + weight_row * groups;
+  const T* b2 = static_cast<const T*>(a.b2);
+  const int64_t column = first_row + 2 * t;  // this lane's C columns: output rows column, column + 1
+  const float biases[2] = {ToFloat(b2[expert * a.hidden + column]), ToFloat(b2[expert * a.hidden + column + 1])};
+  for (int start = first; start < last; start += kMmaTokens) {
+    const int low_choice = start + g < last ? plan.list[start + g] : -1;
+    const int high_choice = start + g + 8 < last ? plan.list[start + g + 8] : -1;
+    const float* low = low_choice < 0 ? nullptr : plan.activated + static_cast<int64_t>(low_choice) * a.inter;
+    const float* high = high_choice < 0 ? nullptr : plan.activated + static_cast<int64_t>(high_choice) * a.inter;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t k0 = 0; k0 < a.inter; k0 += 16) {
+      uint32_t fa[4], fb[2];
+      InputFragment<T>(low, high, k0, t, fa);
+      WeightFragment<T>(codes, scales, k0, t, fb);
+      Mma<T>(c, fa, fb);
+    }
+    const int choices[2] = {low_choice, high_choice};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (choices[half] < 0) continue;
+      float* out = plan.partial + static_cast<int64_t>(choices[half]) * a.hidden + column;
+      out[0] = c[2 * half] + biases[0];
+      out[1] = c[2 * half + 1] + biases[1];
+    }
+  }
+}
+
+bool UsesMma(const MoeArgs& a) {
+  return a.dtype != Dtype::kFloat32 && a.mma_min_tokens > 0 && a.tokens >= a.mma_min_tokens && a.hidden % 16 == 0 &&
+         a.inter % 16 == 0;
+}
+
 template <typename T>
 void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
   const int threads = kWarp * kWarpsPerBlock;
@@ -665,6 +807,17 @@ void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
   auto* fc2 = &Fc2<T>;
   auto* combine = &Combine<T>;
   GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
+  if constexpr (sizeof(T) == 2) {
+    if (UsesMma(a)) {
+      auto* fc1_mma = &Fc1Mma<T>;
+      auto* fc2_mma = &Fc2Mma<T>;
+      const dim3 mma_threads(kWarp * kMmaWarps);
+      GPTOSS_LAUNCH(fc1_mma, dim3(slots, (2 * a.inter + kMmaRows - 1) / kMmaRows), mma_threads, stream, a, plan);
+      GPTOSS_LAUNCH(fc2_mma, dim3(slots, (a.hidden + kMmaRows - 1) / kMmaRows), mma_threads, stream, a, plan);
+      GPTOSS_LAUNCH(combine, dim3((a.tokens * a.hidden + 255) / 256), dim3(256), stream, a, plan);
+      return;
+    }
+  }
   GPTOSS_LAUNCH(fc1, dim3(slots, (a.inter + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
   GPTOSS_LAUNCH(fc2, dim3(slots, (a.hidden + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
   GPTOSS_LAUNCH(combine, dim3((a.tokens * a.hidden + 255) / 256), dim3(256), stream, a, plan);

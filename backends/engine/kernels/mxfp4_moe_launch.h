@@ -27,9 +27,13 @@ struct MoeArgs {
   // CUDA, 16-bit activations: from this many tokens in a step (a prefill) the experts run as GEMMs on tensor
   // cores through cuBLAS, where it loads; 0: never. The CPU kernel ignores it.
   int64_t gemm_min_tokens;
+  // CUDA, 16-bit activations: from this many tokens (below gemm_min_tokens, or under a CUDA graph capture) the
+  // experts run as mma.sync tiles on tensor cores; 0: never (the CUDA-core kernels). The CPU kernel ignores it.
+  int64_t mma_min_tokens;
 };
 
 constexpr int64_t kDefaultGemmMinTokens = 128;  // above the largest decode batch a CUDA graph captures
+constexpr int64_t kDefaultMmaMinTokens = 8;     // a decode batch of 8 sequences and more
 
 constexpr int64_t kMaxTopK = 8;
 constexpr int64_t kMaxExperts = 1024;

@@ -13,6 +13,8 @@ MoeAttributes::MoeAttributes(const OrtKernelInfo* info) {
   alpha = kernel_info.GetAttribute<float>("activation_alpha");
   const char* gemm = std::getenv("GATEWAY_MOE_GEMM_MIN_TOKENS");
   gemm_min_tokens = gemm && *gemm ? std::strtoll(gemm, nullptr, 10) : kDefaultGemmMinTokens;
+  const char* mma = std::getenv("GATEWAY_MOE_MMA_MIN_TOKENS");
+  mma_min_tokens = mma && *mma ? std::strtoll(mma, nullptr, 10) : kDefaultMmaMinTokens;
 }
 
 ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType activation) {
@@ -68,6 +70,7 @@ MoeArgs ReadMoeArgs(Ort::KernelContext& context, const MoeAttributes& attributes
   a.limit = attributes.limit;
   a.alpha = attributes.alpha;
   a.gemm_min_tokens = attributes.gemm_min_tokens;
+  a.mma_min_tokens = attributes.mma_min_tokens;
   if (w1_shape[1] != 2 * a.inter || w1_shape[2] != a.hidden || w2_shape[0] != a.experts || w2_shape[1] != a.hidden ||
       a.hidden % kBlock || a.inter % kBlock || a.k < 1 || a.k > a.experts || a.k > kMaxTopK ||
       a.experts > kMaxExperts) {

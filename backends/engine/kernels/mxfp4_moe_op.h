@@ -18,6 +18,7 @@ struct MoeAttributes {
   float limit;
   float alpha;
   int64_t gemm_min_tokens;  // GATEWAY_MOE_GEMM_MIN_TOKENS, else kDefaultGemmMinTokens
+  int64_t mma_min_tokens;   // GATEWAY_MOE_MMA_MIN_TOKENS, else kDefaultMmaMinTokens
 };
 
 ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType activation);

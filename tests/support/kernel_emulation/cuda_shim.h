@@ -216,6 +216,43 @@ void Launch(Kernel kernel, dim3 grid, dim3 block, Args... args) {
       }
 }
 
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: c += A B over the warp's fragments in PTX's layout (lane l:
+// group l / 4, thread l % 4). Each lane leaves its A and B registers in the warp's slots, all wait, each computes
+// its four C entries (float sums in K order), and all wait again before the slots are reused.
+struct MmaSlots {
+  uint32_t a[kWarp][4];
+  uint32_t b[kWarp][2];
+};
+inline std::vector<MmaSlots> mma_slots;
+
+inline float Element(const void* data, int type, int64_t index);
+
+inline float MmaValue(uint32_t word, int half, bool bf16) {
+  const uint16_t bits = static_cast<uint16_t>(half ? word >> 16 : word & 0xFFFFu);
+  return Element(&bits, bf16 ? 14 : 2, 0);
+}
+
+inline void Mma16816(bool bf16, float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const unsigned lane = current->linear % kWarp, warp = current->linear / kWarp;
+  if (mma_slots.size() < warps.size()) mma_slots.resize(warps.size());
+  MmaSlots& slots = mma_slots[warp];
+  std::memcpy(slots.a[lane], a, sizeof a);
+  std::memcpy(slots.b[lane], b, sizeof b);
+  Yield(Wait::kWarp, warps[warp].barrier);
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  for (int entry = 0; entry < 4; ++entry) {
+    const int row = g + (entry >= 2 ? 8 : 0), column = 2 * t + entry % 2;
+    float sum = c[entry];
+    for (int k = 0; k < 16; ++k) {
+      const int a_lane = (row % 8) * 4 + (k % 8) / 2, a_reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+      const int b_lane = column * 4 + (k % 8) / 2, b_reg = k >= 8 ? 1 : 0;
+      sum += MmaValue(slots.a[a_lane][a_reg], k % 2, bf16) * MmaValue(slots.b[b_lane][b_reg], k % 2, bf16);
+    }
+    c[entry] = sum;
+  }
+  Yield(Wait::kWarp, warps[warp].barrier);
+}
+
 // cuBLAS's three calls for the kernel file's GEMM path, on the host: cublasGemmEx's column-major
 // C = alpha op(A) op(B) + beta C (C not read when beta is 0) with float32 accumulation, inputs float32 (0),
 // float16 (2) or bfloat16 (14), output float32 and compute type 32F only (68), as the kernel file calls it.
