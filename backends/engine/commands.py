@@ -69,7 +69,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     make.set_defaults(run=_make_checkpoint)
     convert = commands.add_parser("convert", help="convert a checkpoint into the engine's cached ONNX graph")
     convert.add_argument("checkpoint", help="a gpt-oss checkpoint directory, either layout")
-    convert.add_argument("--max-positions", type=int, default=4096, help="KV capacity per sequence")
+    convert.add_argument("--max-positions", type=int, default=4096, help="the longest sequence (prompt + answer)")
+    convert.add_argument("--page-size", type=int, default=32, help="positions per KV page, as the backend's page_size")
     convert.add_argument("--cache-dir", help=f"graph cache (default {default_cache_dir()})")
     convert.add_argument(
         "--dtype", choices=sorted(DTYPES), default="float32", help="activations and non-expert weights (CUDA: bfloat16)"
@@ -110,8 +111,11 @@ def _convert(args: argparse.Namespace) -> int:
     try:
         if not 16 <= args.max_positions <= MAX_POSITIONS:
             raise ValueError(f"--max-positions must be within 16..{MAX_POSITIONS}")
+        if not 8 <= args.page_size <= 256:
+            raise ValueError("--page-size must be within 8..256")
         checkpoint = Checkpoint(Path(args.checkpoint))
-        model = compiled_model(checkpoint, GraphOptions(args.max_positions, args.dtype), cache, ProgressBar("layers"))
+        options = GraphOptions(args.max_positions, args.dtype, page_size=args.page_size)
+        model = compiled_model(checkpoint, options, cache, ProgressBar("layers"))
     except (CheckpointError, OSError, ValueError) as exc:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
         return 2

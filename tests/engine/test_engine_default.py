@@ -83,6 +83,10 @@ def test_convert_builds_the_cached_graph_with_progress_and_names_bad_input(tmp_p
     graphs = ["--max-positions", "64", "--cache-dir", str(tmp_path / "graphs")]
     assert main(["convert", str(target), *graphs, "--dtype", "bfloat16"]) == 0
     assert "-bfloat16" in Path(capsys.readouterr().out.strip()).parent.name  # its own cache entry
+    assert main(["convert", str(target), *graphs, "--page-size", "16"]) == 0
+    assert "-g16-" in Path(capsys.readouterr().out.strip()).parent.name  # the backend's page_size: 16
+    assert main(["convert", str(target), *graphs, "--page-size", "4"]) == 2
+    assert "--page-size" in capsys.readouterr().err
 
 
 def test_the_default_kind_is_the_engine_and_a_mock_script_alone_selects_the_mock(monkeypatch):
