@@ -195,8 +195,11 @@ def emulated(tmp_path_factory) -> ctypes.CDLL:
     )
 
 
+@pytest.mark.parametrize("split_keys", [0, 64], ids=["whole", "split"])
 @pytest.mark.parametrize("window_layer", [True, False], ids=["window", "full"])
-def test_cuda_kernel_under_emulation(emulated: ctypes.CDLL, window_layer: bool) -> None:
+def test_cuda_kernel_under_emulation(emulated: ctypes.CDLL, window_layer: bool, split_keys: int) -> None:
+    """Decode steps read each token's keys in one block, or (split) in parts of about 64 merged after, as long
+    contexts are on a GPU; prefill steps in tiles of 8 tokens."""
     c = CONFIG
     window = c.sliding_window if window_layer else 0
     slots = (3 * POSITIONS // PAGE + 1) * PAGE
@@ -210,7 +213,11 @@ def test_cuda_kernel_under_emulation(emulated: ctypes.CDLL, window_layer: bool) 
         pointers = [ctypes.c_void_p(np.ascontiguousarray(a).ctypes.data) for a in arrays]
         sizes = [len(rows), table.shape[0], table.shape[1], slots, POSITIONS]
         error = emulated.gptoss_emulated_attention(
-            *pointers, *(ctypes.c_int64(v) for v in sizes), ctypes.c_int64(window), ctypes.c_int64(PAGE)
+            *pointers,
+            *(ctypes.c_int64(v) for v in sizes),
+            ctypes.c_int64(window),
+            ctypes.c_int64(PAGE),
+            ctypes.c_int64(split_keys),
         )
         assert error is None, error.decode()
         return out.astype(np.float64)

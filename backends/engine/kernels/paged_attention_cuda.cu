@@ -81,7 +81,11 @@ __global__ void Attend(AttentionArgs a) {
     for (int64_t i = lane; i < d; i += kWarp) out[i] = FromFloat<T>(0.0f);
     return;
   }
-  const int64_t first = a.window > 0 ? (position - a.window + 1 > 0 ? position - a.window + 1 : 0) : 0;
+  const int64_t earliest = a.window > 0 ? (position - a.window + 1 > 0 ? position - a.window + 1 : 0) : 0;
+  // this block's share of the keys: all of them, or one of gridDim.z equal parts (flash-decoding)
+  const int64_t splits = gridDim.z, span = (position - earliest + splits) / splits;
+  const int64_t first = earliest + static_cast<int64_t>(blockIdx.z) * span;
+  const int64_t last = first + span - 1 < position ? first + span - 1 : position;
   {  // this warp's query, rotated and scaled, into shared memory
     const T* q = static_cast<const T*>(a.qkv) + t * (a.heads + 2 * a.kv_heads) * d + head * d;
     const T* cos = static_cast<const T*>(a.cos) + position * half;
@@ -94,16 +98,17 @@ __global__ void Attend(AttentionArgs a) {
   }
   constexpr int kPerLane = kMaxHeadDim / kWarp;
   float acc[kPerLane] = {};
-  float top = ToFloat(static_cast<const T*>(a.sinks)[head]);  // the sink: a logit with no value
-  float total = 1.0f;
+  // the sink, a logit with no value, starts the softmax (split: the merge adds it once)
+  float top = splits == 1 ? ToFloat(static_cast<const T*>(a.sinks)[head]) : -FLT_MAX;
+  float total = splits == 1 ? 1.0f : 0.0f;
   const T* key_cache = static_cast<const T*>(a.key_cache);
   const T* value_cache = static_cast<const T*>(a.value_cache);
-  for (int64_t base = first; base <= position; base += kTile) {
+  for (int64_t base = first; base <= last; base += kTile) {
     __syncthreads();  // the last tile's readers are done (and, the first time, the queries written)
     for (int64_t e = threadIdx.x; e < kTile * d; e += blockDim.x) {
       const int64_t k = e / d, i = e % d, j = base + k;
       float key = 0.0f, value = 0.0f;
-      if (j <= position) {
+      if (j <= last) {
         const int64_t at = (SlotOf(a, row, j) * a.kv_heads + h) * d + i;
         key = ToFloat(key_cache[at]);
         value = ToFloat(value_cache[at]);
@@ -113,7 +118,7 @@ __global__ void Attend(AttentionArgs a) {
     }
     __syncthreads();
     float score = -FLT_MAX;
-    if (base + lane <= position) {
+    if (base + lane <= last) {
       score = 0.0f;
       for (int64_t i = 0; i < d; ++i) score += queries[warp][i] * keys[lane][i];
     }
@@ -124,14 +129,39 @@ __global__ void Attend(AttentionArgs a) {
     const float rescale = expf(top - tile_top);
     total *= rescale;
     for (int e = 0; e < kPerLane; ++e) acc[e] *= rescale;
-    for (int k = 0; k < kTile && base + k <= position; ++k) {
+    for (int k = 0; k < kTile && base + k <= last; ++k) {
       const float p = expf(weights[warp][k] - tile_top);
       total += p;
       for (int e = 0; e < kPerLane && lane + e * kWarp < d; ++e) acc[e] += p * values[k][lane + e * kWarp];
     }
     top = tile_top;
   }
-  for (int e = 0; e < kPerLane && lane + e * kWarp < d; ++e) out[lane + e * kWarp] = FromFloat<T>(acc[e] / total);
+  if (splits == 1) {
+    for (int e = 0; e < kPerLane && lane + e * kWarp < d; ++e) out[lane + e * kWarp] = FromFloat<T>(acc[e] / total);
+    return;
+  }
+  // this part's running maximum, sum and weighted values, for MergeSplits (an empty part: -FLT_MAX, 0, zeros)
+  float* part = a.parts + ((t * a.heads + head) * splits + blockIdx.z) * (d + 2);
+  for (int e = 0; e < kPerLane && lane + e * kWarp < d; ++e) part[lane + e * kWarp] = acc[e];
+  if (lane == 0) part[d] = top, part[d + 1] = total;
+}
+
+// The parts of a split token's attention merged per (token, head), the sink added once.
+template <typename T>
+__global__ void MergeSplits(AttentionArgs a, int splits) {
+  const int64_t t = blockIdx.x, head = blockIdx.y, d = a.head_dim;
+  if (!TokenInRange(a, a.token_rows[t], a.positions[t])) return;  // Attend wrote its zeros
+  const float* parts = a.parts + (t * a.heads + head) * splits * (d + 2);
+  float top = ToFloat(static_cast<const T*>(a.sinks)[head]);
+  for (int s = 0; s < splits; ++s) top = fmaxf(top, parts[s * (d + 2) + d]);
+  float total = expf(ToFloat(static_cast<const T*>(a.sinks)[head]) - top);
+  for (int s = 0; s < splits; ++s) total += parts[s * (d + 2) + d + 1] * expf(parts[s * (d + 2) + d] - top);
+  T* out = static_cast<T*>(a.out) + t * a.heads * d + head * d;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += parts[s * (d + 2) + i] * expf(parts[s * (d + 2) + d] - top);
+    out[i] = FromFloat<T>(sum / total);
+  }
 }
 
 // Steps where rows run several tokens (prefill chunks): a block per (kTileTokens consecutive tokens, KV head), a
@@ -253,6 +283,14 @@ __global__ void AttendTiles(AttentionArgs a) {
   }
 }
 
+// Key splits of a decode step's tokens (1: none): from the page tables' width (the longest context a row may
+// have; a CUDA graph's tables are of full width), so the launch shape never depends on the device's data.
+int64_t Splits(const AttentionArgs& a) {
+  if (a.tokens > a.rows || a.split_keys <= 0) return 1;  // rows running several tokens: the tiled kernel
+  const int64_t reach = a.table_width * a.page_size / a.split_keys;
+  return reach < 1 ? 1 : reach > kMaxSplits ? kMaxSplits : reach;
+}
+
 template <typename T>
 void Launch(const AttentionArgs& a, cudaStream_t stream) {
   GPTOSS_LAUNCH(WriteKv<T>, dim3(static_cast<unsigned>(a.tokens)), dim3(kWriteThreads), stream, a);
@@ -261,15 +299,27 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
   if (runs && a.heads / a.kv_heads <= kTileGroup && a.head_dim <= kTileDim) {
     const unsigned blocks = static_cast<unsigned>((a.tokens + kTileTokens - 1) / kTileTokens);
     GPTOSS_LAUNCH(AttendTiles<T>, dim3(blocks, static_cast<unsigned>(a.kv_heads)), dim3(threads), stream, a);
-  } else {
-    GPTOSS_LAUNCH(Attend<T>, dim3(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.kv_heads)),
-                  dim3(threads), stream, a);
+    return;
+  }
+  const int64_t splits = Splits(a);
+  const dim3 grid(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(splits));
+  GPTOSS_LAUNCH(Attend<T>, grid, dim3(threads), stream, a);
+  if (splits > 1) {
+    GPTOSS_LAUNCH(MergeSplits<T>, dim3(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.heads)),
+                  dim3(kWarp), stream, a, static_cast<int>(splits));
   }
 }
 
 }  // namespace
 
-const char* LaunchPagedAttention(const AttentionArgs& a, void* raw_stream) {
+size_t AttentionWorkspaceBytes(const AttentionArgs& a) {
+  const int64_t splits = Splits(a);
+  return splits > 1 ? static_cast<size_t>(a.tokens * a.heads * splits * (a.head_dim + 2)) * sizeof(float) : 0;
+}
+
+const char* LaunchPagedAttention(const AttentionArgs& args, void* workspace, void* raw_stream) {
+  AttentionArgs a = args;
+  a.parts = static_cast<float*>(workspace);
   cudaStream_t stream = static_cast<cudaStream_t>(raw_stream);
   if (a.heads / a.kv_heads > kMaxGroup || a.head_dim > kMaxHeadDim || a.head_dim % 2) {
     return "more than 16 query heads per KV head, or a head size that is odd or over 128";

@@ -37,13 +37,24 @@ struct AttentionArgs {
   const void* sin;           // [max_positions, D / 2]
   const void* sinks;         // [H]
   void* out;                 // [T, H D]
+  // CUDA decode steps (a token per row): each token's keys split among blocks of about this many, at most
+  // kMaxSplits (flash-decoding: a long context is read by many blocks at once), the parts merged after
+  int64_t split_keys;
+  float* parts;  // set by the launcher: the workspace of the split parts
 };
+
+constexpr int64_t kDefaultSplitKeys = 1024;
+constexpr int64_t kMaxSplits = 16;
 
 constexpr int64_t kMaxGroup = 16;     // query heads per KV head
 constexpr int64_t kMaxHeadDim = 128;  // and even
 
-// Runs the step on `stream` (a cudaStream_t): the writes, then the attention; returns a CUDA error string, or
-// nullptr. Page numbers outside the cache read and write page 0 (the engine's scratch page).
-const char* LaunchPagedAttention(const AttentionArgs& args, void* stream);
+// Device scratch the CUDA launcher needs for these arguments (the caller allocates it; 0: none).
+size_t AttentionWorkspaceBytes(const AttentionArgs& args);
+
+// Runs the step on `stream` (a cudaStream_t): the writes, then the attention, with `workspace` of
+// AttentionWorkspaceBytes; returns a CUDA error string, or nullptr. Page numbers outside the cache read and write
+// page 0 (the engine's scratch page).
+const char* LaunchPagedAttention(const AttentionArgs& args, void* workspace, void* stream);
 
 }  // namespace gptoss

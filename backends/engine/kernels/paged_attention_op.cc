@@ -86,6 +86,7 @@ AttentionArgs ReadAttentionArgs(Ort::KernelContext& context, const AttentionAttr
   a.out = context.GetOutput(0, {a.tokens, a.heads * a.head_dim}).GetTensorMutableRawData();
   a.key_cache = context.GetOutput(1, cache_shape).GetTensorMutableRawData();
   a.value_cache = context.GetOutput(2, cache_shape).GetTensorMutableRawData();
+  a.split_keys = kDefaultSplitKeys;
   return a;
 }
 

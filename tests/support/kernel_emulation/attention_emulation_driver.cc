@@ -1,7 +1,9 @@
 // A C entry point over the PagedAttention CUDA kernel file compiled for the host (cuda_shim.h is included first):
 // one float32 step at gpt-oss's attention heads (64 query, 8 KV, 64 wide) on caches in host memory, updated in
-// place, for the tests to compare with the reference.
+// place, decode steps' keys split among blocks of about `split_keys` (0: none), for the tests to compare with
+// the reference.
 #include <cmath>
+#include <vector>
 
 #include "paged_attention_launch.h"
 
@@ -9,7 +11,8 @@ extern "C" const char* gptoss_emulated_attention(const void* qkv, void* keys, vo
                                                  const int32_t* rows, const int32_t* table, const void* cos,
                                                  const void* sin, const void* sinks, void* out, int64_t tokens,
                                                  int64_t table_rows, int64_t table_width, int64_t slots,
-                                                 int64_t max_positions, int64_t window, int64_t page_size) {
+                                                 int64_t max_positions, int64_t window, int64_t page_size,
+                                                 int64_t split_keys) {
   gptoss::AttentionArgs a{};
   a.tokens = tokens;
   a.rows = table_rows;
@@ -35,5 +38,7 @@ extern "C" const char* gptoss_emulated_attention(const void* qkv, void* keys, vo
   a.sin = sin;
   a.sinks = sinks;
   a.out = out;
-  return gptoss::LaunchPagedAttention(a, nullptr);
+  a.split_keys = split_keys;
+  std::vector<unsigned char> workspace(gptoss::AttentionWorkspaceBytes(a));
+  return gptoss::LaunchPagedAttention(a, workspace.data(), nullptr);
 }
