@@ -25,8 +25,9 @@ from .openapi import serve_openapi
 from .responses.api import add_routes as add_responses_routes
 from .services import SERVICES, Services, build_services, report_store
 from .sse import STREAM_OPENED
-from .tenants.auth import TENANT
+from .tenants.auth import KEY_ID, TENANT
 from .tenants.tenancy import REQUEST_ID, valid_request_id
+from .usage_api import add_routes as add_usage_routes
 
 access_log = AccessLog()
 QUIET_ROUTES = ("/healthz", "/readyz")  # probes: counted in the metrics, not logged every few seconds
@@ -163,8 +164,9 @@ async def tenant_middleware(request: web.Request, handler):
     """Every /v1/ request gets its tenant from its API key (or a 401) before the route runs."""
     if request.path.startswith("/v1/"):
         services = request.app[SERVICES]
-        tenant = await services.auth.tenant_for(request.headers.get("Authorization"))
+        tenant, key_id = await services.auth.caller(request.headers.get("Authorization"))
         request[TENANT] = tenant
+        request[KEY_ID] = key_id
         structlog.contextvars.bind_contextvars(tenant=tenant)
         cap = services.settings.limits.for_tenant(tenant).max_body_bytes
         if cap is not None and (request.content_length or 0) > cap:
@@ -197,6 +199,7 @@ def create_app(settings: Settings, services: Services | None = None) -> web.Appl
     add_chat_routes(app)
     add_conversation_routes(app)
     add_models_routes(app)
+    add_usage_routes(app)
 
     async def close_services(app: web.Application) -> None:
         await app[SERVICES].aclose()

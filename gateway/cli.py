@@ -19,6 +19,7 @@ from .config import Settings, load_settings
 from .lifecycle import Listening, bind, serve
 from .logs import configure_logging
 from .services import MIN_KEY_SECRET_CHARS, SERVICES, ConfigError
+from .usage_export import add_command as add_usage_command
 
 _OPTIONS = (
     ("--host", "host", str, "bind address (GATEWAY_HOST, default 127.0.0.1)"),
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     for action in (create, actions.choices["list"], revoke):
         action.add_argument("--file", help="a keys file (GATEWAY_KEYS_FILE) instead of Redis")
     keys.set_defaults(run=_run_keys)
+    add_usage_command(commands)
     _add_engine_commands(commands)
     args = parser.parse_args(argv)
     return args.run(args)

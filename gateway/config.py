@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     backends: dict[str, BackendConfig] | None = None  # JSON: {"name": {"kind", "options", "models"}, ...}
     redis_url: str | None = None  # None: the bounded in-memory store
     store_ttl_s: int = Field(default=DEFAULT_TTL_S, gt=0)
+    usage_retention_days: int = Field(default=90, gt=0)  # the usage ledger's records, per tenant
+    admin_tenants: Annotated[list[str], NoDecode] = Field(default_factory=list)  # their keys may export any usage
     max_record_bytes: int = Field(default=DEFAULT_MAX_RECORD_BYTES, gt=0)
     # a running response's lease: renewed by its replica every third of it; past it, readers see it failed
     record_lease_s: float = Field(default=DEFAULT_LEASE_S, ge=0.3, le=3600)
@@ -69,7 +71,7 @@ class Settings(BaseSettings):
     metrics_public: bool = False  # also serve /metrics on the API port (off: the API port does not expose it)
     metrics_tenants: Annotated[list[str], NoDecode] = Field(default_factory=list)  # tenants with their own label
 
-    @field_validator("models", "backend_urls", "metrics_tenants", mode="before")
+    @field_validator("models", "backend_urls", "metrics_tenants", "admin_tenants", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value

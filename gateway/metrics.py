@@ -87,6 +87,12 @@ class Metrics:
         self.rate_limited = Counter(
             "gateway_rate_limited", "Requests refused by a limit", ["limit", "tenant"], registry=r
         )
+        self.usage_records = Counter(
+            "gateway_usage_records",
+            "Usage ledger writes: kept, already kept (a retry), failed (retried in the background), given up",
+            ["outcome"],
+            registry=r,
+        )
         self.generation_seconds = Histogram(
             "gateway_backend_generation_seconds", "One generation on a backend, start to end", ["model"],
             buckets=_LATENCY, registry=r,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from state.keys import FileKeys, KeyAdminError, KeySource, RedisKeys
 from state.limiter import RedisLimiter
 from state.record_cipher import RecordCipher
 from state.redis_store import RedisStore
+from state.usage_ledger import MemoryLedger, RedisLedger, UsageLedger
 
 from .config import Settings
 from .costly_work import CostlyWork
@@ -66,6 +68,8 @@ class Services:
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     hosted: HostedRuntime = field(default_factory=lambda: HostedRuntime(HostedToolsSettings()))
     costly: CostlyWork = field(default_factory=CostlyWork)
+    ledger: UsageLedger = field(default_factory=MemoryLedger)
+    ledger_retries: set[asyncio.Task[None]] = field(default_factory=set)  # usage records still being written
 
     @property
     def encoding(self) -> HarmonyEncoding:
@@ -93,6 +97,10 @@ class Services:
         await self.conversations.aclose()
         await self.hosted.aclose()
         self.costly.close()
+        for task in list(self.ledger_retries):
+            task.cancel()
+        await asyncio.gather(*self.ledger_retries, return_exceptions=True)
+        await self.ledger.aclose()
 
 
 def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backend]:
@@ -209,6 +217,14 @@ def _conversations(settings: Settings) -> ConversationStore:
     return MemoryConversations(ttl_s=settings.store_ttl_s)
 
 
+def usage_ledger(settings: Settings) -> UsageLedger:
+    """The shared ledger in Redis when configured, else this process's."""
+    retention_s = settings.usage_retention_days * 24 * 3600
+    if settings.redis_url:
+        return RedisLedger.from_url(settings.redis_url, retention_s=retention_s, cipher=_cipher(settings))
+    return MemoryLedger(retention_s)
+
+
 def build_services(settings: Settings, renderer: Renderer) -> Services:
     metrics = Metrics(settings.metrics_tenants)
     store = TimedStore(_store(settings), metrics)  # every check that can refuse the settings runs before
@@ -231,6 +247,7 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
         events=_event_streams(settings),
         conversations=_conversations(settings),
         hosted=HostedRuntime(settings.hosted_tools),
+        ledger=usage_ledger(settings),
     )
 
 

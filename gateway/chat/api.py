@@ -25,7 +25,8 @@ from ..limits import MAX_STREAM_BACKLOG
 from ..metrics import STATS
 from ..services import SERVICES, Services
 from ..sse import DONE, ClientGone, end_stream, frame, open_stream, pump
-from ..tenants.tenancy import request_id_of, tenant_of
+from ..tenants.tenancy import key_id_of, request_id_of, tenant_of
+from ..usage_billing import bill, chat_record
 from .input import checked_constraint, prompt_spec
 from .models import CHAT_UNION_TAGS, ChatRequest
 from .output import Choice, usage
@@ -68,13 +69,28 @@ async def _drain(choice: Choice, on_delta: Any = None) -> None:
 class Completion:
     """The request's choices and the envelope every body and chunk shares."""
 
-    def __init__(self, services: Services, req: ChatRequest, tenant: str, choices: list[Choice]) -> None:
+    def __init__(
+        self, services: Services, req: ChatRequest, tenant: str, choices: list[Choice], key_id: str | None = None
+    ) -> None:
         self.services = services
         self.req = req
         self.tenant = tenant
+        self.key_id = key_id
         self.choices = choices
         self.id = new_id("chatcmpl-")
         self.created = int(time.time())
+        self.billed = False
+
+    async def bill(self, status: str) -> None:
+        """Put the completion's usage on the ledger (once), before the client hears the end."""
+        if self.billed:
+            return
+        self.billed = True
+        calls = sum(len(choice.tool_calls) for choice in self.choices)
+        entry = chat_record(
+            self.tenant, self.key_id, self.id, self.req.model, status, usage(self.choices), calls, self.created
+        )
+        await bill(self.services, entry)
 
     def envelope(self, kind: str) -> dict[str, Any]:
         return {
@@ -109,7 +125,9 @@ async def _respond(completion: Completion) -> web.Response:
     await asyncio.gather(*(run(choice) for choice in completion.choices))
     failed = next((choice for choice in completion.choices if _failed(choice)), None)
     if failed is not None:
+        await completion.bill("failed")
         raise _backend_failure(failed)
+    await completion.bill("completed")
     body = completion.envelope("chat.completion")
     body["choices"] = [
         {
@@ -168,11 +186,13 @@ async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
             if isinstance(item, Choice):
                 open_choices -= 1
                 if _failed(item):
+                    await completion.bill("failed")
                     yield frame({"error": _backend_failure(item).body()["error"]})
                     return
                 yield chunk(item.index, {}, item.finish_reason)
             else:
                 yield item
+        await completion.bill("completed")
         if include_usage:
             tail = completion.envelope("chat.completion.chunk")
             yield frame({**tail, "choices": [], "usage": usage(completion.choices)})
@@ -231,7 +251,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         )
         choices.append(Choice(index, turn, StopMatcher(req.stop_sequences)))
-    completion = Completion(services, req, tenant, choices)
+    completion = Completion(services, req, tenant, choices, key_id_of(request))
     try:
         if not req.stream:
             return await _respond(completion)
@@ -243,6 +263,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         await end_stream(request, response)
         return response
     finally:
+        await completion.bill("cancelled")  # the client went, or the request failed: what ran is billed
         await ticket.settle(len(plan.built.tokens) + sum(c.turn.assembler.output_tokens for c in choices))
 
 

@@ -101,23 +101,30 @@ async def run_job(job: Job, feed: Feed) -> dict[str, Any]:
 async def _generate(job: Job, feed: Feed) -> dict[str, Any]:
     if job.request.background:
         if await job.keeper.cancelled_elsewhere():  # cancelled while queued: keep the stored cancellation
+            final = job.response("cancelled")
+            await job.bill(final)
             feed.cancelled()
-            return job.response("cancelled")
+            return final
         await job.save_running("in_progress")
         if job.keeper.deleted:  # deleted while queued: nothing to produce
-            return job.response("cancelled")
+            final = job.response("cancelled")
+            await job.bill(final)
+            return final
     feed.open(job)
     try:
         async for batch in job.generation.events():
             feed.items(batch)
     except asyncio.CancelledError:
-        await job.store_final(job.response("cancelled"))  # one attempt: a cancelled run does not linger
+        cancelled = job.response("cancelled")
+        await job.bill(cancelled)
+        await job.store_final(cancelled)  # one attempt: a cancelled run does not linger
         feed.cancelled()
         raise
     outcome = job.generation.outcome or Outcome("failed", error_code="server_error", error_message="No outcome.")
     if job.request.background and await job.keeper.cancelled_elsewhere():
         outcome = Outcome("cancelled")
     final = job.response(outcome.status, outcome)
+    await job.bill(final)
     pending = await job.store_final(final)
     await job.extend_conversation(outcome.status)
     if outcome.status == "cancelled":
@@ -151,6 +158,7 @@ def start_job(job: Job, stream: bool) -> Run:
             log.exception("response_run_failed", response_id=job.response_id)
             failure = Outcome("failed", error_code="server_error", error_message="Internal error.")
             final = job.response("failed", failure)
+            await job.bill(final)
             pending = await job.store_final(final)
             feed.lifecycle("response.failed", final)
             feed.end()

@@ -19,6 +19,7 @@ from ..generation.turn import Outcome
 from ..limits import MAX_HISTORY_MESSAGES
 from ..services import Services
 from ..tenants.admission import Ticket
+from ..usage_billing import bill, responses_record
 from .models.request import ResponsesRequest
 from .record_keeper import RecordKeeper
 from .shape import item_json, response_json, usage
@@ -47,7 +48,9 @@ class Job:
     keeper: RecordKeeper
     not_offered: list[str] = field(default_factory=list)  # hosted tool types left out of the prompt
     conversation_id: str | None = None
+    key_id: str | None = None  # the API key's, for the usage ledger
     sealed: dict[str, str] = field(default_factory=dict)
+    billed: bool = False
 
     @property
     def headers(self) -> dict[str, str]:
@@ -98,6 +101,12 @@ class Job:
             input_items=self.input_items,
             client_metadata=self.request.client_metadata or {},
         )
+
+    async def bill(self, response: dict[str, Any]) -> None:
+        """Put the final response's usage on the ledger (once), before the client hears the end."""
+        if not self.billed:
+            self.billed = True
+            await bill(self.services, responses_record(self.tenant, self.key_id, response, self.created_at))
 
     async def save_running(self, status: str) -> None:
         """Store the queued or in-progress response under a lease (when asked to store it at all)."""

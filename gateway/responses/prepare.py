@@ -26,7 +26,7 @@ from ..json_body import body_bytes as body_size
 from ..json_body import parse_model, read_model
 from ..metrics import STATS
 from ..services import SERVICES, Services
-from ..tenants.tenancy import request_id_of, tenant_of
+from ..tenants.tenancy import key_id_of, request_id_of, tenant_of
 from .compaction import compact_if_long
 from .history import load_history
 from .hosted_tools import hosted_toolset, pending_approvals, with_hosted_tools
@@ -159,4 +159,5 @@ async def prepare(
         keeper=keeper,
         not_offered=tools.not_offered,
         conversation_id=req.conversation_id,
+        key_id=key_id_of(request),
     )

@@ -26,6 +26,7 @@ KEY_CACHE_S = 5.0
 KEY_CACHE_SIZE = 10_000
 MAX_KEY_CHARS = 256
 TENANT = web.RequestKey("tenant", str)  # where the app's middleware leaves the request's tenant
+KEY_ID = web.RequestKey("key_id", str)  # and the id of the API key it came with ("" with authentication off)
 
 
 def _unauthorized(message: str) -> ApiError:
@@ -46,9 +47,10 @@ class Authenticator:
     def enabled(self) -> bool:
         return self._secret is not None
 
-    async def tenant_for(self, authorization: str | None) -> str:
+    async def caller(self, authorization: str | None) -> tuple[str, str]:
+        """(tenant, key id) of the request's API key; ("default", "") with authentication off."""
         if self._secret is None:
-            return DEFAULT_TENANT
+            return DEFAULT_TENANT, ""
         scheme, _, key = (authorization or "").partition(" ")
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
@@ -59,7 +61,7 @@ class Authenticator:
         record = await self._find(key_hash)
         if record is None or not hmac.compare_digest(record.hash, key_hash):
             raise _unauthorized("Incorrect API key provided.")
-        return record.tenant
+        return record.tenant, record.id
 
     async def _find(self, key_hash: str) -> KeyRecord | None:
         cached = self._cache.get(key_hash)

@@ -6,7 +6,7 @@ import re
 
 from aiohttp import web
 
-from .auth import TENANT
+from .auth import KEY_ID, TENANT
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 REQUEST_ID = web.RequestKey("request_id", str)  # the id a route chose; the middleware echoes and logs it
@@ -14,6 +14,11 @@ REQUEST_ID = web.RequestKey("request_id", str)  # the id a route chose; the midd
 
 def tenant_of(request: web.Request) -> str:
     return request[TENANT]
+
+
+def key_id_of(request: web.Request) -> str | None:
+    """The id of the API key the request came with (None with authentication off)."""
+    return request.get(KEY_ID) or None
 
 
 def valid_request_id(given: str) -> str | None:
