@@ -62,6 +62,23 @@ _MODEL_LIST = {
     "type": "object",
     "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
 }
+_USAGE_PAGE = {
+    "type": "object",
+    "properties": {
+        "object": {"const": "list"},
+        "data": {"type": "array", "items": {"type": "object"}},
+        "first_id": {"type": ["string", "null"]},
+        "last_id": {"type": ["string", "null"]},
+        "has_more": {"type": "boolean"},
+    },
+    "required": ["object", "data", "first_id", "last_id", "has_more"],
+}
+_USAGE_QUERY = [
+    {"name": "tenant", "in": "query", "required": True, "schema": {"type": "string"}},
+    {"name": "since", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+    {"name": "after", "in": "query", "schema": {"type": "string"}},
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+]
 _PATH_ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 _CONVERSATION_ID = [{"name": "conversation_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 _ITEM_ID = [{"name": "item_id", "in": "path", "required": True, "schema": {"type": "string"}}]
@@ -242,6 +259,17 @@ def openapi_document() -> dict[str, Any]:
                 }
             },
             **_conversation_paths(),
+            "/v1/usage/records": {
+                "get": {
+                    "operationId": "listUsageRecords",
+                    "parameters": _USAGE_QUERY,
+                    "responses": {
+                        "200": _json(_USAGE_PAGE, "A tenant's usage records, oldest first"),
+                        "403": _json({"$ref": _REF.format(model="Error")}, "Not an admin key"),
+                        **_errors(),
+                    },
+                }
+            },
         },
         "components": {"schemas": schemas},
     }

@@ -327,7 +327,7 @@ def test_rolling_restart_then_a_crash_under_load(tmp_path):
         assert empty == [], "\n".join(empty)
         with urllib.request.urlopen(prom + "/api/v1/rules", timeout=10) as response:
             groups = json.load(response)["data"]["groups"]
-        assert [rule["health"] for group in groups for rule in group["rules"]] == ["ok"] * 5
+        assert [rule["health"] for group in groups for rule in group["rules"]] == ["ok"] * 6
     finally:
         for process in (lb, prometheus):
             process.terminate()

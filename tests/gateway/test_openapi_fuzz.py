@@ -31,7 +31,8 @@ SCRIPT = {
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     script = write_script(tmp_path_factory.mktemp("fuzz"), SCRIPT)
-    gateway = LiveGateway(Settings(backend="mock", mock_script=str(script))).start()
+    settings = Settings(backend="mock", mock_script=str(script), admin_tenants=["default"])  # the usage records too
+    gateway = LiveGateway(settings).start()
     yield gateway
     gateway.stop()
 
