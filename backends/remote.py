@@ -176,7 +176,7 @@ class RemoteBackend:
         options = self.options
         loop = asyncio.get_running_loop()
         deadline = loop.time() + options.first_token_timeout_s
-        headers = {"X-Request-ID": f"{request.request_id}.{secrets.token_hex(4)}"}
+        headers = {**request.trace_context, "X-Request-ID": f"{request.request_id}.{secrets.token_hex(4)}"}
         with self.pool.lease(upstream):
             try:
                 async with asyncio.timeout_at(deadline):

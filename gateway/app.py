@@ -7,6 +7,7 @@ import time
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from harmony import Renderer, load_harmony_encoding
 
@@ -27,10 +28,12 @@ from .services import SERVICES, Services, build_services, report_store
 from .sse import STREAM_OPENED
 from .tenants.auth import KEY_ID, TENANT
 from .tenants.tenancy import REQUEST_ID, valid_request_id
+from .tracing import exemplar, server_span, trace_id
 from .usage_api import add_routes as add_usage_routes
 
 access_log = AccessLog()
 QUIET_ROUTES = ("/healthz", "/readyz")  # probes: counted in the metrics, not logged every few seconds
+UNTRACED_ROUTES = (*QUIET_ROUTES, "/metrics")  # nor traced, with the scrapes
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -72,15 +75,19 @@ async def observe_middleware(request: web.Request, handler):
     stats = request[STATS] = RequestStats()
     given = valid_request_id(request.headers.get("X-Request-ID", ""))
     response: web.StreamResponse | None = None
-    with structlog.contextvars.bound_contextvars(request_id=given):
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    with (
+        structlog.contextvars.bound_contextvars(request_id=given),
+        server_span(request.method, route, request.headers, traced=route not in UNTRACED_ROUTES) as span,
+    ):
         try:
             response = await handler(request)
             return response
         finally:
             seconds = time.perf_counter() - started
-            resource = request.match_info.route.resource
-            route = resource.canonical if resource is not None else "unmatched"
             status = response.status if response is not None else 500
+            span.set_attributes({"http.response.status_code": status, "gateway.tenant": request.get(TENANT) or ""})
             request_id = request.get(REQUEST_ID) or given or new_id("req_")
             if response is not None and not response.prepared:
                 response.headers.setdefault("X-Request-ID", request_id)  # every route, errors included
@@ -88,7 +95,7 @@ async def observe_middleware(request: web.Request, handler):
                     response.force_close()  # "Connection: close": the next request goes to another replica
             tenant = request.get(TENANT)
             metrics.child(metrics.requests, route, str(status), metrics.tenant_label(tenant)).inc()
-            metrics.child(metrics.request_seconds, route).observe(seconds)
+            metrics.child(metrics.request_seconds, route).observe(seconds, exemplar(span))
             if request.get(STREAM_OPENED):
                 metrics.active_streams.dec()
             if route not in QUIET_ROUTES:
@@ -110,12 +117,18 @@ def _log_access(
         cached_tokens=stats.cached_tokens,
         output_tokens=stats.output_tokens,
         reasoning_tokens=stats.reasoning_tokens,
+        **({"trace_id": traced} if (traced := trace_id()) else {}),
     )
 
 
 async def serve_metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[SERVICES].metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """Prometheus's text format, or OpenMetrics (with the latency histograms' trace exemplars) when asked."""
+    registry = request.app[SERVICES].metrics.registry
+    if "application/openmetrics-text" in request.headers.get("Accept", ""):
+        return web.Response(
+            body=openmetrics.generate_latest(registry), headers={"Content-Type": openmetrics.CONTENT_TYPE_LATEST}
+        )
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 def _metrics_listener(settings: Settings, services: Services):

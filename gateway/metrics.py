@@ -87,6 +87,9 @@ class Metrics:
         self.rate_limited = Counter(
             "gateway_rate_limited", "Requests refused by a limit", ["limit", "tenant"], registry=r
         )
+        self.trace_spans_dropped = Counter(
+            "gateway_trace_spans_dropped", "Trace spans dropped: the export queue was full", registry=r
+        )
         self.usage_records = Counter(
             "gateway_usage_records",
             "Usage ledger writes: kept, already kept (a retry), failed (retried in the background), given up",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import structlog
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
 
 from backends.base import Backend
 from backends.registry import create_backend
@@ -33,6 +34,7 @@ from .responses.runs import RunRegistry
 from .tenants.admission import Admission
 from .tenants.auth import Authenticator
 from .timed_store import TimedStore
+from .tracing import configure_tracing
 
 log = structlog.get_logger("gateway.services")
 
@@ -70,6 +72,7 @@ class Services:
     costly: CostlyWork = field(default_factory=CostlyWork)
     ledger: UsageLedger = field(default_factory=MemoryLedger)
     ledger_retries: set[asyncio.Task[None]] = field(default_factory=set)  # usage records still being written
+    tracing: TracerProvider | None = None  # set when the environment asks for traces (tracing.py)
 
     @property
     def encoding(self) -> HarmonyEncoding:
@@ -101,6 +104,8 @@ class Services:
             task.cancel()
         await asyncio.gather(*self.ledger_retries, return_exceptions=True)
         await self.ledger.aclose()
+        if self.tracing is not None:
+            self.tracing.shutdown()  # the spans still queued go out (a bounded wait)
 
 
 def _backends(settings: Settings, encoding: HarmonyEncoding) -> dict[str, Backend]:
@@ -248,6 +253,7 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
         conversations=_conversations(settings),
         hosted=HostedRuntime(settings.hosted_tools),
         ledger=usage_ledger(settings),
+        tracing=configure_tracing(metrics.trace_spans_dropped.inc),
     )
 
 

@@ -9,6 +9,7 @@ from typing import TypeVar
 from state import ResponseStore, StoredCot, StoredResponse, StoreUnavailable
 
 from .metrics import Metrics
+from .tracing import child_span
 
 T = TypeVar("T")
 
@@ -21,7 +22,8 @@ class TimedStore:
     async def _timed(self, operation: str, call: Awaitable[T]) -> T:
         started = time.perf_counter()
         try:
-            return await call
+            with child_span(f"store.{operation}", {"db.operation.name": operation}):
+                return await call
         except StoreUnavailable:
             self._metrics.store_errors.labels(operation).inc()
             raise

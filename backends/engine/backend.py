@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import structlog
+from opentelemetry import propagate, trace
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.base import BackendError, Capabilities, Chunk, EngineStats, GenerateRequest, parse_options
@@ -48,6 +50,7 @@ from .qmoe import MoeRealization, qmoe_unsupported_reason
 from .runtime import DecoderRuntime, Device, EngineDeviceError, cuda_unavailable_reason, resolve_device
 
 log = structlog.get_logger("backends.engine")
+tracer = trace.get_tracer("gpt-oss-gateway.engine")
 
 RANDOM_MODEL_WARNING = "gpt-oss-gateway: no engine checkpoint configured; serving a RANDOM model: its output is noise"
 
@@ -226,8 +229,9 @@ class EngineBackend:
             namespace=namespace_of(request.tenant, request.cache_key, self.options.prefix_cache_scope == "shared"),
             guide=guide,
         )
+        submitted = time.time_ns()
         batcher.submit(sequence)
-        first = True
+        first_token = 0
         try:
             while True:
                 item = await arrivals.get()
@@ -235,16 +239,33 @@ class EngineBackend:
                     return
                 if isinstance(item, BaseException):
                     raise BackendError(f"The engine failed: {item}")
-                if first:
+                if not first_token:
                     item.cached_tokens = sequence.reused
-                    first = False
+                    first_token = time.time_ns()
                 yield item
         finally:
             sequence.cancelled.set()  # frees its pages before the next step, or drops it from the queue
+            _trace_phases(request.trace_context, sequence, submitted, first_token)
 
     async def aclose(self) -> None:
         if self._batcher is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._batcher.close)
+
+
+def _trace_phases(carrier: dict[str, str], sequence: Sequence, submitted: int, first_token: int) -> None:
+    """The sequence's queue wait, prefill and decode as spans under the generation's (when traced), from the
+    times the engine thread and this coroutine noted."""
+    if not carrier:
+        return
+    parent = propagate.extract(carrier)
+    ended = time.time_ns()
+    placed = sequence.placed_ns or ended
+    phases = [("engine.queue", submitted, placed, {})]
+    if first_token:
+        phases.append(("engine.prefill", placed, first_token, {"gateway.cached_tokens": sequence.reused}))
+        phases.append(("engine.decode", first_token, ended, {"gen_ai.usage.output_tokens": sequence.generated}))
+    for name, start, end, attributes in phases:
+        tracer.start_span(name, context=parent, start_time=start, attributes=attributes).end(end_time=end)
 
 
 def from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> EngineBackend:

@@ -18,6 +18,7 @@ import collections
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,6 +47,7 @@ class Sequence:
     namespace: bytes = b""  # the prefix cache's: only pages written in the same namespace are reused
     reused: int = 0  # prompt tokens taken from the prefix cache (set before the first token is emitted)
     placed: bool = False  # admitted once (a preempted sequence is admitted again)
+    placed_ns: int = 0  # when it was first admitted (time.time_ns), for its trace
     admitted: int = 0  # admission order: the latest is preempted first
     fill: list[int] = field(default_factory=list)  # tokens to run before decoding: the prompt, or all it wrote
     resumed: bool = False  # run again after a preemption: its next token is chosen already
@@ -195,7 +197,7 @@ class Batcher:
             self.runtime.copy_page("window", tail.window, sequence.table.window[-1], copied)
             sequence.written.tokens.extend(tail.tokens[:copied])
         if not sequence.placed:
-            sequence.placed, sequence.reused = True, reused
+            sequence.placed, sequence.reused, sequence.placed_ns = True, reused, time.time_ns()
             self.prefix.count(len(fill), reused)
         sequence.admitted = next(self._order)
         sequence.decoding = False

@@ -16,6 +16,7 @@ from state import ResponseStore
 from ..costly_work import CostlyWork
 from ..lifecycle import Lifecycle
 from ..metrics import TurnObserver
+from ..tracing import traced
 from .assembler import CallRouting, OutputAssembler
 from .cot_recovery import recover_cot
 from .dialog import Entry
@@ -112,6 +113,7 @@ async def plan_continuation(
     return Plan(plan.backend, built, min(left, context - len(built.tokens)))
 
 
+@traced("gateway.render_prompt")
 async def _render(
     services: CoreServices, tenant: str, spec: PromptSpec, budget: int, body_bytes: int | None
 ) -> BuiltPrompt:

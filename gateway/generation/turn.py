@@ -19,6 +19,7 @@ from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReas
 
 from ..lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
 from ..metrics import TurnObserver
+from ..tracing import end_generation_span, generation_span
 from .assembler import CallRouting, ItemEvent, OutputAssembler, is_content
 from .constraints import NOT_ENFORCED, violation
 
@@ -192,6 +193,8 @@ class Turn:
         ended = False  # a stop token or the token limit was reached; only a usage report may follow
         running_since = perf_counter()  # when this generation last let other tasks run
         self._task = asyncio.current_task()
+        span = generation_span(observer.model if observer is not None else "", self._request)
+        first_token = True
         try:
             try:
                 async with aclosing(self.backend.generate(self._request)) as chunks:
@@ -217,6 +220,9 @@ class Turn:
                                 break  # the backend runs past the end: closing it cancels the generation
                             continue
                         tokens, ended = self._accept(chunk.tokens)
+                        if tokens and first_token:
+                            first_token = False
+                            span.add_event("gen_ai.first_token")
                         events = assembler.feed(tokens, chunk.logprobs)
                         if tokens and observer is not None:
                             content = not observer.content_seen and any(map(is_content, events))
@@ -241,6 +247,7 @@ class Turn:
             if self._lifecycle is not None:
                 self._lifecycle.generation_ended(self)
             self._report()
+            end_generation_span(span, self)
 
     def _absorb_cut(self) -> bool:
         """Whether a cancellation is the cut's alone (then it is taken back); any other cancellation stands."""

@@ -22,6 +22,7 @@ from state import StoreUnavailable
 from state.limiter import Limiter, MemoryLimiter, RateDecision
 
 from ..errors import ApiError, unavailable
+from ..tracing import traced
 from .limits import LimitsConfig
 
 log = structlog.get_logger("gateway.admission")
@@ -92,6 +93,7 @@ class Admission:
                 return None, None
             return await call(self._local), self._local
 
+    @traced("gateway.admission")
     async def admit(
         self,
         tenant: str,

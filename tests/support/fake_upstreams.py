@@ -64,6 +64,7 @@ def fake_logprob(token: int) -> float:
 @dataclass
 class Call:
     body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
     sent: list[float] = field(default_factory=list)  # monotonic times at which tokens were written
     aborted_at: float | None = None  # when the gateway closed the connection mid-stream
     finished: bool = False
@@ -163,7 +164,7 @@ class FakeUpstream:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        call = Call(body)
+        call = Call(body, dict(request.headers))
         self.calls.append(call)
         problem = self._check(body)
         if problem:

@@ -1,0 +1,219 @@
+"""OpenTelemetry traces, off unless configured: `OTEL_TRACES_EXPORTER=otlp` or an OTLP endpoint
+(`OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), `OTEL_SDK_DISABLED=true` turning it off.
+The official SDK reads the other standard variables itself: `OTEL_SERVICE_NAME` (default gpt-oss-gateway),
+`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and `_ARG` (default: the parent's decision, else always),
+`OTEL_EXPORTER_OTLP_*` (headers, timeout, certificates); OTLP over HTTP (protobuf).
+
+Spans leave through a bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`, 2,048) drained by one thread in batches of
+`OTEL_BSP_MAX_EXPORT_BATCH_SIZE` (512) every `OTEL_BSP_SCHEDULE_DELAY` ms (1,000): a collector that is slow or
+gone costs requests nothing, the spans that do not fit are dropped and counted in
+`gateway_trace_spans_dropped_total`. Span attributes follow the GenAI semantic conventions (model, token
+counts, response id, finish reason) plus the tenant; never a prompt, an output, a chain of thought or tool
+arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import queue
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, ParamSpec, TypeVar
+
+import structlog
+from opentelemetry import trace
+from opentelemetry.propagate import extract, inject
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import Span
+
+from backends.base import GenerateRequest
+
+log = structlog.get_logger("gateway.tracing")
+
+SERVICE = "gpt-oss-gateway"
+P = ParamSpec("P")
+T = TypeVar("T")
+tracer = trace.get_tracer("gpt-oss-gateway")
+
+
+def tracing_wanted(environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").lower()
+    if exporter in ("none", "console"):
+        return False
+    return exporter == "otlp" or any(
+        env.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+class BoundedExport(SpanProcessor):
+    """Ended spans into a bounded queue (a full queue drops them, counted), exported by one thread in batches."""
+
+    def __init__(
+        self, exporter: SpanExporter, on_drop: Callable[[int], None], capacity: int, batch: int, delay_s: float
+    ) -> None:
+        self._exporter = exporter
+        self._on_drop = on_drop
+        self._queue: queue.Queue[ReadableSpan | None] = queue.Queue(capacity)
+        self._batch = batch
+        self._delay_s = delay_s
+        self._thread = threading.Thread(target=self._run, name="otel-export", daemon=True)
+        self._thread.start()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not span.context.trace_flags.sampled:
+            return
+        try:
+            self._queue.put_nowait(span)
+        except queue.Full:
+            self._on_drop(1)
+
+    def _run(self) -> None:
+        while True:
+            spans: list[ReadableSpan] = []
+            try:
+                first = self._queue.get(timeout=self._delay_s)
+            except queue.Empty:
+                continue
+            if first is None:
+                return
+            spans.append(first)
+            while len(spans) < self._batch:
+                try:
+                    span = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if span is None:
+                    self._export(spans)
+                    return
+                spans.append(span)
+            self._export(spans)
+
+    def _export(self, spans: list[ReadableSpan]) -> None:
+        try:
+            self._exporter.export(spans)
+        except Exception as exc:  # a collector's failure never reaches a request
+            log.warning("trace_export_failed", error=type(exc).__name__, spans=len(spans))
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=1)
+        self._thread.join(timeout=5)
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def configure_tracing(on_drop: Callable[[int], None]) -> TracerProvider | None:
+    """The process's tracer provider when the environment asks for traces (see the module docstring), else None."""
+    if not tracing_wanted():
+        return None
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", SERVICE)})
+    provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER, as the SDK reads it
+    processor = BoundedExport(
+        OTLPSpanExporter(),
+        on_drop,
+        int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048")),
+        int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "512")),
+        int(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "1000")) / 1000,
+    )
+    provider.add_span_processor(processor)
+    trace.set_tracer_provider(provider)
+    log.info("tracing_on", exporter="otlp")
+    return provider
+
+
+def trace_id() -> str | None:
+    """The current span's trace id (32 hex digits), for the access log; None outside a sampled trace."""
+    context = trace.get_current_span().get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid and context.trace_flags.sampled else None
+
+
+def generation_span(model: str, request: GenerateRequest) -> Span:
+    """A span for one generation on a backend (a child of the current one), its trace context put in the request
+    for the backend to carry on (remote backends send it as headers)."""
+    span = tracer.start_span(
+        f"chat {model}".strip(),
+        kind=trace.SpanKind.CLIENT,
+        attributes={
+            "gen_ai.operation.name": "chat",
+            "gen_ai.system": "gpt-oss",
+            "gen_ai.request.model": model,
+            "gen_ai.request.max_tokens": request.max_new_tokens,
+        },
+    )
+    if span.get_span_context().is_valid:
+        request.trace_context.clear()
+        inject(request.trace_context, context=trace.set_span_in_context(span))
+    return span
+
+
+def end_generation_span(span: Span, turn: Any) -> None:
+    """The generation's token counts and how it ended, on its span, which ends."""
+    outcome = turn.outcome
+    span.set_attributes(
+        {
+            "gen_ai.usage.input_tokens": turn.prompt_tokens,
+            "gen_ai.usage.output_tokens": turn.output_tokens,
+            "gateway.cached_tokens": turn.cached_tokens,
+            "gen_ai.response.finish_reasons": [outcome.status if outcome is not None else "cancelled"],
+        }
+    )
+    if outcome is not None and outcome.status == "failed":
+        span.set_status(trace.Status(trace.StatusCode.ERROR, outcome.error_code or "failed"))
+    span.end()
+
+
+@contextlib.contextmanager
+def server_span(method: str, route: str, headers: Mapping[str, str], traced: bool = True) -> Iterator[Span]:
+    """The request's span: a child of the caller's (a W3C `traceparent` in `headers`), else a new trace; none
+    (a span that records nothing) for routes not `traced` (probes, scrapes)."""
+    if not traced:
+        yield trace.INVALID_SPAN
+        return
+    with tracer.start_as_current_span(
+        f"{method} {route}",
+        context=extract(headers),
+        kind=trace.SpanKind.SERVER,
+        attributes={"http.request.method": method, "http.route": route},
+    ) as span:
+        yield span
+
+
+def exemplar(span: Span) -> dict[str, str] | None:
+    """A histogram observation's exemplar: the trace it was made in (OpenMetrics), when one is sampled."""
+    context = span.get_span_context()
+    if not (context.is_valid and context.trace_flags.sampled):
+        return None
+    return {"trace_id": format(context.trace_id, "032x")}
+
+
+def traced(name: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+    """An async function's calls as spans named `name`, children of the current one."""
+
+    def wrap(function: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+        @functools.wraps(function)
+        async def inner(*args: P.args, **kwargs: P.kwargs) -> T:
+            with tracer.start_as_current_span(name):
+                return await function(*args, **kwargs)
+
+        return inner
+
+    return wrap
+
+
+def child_span(name: str, attributes: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
+    """A span under the current one, or nothing outside a traced request (a probe's store check, a background
+    retry): no trace of its own for work no request asked for."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return contextlib.nullcontext()
+    return tracer.start_as_current_span(name, attributes=attributes)
