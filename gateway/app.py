@@ -29,7 +29,7 @@ from .sse import STREAM_OPENED
 from .tenants.auth import KEY_ID, TENANT
 from .tenants.tenancy import REQUEST_ID, valid_request_id
 from .tracing import exemplar, server_span, trace_id
-from .usage_api import add_routes as add_usage_routes
+from .usage.api import add_routes as add_usage_routes
 
 access_log = AccessLog()
 QUIET_ROUTES = ("/healthz", "/readyz")  # probes: counted in the metrics, not logged every few seconds

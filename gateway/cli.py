@@ -19,7 +19,7 @@ from .config import Settings, load_settings
 from .lifecycle import Listening, bind, serve
 from .logs import configure_logging
 from .services import MIN_KEY_SECRET_CHARS, SERVICES, ConfigError
-from .usage_export import add_command as add_usage_command
+from .usage.export import add_command as add_usage_command
 
 _OPTIONS = (
     ("--host", "host", str, "bind address (GATEWAY_HOST, default 127.0.0.1)"),

@@ -102,7 +102,7 @@ def _cudart() -> ctypes.CDLL:
     for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
         with contextlib.suppress(OSError):
             return ctypes.CDLL(name)
-    raise EngineDeviceError("the CUDA runtime library (libcudart) is not loadable to copy KV between slots")
+    raise EngineDeviceError("the CUDA runtime library (libcudart) is not loadable to copy KV between pages")
 
 
 DEVICE_TO_DEVICE = 3  # cudaMemcpyDeviceToDevice

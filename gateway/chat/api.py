@@ -26,7 +26,7 @@ from ..metrics import STATS
 from ..services import SERVICES, Services
 from ..sse import DONE, ClientGone, end_stream, frame, open_stream, pump
 from ..tenants.tenancy import key_id_of, request_id_of, tenant_of
-from ..usage_billing import bill, chat_record
+from ..usage.billing import bill, chat_record
 from .input import checked_constraint, prompt_spec
 from .models import CHAT_UNION_TAGS, ChatRequest
 from .output import Choice, usage

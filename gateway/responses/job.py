@@ -19,7 +19,7 @@ from ..generation.turn import Outcome
 from ..limits import MAX_HISTORY_MESSAGES
 from ..services import Services
 from ..tenants.admission import Ticket
-from ..usage_billing import bill, responses_record
+from ..usage.billing import bill, responses_record
 from .models.request import ResponsesRequest
 from .record_keeper import RecordKeeper
 from .shape import item_json, response_json, usage

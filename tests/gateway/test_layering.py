@@ -12,7 +12,7 @@ from paths import ROOT
 GATEWAY = ROOT / "gateway"
 COMPOSITION = {"gateway.app", "gateway.cli", "gateway.services", "gateway.openapi", "gateway.config"}
 API = ("gateway.responses", "gateway.chat", "gateway.conversations")
-PACKAGES = ("gateway.generation", "gateway.hosted", "gateway.tenants", *API)
+PACKAGES = ("gateway.generation", "gateway.hosted", "gateway.tenants", "gateway.usage", *API)
 
 
 def _module_name(path: Path) -> str:

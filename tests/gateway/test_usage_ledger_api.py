@@ -19,7 +19,7 @@ from gateway_fixtures import KEY_SECRET, WEATHER_TOOL, flush, write_keys, write_
 from live_gateway import LiveGateway
 
 from gateway.config import Settings
-from gateway.usage_export import export
+from gateway.usage.export import export
 
 ADMIN = "sk-ops"
 KEYS = {"sk-tenant-a": "tenant-a", "sk-tenant-b": "tenant-b", ADMIN: "ops"}

@@ -207,6 +207,7 @@ def test_openapi_document_describes_the_routes(gateway):
         "/v1/conversations/{conversation_id}",
         "/v1/conversations/{conversation_id}/items",
         "/v1/conversations/{conversation_id}/items/{item_id}",
+        "/v1/usage/records",
     }
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
     schemas = document["components"]["schemas"]

@@ -14,8 +14,8 @@ from typing import TextIO
 from state import StoreUnavailable
 from state.usage_ledger import MAX_PAGE, RedisLedger, UsageRecord
 
-from .config import load_settings
-from .services import ConfigError, usage_ledger
+from ..config import load_settings
+from ..services import ConfigError, usage_ledger
 
 COLUMNS = list(UsageRecord.__dataclass_fields__)
 

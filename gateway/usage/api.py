@@ -15,10 +15,10 @@ from state import StoreUnavailable
 from state.keys import TENANT_PATTERN
 from state.usage_ledger import MAX_PAGE
 
-from .errors import ApiError, invalid, unavailable
-from .json_out import json_response
-from .services import SERVICES
-from .tenants.tenancy import tenant_of
+from ..errors import ApiError, invalid, unavailable
+from ..json_out import json_response
+from ..services import SERVICES
+from ..tenants.tenancy import tenant_of
 
 CURSOR = re.compile(r"^\d{1,20}-\d{1,20}$")
 

@@ -19,7 +19,7 @@ import structlog
 from state import StoreUnavailable
 from state.usage_ledger import UsageRecord
 
-from .services import Services
+from ..services import Services
 
 log = structlog.get_logger("gateway.usage")
 
