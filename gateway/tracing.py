@@ -19,10 +19,12 @@ import functools
 import os
 import queue
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 import structlog
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from opentelemetry.sdk.resources import Resource
@@ -75,18 +77,16 @@ class BoundedExport(SpanProcessor):
             self._on_drop(1)
 
     def _run(self) -> None:
+        """Batches: the spans that came within `delay_s` of the first one, up to `batch` (one export each)."""
         while True:
-            spans: list[ReadableSpan] = []
-            try:
-                first = self._queue.get(timeout=self._delay_s)
-            except queue.Empty:
-                continue
+            first = self._queue.get()
             if first is None:
                 return
-            spans.append(first)
+            spans = [first]
+            deadline = time.monotonic() + self._delay_s
             while len(spans) < self._batch:
                 try:
-                    span = self._queue.get_nowait()
+                    span = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
                 if span is None:
@@ -140,7 +140,12 @@ def trace_id() -> str | None:
 
 def generation_span(model: str, request: GenerateRequest) -> Span:
     """A span for one generation on a backend (a child of the current one), its trace context put in the request
-    for the backend to carry on (remote backends send it as headers)."""
+    for the backend to carry on (remote backends send it as headers). In a trace that is not kept, no span: the
+    current context goes on as it is (its `traceparent` says not to keep it)."""
+    if not trace.get_current_span().is_recording():
+        request.trace_context.clear()
+        inject(request.trace_context)
+        return trace.INVALID_SPAN
     span = tracer.start_span(
         f"chat {model}".strip(),
         kind=trace.SpanKind.CLIENT,
@@ -180,13 +185,18 @@ def server_span(method: str, route: str, headers: Mapping[str, str], traced: boo
     if not traced:
         yield trace.INVALID_SPAN
         return
-    with tracer.start_as_current_span(
+    span = tracer.start_span(
         f"{method} {route}",
         context=extract(headers),
         kind=trace.SpanKind.SERVER,
         attributes={"http.request.method": method, "http.route": route},
-    ) as span:
+    )
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
         yield span
+    finally:
+        otel_context.detach(token)
+        span.end()
 
 
 def exemplar(span: Span) -> dict[str, str] | None:
@@ -198,12 +208,12 @@ def exemplar(span: Span) -> dict[str, str] | None:
 
 
 def traced(name: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
-    """An async function's calls as spans named `name`, children of the current one."""
+    """An async function's calls as spans named `name`, children of the current one (in kept traces)."""
 
     def wrap(function: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
         @functools.wraps(function)
         async def inner(*args: P.args, **kwargs: P.kwargs) -> T:
-            with tracer.start_as_current_span(name):
+            with child_span(name):
                 return await function(*args, **kwargs)
 
         return inner
@@ -212,8 +222,8 @@ def traced(name: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Await
 
 
 def child_span(name: str, attributes: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
-    """A span under the current one, or nothing outside a traced request (a probe's store check, a background
-    retry): no trace of its own for work no request asked for."""
-    if not trace.get_current_span().get_span_context().is_valid:
+    """A span under the current one, or nothing outside a kept trace: no trace of its own for work no request
+    asked for (a probe's store check, a background retry), and no cost for the requests the sampler leaves out."""
+    if not trace.get_current_span().is_recording():
         return contextlib.nullcontext()
     return tracer.start_as_current_span(name, attributes=attributes)

@@ -258,6 +258,8 @@ def _trace_phases(carrier: dict[str, str], sequence: Sequence, submitted: int, f
     if not carrier:
         return
     parent = propagate.extract(carrier)
+    if not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
+        return  # a trace that is not kept
     ended = time.time_ns()
     placed = sequence.placed_ns or ended
     phases = [("engine.queue", submitted, placed, {})]

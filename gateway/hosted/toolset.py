@@ -11,7 +11,7 @@ import orjson
 from harmony import ToolDescription, ToolNamespace, browser_namespace, python_namespace
 
 from ..errors import ApiError, invalid
-from ..tracing import tracer
+from ..tracing import child_span
 from .browser import BrowserSession
 from .mcp_servers import McpServer, McpToolInfo, McpUnavailable
 from .results import HostedKind, McpResult, PythonResult, SearchResult, ToolRun
@@ -91,7 +91,7 @@ class Toolset:
         """Run a settled call of the model (its item's kind, the recipient's namespace and name, its input), in a
         span of its own (its kind and name; never its input)."""
         attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.type": kind, "gen_ai.tool.name": name or ""}
-        with tracer.start_as_current_span(f"execute_tool {kind}", attributes=attributes):
+        with child_span(f"execute_tool {kind}", attributes):
             return await self._run(kind, namespace, name, text)
 
     async def _run(self, kind: HostedKind, namespace: str | None, name: str | None, text: str) -> ToolRun:
