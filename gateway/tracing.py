@@ -37,6 +37,7 @@ from backends.base import GenerateRequest
 log = structlog.get_logger("gateway.tracing")
 
 SERVICE = "gpt-oss-gateway"
+_on = False  # set by configure_tracing: with tracing off, requests skip the propagation work too
 P = ParamSpec("P")
 T = TypeVar("T")
 tracer = trace.get_tracer("gpt-oss-gateway")
@@ -128,6 +129,8 @@ def configure_tracing(on_drop: Callable[[int], None]) -> TracerProvider | None:
     )
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
+    global _on
+    _on = True
     log.info("tracing_on", exporter="otlp")
     return provider
 
@@ -143,8 +146,9 @@ def generation_span(model: str, request: GenerateRequest) -> Span:
     for the backend to carry on (remote backends send it as headers). In a trace that is not kept, no span: the
     current context goes on as it is (its `traceparent` says not to keep it)."""
     if not trace.get_current_span().is_recording():
-        request.trace_context.clear()
-        inject(request.trace_context)
+        if _on:
+            request.trace_context.clear()
+            inject(request.trace_context)
         return trace.INVALID_SPAN
     span = tracer.start_span(
         f"chat {model}".strip(),
@@ -181,8 +185,8 @@ def end_generation_span(span: Span, turn: Any) -> None:
 @contextlib.contextmanager
 def server_span(method: str, route: str, headers: Mapping[str, str], traced: bool = True) -> Iterator[Span]:
     """The request's span: a child of the caller's (a W3C `traceparent` in `headers`), else a new trace; none
-    (a span that records nothing) for routes not `traced` (probes, scrapes)."""
-    if not traced:
+    (a span that records nothing) with tracing off and for routes not `traced` (probes, scrapes)."""
+    if not (traced and _on):
         yield trace.INVALID_SPAN
         return
     span = tracer.start_span(

@@ -76,7 +76,8 @@ async def bill(services: Services, entry: UsageRecord) -> None:
     """Keep the record now (within BILL_WAIT_S), or keep trying in the background; never raises."""
     counter = services.metrics.usage_records
     try:
-        kept = await asyncio.wait_for(services.ledger.record(entry), BILL_WAIT_S)
+        async with asyncio.timeout(BILL_WAIT_S):  # no task of its own: this runs for every answer
+            kept = await services.ledger.record(entry)
     except (StoreUnavailable, TimeoutError):
         counter.labels("failed").inc()
         task = asyncio.ensure_future(_retry(services, entry))
