@@ -15,8 +15,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from aiohttp import web
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -24,8 +22,8 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 from closed_loop import Load, LoopResult, closed_loop  # noqa: E402
 from gateway_bench import SHORT, request_body  # noqa: E402
 from live_gateway import GatewayProcess  # noqa: E402
+from otlp_receiver import OtlpReceiver  # noqa: E402
 from report import markers, write_section  # noqa: E402
-from threaded_server import ThreadedServer  # noqa: E402
 
 NAME = "tracing_bench"
 SETTINGS = {
@@ -35,37 +33,8 @@ SETTINGS = {
 }
 
 
-class Sink:
-    """An OTLP/HTTP traces endpoint that accepts everything and keeps nothing (counting the requests)."""
-
-    def __init__(self) -> None:
-        self.exports = 0
-        self._server = ThreadedServer()
-
-    async def _traces(self, request: web.Request) -> web.Response:
-        await request.read()
-        self.exports += 1
-        return web.Response(body=b"", content_type="application/x-protobuf")
-
-    def start(self) -> Sink:
-        def make_app() -> web.Application:
-            app = web.Application()
-            app.router.add_post("/v1/traces", self._traces)
-            return app
-
-        self._server.serve(make_app)
-        return self
-
-    @property
-    def url(self) -> str:
-        return self._server.url
-
-    def stop(self) -> None:
-        self._server.close()
-
-
 def run(args: argparse.Namespace) -> dict[str, float]:
-    sink = Sink().start()
+    sink = OtlpReceiver(keep_spans=False).start()
     scratch = Path(tempfile.mkdtemp(prefix="tracing-bench-"))
     script = scratch / "script.json"
     script.write_text(json.dumps({"rules": [{"emit": [{"raw": SHORT}]}]}))

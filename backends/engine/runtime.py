@@ -259,11 +259,6 @@ class DecoderRuntime:
     def kv_bytes(self) -> int:
         return sum(buffer.tensor_size_in_bytes() for _, buffer in self._caches)
 
-    def kv_bytes_per_page(self, kind: str) -> int:
-        """Bytes one page of pool `kind` takes over all of its layers."""
-        layers = sum(1 for pool, _ in self._caches if pool == kind)
-        return layers * self.page_size * self._row_bytes
-
     def copy_page(self, kind: str, source: int, target: int, positions: int) -> None:
         """Copy the first `positions` positions of page `source` to page `target` in every layer of pool `kind`."""
         offset = self.page_size * self._row_bytes

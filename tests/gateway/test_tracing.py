@@ -17,14 +17,12 @@ from pathlib import Path
 
 import openai
 import pytest
-from aiohttp import web
 from engine_fixtures import make_checkpoint, tiny_config
 from fake_upstreams import FakeUpstream
 from hosted_servers import McpTestServer
 from live_gateway import GatewayProcess
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otlp_receiver import OtlpReceiver
 from redis_servers import free_port
-from threaded_server import ThreadedServer
 
 MODEL = "gpt-oss-120b"
 CANARY = "CANARY-7f3a9c"
@@ -40,56 +38,6 @@ SCRIPT = {
         {"emit": [{"final": "Hello."}]},
     ]
 }
-
-
-class Receiver:
-    """An OTLP/HTTP traces endpoint that keeps every span it is sent."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict] = []
-        self._server = ThreadedServer()
-
-    @property
-    def url(self) -> str:
-        return self._server.url
-
-    async def _traces(self, request: web.Request) -> web.Response:
-        message = ExportTraceServiceRequest()
-        message.ParseFromString(await request.read())
-        for resource in message.resource_spans:
-            for scope in resource.scope_spans:
-                for span in scope.spans:
-                    attributes = {a.key: _value(a.value) for a in span.attributes}
-                    self.spans.append(
-                        {
-                            "name": span.name,
-                            "trace": span.trace_id.hex(),
-                            "id": span.span_id.hex(),
-                            "parent": span.parent_span_id.hex(),
-                            "attributes": attributes,
-                            "events": [event.name for event in span.events],
-                        }
-                    )
-        return web.Response(body=b"", content_type="application/x-protobuf")
-
-    def start(self) -> Receiver:
-        def make_app() -> web.Application:
-            app = web.Application()
-            app.router.add_post("/v1/traces", self._traces)
-            return app
-
-        self._server.serve(make_app)
-        return self
-
-    def stop(self) -> None:
-        self._server.close()
-
-
-def _value(value) -> object:
-    kind = value.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(v) for v in value.array_value.values]
-    return getattr(value, kind) if kind else None
 
 
 def _env(tmp_path: Path, upstream: FakeUpstream, mcp: McpTestServer, endpoint: str, **extra: str) -> dict[str, str]:
@@ -122,7 +70,7 @@ def servers():
 
 def test_a_streamed_tool_call_is_one_trace_nested_and_joined_by_the_model_server(tmp_path, servers):
     upstream, mcp = servers
-    receiver = Receiver().start()
+    receiver = OtlpReceiver().start()
     gateway = GatewayProcess(_env(tmp_path, upstream, mcp, receiver.url), tmp_path / "gateway.log").start()
     try:
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="none", max_retries=0)
@@ -207,7 +155,7 @@ def test_a_dead_collector_neither_slows_nor_fails_requests_and_drops_are_counted
 
 def test_the_engine_s_queue_prefill_and_decode_are_spans_of_the_generation(tmp_path):
     checkpoint = make_checkpoint(tmp_path / "model", tiny_config(), "original")
-    receiver = Receiver().start()
+    receiver = OtlpReceiver().start()
     env = {
         "GATEWAY_BACKEND": "onnx",
         "GATEWAY_BACKEND_OPTIONS": json.dumps({"checkpoint": str(checkpoint), "cache_dir": str(tmp_path / "cache")}),

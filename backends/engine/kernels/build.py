@@ -60,6 +60,7 @@ HEADERS = (
     "cuda_launch.h",
     "dense_bf16_op.h",
     "kernel_dtype.h",
+    "ort_dtype.h",
     "cuda_numbers.h",
     "paged_attention_op.h",
     "paged_attention_launch.h",

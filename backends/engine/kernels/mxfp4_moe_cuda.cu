@@ -708,6 +708,20 @@ __device__ __forceinline__ void InputFragment(const In* low, const In* high, int
   a[3] = Pack<T>(value(high, column + 8), value(high, column + 9));
 }
 
+// This lane's four C entries of a tile: two input rows (`low`, `high`, or null past the choices) against one
+// output row's MXFP4 codes and scales, over all K (`width`).
+template <typename T, typename In>
+__device__ __forceinline__ void TileSums(const In* low, const In* high, const uint8_t* codes, const uint8_t* scales,
+                                         int64_t width, int t, float (&c)[4]) {
+  c[0] = c[1] = c[2] = c[3] = 0.0f;
+  for (int64_t k0 = 0; k0 < width; k0 += 16) {
+    uint32_t fa[4], fb[2];
+    InputFragment<T>(low, high, k0, t, fa);
+    WeightFragment<T>(codes, scales, k0, t, fb);
+    Mma<T>(c, fa, fb);
+  }
+}
+
 // Fc1 on tensor cores: activated[c] = swiglu(W1 x + b1) per choice c. A warp's 8 output rows are 4 gate/linear
 // pairs; C's columns {2t, 2t + 1} are one pair's gate and linear sums, so each lane finishes its pair itself.
 template <typename T>
@@ -730,13 +744,8 @@ __global__ void Fc1Mma(MoeArgs a, Plan plan) {
     const int high_choice = start + g + 8 < last ? plan.list[start + g + 8] : -1;
     const T* low = low_choice < 0 ? nullptr : x + static_cast<int64_t>(low_choice / static_cast<int>(a.k)) * a.hidden;
     const T* high = high_choice < 0 ? nullptr : x + static_cast<int64_t>(high_choice / static_cast<int>(a.k)) * a.hidden;
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t k0 = 0; k0 < a.hidden; k0 += 16) {
-      uint32_t fa[4], fb[2];
-      InputFragment<T>(low, high, k0, t, fa);
-      WeightFragment<T>(codes, scales, k0, t, fb);
-      Mma<T>(c, fa, fb);
-    }
+    float c[4];
+    TileSums<T>(low, high, codes, scales, a.hidden, t, c);
     const int choices[2] = {low_choice, high_choice};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -767,13 +776,8 @@ __global__ void Fc2Mma(MoeArgs a, Plan plan) {
     const int high_choice = start + g + 8 < last ? plan.list[start + g + 8] : -1;
     const float* low = low_choice < 0 ? nullptr : plan.activated + static_cast<int64_t>(low_choice) * a.inter;
     const float* high = high_choice < 0 ? nullptr : plan.activated + static_cast<int64_t>(high_choice) * a.inter;
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t k0 = 0; k0 < a.inter; k0 += 16) {
-      uint32_t fa[4], fb[2];
-      InputFragment<T>(low, high, k0, t, fa);
-      WeightFragment<T>(codes, scales, k0, t, fb);
-      Mma<T>(c, fa, fb);
-    }
+    float c[4];
+    TileSums<T>(low, high, codes, scales, a.inter, t, c);
     const int choices[2] = {low_choice, high_choice};
 #pragma unroll
     for (int half = 0; half < 2; ++half) {

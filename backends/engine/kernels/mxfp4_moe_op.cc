@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "ort_dtype.h"
+
 namespace gptoss {
 
 MoeAttributes::MoeAttributes(const OrtKernelInfo* info) {
@@ -30,23 +32,6 @@ ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType a
   }
 }
 
-namespace {
-
-Dtype ToDtype(ONNXTensorElementDataType type) {
-  switch (type) {
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
-      return Dtype::kFloat32;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
-      return Dtype::kFloat16;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
-      return Dtype::kBFloat16;
-    default:
-      ORT_CXX_API_THROW("MXFP4MoE: activations must be float, float16 or bfloat16", ORT_INVALID_ARGUMENT);
-  }
-}
-
-}  // namespace
-
 MoeArgs ReadMoeArgs(Ort::KernelContext& context, const MoeAttributes& attributes) {
   constexpr int64_t kBlock = 32;
   const auto x = context.GetInput(0);
@@ -60,7 +45,7 @@ MoeArgs ReadMoeArgs(Ort::KernelContext& context, const MoeAttributes& attributes
     ORT_CXX_API_THROW("MXFP4MoE: x must be [..., H] and the weights [E, N, K]", ORT_INVALID_ARGUMENT);
   }
   MoeArgs a{};
-  a.dtype = ToDtype(x_info.GetElementType());
+  a.dtype = ToDtype(x_info.GetElementType(), "MXFP4MoE");
   a.tokens = 1;
   for (size_t i = 0; i + 1 < x_shape.size(); ++i) a.tokens *= x_shape[i];
   a.hidden = x_shape.back();

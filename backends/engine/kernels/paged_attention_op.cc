@@ -1,7 +1,10 @@
 // What both PagedAttention kernels share: attributes, and reading the inputs.
 #include "paged_attention_op.h"
 
+#include <string>
 #include <vector>
+
+#include "ort_dtype.h"
 
 namespace gptoss {
 
@@ -15,19 +18,6 @@ AttentionAttributes::AttentionAttributes(const OrtKernelInfo* info) {
 }
 
 namespace {
-
-Dtype ToDtype(ONNXTensorElementDataType type) {
-  switch (type) {
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
-      return Dtype::kFloat32;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16:
-      return Dtype::kFloat16;
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16:
-      return Dtype::kBFloat16;
-    default:
-      ORT_CXX_API_THROW("PagedAttention: activations must be float, float16 or bfloat16", ORT_INVALID_ARGUMENT);
-  }
-}
 
 void Require(bool condition, const char* message) {
   if (!condition) ORT_CXX_API_THROW(std::string("PagedAttention: ") + message, ORT_INVALID_ARGUMENT);
@@ -73,7 +63,7 @@ AttentionArgs ReadAttentionArgs(Ort::KernelContext& context, const AttentionAttr
           "positions and token_rows must hold one entry per token");
   Require(context.GetInput(8).GetTensorTypeAndShapeInfo().GetElementCount() == static_cast<size_t>(a.heads),
           "sinks must hold one logit per query head");
-  a.dtype = ToDtype(qkv.GetTensorTypeAndShapeInfo().GetElementType());
+  a.dtype = ToDtype(qkv.GetTensorTypeAndShapeInfo().GetElementType(), "PagedAttention");
   a.qkv = qkv.GetTensorRawData();
   a.key_cache_in = keys.GetTensorRawData();
   a.value_cache_in = values.GetTensorRawData();
