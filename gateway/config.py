@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     reasoning_keys: str | None = None  # `id:base64(32 bytes),...` for encrypted_content; None: per-process key
     store_encryption: bool = False  # Redis records (raw CoT included) encrypted at rest with keys from reasoning_keys
     max_body_bytes: int = Field(default=MAX_BODY_BYTES, gt=0)
+    # large bodies parsed and checked in idle-priority processes first (checker_pool.py); off: in paced threads
+    request_checkers: bool = True
     keepalive_s: float = Field(default=15.0, gt=0)
     drain_s: float = Field(default=30.0, ge=0)  # on SIGTERM: how long work in flight may finish before it is cut
     header_timeout_s: float = Field(default=10.0, gt=0)  # a request's head must arrive within this (slowloris)

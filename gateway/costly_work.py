@@ -21,10 +21,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import structlog
+
+from .checker_pool import Accepted, Check, CheckerLost, CheckerPool
 from .errors import ApiError
 
+log = structlog.get_logger("gateway.costly_work")
 T = TypeVar("T")
 PER_TENANT = 1
 MAX_WAITING = 16  # per tenant
@@ -97,21 +101,40 @@ class _Queue:
 
 
 class CostlyWork:
-    def __init__(self, total: int | None = None) -> None:
+    def __init__(self, total: int | None = None, checkers: CheckerPool | None = None) -> None:
         workers = total or os.cpu_count() or 2
         self._total = asyncio.Semaphore(workers)
         self._queues: dict[str, _Queue] = {}
         self._threads = ThreadPoolExecutor(workers, "costly-work")  # apart from the loop's default executor
+        self.checkers = checkers
 
     def close(self) -> None:
         """Let the worker threads go once what runs is done (the replica is shutting down)."""
         self._threads.shutdown(wait=False)
+        if self.checkers is not None:
+            self.checkers.close()
 
     def waiting(self, tenant: str) -> int:
         queue = self._queues.get(tenant)
         return queue.holders if queue is not None else 0
 
     async def run(self, tenant: str, work: Callable[[], T]) -> T:
+        """`work` in a worker thread, paced, in the tenant's turn."""
+        return await self._in_turn(tenant, _paced, work)
+
+    async def check(self, tenant: str, raw: bytes, encoding: str, limit: int, check: Check | None) -> Accepted | None:
+        """A body decoded and checked by a checker process, in the tenant's turn: parsed, or an ApiError that
+        refuses it, or None where no checker could answer (decode it with `run`)."""
+        checkers = self.checkers
+        if checkers is None:
+            return None
+        try:
+            return await self._in_turn(tenant, lambda _loop, _work: checkers.call(raw, encoding, limit, check), None)
+        except CheckerLost as exc:
+            log.warning("request_checker_lost", reason=str(exc))
+            return None
+
+    async def _in_turn(self, tenant: str, call: Callable[[asyncio.AbstractEventLoop, Any], T], work: Any) -> T:
         queue = self._queues.setdefault(tenant, _Queue())
         if queue.holders >= PER_TENANT + MAX_WAITING:
             message = "Too many large requests of this key's tenant are being checked at once; retry shortly."
@@ -120,7 +143,7 @@ class CostlyWork:
         try:
             async with queue.running, self._total:
                 loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self._threads, _paced, loop, work)
+                return await loop.run_in_executor(self._threads, call, loop, work)
         finally:
             queue.holders -= 1
             if not queue.holders:

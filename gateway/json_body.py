@@ -5,9 +5,10 @@ body can parse into text that cannot be stored or rendered, or not parse at all 
 Both are the client's error: a 400 naming where in the body it is, before any work is done.
 
 Nothing here holds the event loop past its budget: a compressed body (gzip, deflate, zstd, br) is inflated,
-at most GATEWAY_MAX_BODY_BYTES of it, and a body past OFFLOAD_BYTES parsed, as the tenant's costly work in a
-worker thread; past C_PARSE_BYTES by the json module's Python scanner, which lets the loop run between its
-steps (the C parser holds the interpreter for its whole run: ~30 ms a MiB here).
+at most GATEWAY_MAX_BODY_BYTES of it, and a body past OFFLOAD_BYTES parsed and checked, as the tenant's costly
+work, in a checker process (checker_pool.py). Where no checker answers, a worker thread decodes it: past
+C_PARSE_BYTES by the json module's Python scanner, which lets the loop run between its steps (the C parser holds
+the interpreter for its whole run: ~30 ms a MiB here).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from aiohttp import web
 from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD, BrotliDecompressor, ZLibDecompressor, ZSTDDecompressor
 from pydantic import BaseModel, ValidationError
 
+from .checker_pool import Check
 from .costly_work import pace
 from .errors import ApiError, from_validation, invalid
 from .services import SERVICES
@@ -68,8 +70,10 @@ def check_tree(value: Any, max_depth: int = MAX_DEPTH) -> None:
             stack.extend((item, (*path, index)) for index, item in enumerate(node))
 
 
-async def read_json(request: web.Request, tenant: str) -> Any:
-    """The request body as JSON, or a 400/413/415 that says what is wrong with it."""
+async def read_json(request: web.Request, tenant: str, check: Check | None = None) -> Any:
+    """The request body as JSON, or a 400/413/415 that says what is wrong with it. `check`: the API's checks of
+    the body alone, run on a large body in a checker process before the gateway decodes it (they run again later
+    on the request path: a small body, or one no checker could take, gets them there)."""
     try:
         if request.content.is_eof():  # all of it arrived with the head (a small body): nothing to wait for
             raw = await request.read()
@@ -87,7 +91,11 @@ async def read_json(request: web.Request, tenant: str) -> Any:
     if encoding == "identity" and len(raw) < OFFLOAD_BYTES:
         request[BODY_BYTES] = len(raw)
         return parse_json(raw)
-    body, size = await services.costly.run(tenant, lambda: _decoded(raw, encoding, limit))
+    checked = await services.costly.check(tenant, raw, encoding, limit, check)
+    if checked is not None:
+        request[BODY_BYTES] = checked.size
+        return checked.body
+    body, size = await services.costly.run(tenant, lambda: decode_body(raw, encoding, limit, stepwise=True))
     request[BODY_BYTES] = size
     return body
 
@@ -97,11 +105,12 @@ def body_bytes(request: web.Request) -> int | None:
     return request.get(BODY_BYTES)
 
 
-def _decoded(raw: bytes, encoding: str, limit: int) -> tuple[Any, int]:
-    """(the JSON, its size) of a body as sent: inflated to at most `limit` bytes, then parsed."""
+def decode_body(raw: bytes, encoding: str, limit: int, stepwise: bool = False) -> tuple[Any, int]:
+    """(the JSON, its size) of a body as sent: inflated to at most `limit` bytes, then parsed (`stepwise`: as
+    parse_json does in the gateway's own threads; a checker process parses in one run)."""
     if encoding != "identity":
         raw = _inflated(raw, encoding, limit)
-    return parse_json(raw), len(raw)
+    return parse_json(raw, stepwise), len(raw)
 
 
 def _inflated(raw: bytes, encoding: str, limit: int) -> bytes:
@@ -125,10 +134,11 @@ def _inflated(raw: bytes, encoding: str, limit: int) -> bytes:
     return inflated
 
 
-def parse_json(raw: bytes) -> Any:
-    """JSON within the bounds above (call it off the loop past OFFLOAD_BYTES), or the 400 that says why not."""
+def parse_json(raw: bytes, stepwise: bool = True) -> Any:
+    """JSON within the bounds above (call it off the loop past OFFLOAD_BYTES), or the 400 that says why not.
+    `stepwise`: past C_PARSE_BYTES, in paced steps."""
     try:
-        if len(raw) <= C_PARSE_BYTES:
+        if len(raw) <= C_PARSE_BYTES or not stepwise:
             body = json.loads(raw)
         else:
             text = raw.decode(json.detect_encoding(raw), "surrogatepass")
@@ -161,10 +171,15 @@ def _stepwise_decoder() -> json.JSONDecoder:
 
 
 async def read_model(
-    request: web.Request, tenant: str, model: type[ModelT], tags: frozenset[str] = frozenset()
+    request: web.Request,
+    tenant: str,
+    model: type[ModelT],
+    tags: frozenset[str] = frozenset(),
+    check: Check | None = None,
 ) -> ModelT:
-    """The JSON body validated as `model`; `tags` name the union tags to leave out of parameter paths."""
-    return parse_model(await read_json(request, tenant), model, tags)
+    """The JSON body validated as `model`; `tags` name the union tags to leave out of parameter paths; `check`
+    as read_json takes it."""
+    return parse_model(await read_json(request, tenant, check), model, tags)
 
 
 def parse_model(body: Any, model: type[ModelT], tags: frozenset[str] = frozenset()) -> ModelT:

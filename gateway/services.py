@@ -10,7 +10,7 @@ import structlog
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
-from backends.base import Backend
+from backends.base import Backend, Capabilities
 from backends.registry import create_backend
 from harmony import HarmonyEncoding, Renderer
 from state import MemoryStore, ResponseStore
@@ -22,6 +22,7 @@ from state.record_cipher import RecordCipher
 from state.redis_store import RedisStore
 from state.usage_ledger import MemoryLedger, RedisLedger, UsageLedger
 
+from .checker_pool import CheckerPool
 from .config import Settings
 from .costly_work import CostlyWork
 from .encrypted_reasoning import ReasoningSealer, parse_keys
@@ -77,6 +78,10 @@ class Services:
     @property
     def encoding(self) -> HarmonyEncoding:
         return self.renderer.encoding
+
+    def model_capabilities(self) -> dict[str, Capabilities]:
+        """What each served model's backend can do (its context length, logprobs, ...)."""
+        return {model: backend.capabilities for model, backend in self.backends.items()}
 
     def backend_for(self, model: str) -> Backend:
         backend = self.backends.get(model)
@@ -254,7 +259,12 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
         hosted=HostedRuntime(settings.hosted_tools),
         ledger=usage_ledger(settings),
         tracing=configure_tracing(metrics.trace_spans_dropped.inc),
+        costly=CostlyWork(checkers=_checkers(settings)),
     )
+
+
+def _checkers(settings: Settings) -> CheckerPool | None:
+    return CheckerPool(settings.vocab_path, settings.max_body_bytes) if settings.request_checkers else None
 
 
 async def report_store(services: Services) -> None:

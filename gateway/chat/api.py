@@ -7,13 +7,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
 from backends.base import Sampling
 
-from ..errors import ApiError, invalid
+from ..errors import ApiError
 from ..generation.constraints import NOT_ENFORCED
 from ..generation.cot_recovery import index_cot
 from ..generation.plan import off_the_loop_if_large, plan_turn, start_turn
@@ -30,6 +31,7 @@ from ..usage.billing import bill, chat_record
 from .input import checked_constraint, prompt_spec
 from .models import CHAT_UNION_TAGS, ChatRequest
 from .output import Choice, usage
+from .precheck import check_chat, check_options
 from .stop_sequences import StopMatcher
 
 
@@ -39,19 +41,6 @@ def _backend_failure(choice: Choice) -> ApiError:
     if outcome is not None and outcome.error_code == SHUTTING_DOWN:
         return ApiError(503, message, code=SHUTTING_DOWN, kind="server_error")
     return ApiError(502, message, code="backend_error", kind="server_error")
-
-
-def _refuse_unsupported(req: ChatRequest, logprobs: bool) -> None:
-    if req.top_logprobs is not None and not req.logprobs:
-        raise invalid("top_logprobs", "top_logprobs needs logprobs: true.")
-    if req.logprobs and not logprobs:
-        raise invalid("logprobs", "This model's backend does not return logprobs.", "unsupported_parameter")
-    if req.logit_bias:
-        raise invalid("logit_bias", "logit_bias is not supported by this gateway.", "unsupported_parameter")
-    if req.store:
-        raise invalid(
-            "store", "Stored chat completions are not supported; use the Responses API.", "unsupported_parameter"
-        )
 
 
 async def _drain(choice: Choice, on_delta: Any = None) -> None:
@@ -210,10 +199,11 @@ async def _chunks(completion: Completion) -> AsyncIterator[bytes]:
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
     tenant = tenant_of(request)
-    req = await read_model(request, tenant, ChatRequest, CHAT_UNION_TAGS)
-    backend = services.backend_for(req.model)
-    _refuse_unsupported(req, backend.capabilities.logprobs)
     limits = services.settings.limits.for_tenant(tenant)
+    check = partial(check_chat, limits=limits, capabilities=services.model_capabilities())
+    req = await read_model(request, tenant, ChatRequest, CHAT_UNION_TAGS, check)
+    backend = services.backend_for(req.model)
+    check_options(req, backend.capabilities)
     asked = req.max_completion_tokens or req.max_tokens
     constraint = await off_the_loop_if_large(
         services, tenant, body_bytes(request), lambda: checked_constraint(req, limits)

@@ -170,3 +170,14 @@ def build_prompt(renderer: Renderer, spec: PromptSpec, budget_tokens: int, today
         param="input",
         code="context_length_exceeded",
     )
+
+
+def check_prompt_fits(renderer: Renderer, spec: PromptSpec, budget_tokens: int, whole: bool) -> None:
+    """build_prompt's context_length_exceeded where it must come, from a spec of the request alone (a checker
+    process's); `whole`: nothing stored or server-side adds to it, else its count is a lower bound."""
+    try:
+        build_prompt(renderer, spec, budget_tokens)
+    except ApiError as exc:
+        if exc.code == "context_length_exceeded" and not whole:
+            exc.message = exc.message.replace("The input is ", "The input is at least ", 1)
+        raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import structlog
@@ -14,7 +15,6 @@ from aiohttp import web
 from backends.base import Constraint, Sampling
 from state import StoredResponse
 
-from ..errors import invalid
 from ..generation.assembler import Closed, Opened, OutputAssembler
 from ..generation.loop import Generation
 from ..generation.plan import Plan, off_the_loop_if_large, plan_turn, start_turn
@@ -33,6 +33,7 @@ from .hosted_tools import hosted_toolset, pending_approvals, with_hosted_tools
 from .input import checked_tools, item_dicts, prompt_spec
 from .job import Job
 from .models.request import REQUEST_TAGS, ResponsesRequest
+from .precheck import check_create, check_options, wants_logprobs
 from .record_keeper import RecordKeeper
 from .tools import OfferedTools
 
@@ -71,20 +72,16 @@ async def prepare(
 ) -> Job:
     """A create from the request's JSON body, or (a WebSocket's `response.create`) from `body`."""
     services = request.app[SERVICES]
+    tenant = tenant_of(request)
+    limits = services.settings.limits.for_tenant(tenant)
     if body is None:
-        req = await read_model(request, tenant_of(request), ResponsesRequest, REQUEST_TAGS)
+        check = partial(check_create, limits=limits, capabilities=services.model_capabilities())
+        req = await read_model(request, tenant, ResponsesRequest, REQUEST_TAGS, check)
         body_bytes = body_size(request)
     else:
         req = parse_model(body, ResponsesRequest, REQUEST_TAGS)
     backend = services.backend_for(req.model)
-    wants_logprobs = "message.output_text.logprobs" in req.include or bool(req.top_logprobs)
-    if wants_logprobs and not backend.capabilities.logprobs:
-        param = "top_logprobs" if req.top_logprobs else "include"
-        raise invalid(param, "This model's backend does not return logprobs.", "unsupported_parameter")
-    if req.background and not req.store:
-        raise invalid("background", "background responses need store: true.", "unsupported_parameter")
-    tenant = tenant_of(request)
-    limits = services.settings.limits.for_tenant(tenant)
+    check_options(req, backend.capabilities)
     spec, tools, constraint, toolset = await request_prompt(services, tenant, req, body_bytes, held)
     compacted = None
     if req.context_management:
@@ -129,7 +126,7 @@ async def prepare(
             routing,
             req.prompt_cache_key,
             assembler,
-            (req.top_logprobs or 0) if wants_logprobs else None,
+            (req.top_logprobs or 0) if wants_logprobs(req) else None,
         )
 
     max_calls = min(

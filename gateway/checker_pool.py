@@ -1,0 +1,179 @@
+"""Large request bodies checked in processes of their own before the gateway spends its own time on them.
+
+A checker process inflates and parses a body and runs the API's checks on it (the request model, every schema,
+the prompt's length where the body alone decides it) at the lowest CPU priority the kernel offers (SCHED_IDLE,
+else nice 19), within an address-space bound. Whatever it refuses costs the gateway's interpreter nothing but
+the error; what it accepts comes back parsed, as marshal bytes (a few ms a MiB to load, against tens for JSON).
+Nothing a checker does shares the event loop's interpreter lock, and its CPU goes to it only when the gateway's
+own threads do not want it: another tenant's ordinary requests go first.
+
+A checker that dies, runs out of time or cannot be started is replaced; the request it held is then decoded in
+the gateway's paced worker threads as before (CostlyWork.run), so no request fails for a checker's sake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import marshal
+import multiprocessing
+import os
+import queue
+import resource
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import structlog
+
+from harmony import load_harmony_encoding
+from harmony.render import Renderer
+
+from .errors import ApiError
+
+log = structlog.get_logger("gateway.checker_pool")
+CHECK_TIMEOUT_S = 60.0  # at idle priority a check waits for spare CPU: generous, then the threads take over
+BASE_MEMORY_BYTES = 2 * 1024**3  # a checker's address space before the body: interpreter, tokenizer, libraries
+MEMORY_PER_BODY_BYTE = 24  # parsed JSON takes ~10-15x its text as Python objects; the rest is headroom
+
+Check = Callable[[Any], None]  # the API's checks of a parsed body: an ApiError refuses it (picklable: a module
+# function or a functools.partial of one)
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    body: Any
+    size: int  # the decoded body's bytes
+
+
+class CheckerLost(Exception):
+    """The checker died, timed out or could not start: decode the body another way."""
+
+
+_renderer: Renderer | None = None
+_vocab_path: str | None = None
+
+
+def checker_renderer() -> Renderer:
+    """The Harmony renderer of the checker process (loaded on its first use)."""
+    global _renderer
+    if _renderer is None:
+        _renderer = Renderer(load_harmony_encoding(_vocab_path), recipient_in_channel=True)
+    return _renderer
+
+
+def _lower_priority() -> None:
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+
+
+def _serve(conn: Connection, vocab_path: str | None, memory_bytes: int) -> None:
+    """A checker process: one job at a time, until the gateway closes its end."""
+    global _vocab_path
+    _vocab_path = vocab_path
+    _lower_priority()
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    from .json_body import decode_body  # here: the gateway's modules load once the process runs
+
+    while True:
+        try:
+            raw, encoding, limit, check = conn.recv()
+        except (EOFError, OSError):
+            return
+        conn.send(_answer(decode_body, raw, encoding, limit, check))
+
+
+def _answer(
+    decode: Callable[..., tuple[Any, int]], raw: bytes, encoding: str, limit: int, check: Check | None
+) -> tuple:
+    try:
+        body, size = decode(raw, encoding, limit)
+        if check is not None:
+            check(body)
+        return ("accepted", marshal.dumps(body), size)
+    except ApiError as exc:
+        return ("refused", exc.status, exc.message, exc.param, exc.code, exc.kind)
+    except MemoryError:
+        message = "The request body takes more memory to check than the gateway allows a request."
+        return ("refused", 413, message, None, "request_too_large", "invalid_request_error")
+
+
+class _Checker:
+    def __init__(self, vocab_path: str | None, memory_bytes: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_serve, args=(child, vocab_path, memory_bytes), name="request-checker", daemon=True
+        )
+        self.process.start()
+        child.close()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        self.process.kill()
+        self.process.join(5)
+
+
+class CheckerPool:
+    """Checker processes, started when first needed, one per caller at once (CostlyWork bounds the callers);
+    `call` blocks: run it in a worker thread."""
+
+    def __init__(self, vocab_path: str | None, max_body_bytes: int) -> None:
+        self._vocab_path = vocab_path
+        self._memory_bytes = BASE_MEMORY_BYTES + MEMORY_PER_BODY_BYTE * max_body_bytes
+        self._idle: queue.SimpleQueue[_Checker] = queue.SimpleQueue()
+        self._all: set[_Checker] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _take(self) -> _Checker:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        try:
+            checker = _Checker(self._vocab_path, self._memory_bytes)
+        except OSError as exc:
+            raise CheckerLost(f"start: {exc}") from exc
+        with self._lock:
+            self._all.add(checker)
+        return checker
+
+    def _drop(self, checker: _Checker) -> None:
+        with self._lock:
+            self._all.discard(checker)
+        checker.stop()
+
+    def call(self, raw: bytes, encoding: str, limit: int, check: Check | None) -> Accepted:
+        """The body checked and parsed, an ApiError refusing it, or CheckerLost."""
+        checker = self._take()
+        try:
+            checker.conn.send((raw, encoding, limit, check))
+            if not checker.conn.poll(CHECK_TIMEOUT_S):
+                raise CheckerLost("timeout")
+            answer = checker.conn.recv()
+        except CheckerLost:
+            self._drop(checker)
+            raise
+        except (EOFError, OSError) as exc:
+            self._drop(checker)
+            raise CheckerLost(f"exit code {checker.process.exitcode}") from exc
+        if self._closed:
+            self._drop(checker)
+        else:
+            self._idle.put(checker)
+        if answer[0] == "refused":
+            status, message, param, code, kind = answer[1:]
+            raise ApiError(status, message, param=param, code=code, kind=kind)
+        return Accepted(marshal.loads(answer[1]), answer[2])
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            checkers, self._all = list(self._all), set()
+        for checker in checkers:
+            checker.stop()
