@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from .html_text import html_to_text
-from .outbound import OutboundRefused, PageFetcher
+from .outbound import OutboundRefused, Page, PageFetcher
 from .search import SearchFailed, SearchProvider
 
 LINE_WIDTH = 100
@@ -50,6 +50,20 @@ def _wrap(text: str) -> list[str]:
     for paragraph in text.split("\n"):
         lines.extend(textwrap.wrap(paragraph, LINE_WIDTH, break_on_hyphens=False) or [""])
     return lines
+
+
+def _read(fetched: Page) -> BrowserPage:
+    """A fetched page as the browser shows it: its text (from HTML, or as sent) wrapped into lines."""
+    if "html" in fetched.content_type or fetched.text.lstrip()[:15].lower().startswith(("<!doctype", "<html")):
+        page = html_to_text(fetched.text, fetched.url)
+        title, text, links = page.title, page.text, page.links
+        if page.cut:
+            text += "\n[the page was cut: it took too long to read]"
+    else:
+        title, text, links = "", fetched.text, {}
+    if fetched.truncated:
+        text += "\n[the page was cut at the size limit]"
+    return BrowserPage(fetched.url, title or fetched.url, _wrap(text), links)
 
 
 def _domain(url: str) -> str:
@@ -154,16 +168,7 @@ class BrowserSession:
 
     async def _fetch(self, url: str) -> BrowserPage:
         fetched = await self._fetcher.fetch(url)
-        if "html" in fetched.content_type or fetched.text.lstrip()[:15].lower().startswith(("<!doctype", "<html")):
-            page = await asyncio.to_thread(html_to_text, fetched.text, fetched.url)  # never on the event loop
-            title, text, links = page.title, page.text, page.links
-            if page.cut:
-                text += "\n[the page was cut: it took too long to read]"
-        else:
-            title, text, links = "", fetched.text, {}
-        if fetched.truncated:
-            text += "\n[the page was cut at the size limit]"
-        return BrowserPage(fetched.url, title or fetched.url, _wrap(text), links)
+        return await asyncio.to_thread(_read, fetched)  # never on the event loop: megabytes of text to wrap
 
     def _page(self, cursor: int) -> BrowserPage:
         if not self.pages:

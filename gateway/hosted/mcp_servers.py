@@ -22,6 +22,8 @@ from .settings import McpSettings
 log = structlog.get_logger("gateway.mcp")
 for _chatty in ("httpx2", "mcp"):  # they log request URLs (which may carry tokens) at INFO
     logging.getLogger(_chatty).setLevel(logging.WARNING)
+# the client logs a server's bad reply with a traceback; the gateway logs each failed listing or call itself
+logging.getLogger("mcp.client").setLevel(logging.CRITICAL)
 
 MAX_CACHED_LISTS = 1024
 
@@ -58,11 +60,22 @@ class McpUnavailable(Exception):
     """Listing failed; the message is safe to show the client (no headers)."""
 
 
+def _load_sdk() -> None:
+    """The MCP SDK and its transports, imported once (a fraction of a second of imports: not on the event loop
+    of a replica that serves requests)."""
+    import mcp.client.sse
+    import mcp.client.streamable_http  # noqa: F401
+
+    from . import mcp_transport  # noqa: F401
+
+
 class McpClient:
     def __init__(self, policy: OutboundPolicy, settings: McpSettings) -> None:
         self._policy = policy
         self._settings = settings
         self._lists: dict[tuple[str, str, str], tuple[float, list[McpToolInfo]]] = {}
+        if settings.allowed_urls.default or settings.allowed_urls.tenants:
+            _load_sdk()  # at start-up, where MCP servers may be used
 
     @asynccontextmanager
     async def _session(self, server: McpServer) -> AsyncIterator[Any]:
@@ -76,14 +89,17 @@ class McpClient:
         if server.url.rstrip("/").endswith("/sse"):
 
             def factory(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
-                return guarded_http_client(self._policy, dict(headers or {}), self._settings.timeout_s)
+                # one stream carries the session's every reply: room for a few of the largest
+                return guarded_http_client(
+                    self._policy, dict(headers or {}), self._settings.timeout_s, 4 * self._max_bytes
+                )
 
             transport = sse_client(server.url, headers=server.headers, timeout=timeout, httpx_client_factory=factory)
             async with transport as (read, write), ClientSession(read, write) as session:
                 await session.initialize()
                 yield session
             return
-        async with guarded_http_client(self._policy, server.headers, timeout) as http:
+        async with guarded_http_client(self._policy, server.headers, timeout, self._max_bytes) as http:
             transport = streamable_http_client(server.url, http_client=http, max_sse_event_size=self._max_bytes)
             async with transport as streams, ClientSession(streams[0], streams[1]) as session:
                 await session.initialize()
@@ -91,6 +107,7 @@ class McpClient:
 
     @property
     def _max_bytes(self) -> int:
+        """The most one reply may take: a result of max_output_chars in UTF-8 and JSON escapes, and room."""
         return self._settings.max_output_chars * 4 + 65536
 
     async def list_tools(self, tenant: str, server: McpServer) -> list[McpToolInfo]:

@@ -132,7 +132,7 @@ class PageFetcher:
                 if response.status >= 400:
                     raise OutboundRefused(f"{url[:200]} answered HTTP {response.status}")
                 limit = self._settings.max_page_bytes
-                body = b""
+                body = bytearray()
                 while len(body) <= limit and (chunk := await response.content.read(limit + 1 - len(body))):
                     body += chunk
                 charset = response.charset or "utf-8"

@@ -16,6 +16,7 @@ import urllib.request
 import pytest
 from gateway_fixtures import KEY_SECRET, write_keys
 from live_gateway import GatewayProcess
+from loop_budget import LoopBudget
 from redis_servers import RedisServer
 
 MODEL = "gpt-oss-120b"
@@ -69,45 +70,14 @@ def served(tmp_path_factory):
     assert "Traceback" not in gateway.log_text()
 
 
-LOOP_BUDGET_S = 0.05
-
-
-def _loop_stalls(gateway: GatewayProcess) -> float:
-    """How many times the gateway's event loop ran a timer more than LOOP_BUDGET_S late, so far."""
-    with urllib.request.urlopen(gateway.url + "/metrics", timeout=30) as response:
-        lines = response.read().decode().splitlines()
-    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in lines if line.startswith("gateway_event_loop")}
-    within = samples[f'gateway_event_loop_lag_seconds_bucket{{le="{LOOP_BUDGET_S}"}}']
-    return samples["gateway_event_loop_lag_seconds_count"] - within
-
-
-EXCUSED = {"stalls": 0.0}  # stalls of a first attempt that the second made without one (see _in_budget)
+LOOP = LoopBudget()
 
 
 @pytest.fixture(autouse=True)
 def within_the_loop_budget(served):
     """Every hostile input of this module is read, checked and refused (or served) without a stall."""
-    before, excused = _loop_stalls(served), EXCUSED["stalls"]
-    yield
-    time.sleep(0.05)  # the watcher's last sample
-    stalls = _loop_stalls(served) - before - (EXCUSED["stalls"] - excused)
-    assert stalls == 0, "the event loop ran a timer more than 50 ms late"
-
-
-def _in_budget(gateway: GatewayProcess, action):
-    """What `action` returned, the loop held within its budget meanwhile. A heavy input (seconds of CPU on 2
-    CPUs beside this test) is tried again after a stall, and must then make none: a stall the code causes
-    happens every time, one the host's scheduler causes does not."""
-    for attempt in range(2):
-        before = _loop_stalls(gateway)
-        result = action()
-        time.sleep(0.05)
-        stalls = _loop_stalls(gateway) - before
-        if not stalls:
-            return result
-        if attempt == 0:
-            EXCUSED["stalls"] += stalls
-    raise AssertionError("the event loop ran a timer more than 50 ms late, on both attempts")
+    with LOOP.held(served.url):
+        yield
 
 
 def _post(
@@ -266,7 +236,7 @@ def test_a_huge_prompt_does_not_block_other_clients(served):
             time.sleep(0.05)
         return result, worst
 
-    result, worst = _in_budget(served, send_and_probe)
+    result, worst = LOOP.within(served.url, send_and_probe)
     assert result["r"][0] in (200, 400)  # 400: longer than the model's context
     assert worst < 1.0, f"a health check waited {worst:.2f} s behind the tokenizer"
 
@@ -291,7 +261,7 @@ def test_integers_past_64_bits_in_a_schema_are_kept_exactly(served):
 
 def test_a_compression_bomb_is_refused_after_at_most_the_body_limit_inflated(served):
     bomb = gzip.compress(b'{"model": "' + MODEL.encode() + b'", "input": "' + b" " * (200 * 1024 * 1024) + b'"}')
-    status, payload = _in_budget(served, lambda: _post(served, bomb, headers={"Content-Encoding": "gzip"}))
+    status, payload = LOOP.within(served.url, lambda: _post(served, bomb, headers={"Content-Encoding": "gzip"}))
     assert status == 413 and payload["error"]["code"] == "request_too_large"
     status, payload = _post(served, gzip.compress(b"{not json"), headers={"Content-Encoding": "gzip"})
     assert status == 400 and payload["error"]["code"] == "invalid_json"
@@ -325,5 +295,5 @@ def test_large_tool_schemas_are_read_and_checked_off_the_loop(served):
     tools = [{"type": "function", "name": f"tool_{n}", "parameters": _properties(1_200)} for n in range(60)]
     body = {"model": MODEL, "input": "hi", "tools": tools}
     assert len(json.dumps(body)) > 5 * 1024 * 1024
-    status, payload = _in_budget(served, lambda: _post(served, body, timeout=120))
+    status, payload = LOOP.within(served.url, lambda: _post(served, body, timeout=120))
     assert status in (200, 400), payload  # 400: the tools overflow the model's context

@@ -144,3 +144,57 @@ class WebFixtures:
 
     def stop(self) -> None:
         self._server.close()
+
+
+class HostileMcpServer:
+    """An MCP server (streamable HTTP, JSON replies) whose replies are as large as it likes: at `/huge-list/mcp`
+    its tool list, at `/huge-call/mcp` its tool's result, each `reply_bytes` of JSON; `/mcp` answers in
+    proportion (one `dump` tool whose result is short)."""
+
+    def __init__(self, reply_bytes: int) -> None:
+        self._server = ThreadedServer()
+        self.port = self._server.port
+        self._filler = "x" * reply_bytes
+
+    def url(self, kind: str = "") -> str:
+        return f"{self._server.url}/{kind + '/' if kind else ''}mcp"
+
+    async def _rpc(self, request: web.Request) -> web.Response:
+        message = await request.json()
+        if "id" not in message:
+            return web.Response(status=202)
+        kind = request.match_info.get("kind", "")
+        method = message["method"]
+        if method == "initialize":
+            result: dict[str, Any] = {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "hostile", "version": "1"},
+            }
+        elif method == "tools/list":
+            description = self._filler if kind == "huge-list" else "Returns text."
+            result = {"tools": [{"name": "dump", "description": description, "inputSchema": {"type": "object"}}]}
+        elif method == "tools/call":
+            text = self._filler if kind == "huge-call" else "short"
+            result = {"content": [{"type": "text", "text": text}], "isError": False}
+        else:
+            return web.json_response({"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32601, "message": "?"}})
+        return web.json_response({"jsonrpc": "2.0", "id": message["id"], "result": result})
+
+    async def _no_stream(self, request: web.Request) -> web.Response:
+        return web.Response(status=405)
+
+    def start(self) -> "HostileMcpServer":
+        def make_app() -> web.Application:
+            app = web.Application(client_max_size=1 << 20)
+            for path in ("/mcp", "/{kind}/mcp"):
+                app.router.add_post(path, self._rpc)
+                app.router.add_get(path, self._no_stream)
+                app.router.add_delete(path, self._no_stream)
+            return app
+
+        self._server.serve(make_app)
+        return self
+
+    def stop(self) -> None:
+        self._server.close()
