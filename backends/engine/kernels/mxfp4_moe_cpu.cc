@@ -43,7 +43,7 @@ const E8M0Table kE8M0;
 // per-vector accumulators (nothing is allocated per row or per step once it has grown).
 struct Scratch {
   std::vector<const float*> xs;
-  std::vector<float> dots, decoded, acc;
+  std::vector<float> dots, decoded, acc, permuted;
 };
 // Dot products of one MXFP4 row (cols / 2 code bytes, cols / 32 scales) with `count` vectors:
 // out[t] = row . xs[t]. Each block of 32 codes is decoded once and used for every vector.
@@ -127,10 +127,72 @@ void Tile(const float* rows, int64_t cols, const float* const* xs, float* out, i
     for (int v = 0; v < Vectors; ++v) out[r * stride + v] = Sum8(acc[r][v]);
 }
 
+#if defined(__AVX512F__)
+// Few vectors (decode): each block's 16 code bytes index the E2M1 values as floats (a permute is the lookup),
+// low nibbles against the block's even x values and high nibbles against its odd ones, so each vector is
+// reordered once per task (evens, then odds, per block of 32) and every code byte is read once, straight
+// from memory, whatever the number of vectors.
+void PermuteBlocks(const float* x, int64_t cols, float* out) {
+  const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  for (int64_t c = 0; c < cols; c += kBlock) {
+    const __m512 first = _mm512_loadu_ps(x + c), second = _mm512_loadu_ps(x + c + 16);
+    _mm512_storeu_ps(out + c, _mm512_permutex2var_ps(first, evens, second));
+    _mm512_storeu_ps(out + c + 16, _mm512_permutex2var_ps(first, odds, second));
+  }
+}
+
+template <int Count>
+void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* permuted, float* out) {
+  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                      -2.0f, -3.0f, -4.0f, -6.0f);
+  const __m512i low_nibble = _mm512_set1_epi32(0x0F);
+  __m512 acc[Count][2];
+  for (int t = 0; t < Count; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  const int64_t blocks = cols / kBlock;
+  for (int64_t block = 0; block < blocks; ++block) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * 16)));
+    const __m512 low = _mm512_permutexvar_ps(_mm512_and_si512(bytes, low_nibble), table);
+    const __m512 high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+    const __m512 scale = _mm512_set1_ps(kE8M0.values[scales[block]]);
+    for (int t = 0; t < Count; ++t) {
+      const float* x = permuted + t * cols + block * kBlock;
+      const __m512 sum = _mm512_fmadd_ps(high, _mm512_loadu_ps(x + 16), _mm512_mul_ps(low, _mm512_loadu_ps(x)));
+      acc[t][block & 1] = _mm512_fmadd_ps(sum, scale, acc[t][block & 1]);
+    }
+  }
+  for (int t = 0; t < Count; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+}
+
+void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, const float* const* xs,
+                   int64_t count, float* out, Scratch& scratch) {
+  scratch.permuted.resize(static_cast<size_t>(count * cols));
+  for (int64_t t = 0; t < count; ++t) PermuteBlocks(xs[t], cols, scratch.permuted.data() + t * cols);
+  const float* permuted = scratch.permuted.data();
+  for (int64_t row = 0; row < rows; ++row) {
+    const uint8_t* row_codes = codes + row * cols / 2;
+    const uint8_t* row_scales = scales + row * cols / kBlock;
+    float* row_out = out + row * count;
+    switch (count) {
+      case 1: PermutedRowDots<1>(row_codes, row_scales, cols, permuted, row_out); break;
+      case 2: PermutedRowDots<2>(row_codes, row_scales, cols, permuted, row_out); break;
+      default: PermutedRowDots<3>(row_codes, row_scales, cols, permuted, row_out); break;
+    }
+  }
+}
+#endif
+
 // out[r * count + t] = row (first_row + r) . xs[t], for `rows` consecutive rows of one matrix.
 void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                         const float* const* xs, int64_t count, float* out, Scratch& scratch) {
   int64_t row = 0;
+#if defined(__AVX512F__)
+  static_assert(kTiledFrom == 4, "FewVectorDots takes up to three vectors");
+  if (count < kTiledFrom && cols % kBlock == 0) {
+    FewVectorDots(codes, scales, rows, cols, xs, count, out, scratch);
+    return;
+  }
+#endif
   if (count >= kTiledFrom) {
     std::vector<float>& decoded = scratch.decoded;
     decoded.resize(static_cast<size_t>(kTileRows * cols));

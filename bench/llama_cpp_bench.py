@@ -1,0 +1,205 @@
+"""The engine against llama.cpp on the CPU, on one random checkpoint: gpt-oss-20b's width (hidden 2880, 32
+experts top-4, vocabulary 201,088) at 6 layers and optionally 24, written in the Hugging Face layout and
+converted to GGUF by llama.cpp's own converter (16-bit dense weights, the experts kept in MXFP4). Measured
+alternately in one run, engine then llama.cpp, ROUNDS times, with the same thread count: decode of 1 sequence
+and of 4 at position 64, and a 512-token prefill; reported as medians of the paired ratios (engine ÷ llama.cpp),
+beside each side's median rate. llama.cpp's side is `llama-bench` (1 sequence, prefill) and
+`llama-batched-bench` (4 sequences); the engine's is its paged runtime with DenseBF16, as serving runs it.
+Also reported: the engine's decode bytes a second (dense weights, routed experts, KV) against the machine's
+copy bandwidth measured in the same run.
+
+llama.cpp, built from the source its Python binding ships on the package registry (no network at run time):
+
+    pip download llama-cpp-python --no-binary :all: --no-deps -d /tmp/llama
+    tar xzf /tmp/llama/llama_cpp_python-*.tar.gz -C /tmp/llama
+    cd /tmp/llama/llama_cpp_python-*/vendor/llama.cpp
+    cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \\
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+    cmake --build build -j --target llama-bench llama-batched-bench
+    python -m venv /tmp/llama-convert
+    /tmp/llama-convert/bin/pip install torch==2.13.0 transformers -e gguf-py   # the converter's own needs
+
+    python bench/llama_cpp_bench.py --llama-cpp /tmp/llama/llama_cpp_python-*/vendor/llama.cpp \\
+        --convert-python /tmp/llama-convert/bin/python [--layers 6 24] [--threads 2] [--write docs/benchmarks.md]
+
+The random checkpoint has no tokenizer; the GGUF gets a placeholder vocabulary of the same size (both sides
+read token ids, never text). Without --llama-cpp, only the engine's figures and the bandwidth ratio are taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dense_bf16_bench import copy_bandwidth, prefill_rate, rates, step_bytes  # noqa: E402
+from report import markers, write_section  # noqa: E402
+
+from backends.engine.checkpoint import Checkpoint  # noqa: E402
+from backends.engine.config import GPT_OSS_20B  # noqa: E402
+from backends.engine.graph import GraphOptions  # noqa: E402
+from backends.engine.kernels.build import kernel_library  # noqa: E402
+from backends.engine.make_checkpoint import write_random_checkpoint  # noqa: E402
+from backends.engine.model_cache import compiled_model  # noqa: E402
+from backends.engine.paged_runner import PagedRunner  # noqa: E402
+
+NAME = "llama_cpp_bench"
+ROUNDS = 3
+DEPTH = 64  # decode position (as dense_bf16_bench's PROMPT)
+DECODE_TOKENS = 16
+PREFILL = 512
+MAX_POSITIONS = 1024
+MEASURES = ("decode_1", "decode_4", "prefill")
+
+CONVERT = """
+import sys
+llama, checkpoint, outfile, outtype = sys.argv[1:5]
+sys.path.insert(0, llama)
+sys.argv = ["convert_hf_to_gguf.py", checkpoint, "--outfile", outfile, "--outtype", outtype]
+import convert_hf_to_gguf
+from conversion.gpt_oss import GptOssModel
+
+def placeholder_vocab(self):
+    size = self.hparams["vocab_size"]
+    self.gguf_writer.add_tokenizer_model("gpt2")
+    self.gguf_writer.add_tokenizer_pre("gpt-4o")
+    self.gguf_writer.add_token_list([f"<t{n}>" for n in range(size)])
+    self.gguf_writer.add_token_types([1] * size)
+    self.gguf_writer.add_token_merges(["< t"])
+
+GptOssModel.set_vocab = placeholder_vocab
+convert_hf_to_gguf.main()
+"""
+
+
+def to_gguf(llama: Path, python: str, checkpoint: Path, out: Path, outtype: str) -> Path:
+    subprocess.run([python, "-c", CONVERT, str(llama), str(checkpoint), str(out), outtype], check=True)
+    return out
+
+
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def llama_rates(llama: Path, model: Path, threads: int) -> dict[str, float]:
+    """llama.cpp's tokens a second for each measure (one run of each)."""
+    bench = str(llama / "build" / "bin" / "llama-bench")
+    common = ["-m", str(model), "-t", str(threads), "-r", "1", "-o", "jsonl"]
+    decode = _json_lines(subprocess.run([bench, *common, "-p", "0", "-n", str(DECODE_TOKENS), "-d", str(DEPTH)],
+                                        capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    prefill = _json_lines(subprocess.run([bench, *common, "-p", str(PREFILL), "-n", "0"],
+                                         capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    batched = str(llama / "build" / "bin" / "llama-batched-bench")
+    parallel = _json_lines(
+        subprocess.run(
+            [batched, "-m", str(model), "-t", str(threads), "-c", "2048", "-b", "512", "-ub", "512",
+             "-npp", str(DEPTH), "-ntg", str(DECODE_TOKENS), "-npl", "4", "--output-format", "jsonl"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    return {"decode_1": decode[0]["avg_ts"], "prefill": prefill[0]["avg_ts"], "decode_4": parallel[-1]["speed_tg"]}
+
+
+def engine_rates(runtime: PagedRunner, rng: np.random.Generator) -> dict[str, float]:
+    return {
+        "decode_1": rates(runtime, 1, rng),
+        "decode_4": rates(runtime, 4, rng),
+        "prefill": prefill_rate(runtime, rng),
+    }
+
+
+def measure(layers: int, threads: int, work: Path, llama: Path | None, python: str) -> dict:
+    config = dataclasses.replace(GPT_OSS_20B, num_hidden_layers=layers)
+    directory = write_random_checkpoint(work / f"ckpt{layers}", config, layout="hf")
+    model = compiled_model(Checkpoint(directory), GraphOptions(MAX_POSITIONS, dense_bf16=True), work / "graphs")
+    runtime = PagedRunner.create(str(model), config, 4, MAX_POSITIONS, threads=threads, kernels=kernel_library())
+    gguf = to_gguf(llama, python, directory, work / f"model{layers}-f16.gguf", "f16") if llama else None
+    rng = np.random.default_rng(0)
+    engine_rates(runtime, rng)  # warm-up
+    if gguf is not None:
+        llama_rates(llama, gguf, threads)
+    rounds: list[dict] = []
+    for _ in range(ROUNDS):
+        engine = engine_rates(runtime, rng)
+        rounds.append({"engine": engine, "llama": llama_rates(llama, gguf, threads) if gguf is not None else None})
+    figures: dict = {"layers": layers, "rounds": rounds}
+    for measure_name in MEASURES:
+        figures[f"engine_{measure_name}"] = statistics.median(r["engine"][measure_name] for r in rounds)
+        if gguf is not None:
+            figures[f"llama_{measure_name}"] = statistics.median(r["llama"][measure_name] for r in rounds)
+            figures[f"ratio_{measure_name}"] = statistics.median(
+                r["engine"][measure_name] / r["llama"][measure_name] for r in rounds
+            )
+    for batch in (1, 4):
+        figures[f"bytes_{batch}"] = step_bytes(config, 2, batch, DEPTH + DECODE_TOKENS // 2)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, nargs="+", default=[6])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp tree built as the docstring says")
+    parser.add_argument("--convert-python", default=sys.executable, help="a Python with the converter's needs")
+    parser.add_argument("--write", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        shapes = [measure(n, args.threads, Path(scratch), args.llama_cpp, args.convert_python) for n in args.layers]
+    bandwidth = copy_bandwidth(args.threads)
+    print(json.dumps({"shapes": shapes, "bandwidth": bandwidth}, indent=1))
+    section = report(shapes, bandwidth, args.threads, args.llama_cpp is not None)
+    print(section)
+    if args.write:
+        write_section(args.write, NAME, section)
+
+
+def report(shapes: list[dict], bandwidth: float, threads: int, with_llama: bool) -> str:
+    start, end = markers(NAME)
+    labels = {
+        "decode_1": "decode, 1 sequence",
+        "decode_4": "decode, 4 sequences",
+        "prefill": f"prefill, {PREFILL} tokens",
+    }
+    lines = [
+        start,
+        "## The engine against llama.cpp on the CPU (`bench/llama_cpp_bench.py`)",
+        "",
+        f"{os.cpu_count()} CPUs ({platform.machine()}), {threads} threads each, gpt-oss-20b's width with random"
+        " weights: one checkpoint, converted to GGUF by llama.cpp's converter (f16 dense weights, MXFP4 experts);",
+        "the engine reads the same checkpoint's bf16 dense weights (DenseBF16) and MXFP4 experts. Alternated in one"
+        f" run, {ROUNDS} rounds; medians of the paired ratios. Decode at position {DEPTH}. Copy bandwidth"
+        f" {bandwidth / 1e9:.1f} GB/s ({threads} threads' NumPy copies, read + write).",
+        "",
+        "| layers | measure | engine | llama.cpp | engine ÷ llama.cpp | engine bytes/s ÷ copy bandwidth |",
+        "|---|---|---|---|---|---|",
+    ]
+    for f in shapes:
+        for measure_name in MEASURES:
+            engine = f[f"engine_{measure_name}"]
+            other = f"{f[f'llama_{measure_name}']:.2f} tok/s" if with_llama else "not run"
+            ratio = f"**{f[f'ratio_{measure_name}']:.2f}x**" if with_llama else ""
+            share = ""
+            if measure_name.startswith("decode"):
+                batch = int(measure_name[-1])
+                share = f"{engine / batch * f[f'bytes_{batch}'] / bandwidth:.2f}"
+            lines.append(
+                f"| {f['layers']} | {labels[measure_name]} | {engine:.2f} tok/s | {other} | {ratio} | {share} |"
+            )
+    lines.append(end)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
