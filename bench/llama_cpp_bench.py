@@ -1,8 +1,9 @@
 """The engine against llama.cpp on the CPU, on one random checkpoint: gpt-oss-20b's width (hidden 2880, 32
 experts top-4, vocabulary 201,088) at 6 layers and optionally 24, written in the Hugging Face layout and
-converted to GGUF by llama.cpp's own converter (16-bit dense weights, the experts kept in MXFP4). Measured
-alternately in one run, engine then llama.cpp, ROUNDS times, with the same thread count: decode of 1 sequence
-and of 4 at position 64, and a 512-token prefill; reported as medians of the paired ratios (engine ÷ llama.cpp),
+converted to GGUF by llama.cpp's own converter (dense weights f16, and q8_0; the experts kept in MXFP4). Measured
+alternately in one run, ROUNDS times, with the same thread count: the engine with bf16 dense weights, llama.cpp
+f16, the engine with int8 dense weights (`dense_int8`), llama.cpp q8_0; decode of 1 sequence and of 4 at
+position 64, and a 512-token prefill; reported as medians of the ratios within a round (engine ÷ llama.cpp),
 beside each side's median rate. llama.cpp's side is `llama-bench` (1 sequence, prefill) and
 `llama-batched-bench` (4 sequences); the engine's is its paged runtime with DenseBF16, as serving runs it.
 Also reported: the engine's decode bytes a second (dense weights, routed experts, KV) against the machine's
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -120,30 +122,47 @@ def engine_rates(runtime: PagedRunner, rng: np.random.Generator) -> dict[str, fl
     }
 
 
+PAIRS = (("bf16", "f16"), ("int8", "q8_0"))  # the engine's dense weights, and llama.cpp's at the same width
+
+
 def measure(layers: int, threads: int, work: Path, llama: Path | None, python: str) -> dict:
     config = dataclasses.replace(GPT_OSS_20B, num_hidden_layers=layers)
     directory = write_random_checkpoint(work / f"ckpt{layers}", config, layout="hf")
-    model = compiled_model(Checkpoint(directory), GraphOptions(MAX_POSITIONS, dense_bf16=True), work / "graphs")
-    runtime = PagedRunner.create(str(model), config, 4, MAX_POSITIONS, threads=threads, kernels=kernel_library())
-    gguf = to_gguf(llama, python, directory, work / f"model{layers}-f16.gguf", "f16") if llama else None
+    kernels = kernel_library()
+    engines, ggufs = {}, {}
+    for engine, other in PAIRS:
+        options = GraphOptions(MAX_POSITIONS, dense_bf16=True, dense_int8=engine == "int8")
+        model = compiled_model(Checkpoint(directory), options, work / "graphs")
+        engines[engine] = PagedRunner.create(str(model), config, 4, MAX_POSITIONS, threads=threads, kernels=kernels)
+        if llama is not None:
+            ggufs[other] = to_gguf(llama, python, directory, work / f"model{layers}-{other}.gguf", other)
     rng = np.random.default_rng(0)
-    engine_rates(runtime, rng)  # warm-up
-    if gguf is not None:
-        llama_rates(llama, gguf, threads)
+    for engine, other in PAIRS:  # warm-up
+        engine_rates(engines[engine], rng)
+        if llama is not None:
+            llama_rates(llama, ggufs[other], threads)
     rounds: list[dict] = []
     for _ in range(ROUNDS):
-        engine = engine_rates(runtime, rng)
-        rounds.append({"engine": engine, "llama": llama_rates(llama, gguf, threads) if gguf is not None else None})
+        for engine, other in PAIRS:
+            taken = {engine: engine_rates(engines[engine], rng)}
+            if llama is not None:
+                taken[other] = llama_rates(llama, ggufs[other], threads)
+            rounds.append(taken)
     figures: dict = {"layers": layers, "rounds": rounds}
-    for measure_name in MEASURES:
-        figures[f"engine_{measure_name}"] = statistics.median(r["engine"][measure_name] for r in rounds)
-        if gguf is not None:
-            figures[f"llama_{measure_name}"] = statistics.median(r["llama"][measure_name] for r in rounds)
-            figures[f"ratio_{measure_name}"] = statistics.median(
-                r["engine"][measure_name] / r["llama"][measure_name] for r in rounds
-            )
-    for batch in (1, 4):
-        figures[f"bytes_{batch}"] = step_bytes(config, 2, batch, DEPTH + DECODE_TOKENS // 2)
+    for name in [*engines, *ggufs]:
+        for measure_name in MEASURES:
+            figures[f"{name}_{measure_name}"] = statistics.median(r[name][measure_name] for r in rounds if name in r)
+    if llama is not None:  # paired ratios: each engine against llama.cpp f16 in the same round, and at its width
+        by_round = [{**rounds[i], **rounds[i + 1]} for i in range(0, len(rounds), 2)]
+        for engine, other in PAIRS:
+            for base in {other, "f16"}:
+                for measure_name in MEASURES:
+                    figures[f"{engine}/{base}_{measure_name}"] = statistics.median(
+                        r[engine][measure_name] / r[base][measure_name] for r in by_round
+                    )
+    for engine, size in (("bf16", 2), ("int8", 1)):
+        for batch in (1, 4):
+            figures[f"{engine}_bytes_{batch}"] = step_bytes(config, size, batch, DEPTH + DECODE_TOKENS // 2)
     return figures
 
 
@@ -165,37 +184,52 @@ def main() -> None:
         write_section(args.write, NAME, section)
 
 
+def _rate(figures: dict, measure_name: str, name: str) -> str:
+    key = f"{name}_{measure_name}"
+    return f"{figures[key]:.2f} tok/s" if key in figures else "not run"
+
+
+def _ratio(figures: dict, key: str) -> str:
+    return f"{figures[key]:.2f}x" if key in figures else ""
+
+
 def report(shapes: list[dict], bandwidth: float, threads: int, with_llama: bool) -> str:
     start, end = markers(NAME)
-    labels = {
-        "decode_1": "decode, 1 sequence",
-        "decode_4": "decode, 4 sequences",
-        "prefill": f"prefill, {PREFILL} tokens",
-    }
+    labels = {"decode_1": "decode, 1 sequence", "decode_4": "decode, 4 sequences"}
+    labels["prefill"] = f"prefill, {PREFILL} tokens"
     lines = [
         start,
         "## The engine against llama.cpp on the CPU (`bench/llama_cpp_bench.py`)",
         "",
         f"{os.cpu_count()} CPUs ({platform.machine()}), {threads} threads each, gpt-oss-20b's width with random"
-        " weights: one checkpoint, converted to GGUF by llama.cpp's converter (f16 dense weights, MXFP4 experts);",
-        "the engine reads the same checkpoint's bf16 dense weights (DenseBF16) and MXFP4 experts. Alternated in one"
-        f" run, {ROUNDS} rounds; medians of the paired ratios. Decode at position {DEPTH}. Copy bandwidth"
-        f" {bandwidth / 1e9:.1f} GB/s ({threads} threads' NumPy copies, read + write).",
+        " weights: one checkpoint, converted to GGUF by llama.cpp's own converter (dense weights f16 or q8_0,",
+        "experts MXFP4); the engine reads the same checkpoint's dense weights in bf16 (DenseBF16) or, with"
+        " `dense_int8`, in int8 with a scale a row (DenseInt8; the router stays bf16), and its MXFP4 experts.",
+        f"Alternated in one run, {ROUNDS} rounds; rates are medians, ratios medians of the ratios within a round."
+        f" Decode at position {DEPTH}. Bytes/s: a decode step's dense weights, routed experts and KV, over the",
+        f"copy bandwidth ({bandwidth / 1e9:.1f} GB/s, {threads} threads' NumPy copies, read + write).",
         "",
-        "| layers | measure | engine | llama.cpp | engine ÷ llama.cpp | engine bytes/s ÷ copy bandwidth |",
-        "|---|---|---|---|---|---|",
+    ]
+    if not with_llama:
+        lines += ["llama.cpp was not given to this run: the engine's figures only.", ""]
+    lines += [
+        "| layers | measure | engine bf16 | llama.cpp f16 | **bf16 ÷ f16** | engine int8 | llama.cpp q8_0 |"
+        " int8 ÷ q8_0 | **int8 ÷ f16** | bytes/s ÷ copy bw (bf16, int8) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for f in shapes:
-        for measure_name in MEASURES:
-            engine = f[f"engine_{measure_name}"]
-            other = f"{f[f'llama_{measure_name}']:.2f} tok/s" if with_llama else "not run"
-            ratio = f"**{f[f'ratio_{measure_name}']:.2f}x**" if with_llama else ""
+        for m in MEASURES:
+            rate = functools.partial(_rate, f, m)
+            ratio = functools.partial(_ratio, f)
             share = ""
-            if measure_name.startswith("decode"):
-                batch = int(measure_name[-1])
-                share = f"{engine / batch * f[f'bytes_{batch}'] / bandwidth:.2f}"
+            if m.startswith("decode"):
+                batch = int(m[-1])
+                shares = [f[f"{e}_{m}"] / batch * f[f"{e}_bytes_{batch}"] / bandwidth for e in ("bf16", "int8")]
+                share = f"{shares[0]:.2f}, {shares[1]:.2f}"
             lines.append(
-                f"| {f['layers']} | {labels[measure_name]} | {engine:.2f} tok/s | {other} | {ratio} | {share} |"
+                f"| {f['layers']} | {labels[m]} | {rate('bf16')} | {rate('f16')} | **{ratio(f'bf16/f16_{m}')}** |"
+                f" {rate('int8')} | {rate('q8_0')} | {ratio(f'int8/q8_0_{m}')} | **{ratio(f'int8/f16_{m}')}** |"
+                f" {share} |"
             )
     lines.append(end)
     return "\n".join(lines)

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import structlog
 from opentelemetry import propagate, trace
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backends.base import BackendError, Capabilities, Chunk, EngineStats, GenerateRequest, parse_options
 from harmony import HarmonyEncoding
@@ -58,6 +58,9 @@ RANDOM_MODEL_WARNING = "gpt-oss-gateway: no engine checkpoint configured; servin
 MAX_POSITIONS = 131072  # gpt-oss's context
 
 
+DENSE_INT8_CPU_ONLY = "dense_int8 is a CPU option (a CUDA graph reads its dense weights in its dtype)"
+
+
 class EngineOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -68,6 +71,9 @@ class EngineOptions(BaseModel):
     page_size: int = Field(default=32, ge=8, le=256)
     prefill_chunk: int = Field(default=512, ge=16)  # prompt tokens per step while others decode
     kernels: bool = True  # build and use the compiled MXFP4 MoE kernels (else the pure-ONNX realization)
+    # CPU: the attention projections and the unembedding read in int8 with a scale per row (half the bytes of
+    # bf16; logits within the bound tests/engine/test_dense_int8.py states), the router in bf16
+    dense_int8: bool = False
     device: Device = "auto"
     device_id: int = Field(default=0, ge=0)
     dtype: Dtype | None = None  # None: by device
@@ -77,6 +83,12 @@ class EngineOptions(BaseModel):
     cache_dir: str | None = None
     prefix_cache_tokens: int | None = Field(default=None, ge=0)
     prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
+
+    @model_validator(mode="after")
+    def _dense_int8_on_the_cpu(self) -> EngineOptions:
+        if self.dense_int8 and self.device == "cuda":
+            raise ValueError(DENSE_INT8_CPU_ONLY)
+        return self
 
     def full_pages(self) -> int:
         """Pages of the full-attention pool, the scratch page included: at least one longest sequence's."""
@@ -150,11 +162,19 @@ class EngineBackend:
                 raise EngineDeviceError("dtype bfloat16 needs the cuda device (ONNX Runtime has no CPU bf16 attention)")
             if options.moe == "qmoe" and (reason := qmoe_unsupported_reason(device, dtype)):
                 raise EngineDeviceError(reason)
+            if options.dense_int8 and device != "cpu":
+                raise EngineDeviceError(DENSE_INT8_CPU_ONLY)
             self._placement = {"device": device, "dtype": dtype, "moe": options.moe}
             log.info("engine_device", device=device, dtype=dtype, asked=options.device, moe=options.moe)
             # DenseBF16 runs on the CPU alone: a CUDA graph keeps its dense weights for MatMul
+            cpu = device == "cpu"
             graph_options = GraphOptions(
-                options.max_positions, dtype, options.moe, dense_bf16=device == "cpu", page_size=options.page_size
+                options.max_positions,
+                dtype,
+                options.moe,
+                dense_bf16=cpu,
+                dense_int8=cpu and options.dense_int8,
+                page_size=options.page_size,
             )
             model = compiled_model(checkpoint, graph_options, cache, _progress)
             kernels = kernel_library() if options.kernels else None  # the MoE (unless qmoe) and the sampler

@@ -68,6 +68,9 @@ class GraphOptions:
     moe: MoeRealization = "mxfp4moe"  # each MoE as our MXFP4MoE op, or as ONNX Runtime's QMoE (CUDA only)
     # float32 graphs: bf16 dense weights kept in bf16 for DenseBF16, a CPU op (else float32 copies for MatMul)
     dense_bf16: bool = True
+    # with dense_bf16: the attention projections and the unembedding in int8, a scale per row (DenseInt8); the
+    # router stays bf16 (its logits pick the experts)
+    dense_int8: bool = False
     page_size: int = 32  # positions per KV page
 
     @property
@@ -245,6 +248,35 @@ def _dense_bf16_function() -> onnx.FunctionProto:
     return helper.make_function(ENGINE_DOMAIN, "DenseBF16", ["x", "w"], ["y"], nodes, [helper.make_opsetid("", OPSET)])
 
 
+def _dense_int8_function() -> onnx.FunctionProto:
+    """`DenseInt8(x [..., K] float, w [N, K] int8, scale [N] float) -> (x . w^T) * scale`, portable realization
+    (the weight widened to float once, at load): what the compiled kernel computes, reading the 8 bits each step."""
+    nodes = [
+        helper.make_node("Cast", ["w"], ["w32"], to=TensorProto.FLOAT),
+        helper.make_node("Transpose", ["w32"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wt"], ["products"]),
+        helper.make_node("Mul", ["products", "scale"], ["y"]),
+    ]
+    opsets = [helper.make_opsetid("", OPSET)]
+    return helper.make_function(ENGINE_DOMAIN, "DenseInt8", ["x", "w", "scale"], ["y"], nodes, opsets)
+
+
+def int8_rows(weight: np.ndarray, block_rows: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """A weight [N, K] as int8 with a float scale per row: q = round(w / s), s = max |w| of the row / 127 (1 for
+    a row of zeros), so q lies in [-127, 127] and each value is within s / 2 of its original. Taken in blocks
+    of rows (the unembedding is 579 M values)."""
+    rows = weight.shape[0]
+    codes = np.empty(weight.shape, np.int8)
+    scales = np.empty(rows, np.float32)
+    for start in range(0, rows, block_rows):
+        block = weight[start : start + block_rows].astype(np.float64)
+        peak = np.abs(block).max(axis=1)
+        scale = np.where(peak > 0, peak / 127, 1).astype(np.float32)
+        codes[start : start + block_rows] = np.clip(np.rint(block / scale[:, None]), -127, 127)  # by the scale as kept
+        scales[start : start + block_rows] = scale
+    return codes, scales
+
+
 def moe_attributes(config: ModelConfig) -> dict[str, float | int]:
     """What a compiled MXFP4MoE kernel reads from its node."""
     return {"k": config.experts_per_token, "swiglu_limit": config.swiglu_limit, "activation_alpha": SWIGLU_ALPHA}
@@ -270,6 +302,10 @@ class _Builder:
         array = self.checkpoint.tensor(name)
         if self.options.dtype != "float32" or array.dtype != BF16 or not self.options.dense_bf16:
             return self.node("MatMul", [x, self._as_stored(name, array, transpose=True)], [out])
+        if self.options.dense_int8 and not name.endswith("mlp.gate.weight"):
+            codes, scales = int8_rows(array)
+            inputs = [x, self.weight(name, codes), self.weight(name + ".scale", scales)]
+            return self.node("DenseInt8", inputs, [out], domain=ENGINE_DOMAIN)
         return self.node("DenseBF16", [x, self._as_stored(name, array, dtype=BF16)], [out], domain=ENGINE_DOMAIN)
 
     def stored(self, name: str, transpose: bool = False) -> str:
@@ -436,6 +472,8 @@ def _model(graph: onnx.GraphProto, config: ModelConfig, options: GraphOptions) -
         functions.append(_moe_function(config, options))
     if options.dtype == "float32" and options.dense_bf16:
         functions.append(_dense_bf16_function())
+        if options.dense_int8:
+            functions.append(_dense_int8_function())
     model = helper.make_model(graph, opset_imports=opsets, functions=functions, producer_name="gpt-oss-gateway")
     model.ir_version = IR_VERSION
     return model
@@ -511,24 +549,28 @@ def write_model(
     path.write_bytes(model.SerializeToString())
 
 
-def dense_bf16_model(weight: np.ndarray, path: Path) -> Path:
-    """One DenseBF16 node (x [T, K] float in, y [T, N] out) over `weight` [N, K] bf16, written to `path`: to
-    check and time its realizations."""
+def dense_model(weight: np.ndarray, path: Path, scale: np.ndarray | None = None) -> Path:
+    """One DenseBF16 node (x [T, K] float in, y [T, N] out) over `weight` [N, K] bf16, or with `scale` [N] one
+    DenseInt8 node over `weight` in int8, written to `path`: to check and time their realizations."""
     writer = TensorWriter(path.with_suffix(".onnx.data"))
     try:
-        initializer = writer.array("w", weight)
+        initializers = [writer.array("w", weight)]
+        if scale is not None:
+            initializers.append(writer.array("scale", scale))
     finally:
         writer.close()
     rows, width = weight.shape
+    op, inputs = ("DenseBF16", ["x", "w"]) if scale is None else ("DenseInt8", ["x", "w", "scale"])
     graph = helper.make_graph(
-        [helper.make_node("DenseBF16", ["x", "w"], ["y"], domain=ENGINE_DOMAIN)],
-        "dense_bf16",
+        [helper.make_node(op, inputs, ["y"], domain=ENGINE_DOMAIN)],
+        "dense",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", width])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["tokens", rows])],
-        [initializer],
+        initializers,
     )
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(ENGINE_DOMAIN, 1)]
-    model = helper.make_model(graph, opset_imports=opsets, functions=[_dense_bf16_function()])
+    function = _dense_bf16_function() if scale is None else _dense_int8_function()
+    model = helper.make_model(graph, opset_imports=opsets, functions=[function])
     model.ir_version = IR_VERSION
     path.write_bytes(model.SerializeToString())
     return path

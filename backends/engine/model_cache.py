@@ -27,7 +27,7 @@ def compiled_model(
     progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """The .onnx file for this checkpoint and these options, built (weights streamed to disk) if not cached."""
-    dense = "-dense32" if not options.dense_bf16 else ""
+    dense = "-dense32" if not options.dense_bf16 else "-dense8" if options.dense_int8 else ""
     key = (
         f"{checkpoint.fingerprint}-b{BUILDER_VERSION}-p{options.max_positions}-g{options.page_size}"
         f"-{options.dtype}-{options.moe}{dense}"

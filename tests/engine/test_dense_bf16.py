@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from engine_fixtures import kernel_builds
 
-from backends.engine.graph import dense_bf16_model
+from backends.engine.graph import dense_model
 
 RELATIVE = 1e-5  # float sums in another order, against the magnitude of the row's products
 SHAPES = [  # (N, K, rows)
@@ -43,7 +43,7 @@ def _session(model: Path, library: str | None) -> ort.InferenceSession:
 def test_the_kernel_equals_the_portable_realization_and_the_reference(libraries, n, k, rows, tmp_path):
     rng = np.random.default_rng(n + k + rows)
     weight = _random_bf16(rng, n, k)
-    model = dense_bf16_model(weight, tmp_path / "dense.onnx")
+    model = dense_model(weight, tmp_path / "dense.onnx")
     x = rng.standard_normal((rows, k)).astype(np.float32)
     wide = weight.astype(np.float32)
     expected = (x.astype(np.float64) @ wide.T.astype(np.float64)) if n * k < 2**26 else _rows(x, wide, np.float64)
@@ -76,6 +76,6 @@ def _rows(x: np.ndarray, wide: np.ndarray, dtype: type) -> np.ndarray:
 
 
 def test_a_bad_shape_is_an_error_naming_the_op(libraries, tmp_path):
-    model = dense_bf16_model(np.zeros((8, 16), ml_dtypes.bfloat16), tmp_path / "dense.onnx")
+    model = dense_model(np.zeros((8, 16), ml_dtypes.bfloat16), tmp_path / "dense.onnx")
     with pytest.raises(Exception, match=r"DenseBF16|x"):
         _session(model, libraries["native"]).run(None, {"x": np.zeros((2, 15), np.float32)})

@@ -1,7 +1,7 @@
 // The library's entry point: SessionOptions.register_custom_ops_library() calls RegisterCustomOps.
 #include <onnxruntime_cxx_api.h>  // ORT_API_MANUAL_INIT is set for every unit by the build
 
-#include "dense_bf16_op.h"
+#include "dense_op.h"
 #include "mxfp4_moe_op.h"
 #include "paged_attention_op.h"
 #include "sample_tokens_op.h"
@@ -21,6 +21,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   static CpuOp cpu_ops[] = {CpuOp(kCpu, kFloat), CpuOp(kCpu, kHalf), CpuOp(kCpu, kBFloat)};
   static gptoss::SampleOpBase<gptoss::SampleCpuKernel> cpu_sample(kCpu);
   static gptoss::DenseBf16Op cpu_dense;
+  static gptoss::DenseInt8Op cpu_dense_int8;
   using CpuAttention = gptoss::AttentionOpBase<gptoss::AttentionKernel>;
   static CpuAttention cpu_attention[] = {CpuAttention(kCpu, kFloat), CpuAttention(kCpu, kHalf),
                                          CpuAttention(kCpu, kBFloat)};
@@ -41,6 +42,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
       for (auto& op : cpu_ops) domain.Add(&op);
       domain.Add(&cpu_sample);
       domain.Add(&cpu_dense);
+      domain.Add(&cpu_dense_int8);
       for (auto& op : cpu_attention) domain.Add(&op);
 #ifdef GPTOSS_WITH_CUDA
       for (auto& op : cuda_ops) domain.Add(&op);

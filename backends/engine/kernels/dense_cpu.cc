@@ -1,20 +1,23 @@
-// gptoss.engine::DenseBF16 on the CPU execution provider: y[m, n] = sum_k x[m, k] * w[n, k], w in bfloat16.
+// gptoss.engine::DenseBF16 and DenseInt8 on the CPU execution provider: y[m, n] = scale[n] * sum_k x[m, k] * w[n, k],
+// w in bfloat16 (no scale) or int8 (a float scale per output row).
 //
-// A bfloat16 is the top half of a float, so widening one is a 16-bit shift: exact. The work is split over
+// A bfloat16 is the top half of a float, so widening one is a 16-bit shift: exact; an int8 widens exactly too,
+// and its row's scale multiplies the row's sums (in prefill, the widened tile). The work is split over
 // blocks of output rows on ONNX Runtime's intra-op thread pool, and each block's weights are read from memory
 // once whatever the number of input rows:
 // - up to kFewRows input rows (decode): each weight row is widened as it is read and met by every input row
-//   (dot products: the step reads the weights' 2 bytes a value at memory bandwidth); from 3 rows K is taken in
+//   (dot products: the step reads the weights' bytes at memory bandwidth); from 3 rows K is taken in
 //   chunks whose x rows stay in L1, several weight rows a pass sharing each x load;
 // - more (prefill): the block is widened once into a float tile laid out by k, and groups of input rows run
 //   against it as an outer product in registers (the arithmetic bound, not the memory).
 // The sums are float, in an order of their own: equal to a float32 MatMul's to float rounding.
 
-#include "dense_bf16_op.h"
+#include "dense_op.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -28,37 +31,54 @@ constexpr int64_t kFewRows = 8;
 constexpr int64_t kBlockRows = 32;  // output rows per task (and per prefill tile: two 16-float vectors)
 constexpr int64_t kGroupRows = 8;   // input rows per register block of the prefill path
 
-inline float Widen(uint16_t bits) {
-  const uint32_t word = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &word, sizeof value);
-  return value;
-}
+// How each kind of weight widens to float: one value, and (AVX-512) 16 consecutive ones.
+struct Bf16Weights {
+  using Stored = uint16_t;
+  static float Widen(Stored bits) {
+    const uint32_t word = static_cast<uint32_t>(bits) << 16;
+    float value;
+    std::memcpy(&value, &word, sizeof value);
+    return value;
+  }
+#if defined(__AVX512F__)
+  static __m512 Widen16(const Stored* bits) {
+    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  }
+#endif
+};
 
+struct Int8Weights {
+  using Stored = int8_t;
+  static float Widen(Stored value) { return static_cast<float>(value); }
+#if defined(__AVX512F__)
+  static __m512 Widen16(const Stored* values) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(values));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+  }
+#endif
+};
+
+template <typename W>
 struct Problem {
   const float* x;
-  const uint16_t* w;
+  const typename W::Stored* w;
+  const float* scale;  // per output row, or null (1)
   float* y;
   int64_t rows;  // M
   int64_t k;
   int64_t n;
+  float Scale(int64_t row) const { return scale != nullptr ? scale[row] : 1.0f; }
 };
-
-#if defined(__AVX512F__)
-inline __m512 Widen16(const uint16_t* bits) {
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-#endif
 
 // Output rows [first, last) for the R input rows from m0 (R <= kFewRows): dot products, each weight vector
 // widened once and met by every row; with few rows, U independent sums per row keep the FMAs in flight.
-template <int R>
-void FewRows(const Problem& p, int64_t first, int64_t last, int64_t m0) {
+template <typename W, int R>
+void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
   constexpr int U = R == 1 ? 4 : R == 2 ? 2 : 1;
   const int64_t k = p.k;
   for (int64_t row = first; row < last; ++row) {
-    const uint16_t* w = p.w + row * k;
+    const typename W::Stored* w = p.w + row * k;
     float sums[R] = {};
     int64_t i = 0;
 #if defined(__AVX512F__)
@@ -68,14 +88,14 @@ void FewRows(const Problem& p, int64_t first, int64_t last, int64_t m0) {
     }
     for (; i + 16 * U <= k; i += 16 * U) {
       for (int u = 0; u < U; ++u) {
-        const __m512 wide = Widen16(w + i + 16 * u);
+        const __m512 wide = W::Widen16(w + i + 16 * u);
         for (int r = 0; r < R; ++r) {
           acc[r][u] = _mm512_fmadd_ps(wide, _mm512_loadu_ps(p.x + (m0 + r) * k + i + 16 * u), acc[r][u]);
         }
       }
     }
     for (; i + 16 <= k; i += 16) {
-      const __m512 wide = Widen16(w + i);
+      const __m512 wide = W::Widen16(w + i);
       for (int r = 0; r < R; ++r) acc[r][0] = _mm512_fmadd_ps(wide, _mm512_loadu_ps(p.x + (m0 + r) * k + i), acc[r][0]);
     }
     for (int r = 0; r < R; ++r) {
@@ -84,10 +104,10 @@ void FewRows(const Problem& p, int64_t first, int64_t last, int64_t m0) {
     }
 #endif
     for (; i < k; ++i) {
-      const float value = Widen(w[i]);
+      const float value = W::Widen(w[i]);
       for (int r = 0; r < R; ++r) sums[r] += value * p.x[(m0 + r) * k + i];
     }
-    for (int r = 0; r < R; ++r) p.y[(m0 + r) * p.n + row] = sums[r];
+    for (int r = 0; r < R; ++r) p.y[(m0 + r) * p.n + row] = sums[r] * p.Scale(row);
   }
 }
 
@@ -95,8 +115,8 @@ void FewRows(const Problem& p, int64_t first, int64_t last, int64_t m0) {
 // The same for R >= 3 rows, whose x rows would not stay in L1 whole (R x K floats, re-read for every weight
 // row): K is taken in chunks whose x stays in L1 across the block's weight rows, the sums kept as vectors,
 // and P weight rows at a time share each load of an x vector.
-template <int R>
-void ChunkedRows(const Problem& p, int64_t first, int64_t last) {
+template <typename W, int R>
+void ChunkedRows(const Problem<W>& p, int64_t first, int64_t last) {
   constexpr int64_t kChunk = 512;
   constexpr int P = R <= 4 ? 4 : 2;  // weight rows per pass: P x R sums, P + R loads, in 32 registers
   const int64_t k = p.k;
@@ -110,14 +130,14 @@ void ChunkedRows(const Problem& p, int64_t first, int64_t last) {
     const int64_t c1 = std::min(c0 + kChunk, whole);
     int64_t j = 0;
     for (; j + P <= width; j += P) {  // P weight rows share each load of the x rows
-      const uint16_t* w = p.w + (first + j) * k;
+      const typename W::Stored* w = p.w + (first + j) * k;
       __m512 sums[P][R];
       for (int q = 0; q < P; ++q) {
         for (int r = 0; r < R; ++r) sums[q][r] = acc[j + q][r];
       }
       for (int64_t i = c0; i < c1; i += 16) {
         __m512 wide[P];
-        for (int q = 0; q < P; ++q) wide[q] = Widen16(w + q * k + i);
+        for (int q = 0; q < P; ++q) wide[q] = W::Widen16(w + q * k + i);
         for (int r = 0; r < R; ++r) {
           const __m512 x = _mm512_loadu_ps(p.x + r * k + i);
           for (int q = 0; q < P; ++q) sums[q][r] = _mm512_fmadd_ps(wide[q], x, sums[q][r]);
@@ -128,57 +148,60 @@ void ChunkedRows(const Problem& p, int64_t first, int64_t last) {
       }
     }
     for (; j < width; ++j) {
-      const uint16_t* w = p.w + (first + j) * k;
+      const typename W::Stored* w = p.w + (first + j) * k;
       __m512 sums[R];
       for (int r = 0; r < R; ++r) sums[r] = acc[j][r];
       for (int64_t i = c0; i < c1; i += 16) {
-        const __m512 wide = Widen16(w + i);
+        const __m512 wide = W::Widen16(w + i);
         for (int r = 0; r < R; ++r) sums[r] = _mm512_fmadd_ps(wide, _mm512_loadu_ps(p.x + r * k + i), sums[r]);
       }
       for (int r = 0; r < R; ++r) acc[j][r] = sums[r];
     }
   }
   for (int64_t j = 0; j < last - first; ++j) {
-    const uint16_t* w = p.w + (first + j) * k;
+    const typename W::Stored* w = p.w + (first + j) * k;
     for (int r = 0; r < R; ++r) {
       float sum = _mm512_reduce_add_ps(acc[j][r]);
-      for (int64_t i = whole; i < k; ++i) sum += Widen(w[i]) * p.x[r * k + i];
-      p.y[r * p.n + first + j] = sum;
+      for (int64_t i = whole; i < k; ++i) sum += W::Widen(w[i]) * p.x[r * k + i];
+      p.y[r * p.n + first + j] = sum * p.Scale(first + j);
     }
   }
 }
 #endif
 
-void FewRows(const Problem& p, int64_t first, int64_t last) {
+template <typename W>
+void FewRows(const Problem<W>& p, int64_t first, int64_t last) {
   switch (p.rows) {
-    case 1: return FewRows<1>(p, first, last, 0);
-    case 2: return FewRows<2>(p, first, last, 0);
+    case 1: return FewRows<W, 1>(p, first, last, 0);
+    case 2: return FewRows<W, 2>(p, first, last, 0);
 #if defined(__AVX512F__)
-    case 3: return ChunkedRows<3>(p, first, last);
-    case 4: return ChunkedRows<4>(p, first, last);
-    case 5: return ChunkedRows<5>(p, first, last);
-    case 6: return ChunkedRows<6>(p, first, last);
-    case 7: return ChunkedRows<7>(p, first, last);
-    default: return ChunkedRows<8>(p, first, last);
+    case 3: return ChunkedRows<W, 3>(p, first, last);
+    case 4: return ChunkedRows<W, 4>(p, first, last);
+    case 5: return ChunkedRows<W, 5>(p, first, last);
+    case 6: return ChunkedRows<W, 6>(p, first, last);
+    case 7: return ChunkedRows<W, 7>(p, first, last);
+    default: return ChunkedRows<W, 8>(p, first, last);
 #else
-    case 3: return FewRows<3>(p, first, last, 0);
-    case 4: return FewRows<4>(p, first, last, 0);
-    case 5: return FewRows<5>(p, first, last, 0);
-    case 6: return FewRows<6>(p, first, last, 0);
-    case 7: return FewRows<7>(p, first, last, 0);
-    default: return FewRows<8>(p, first, last, 0);
+    case 3: return FewRows<W, 3>(p, first, last, 0);
+    case 4: return FewRows<W, 4>(p, first, last, 0);
+    case 5: return FewRows<W, 5>(p, first, last, 0);
+    case 6: return FewRows<W, 6>(p, first, last, 0);
+    case 7: return FewRows<W, 7>(p, first, last, 0);
+    default: return FewRows<W, 8>(p, first, last, 0);
 #endif
   }
 }
 
-// Output rows [first, last) for every input row, through a widened tile [k][kBlockRows].
-void ManyRows(const Problem& p, int64_t first, int64_t last, std::vector<float>& tile) {
+// Output rows [first, last) for every input row, through a widened (and scaled) tile [k][kBlockRows].
+template <typename W>
+void ManyRows(const Problem<W>& p, int64_t first, int64_t last, std::vector<float>& tile) {
   const int64_t k = p.k;
   const int64_t width = last - first;
   tile.assign(static_cast<size_t>(k) * kBlockRows, 0.0f);
   for (int64_t j = 0; j < width; ++j) {
-    const uint16_t* w = p.w + (first + j) * k;
-    for (int64_t i = 0; i < k; ++i) tile[i * kBlockRows + j] = Widen(w[i]);
+    const typename W::Stored* w = p.w + (first + j) * k;
+    const float scale = p.Scale(first + j);
+    for (int64_t i = 0; i < k; ++i) tile[i * kBlockRows + j] = W::Widen(w[i]) * scale;
   }
   int64_t m = 0;
 #if defined(__AVX512F__)
@@ -215,8 +238,9 @@ void ManyRows(const Problem& p, int64_t first, int64_t last, std::vector<float>&
   }
 }
 
+template <typename W>
 void RunBlock(void* data, size_t task) {
-  const Problem& p = *static_cast<const Problem*>(data);
+  const Problem<W>& p = *static_cast<const Problem<W>*>(data);
   const int64_t first = static_cast<int64_t>(task) * kBlockRows;
   const int64_t last = std::min(first + kBlockRows, p.n);
   if (p.rows <= kFewRows) {
@@ -227,23 +251,31 @@ void RunBlock(void* data, size_t task) {
   ManyRows(p, first, last, tile);
 }
 
-}  // namespace
-
-void DenseBf16Kernel::Compute(OrtKernelContext* raw_context) {
+// y = x . w^T (times the rows' scales, when given) for the context's inputs x [..., K], w [N, K] (, scale [N]).
+template <typename W>
+void Dense(OrtKernelContext* raw_context, const char* op, bool scaled) {
   Ort::KernelContext context(raw_context);
   const Ort::ConstValue x = context.GetInput(0);
   const Ort::ConstValue w = context.GetInput(1);
   const std::vector<int64_t> x_shape = x.GetTensorTypeAndShapeInfo().GetShape();
   const std::vector<int64_t> w_shape = w.GetTensorTypeAndShapeInfo().GetShape();
   if (x_shape.empty() || w_shape.size() != 2 || x_shape.back() != w_shape[1]) {
-    ORT_CXX_API_THROW("DenseBF16: x [..., K] and w [N, K] must share K", ORT_INVALID_ARGUMENT);
+    ORT_CXX_API_THROW(std::string(op) + ": x [..., K] and w [N, K] must share K", ORT_INVALID_ARGUMENT);
+  }
+  Problem<W> p{};
+  if (scaled) {
+    const Ort::ConstValue scale = context.GetInput(2);
+    const std::vector<int64_t> scale_shape = scale.GetTensorTypeAndShapeInfo().GetShape();
+    if (scale_shape.size() != 1 || scale_shape[0] != w_shape[0]) {
+      ORT_CXX_API_THROW(std::string(op) + ": scale must be [N], one per row of w", ORT_INVALID_ARGUMENT);
+    }
+    p.scale = scale.GetTensorData<float>();
   }
   std::vector<int64_t> y_shape = x_shape;
   y_shape.back() = w_shape[0];
   Ort::UnownedValue y = context.GetOutput(0, y_shape);
-  Problem p{};
   p.x = x.GetTensorData<float>();
-  p.w = reinterpret_cast<const uint16_t*>(w.GetTensorRawData());
+  p.w = reinterpret_cast<const typename W::Stored*>(w.GetTensorRawData());
   p.y = y.GetTensorMutableData<float>();
   p.k = w_shape[1];
   p.n = w_shape[0];
@@ -254,7 +286,13 @@ void DenseBf16Kernel::Compute(OrtKernelContext* raw_context) {
     std::fill(p.y, p.y + p.rows * p.n, 0.0f);
     return;
   }
-  context.ParallelFor(RunBlock, static_cast<size_t>((p.n + kBlockRows - 1) / kBlockRows), 0, &p);
+  context.ParallelFor(RunBlock<W>, static_cast<size_t>((p.n + kBlockRows - 1) / kBlockRows), 0, &p);
 }
+
+}  // namespace
+
+void DenseBf16Kernel::Compute(OrtKernelContext* context) { Dense<Bf16Weights>(context, "DenseBF16", false); }
+
+void DenseInt8Kernel::Compute(OrtKernelContext* context) { Dense<Int8Weights>(context, "DenseInt8", true); }
 
 }  // namespace gptoss
