@@ -10,6 +10,7 @@ bounded list per tenant in this process.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
@@ -110,10 +111,13 @@ class MemoryLedger:
         return True
 
     async def page(self, tenant: str, since: float, after: str | None, limit: int) -> UsagePage:
+        """Records past `after` (or from `since`): found by bisection (ids grow with each record), so a page
+        costs its own length and a logarithm, not the tenant's whole list."""
         start = _entry_id(after) if after else (int(since * 1000), -1)
-        found = [(ident, r) for ident, r in self._records.get(tenant, ()) if _entry_id(ident) > start]
-        chosen = found[:limit]
-        return UsagePage([r for _, r in chosen], [ident for ident, _ in chosen], len(found) > limit)
+        records = self._records.get(tenant, deque())
+        first = bisect.bisect_right(records, start, key=lambda kept: _entry_id(kept[0]))
+        chosen = [records[index] for index in range(first, min(first + limit, len(records)))]
+        return UsagePage([r for _, r in chosen], [ident for ident, _ in chosen], first + limit < len(records))
 
     async def aclose(self) -> None:
         return None
