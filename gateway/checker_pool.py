@@ -33,6 +33,7 @@ from harmony.render import Renderer
 from .errors import ApiError
 
 log = structlog.get_logger("gateway.checker_pool")
+MAX_CHECKERS = 4  # processes at most (each ~210 MiB resident once its tokenizer is loaded)
 CHECK_TIMEOUT_S = 60.0  # at idle priority a check waits for spare CPU: generous, then the threads take over
 BASE_MEMORY_BYTES = 2 * 1024**3  # a checker's address space before the body: interpreter, tokenizer, libraries
 MEMORY_PER_BODY_BYTE = 24  # parsed JSON takes ~10-15x its text as Python objects; the rest is headroom
@@ -119,11 +120,12 @@ class _Checker:
 
 
 class CheckerPool:
-    """Checker processes, started when first needed, one per caller at once (CostlyWork bounds the callers);
-    `call` blocks: run it in a worker thread."""
+    """Up to `size` checker processes, started when first needed, one per caller at once (more callers wait
+    for one); `call` blocks: run it in a worker thread."""
 
-    def __init__(self, vocab_path: str | None, max_body_bytes: int) -> None:
+    def __init__(self, vocab_path: str | None, max_body_bytes: int, size: int = MAX_CHECKERS) -> None:
         self._vocab_path = vocab_path
+        self._slots = threading.BoundedSemaphore(size)
         self._memory_bytes = BASE_MEMORY_BYTES + MEMORY_PER_BODY_BYTE * max_body_bytes
         self._idle: queue.SimpleQueue[_Checker] = queue.SimpleQueue()
         self._all: set[_Checker] = set()
@@ -150,6 +152,10 @@ class CheckerPool:
 
     def call(self, raw: bytes, encoding: str, limit: int, check: Check | None) -> Accepted:
         """The body checked and parsed, an ApiError refusing it, or CheckerLost."""
+        with self._slots:
+            return self._call(raw, encoding, limit, check)
+
+    def _call(self, raw: bytes, encoding: str, limit: int, check: Check | None) -> Accepted:
         checker = self._take()
         try:
             checker.conn.send((raw, encoding, limit, check))

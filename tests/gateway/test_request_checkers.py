@@ -1,18 +1,21 @@
 """Large bodies are checked in idle-priority checker processes before the gateway spends its own time on them:
 the same answers as the gateway's own threads give, from a process at SCHED_IDLE within an address-space bound;
-a checker that dies is replaced and its request still answered; a check that runs out of memory is a 413."""
+a checker that dies is replaced and its request still answered; a check that runs out of memory is a 413; the
+pool holds at most its size of processes."""
 
 from __future__ import annotations
 
 import functools
 import gzip
 import json
+import multiprocessing
 import os
 import resource
 import signal
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -161,5 +164,18 @@ def test_a_check_past_the_checkers_memory_bound_is_a_413_and_the_checker_lives_o
         raw = b'{"a": [1, 2.5, "x", null, true]}'
         accepted = pool.call(raw, "identity", 1024, functools.partial(allocate, mib=1))
         assert accepted.body == {"a": [1, 2.5, "x", None, True]} and accepted.size == len(raw)
+    finally:
+        pool.close()
+
+
+def test_callers_past_the_pools_size_wait_for_its_checker():
+    before = len(multiprocessing.active_children())
+    pool = CheckerPool(None, max_body_bytes=1024, size=1)
+    try:
+        with ThreadPoolExecutor(3) as threads:
+            bodies = [json.dumps({"n": n}).encode() for n in range(6)]
+            answers = list(threads.map(lambda raw: pool.call(raw, "identity", 1024, None), bodies))
+        assert [answer.body for answer in answers] == [{"n": n} for n in range(6)]
+        assert len(multiprocessing.active_children()) - before == 1
     finally:
         pool.close()
