@@ -24,7 +24,10 @@ llama.cpp, built from the source its Python binding ships on the package registr
         --convert-python /tmp/llama-convert/bin/python [--layers 6 24] [--threads 2] [--write docs/benchmarks.md]
 
 The random checkpoint has no tokenizer; the GGUF gets a placeholder vocabulary of the same size (both sides
-read token ids, never text). Without --llama-cpp, only the engine's figures and the bandwidth ratio are taken.
+read token ids, never text). Both models must fit in memory together (alternating them would otherwise measure
+the disk): a shape whose checkpoint and GGUFs exceed MemAvailable is reported as not measured. 24 layers (a
+13 GiB checkpoint and a 13 GiB f16 GGUF) need a machine with more than this project's 23 GiB.
+Without --llama-cpp, only the engine's figures and the bandwidth ratio are taken.
 """
 
 from __future__ import annotations
@@ -125,25 +128,28 @@ def engine_rates(runtime: PagedRunner, rng: np.random.Generator) -> dict[str, fl
 PAIRS = (("bf16", "f16"), ("int8", "q8_0"))  # the engine's dense weights, and llama.cpp's at the same width
 
 
-def measure(layers: int, threads: int, work: Path, llama: Path | None, python: str) -> dict:
+def measure(layers: int, threads: int, work: Path, llama: Path | None, python: str, pairs: tuple) -> dict:
     config = dataclasses.replace(GPT_OSS_20B, num_hidden_layers=layers)
     directory = write_random_checkpoint(work / f"ckpt{layers}", config, layout="hf")
     kernels = kernel_library()
     engines, ggufs = {}, {}
-    for engine, other in PAIRS:
+    for engine, other in pairs:
         options = GraphOptions(MAX_POSITIONS, dense_bf16=True, dense_int8=engine == "int8")
         model = compiled_model(Checkpoint(directory), options, work / "graphs")
         engines[engine] = PagedRunner.create(str(model), config, 4, MAX_POSITIONS, threads=threads, kernels=kernels)
         if llama is not None:
             ggufs[other] = to_gguf(llama, python, directory, work / f"model{layers}-{other}.gguf", other)
+    held = _bytes(directory) + sum(path.stat().st_size for path in ggufs.values())
+    if held > _available_memory():  # alternating them would measure the disk, not the engines
+        return {"layers": layers, "past_memory": held}
     rng = np.random.default_rng(0)
-    for engine, other in PAIRS:  # warm-up
+    for engine, other in pairs:  # warm-up
         engine_rates(engines[engine], rng)
         if llama is not None:
             llama_rates(llama, ggufs[other], threads)
     rounds: list[dict] = []
     for _ in range(ROUNDS):
-        for engine, other in PAIRS:
+        for engine, other in pairs:
             taken = {engine: engine_rates(engines[engine], rng)}
             if llama is not None:
                 taken[other] = llama_rates(llama, ggufs[other], threads)
@@ -153,8 +159,9 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
         for measure_name in MEASURES:
             figures[f"{name}_{measure_name}"] = statistics.median(r[name][measure_name] for r in rounds if name in r)
     if llama is not None:  # paired ratios: each engine against llama.cpp f16 in the same round, and at its width
-        by_round = [{**rounds[i], **rounds[i + 1]} for i in range(0, len(rounds), 2)]
-        for engine, other in PAIRS:
+        by_round = [{k: v for part in rounds[i : i + len(pairs)] for k, v in part.items()}
+                    for i in range(0, len(rounds), len(pairs))]  # fmt: skip
+        for engine, other in pairs:
             for base in {other, "f16"}:
                 for measure_name in MEASURES:
                     figures[f"{engine}/{base}_{measure_name}"] = statistics.median(
@@ -162,8 +169,22 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
                     )
     for engine, size in (("bf16", 2), ("int8", 1)):
         for batch in (1, 4):
+            if engine not in engines:
+                continue
             figures[f"{engine}_bytes_{batch}"] = step_bytes(config, size, batch, DEPTH + DECODE_TOKENS // 2)
     return figures
+
+
+def _bytes(directory: Path) -> int:
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+
+def _available_memory() -> int:
+    """MemAvailable: what the page cache can hold of both models without evicting either."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def main() -> None:
@@ -172,10 +193,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp tree built as the docstring says")
     parser.add_argument("--convert-python", default=sys.executable, help="a Python with the converter's needs")
+    parser.add_argument("--int8-max-layers", type=int, default=6, help="deeper shapes: bf16 and f16 only (disk)")
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
-        shapes = [measure(n, args.threads, Path(scratch), args.llama_cpp, args.convert_python) for n in args.layers]
+    shapes = []
+    for layers in args.layers:
+        pairs = PAIRS if layers <= args.int8_max_layers else PAIRS[:1]
+        with tempfile.TemporaryDirectory() as scratch:  # each shape's checkpoint, graphs and GGUFs, then gone
+            shapes.append(measure(layers, args.threads, Path(scratch), args.llama_cpp, args.convert_python, pairs))
     bandwidth = copy_bandwidth(args.threads)
     print(json.dumps({"shapes": shapes, "bandwidth": bandwidth}, indent=1))
     section = report(shapes, bandwidth, args.threads, args.llama_cpp is not None)
@@ -189,8 +214,10 @@ def _rate(figures: dict, measure_name: str, name: str) -> str:
     return f"{figures[key]:.2f} tok/s" if key in figures else "not run"
 
 
-def _ratio(figures: dict, key: str) -> str:
-    return f"{figures[key]:.2f}x" if key in figures else ""
+def _ratio(figures: dict, key: str, bold: bool = False) -> str:
+    if key not in figures:
+        return ""
+    return f"**{figures[key]:.2f}x**" if bold else f"{figures[key]:.2f}x"
 
 
 def report(shapes: list[dict], bandwidth: float, threads: int, with_llama: bool) -> str:
@@ -212,23 +239,31 @@ def report(shapes: list[dict], bandwidth: float, threads: int, with_llama: bool)
     ]
     if not with_llama:
         lines += ["llama.cpp was not given to this run: the engine's figures only.", ""]
+    if any("int8_decode_1" not in f for f in shapes):
+        lines += ["Cells that say *not run*: that shape was measured without the 8-bit pair (`--int8-max-layers`:"
+                  " the disk a second GGUF of it takes).", ""]  # fmt: skip
     lines += [
         "| layers | measure | engine bf16 | llama.cpp f16 | **bf16 ÷ f16** | engine int8 | llama.cpp q8_0 |"
         " int8 ÷ q8_0 | **int8 ÷ f16** | bytes/s ÷ copy bw (bf16, int8) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for f in shapes:
+        if "past_memory" in f:
+            held = f["past_memory"] / 2**30
+            note = f"not measured: the checkpoint and the GGUFs ({held:.0f} GiB) do not fit in memory together"
+            lines.append(f"| {f['layers']} | {note} | | | | | | | | |")
+            continue
         for m in MEASURES:
             rate = functools.partial(_rate, f, m)
             ratio = functools.partial(_ratio, f)
             share = ""
             if m.startswith("decode"):
                 batch = int(m[-1])
-                shares = [f[f"{e}_{m}"] / batch * f[f"{e}_bytes_{batch}"] / bandwidth for e in ("bf16", "int8")]
-                share = f"{shares[0]:.2f}, {shares[1]:.2f}"
+                kinds = [e for e in ("bf16", "int8") if f"{e}_{m}" in f]
+                share = ", ".join(f"{f[f'{e}_{m}'] / batch * f[f'{e}_bytes_{batch}'] / bandwidth:.2f}" for e in kinds)
             lines.append(
-                f"| {f['layers']} | {labels[m]} | {rate('bf16')} | {rate('f16')} | **{ratio(f'bf16/f16_{m}')}** |"
-                f" {rate('int8')} | {rate('q8_0')} | {ratio(f'int8/q8_0_{m}')} | **{ratio(f'int8/f16_{m}')}** |"
+                f"| {f['layers']} | {labels[m]} | {rate('bf16')} | {rate('f16')} | {ratio(f'bf16/f16_{m}', True)} |"
+                f" {rate('int8')} | {rate('q8_0')} | {ratio(f'int8/q8_0_{m}')} | {ratio(f'int8/f16_{m}', True)} |"
                 f" {share} |"
             )
     lines.append(end)
