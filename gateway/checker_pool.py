@@ -100,6 +100,8 @@ def _answer(
     except MemoryError:
         message = "The request body takes more memory to check than the gateway allows a request."
         return ("refused", 413, message, None, "request_too_large", "invalid_request_error")
+    except Exception as exc:  # a check's own failure: the request path decides (the checker lives on)
+        return ("unchecked", type(exc).__name__)
 
 
 class _Checker:
@@ -172,6 +174,8 @@ class CheckerPool:
             self._drop(checker)
         else:
             self._idle.put(checker)
+        if answer[0] == "unchecked":
+            raise CheckerLost(f"the check failed: {answer[1]}")
         if answer[0] == "refused":
             status, message, param, code, kind = answer[1:]
             raise ApiError(status, message, param=param, code=code, kind=kind)

@@ -1,7 +1,7 @@
 """Large bodies are checked in idle-priority checker processes before the gateway spends its own time on them:
 the same answers as the gateway's own threads give, from a process at SCHED_IDLE within an address-space bound;
-a checker that dies is replaced and its request still answered; a check that runs out of memory is a 413; the
-pool holds at most its size of processes."""
+a checker that dies is replaced and its request still answered; a check that runs out of memory is a 413, one
+that fails of itself leaves the request to the gateway; the pool holds at most its size of processes."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from checker_checks import allocate, broken
 from gateway_fixtures import KEY_SECRET, write_keys
 from live_gateway import GatewayProcess
-from memory_hungry_check import allocate
 
-from gateway.checker_pool import CheckerPool
+from gateway.checker_pool import CheckerLost, CheckerPool
 from gateway.errors import ApiError
 
 MODEL = "gpt-oss-120b"
@@ -177,5 +177,17 @@ def test_callers_past_the_pools_size_wait_for_its_checker():
             answers = list(threads.map(lambda raw: pool.call(raw, "identity", 1024, None), bodies))
         assert [answer.body for answer in answers] == [{"n": n} for n in range(6)]
         assert len(multiprocessing.active_children()) - before == 1
+    finally:
+        pool.close()
+
+
+def test_a_check_that_fails_of_itself_leaves_the_request_to_the_gateway_and_the_checker_alive():
+    before = len(multiprocessing.active_children())
+    pool = CheckerPool(None, max_body_bytes=1024, size=1)
+    try:
+        with pytest.raises(CheckerLost, match="ValueError"):
+            pool.call(b"{}", "identity", 1024, broken)
+        assert pool.call(b"[1]", "identity", 1024, None).body == [1]
+        assert len(multiprocessing.active_children()) - before == 1  # the same process answered
     finally:
         pool.close()

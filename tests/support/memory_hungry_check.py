@@ -1,8 +1,0 @@
-"""A check for a checker process to run (importable there: tests/support is on its path)."""
-
-from __future__ import annotations
-
-
-def allocate(body: object, mib: int) -> None:
-    """A check that takes `mib` MiB, as a hostile body's parse might."""
-    bytearray(mib * 1024 * 1024)
