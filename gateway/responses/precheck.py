@@ -42,8 +42,8 @@ def check_create(body: Any, limits: TenantLimits, capabilities: dict[str, Capabi
         return
     check_options(req, served)
     tools, _ = checked_tools(req, limits)
-    if req.previous_response_id or req.conversation_id or req.truncation == "auto":
-        return  # the prompt holds what is stored, or drops turns to fit
+    if req.previous_response_id or req.conversation_id or req.truncation == "auto" or req.context_management:
+        return  # the prompt holds what is stored, or drops turns or compacts them to fit
     sealed: list[str] = []
 
     def unseal(blob: str, purpose: str) -> str:

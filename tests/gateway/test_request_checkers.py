@@ -106,6 +106,18 @@ def test_a_checker_refuses_as_the_gateways_own_threads_do(gateways, case):
     assert answers[0] == _post(gateways[0], path, gzip.compress(body), "gzip")  # inflated by the checker
 
 
+@pytest.mark.parametrize("fitting", [{"context_management": [{"type": "compaction"}]}, {"truncation": "auto"}])
+def test_a_prompt_that_compaction_or_truncation_may_fit_is_answered_as_the_request_path_answers(gateways, fitting):
+    """Past the context as sent: the checker leaves it to the request path (which may compact or truncate), so
+    the answer is the one the gateway's own threads give."""
+    words = " ".join(f"w{n}" for n in range(8_000))  # about 20k tokens a turn: 7 turns pass the context
+    turns = [{"role": "user", "content": f"turn {n}: {words}"} for n in range(7)]
+    body = json.dumps({"model": MODEL, "input": turns, "max_output_tokens": 16, **fitting}).encode()
+    (status, answer), (expected_status, expected) = (_post(gateway, "/v1/responses", body) for gateway in gateways)
+    assert status == expected_status
+    assert answer.get("error") == expected.get("error") and answer.get("status") == expected.get("status")
+
+
 def test_a_large_body_a_checker_passes_is_served_whole(gateways):
     body = {"model": MODEL, "input": "hi", "tools": _tools(3, 400), "metadata": {"k": "v"}}
     answers = [_post(gateway, "/v1/responses", json.dumps(body).encode()) for gateway in gateways]
