@@ -33,7 +33,7 @@ from harmony.render import Renderer
 from .errors import ApiError
 
 log = structlog.get_logger("gateway.checker_pool")
-MAX_CHECKERS = 4  # processes at most (each ~210 MiB resident once its tokenizer is loaded)
+MAX_CHECKERS = 4  # processes at most (each holds its own tokenizer)
 CHECK_TIMEOUT_S = 60.0  # at idle priority a check waits for spare CPU: generous, then the threads take over
 BASE_MEMORY_BYTES = 2 * 1024**3  # a checker's address space before the body: interpreter, tokenizer, libraries
 MEMORY_PER_BODY_BYTE = 24  # parsed JSON takes ~10-15x its text as Python objects; the rest is headroom
@@ -91,7 +91,7 @@ def _answer(
     decode: Callable[..., tuple[Any, int]], raw: bytes, encoding: str, limit: int, check: Check | None
 ) -> tuple:
     try:
-        body, size = decode(raw, encoding, limit)
+        body, size = decode(raw, encoding, limit, stepwise=False)  # one run: nothing here shares a loop
         if check is not None:
             check(body)
         return ("accepted", marshal.dumps(body), size)

@@ -120,7 +120,7 @@ class CostlyWork:
 
     async def run(self, tenant: str, work: Callable[[], T]) -> T:
         """`work` in a worker thread, paced, in the tenant's turn."""
-        return await self._in_turn(tenant, _paced, work)
+        return await self._in_turn(tenant, _paced, asyncio.get_running_loop(), work)
 
     async def check(self, tenant: str, raw: bytes, encoding: str, limit: int, check: Check | None) -> Accepted | None:
         """A body decoded and checked by a checker process, in the tenant's turn: parsed, or an ApiError that
@@ -129,12 +129,13 @@ class CostlyWork:
         if checkers is None:
             return None
         try:
-            return await self._in_turn(tenant, lambda _loop, _work: checkers.call(raw, encoding, limit, check), None)
+            return await self._in_turn(tenant, checkers.call, raw, encoding, limit, check)
         except CheckerLost as exc:
             log.warning("request_checker_lost", reason=str(exc))
             return None
 
-    async def _in_turn(self, tenant: str, call: Callable[[asyncio.AbstractEventLoop, Any], T], work: Any) -> T:
+    async def _in_turn(self, tenant: str, function: Callable[..., T], *args: Any) -> T:
+        """function(*args) in a worker thread, once the tenant's place and a worker are free."""
         queue = self._queues.setdefault(tenant, _Queue())
         if queue.holders >= PER_TENANT + MAX_WAITING:
             message = "Too many large requests of this key's tenant are being checked at once; retry shortly."
@@ -142,8 +143,7 @@ class CostlyWork:
         queue.holders += 1
         try:
             async with queue.running, self._total:
-                loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self._threads, call, loop, work)
+                return await asyncio.get_running_loop().run_in_executor(self._threads, function, *args)
         finally:
             queue.holders -= 1
             if not queue.holders:

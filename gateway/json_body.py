@@ -105,7 +105,7 @@ def body_bytes(request: web.Request) -> int | None:
     return request.get(BODY_BYTES)
 
 
-def decode_body(raw: bytes, encoding: str, limit: int, stepwise: bool = False) -> tuple[Any, int]:
+def decode_body(raw: bytes, encoding: str, limit: int, *, stepwise: bool) -> tuple[Any, int]:
     """(the JSON, its size) of a body as sent: inflated to at most `limit` bytes, then parsed (`stepwise`: as
     parse_json does in the gateway's own threads; a checker process parses in one run)."""
     if encoding != "identity":

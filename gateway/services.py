@@ -74,14 +74,15 @@ class Services:
     ledger: UsageLedger = field(default_factory=MemoryLedger)
     ledger_retries: set[asyncio.Task[None]] = field(default_factory=set)  # usage records still being written
     tracing: TracerProvider | None = None  # set when the environment asks for traces (tracing.py)
+    # what each served model's backend can do (context length, logprobs): what a checker process is given
+    capabilities: dict[str, Capabilities] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.capabilities = {model: backend.capabilities for model, backend in self.backends.items()}
 
     @property
     def encoding(self) -> HarmonyEncoding:
         return self.renderer.encoding
-
-    def model_capabilities(self) -> dict[str, Capabilities]:
-        """What each served model's backend can do (its context length, logprobs, ...)."""
-        return {model: backend.capabilities for model, backend in self.backends.items()}
 
     def backend_for(self, model: str) -> Backend:
         backend = self.backends.get(model)

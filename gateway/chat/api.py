@@ -200,7 +200,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
     tenant = tenant_of(request)
     limits = services.settings.limits.for_tenant(tenant)
-    check = partial(check_chat, limits=limits, capabilities=services.model_capabilities())
+    check = partial(check_chat, limits=limits, capabilities=services.capabilities)
     req = await read_model(request, tenant, ChatRequest, CHAT_UNION_TAGS, check)
     backend = services.backend_for(req.model)
     check_options(req, backend.capabilities)

@@ -75,7 +75,7 @@ async def prepare(
     tenant = tenant_of(request)
     limits = services.settings.limits.for_tenant(tenant)
     if body is None:
-        check = partial(check_create, limits=limits, capabilities=services.model_capabilities())
+        check = partial(check_create, limits=limits, capabilities=services.capabilities)
         req = await read_model(request, tenant, ResponsesRequest, REQUEST_TAGS, check)
         body_bytes = body_size(request)
     else:

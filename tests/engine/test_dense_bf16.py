@@ -6,13 +6,10 @@ its portable build."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import ml_dtypes
 import numpy as np
-import onnxruntime as ort
 import pytest
-from engine_fixtures import kernel_builds
+from engine_fixtures import kernel_builds, kernel_session
 
 from backends.engine.graph import dense_model
 
@@ -32,13 +29,6 @@ def libraries() -> dict[str, str]:
     return kernel_builds()
 
 
-def _session(model: Path, library: str | None) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    if library is not None:
-        options.register_custom_ops_library(library)
-    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-
-
 @pytest.mark.parametrize(("n", "k", "rows"), SHAPES, ids=lambda v: str(v))
 def test_the_kernel_equals_the_portable_realization_and_the_reference(libraries, n, k, rows, tmp_path):
     rng = np.random.default_rng(n + k + rows)
@@ -49,10 +39,10 @@ def test_the_kernel_equals_the_portable_realization_and_the_reference(libraries,
     expected = (x.astype(np.float64) @ wide.T.astype(np.float64)) if n * k < 2**26 else _rows(x, wide, np.float64)
     scale = _rows(np.abs(x), np.abs(wide), np.float64)  # what float rounding is relative to
     if n * k < 2**26:  # the portable realization keeps a float32 copy: checked where that is small
-        portable = _session(model, None).run(None, {"x": x})[0]
+        portable = kernel_session(model, None).run(None, {"x": x})[0]
         assert np.all(np.abs(portable - expected) <= RELATIVE * scale + 1e-30)
     for name, library in libraries.items():
-        got = _session(model, library).run(None, {"x": x})[0]
+        got = kernel_session(model, library).run(None, {"x": x})[0]
         assert got.shape == (rows, n) and got.dtype == np.float32
         error = np.abs(got - expected) / (scale + 1e-30)
         assert error.max() < RELATIVE, f"{name}: {error.max():.2e}"
@@ -78,4 +68,4 @@ def _rows(x: np.ndarray, wide: np.ndarray, dtype: type) -> np.ndarray:
 def test_a_bad_shape_is_an_error_naming_the_op(libraries, tmp_path):
     model = dense_model(np.zeros((8, 16), ml_dtypes.bfloat16), tmp_path / "dense.onnx")
     with pytest.raises(Exception, match=r"DenseBF16|x"):
-        _session(model, libraries["native"]).run(None, {"x": np.zeros((2, 15), np.float32)})
+        kernel_session(model, libraries["native"]).run(None, {"x": np.zeros((2, 15), np.float32)})

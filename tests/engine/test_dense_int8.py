@@ -9,7 +9,6 @@ Per-row scales cost accuracy on rows with outliers: the bound is the option's, n
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -17,9 +16,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from engine_fixtures import kernel_builds, make_checkpoint
+from engine_fixtures import kernel_builds, kernel_session, loaded, make_checkpoint
 from engine_reference import ReferenceModel
 from pydantic import ValidationError
 
@@ -54,13 +52,6 @@ def libraries() -> dict[str, str]:
     return kernel_builds()
 
 
-def _session(model: Path, library: str | None) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    if library is not None:
-        options.register_custom_ops_library(library)
-    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-
-
 def test_int8_rows_keep_each_value_within_half_its_rows_step():
     rng = np.random.default_rng(0)
     weight = (rng.standard_normal((300, 70)) * np.logspace(-6, 1, 300)[:, None]).astype(ml_dtypes.bfloat16)
@@ -85,10 +76,10 @@ def test_the_kernel_equals_the_portable_realization_and_the_reference(libraries,
         expected[:, start : start + 16384] = x @ block.T
         magnitude[:, start : start + 16384] = np.abs(x) @ np.abs(block).T
     if n * k < 2**26:  # the portable realization keeps a float32 copy: checked where that is small
-        portable = _session(model, None).run(None, {"x": x})[0]
+        portable = kernel_session(model, None).run(None, {"x": x})[0]
         assert np.all(np.abs(portable - expected) <= RELATIVE * magnitude + 1e-30)
     for name, library in libraries.items():
-        got = _session(model, library).run(None, {"x": x})[0]
+        got = kernel_session(model, library).run(None, {"x": x})[0]
         assert got.shape == (rows, n) and got.dtype == np.float32
         error = np.abs(got - expected) / (magnitude + 1e-30)
         assert error.max() < RELATIVE, f"{name}: {error.max():.2e}"
@@ -97,7 +88,7 @@ def test_the_kernel_equals_the_portable_realization_and_the_reference(libraries,
 def test_a_scale_that_is_not_one_per_row_is_an_error_naming_the_op(libraries, tmp_path):
     model = dense_model(np.zeros((8, 16), np.int8), tmp_path / "dense.onnx", np.ones(7, np.float32))
     with pytest.raises(Exception, match="DenseInt8: scale must be"):
-        _session(model, libraries["native"]).run(None, {"x": np.zeros((2, 16), np.float32)})
+        kernel_session(model, libraries["native"]).run(None, {"x": np.zeros((2, 16), np.float32)})
 
 
 def _greedy(checkpoint: Path, cache: Path, count: int) -> list[int]:
@@ -108,11 +99,7 @@ def _greedy(checkpoint: Path, cache: Path, count: int) -> list[int]:
     backend = EngineBackend(options, load_harmony_encoding())
 
     async def run() -> list[int]:
-        started = time.monotonic()
-        while not await backend.ready():
-            assert backend.describe()["status"] != "failed", backend.describe()
-            assert time.monotonic() - started < 600, "the engine did not load"
-            await asyncio.sleep(0.1)
+        await loaded(backend)
         tokens: list[int] = []
         async for chunk in backend.generate(GenerateRequest(PROMPT, count, (), "int8", Sampling(temperature=0))):
             tokens += chunk.tokens

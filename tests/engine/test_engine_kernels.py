@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from engine_fixtures import export_model, kernel_builds, make_checkpoint, tiny_config
+from engine_fixtures import export_model, kernel_builds, kernel_session, make_checkpoint, tiny_config
 
 from backends.engine.config import GPT_OSS_20B, ModelConfig
 from backends.engine.graph import GraphOptions, moe_layer_model
@@ -34,13 +34,6 @@ def libraries() -> dict[str, str]:
     return kernel_builds()
 
 
-def _session(model: Path | str, library: str | None) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    if library is not None:
-        options.register_custom_ops_library(library)
-    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-
-
 @pytest.mark.parametrize(("config", "tokens"), SHAPES, ids=lambda v: getattr(v, "hidden_size", v))
 def test_the_kernel_equals_the_pure_onnx_realization(libraries, config, tokens, tmp_path):
     model = moe_layer_model(config, random_moe_layer(config, seed=tokens), tmp_path)
@@ -49,10 +42,10 @@ def test_the_kernel_equals_the_pure_onnx_realization(libraries, config, tokens, 
         "x": rng.standard_normal((tokens, config.hidden_size)).astype(np.float32),
         "router_logits": rng.standard_normal((tokens, config.num_experts)).astype(np.float32),
     }
-    expected = _session(model, None).run(None, feeds)[0]
+    expected = kernel_session(model, None).run(None, feeds)[0]
     assert np.abs(expected).max() > 0.1
     for name, library in libraries.items():
-        got = _session(model, library).run(None, feeds)[0]
+        got = kernel_session(model, library).run(None, feeds)[0]
         worst = float(np.abs(got - expected).max())
         assert worst <= RELATIVE * float(np.abs(expected).max()), f"{name}: largest difference {worst:.2e}"
 
@@ -73,11 +66,11 @@ def test_the_kernel_in_16_bit_activations_equals_its_float32_result_rounded(libr
         all(np.array_equal(biases[n].astype(np.float32), layer[n].astype(np.float32)) for n in biases)
         or dtype == "float16"
     )
-    expected = _session(wide, libraries["native"]).run(
+    expected = kernel_session(wide, libraries["native"]).run(
         None, {"x": x.astype(np.float32), "router_logits": logits.astype(np.float32)}
     )[0]
     onnx_type = GraphOptions(16, dtype).onnx_type
-    session = _session(narrow, libraries["native"])
+    session = kernel_session(narrow, libraries["native"])
     binding = session.io_binding()  # 16-bit values as raw bits (NumPy has no bfloat16 ONNX Runtime knows)
     for name, array in (("x", x), ("router_logits", logits)):
         binding.bind_ortvalue_input(
@@ -149,7 +142,7 @@ def test_build_kernels_copies_a_library_that_registers(tmp_path, capsys):
     config = ModelConfig(num_experts=4, experts_per_token=2, hidden_size=64, intermediate_size=64)
     model = moe_layer_model(config, random_moe_layer(config), tmp_path)
     feeds = {"x": np.ones((2, 64), np.float32), "router_logits": np.zeros((2, 4), np.float32)}
-    assert _session(model, str(library)).run(None, feeds)[0].shape == (2, 64)
+    assert kernel_session(model, str(library)).run(None, feeds)[0].shape == (2, 64)
 
 
 def test_a_first_build_is_announced_and_a_cached_one_is_silent(monkeypatch, tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import openai
 import pytest
-from engine_fixtures import make_checkpoint, tiny_config
+from engine_fixtures import loaded, make_checkpoint, tiny_config
 from gateway_fixtures import gateway_settings
 from live_gateway import LiveGateway
 
@@ -49,9 +49,7 @@ def _engine(checkpoint: Path, sampling: Sampling) -> tuple[list[int], list[Token
     backend = EngineBackend(options, load_harmony_encoding())
 
     async def run() -> tuple[list[int], list[TokenLogprob]]:
-        while not await backend.ready():
-            assert backend.describe()["status"] != "failed", backend.describe()
-            await asyncio.sleep(0.02)
+        await loaded(backend)
         tokens: list[int] = []
         logprobs: list[TokenLogprob] = []
         request = GenerateRequest(PROMPT, STEPS, (), "lp", sampling, top_logprobs=TOP)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_fixtures import make_checkpoint, tiny_config
+from engine_fixtures import loaded, make_checkpoint, tiny_config
 
 from backends.base import GenerateRequest, Sampling
 from backends.engine.backend import EngineBackend, EngineOptions
@@ -37,9 +37,7 @@ def _engine_tokens(checkpoint: Path, sampling: Sampling) -> list[int]:
     backend = EngineBackend(options, load_harmony_encoding())
 
     async def run() -> list[int]:
-        while not await backend.ready():
-            assert backend.describe()["status"] != "failed", backend.describe()
-            await asyncio.sleep(0.02)
+        await loaded(backend)
         tokens: list[int] = []
         async for chunk in backend.generate(GenerateRequest(PROMPT, STEPS, (), "p", sampling)):
             tokens += chunk.tokens

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from engine_fixtures import make_checkpoint
+from engine_fixtures import loaded, make_checkpoint
 from engine_reference import ReferenceModel
 
 from backends.base import GenerateRequest, Sampling, TokenLogprob
@@ -44,7 +43,6 @@ def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int, list[
         checkpoint=str(checkpoint), max_positions=64, max_batch=1, cache_dir=str(cache), device="cpu", page_size=PAGE
     )
     backend = EngineBackend(options, load_harmony_encoding())
-    started = time.monotonic()
 
     async def one(prompt: list[int], count: int) -> tuple[list[int], int, list[TokenLogprob]]:
         tokens, cached, logprobs = [], -1, []
@@ -56,10 +54,7 @@ def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int, list[
         return tokens, cached, logprobs
 
     async def run() -> list[tuple[list[int], int, list[TokenLogprob]]]:
-        while not await backend.ready():
-            assert backend.describe()["status"] != "failed", backend.describe()
-            assert time.monotonic() - started < 600, "the engine did not load"
-            await asyncio.sleep(0.1)
+        await loaded(backend)
         first = await one(PROMPT, GENERATED)
         results = [first, await one(PROMPT, GENERATED), await one(PROMPT + first[0][:2], GENERATED - 2)]
         await backend.aclose()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_fixtures import make_checkpoint, tiny_config
+from engine_fixtures import loaded, make_checkpoint, tiny_config
 
 from backends.base import GenerateRequest, Sampling
 from backends.engine.backend import EngineBackend, EngineOptions
@@ -57,25 +57,18 @@ def _options(checkpoint: Path, **extra) -> EngineOptions:
     )
 
 
-async def _ready(backend: EngineBackend) -> EngineBackend:
-    while not await backend.ready():
-        assert backend.describe()["status"] != "failed", backend.describe()
-        await asyncio.sleep(0.02)
-    return backend
-
-
 def test_sharing_copying_eviction_and_preemption_together_keep_every_answer_and_every_page(checkpoint):
     load = _load()
 
     async def alone() -> list[list[int]]:
-        backend = await _ready(EngineBackend(_options(checkpoint, max_batch=1, prefix_cache_tokens=0), ENCODING))
+        backend = await loaded(EngineBackend(_options(checkpoint, max_batch=1, prefix_cache_tokens=0), ENCODING))
         answers = [await _answer(backend, prompt, count, None) for prompt, count, _ in load]
         await backend.aclose()
         return answers
 
     async def together():
         options = _options(checkpoint, max_batch=6, kv_cache_tokens=160, page_size=16, prefill_chunk=16)
-        backend = await _ready(EngineBackend(options, ENCODING))
+        backend = await loaded(EngineBackend(options, ENCODING))
         answers = await asyncio.gather(*(_answer(backend, *request) for request in load))
         await asyncio.sleep(0.1)  # the engine thread's bookkeeping after the last token
         batcher = backend._batcher

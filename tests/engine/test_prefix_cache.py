@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from engine_fixtures import make_checkpoint, tiny_config
+from engine_fixtures import loaded, make_checkpoint, tiny_config
 
 from backends.base import EngineStats, GenerateRequest, Sampling
 from backends.engine.backend import EngineBackend, EngineOptions
@@ -37,13 +37,6 @@ def _backend(checkpoint: Path, **extra) -> EngineBackend:
         **extra,
     )
     return EngineBackend(options, ENCODING)
-
-
-async def _ready(backend: EngineBackend) -> EngineBackend:
-    while not await backend.ready():
-        assert backend.describe()["status"] != "failed", backend.describe()
-        await asyncio.sleep(0.02)
-    return backend
 
 
 async def _generate(backend, prompt, count=12, tenant="a", key=None) -> tuple[list[int], int]:
@@ -75,7 +68,7 @@ def test_reuse_gives_exactly_the_tokens_a_full_prefill_gives(checkpoint):
     prompts = _conversation()
 
     async def run(budget: int | None) -> tuple[list[tuple[list[int], int]], EngineStats]:
-        backend = await _ready(_backend(checkpoint, max_batch=2, prefix_cache_tokens=budget))
+        backend = await loaded(_backend(checkpoint, max_batch=2, prefix_cache_tokens=budget))
         results = [await _generate(backend, prompt) for prompt in prompts]
         stats = await _settled(backend)
         await backend.aclose()
@@ -104,7 +97,7 @@ def test_a_prompt_is_reused_only_in_its_own_tenant_and_cache_key(checkpoint):
     prompt = SHARED[:33]  # short: every position of it weighs on the answer
 
     async def scenario() -> list[tuple[list[int], int]]:
-        backend = await _ready(_backend(checkpoint, max_batch=3))
+        backend = await loaded(_backend(checkpoint, max_batch=3))
         results = [
             await _generate(backend, prompt, tenant="a"),
             await _generate(backend, prompt, tenant="b"),  # another tenant: nothing
@@ -126,7 +119,7 @@ def test_an_operator_may_share_the_cache_across_tenants(checkpoint):
     prompt = _conversation()[0]
 
     async def scenario() -> list[int]:
-        backend = await _ready(_backend(checkpoint, max_batch=2, prefix_cache_scope="shared"))
+        backend = await loaded(_backend(checkpoint, max_batch=2, prefix_cache_scope="shared"))
         cached = [(await _generate(backend, prompt, tenant=tenant))[1] for tenant in ("a", "b")]
         await backend.aclose()
         return cached
@@ -138,10 +131,10 @@ def test_a_running_sequences_pages_are_shared_with_another_and_both_answers_stay
     first, second = [*SHARED, *range(5000, 5030)], [*SHARED, *range(8000, 8045)]
 
     async def scenario() -> tuple[list[list[int]], list[list[int]], list[int], EngineStats]:
-        backend = await _ready(_backend(checkpoint, max_batch=3, prefix_cache_tokens=0))
+        backend = await loaded(_backend(checkpoint, max_batch=3, prefix_cache_tokens=0))
         solo = [(await _generate(backend, prompt, 40))[0] for prompt in (first, second)]
         await backend.aclose()
-        backend = await _ready(_backend(checkpoint, max_batch=3))
+        backend = await loaded(_backend(checkpoint, max_batch=3))
         running = asyncio.create_task(_generate(backend, first, 40))
         while (await _settled(backend)).decode_tokens < 5:
             await asyncio.sleep(0.005)  # the first decodes; its prompt's pages are named
@@ -161,7 +154,7 @@ def test_eviction_under_a_small_budget_never_breaks_a_running_sequence(checkpoin
     prompts = [[*SHARED[:40], *range(base, base + 60)] for base in (10000, 11000, 12000, 13000, 14000, 15000)]
 
     async def scenario(budget: int) -> tuple[list[list[int]], EngineStats]:
-        backend = await _ready(_backend(checkpoint, max_batch=2, prefix_cache_tokens=budget))
+        backend = await loaded(_backend(checkpoint, max_batch=2, prefix_cache_tokens=budget))
         answers = await asyncio.gather(*(_generate(backend, prompt, 30) for prompt in prompts * 2))
         stats = await _settled(backend)
         await backend.aclose()

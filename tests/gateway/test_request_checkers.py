@@ -167,39 +167,37 @@ def test_a_dead_checker_is_replaced_and_its_request_still_answered(gateways):
     assert "request_checker_lost" in with_checkers.log_text()
 
 
-def test_a_check_past_the_checkers_memory_bound_is_a_413_and_the_checker_lives_on():
-    pool = CheckerPool(None, max_body_bytes=1024)
-    try:
-        with pytest.raises(ApiError) as refused:
-            pool.call(b"{}", "identity", 1024, functools.partial(allocate, mib=8 * 1024))
-        assert refused.value.status == 413 and refused.value.code == "request_too_large"
-        raw = b'{"a": [1, 2.5, "x", null, true]}'
-        accepted = pool.call(raw, "identity", 1024, functools.partial(allocate, mib=1))
-        assert accepted.body == {"a": [1, 2.5, "x", None, True]} and accepted.size == len(raw)
-    finally:
-        pool.close()
-
-
-def test_callers_past_the_pools_size_wait_for_its_checker():
+@pytest.fixture
+def one_checker():
+    """A pool of one checker process, and how many processes this one had started before it."""
     before = len(multiprocessing.active_children())
     pool = CheckerPool(None, max_body_bytes=1024, size=1)
-    try:
-        with ThreadPoolExecutor(3) as threads:
-            bodies = [json.dumps({"n": n}).encode() for n in range(6)]
-            answers = list(threads.map(lambda raw: pool.call(raw, "identity", 1024, None), bodies))
-        assert [answer.body for answer in answers] == [{"n": n} for n in range(6)]
-        assert len(multiprocessing.active_children()) - before == 1
-    finally:
-        pool.close()
+    yield pool, before
+    pool.close()
 
 
-def test_a_check_that_fails_of_itself_leaves_the_request_to_the_gateway_and_the_checker_alive():
-    before = len(multiprocessing.active_children())
-    pool = CheckerPool(None, max_body_bytes=1024, size=1)
-    try:
-        with pytest.raises(CheckerLost, match="ValueError"):
-            pool.call(b"{}", "identity", 1024, broken)
-        assert pool.call(b"[1]", "identity", 1024, None).body == [1]
-        assert len(multiprocessing.active_children()) - before == 1  # the same process answered
-    finally:
-        pool.close()
+def test_a_check_past_the_checkers_memory_bound_is_a_413_and_the_checker_lives_on(one_checker):
+    pool, _ = one_checker
+    with pytest.raises(ApiError) as refused:
+        pool.call(b"{}", "identity", 1024, functools.partial(allocate, mib=8 * 1024))
+    assert refused.value.status == 413 and refused.value.code == "request_too_large"
+    raw = b'{"a": [1, 2.5, "x", null, true]}'
+    accepted = pool.call(raw, "identity", 1024, functools.partial(allocate, mib=1))
+    assert accepted.body == {"a": [1, 2.5, "x", None, True]} and accepted.size == len(raw)
+
+
+def test_callers_past_the_pools_size_wait_for_its_checker(one_checker):
+    pool, before = one_checker
+    with ThreadPoolExecutor(3) as threads:
+        bodies = [json.dumps({"n": n}).encode() for n in range(6)]
+        answers = list(threads.map(lambda raw: pool.call(raw, "identity", 1024, None), bodies))
+    assert [answer.body for answer in answers] == [{"n": n} for n in range(6)]
+    assert len(multiprocessing.active_children()) - before == 1
+
+
+def test_a_check_that_fails_of_itself_leaves_the_request_to_the_gateway_and_the_checker_alive(one_checker):
+    pool, before = one_checker
+    with pytest.raises(CheckerLost, match="ValueError"):
+        pool.call(b"{}", "identity", 1024, broken)
+    assert pool.call(b"[1]", "identity", 1024, None).body == [1]
+    assert len(multiprocessing.active_children()) - before == 1  # the same process answered

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
+from typing import Any
 
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.config import ModelConfig
@@ -45,3 +48,23 @@ def kernel_builds() -> dict[str, str]:
     if platform.machine() in ("x86_64", "AMD64"):
         built["portable"] = str(build.build_library(march="x86-64"))
     return built
+
+
+async def loaded(backend: Any, timeout_s: float = 600) -> Any:
+    """The engine backend once it has loaded (its status never `failed` meanwhile, at most `timeout_s`)."""
+    started = time.monotonic()
+    while not await backend.ready():
+        assert backend.describe()["status"] != "failed", backend.describe()
+        assert time.monotonic() - started < timeout_s, "the engine did not load"
+        await asyncio.sleep(0.02)
+    return backend
+
+
+def kernel_session(model: Path | str, library: str | None) -> Any:
+    """A CPU session of `model` with the compiled kernel `library` registered (None: the graph's functions)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if library is not None:
+        options.register_custom_ops_library(library)
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
