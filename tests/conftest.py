@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))  # the te
 os.environ["GATEWAY_BACKEND"] = "mock"
 
 from gateway_fixtures import gateway, redis_server  # noqa: F401  (fixtures shared by the API tests)
+from machine_state import machine_state_lines
 from unprivileged import shared_dir  # noqa: F401  (a directory an unprivileged gateway can read)
 
 from harmony import Renderer, load_harmony_encoding
@@ -34,3 +35,13 @@ def renderer(encoding):
 @pytest.fixture(scope="session")
 def tok(encoding):
     return encoding.encode_marked
+
+
+def pytest_report_header() -> list[str]:
+    return machine_state_lines()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The machine's state again at the end: a run that went slow or failed en masse shows whether it was starved."""
+    for line in machine_state_lines():
+        terminalreporter.write_line(line)
