@@ -79,9 +79,14 @@ def test_a_usage_report_after_the_stop_is_kept(encoding):
 class StallingBackend(RunawayBackend):
     """Sends a few tokens of an answer, then waits for a token that never comes."""
 
+    def __init__(self, encoding, text: str, per_chunk: int) -> None:
+        super().__init__(encoding, text, per_chunk)
+        self.stalled = asyncio.Event()
+
     async def generate(self, request):
         try:
             yield Chunk(self._tokens[:3])
+            self.stalled.set()
             await asyncio.sleep(3600)
         finally:
             self.closed = True
@@ -94,7 +99,7 @@ def test_a_drain_cut_fails_the_generation_and_closes_the_backend(encoding):
     async def scenario() -> Turn:
         turn = Turn(backend, encoding, [1, 2], 500, Sampling(), Constraint(), "req", lifecycle=lifecycle)
         consumer = asyncio.ensure_future(_consume(turn))
-        await asyncio.sleep(0.05)
+        await backend.stalled.wait()
         lifecycle.enter()  # a request in flight, so that the drain waits, then cuts
         drain = asyncio.ensure_future(lifecycle.drain(budget_s=0.05))
         await consumer  # ends by itself once cut: the cut is not a cancellation of the consumer
@@ -113,7 +118,7 @@ def test_a_cancellation_during_a_cut_still_cancels(encoding):
     async def scenario() -> None:
         turn = Turn(backend, encoding, [1, 2], 500, Sampling(), Constraint(), "req", lifecycle=Lifecycle())
         consumer = asyncio.ensure_future(_consume(turn))
-        await asyncio.sleep(0.05)
+        await backend.stalled.wait()
         consumer.cancel()  # the client left at the same moment
         turn.cut()
         with pytest.raises(asyncio.CancelledError):
