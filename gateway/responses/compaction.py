@@ -92,7 +92,7 @@ async def summarise(
             kind="server_error",
         )
     spent = usage(turn.prompt_tokens, turn.cached_tokens, turn.output_tokens, turn.assembler.reasoning_tokens)
-    return summary, spent.model_dump()
+    return summary, spent
 
 
 def user_messages(spec: PromptSpec) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """The Responses API's output shape in one place: the models of what a response returns (the OpenAPI document
-is generated from them), the JSON of each output item, and the response object, built as a ResponseObject so
-that a field the models do not describe cannot go out."""
+is generated from them), the JSON of each output item, and the response object. The JSON is built directly
+(it is on every request's path); tests/gateway/responses/test_shape.py holds every kind of item and response
+to what the models dump, so that a field the models do not describe cannot go out."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ..generation.assembler import OutputItem
 from ..generation.turn import Outcome
 from ..hosted.results import McpListing, McpResult, NotRun, PythonResult, SearchResult, ToolResult
 from .models.items import ReasoningText, SummaryText
-from .models.request import ReasoningConfig, ResponsesRequest, TextConfig, TextFormatText
+from .models.request import ReasoningConfig, ResponsesRequest, TextConfig
 from .models.tools import FunctionTool, McpTool
 
 Status = Literal["in_progress", "completed", "incomplete"]
@@ -323,14 +324,18 @@ def reasoning_part(text: str) -> dict[str, Any]:
     return {"type": "reasoning_text", "text": text}
 
 
-def usage(prompt: int, cached: int, output: int, reasoning: int) -> Usage:
-    return Usage(
-        input_tokens=prompt,
-        input_tokens_details=InputTokensDetails(cached_tokens=cached, cache_write_tokens=0),
-        output_tokens=output,
-        output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning),
-        total_tokens=prompt + output,
-    )
+def usage(prompt: int, cached: int, output: int, reasoning: int) -> dict[str, Any]:
+    """A response's `usage`, as a Usage dumps it."""
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": prompt + output,
+    }
+
+
+DEFAULT_TEXT = {"format": {"type": "text"}}
 
 
 def response_json(
@@ -340,53 +345,60 @@ def response_json(
     created_at: int,
     status: str,
     output: list[dict[str, Any]],
-    usage: Usage | None,
+    usage: dict[str, Any] | None,
     stored: bool,
     conversation_id: str | None,
     outcome: Outcome | None,
 ) -> dict[str, Any]:
     """The response object at a moment: the request's echo with the output so far (and, once finished, the
-    usage), as a checked ResponseObject."""
+    usage). Built as plain JSON on the request path (it runs for every response, and for a stream's every
+    lifecycle event); tests/gateway/responses/test_shape.py holds it to what ResponseObject dumps."""
     error = None
     if outcome is not None and outcome.error_code:
         error = _response_error(outcome.error_code, outcome.error_message or "")
-    incomplete = IncompleteDetails(reason=outcome.incomplete_reason) if outcome and outcome.incomplete_reason else None
-    response = ResponseObject(
-        id=response_id,
-        object="response",
-        created_at=created_at,
-        completed_at=int(time.time()) if status == "completed" else None,
-        status=status,  # type: ignore[arg-type]
-        error=error,
-        incomplete_details=incomplete,
-        background=req.background,
-        instructions=req.instructions,
-        max_output_tokens=req.max_output_tokens,
-        max_tool_calls=req.max_tool_calls,
-        model=req.model,
-        output=output,  # type: ignore[arg-type]
-        parallel_tool_calls=req.parallel_tool_calls,
-        previous_response_id=req.previous_response_id,
-        reasoning=ReasoningConfig(effort=req.reasoning.effort or "medium", summary=req.reasoning.summary),
-        service_tier="default",
-        store=stored,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        text=req.text if "text" in req.model_fields_set else TextConfig(format=TextFormatText(type="text")),
-        tool_choice=req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
-        tools=[_tool_echo(tool) for tool in req.tools],
-        top_logprobs=req.top_logprobs or 0,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        truncation=req.truncation,
-        usage=usage,
-        user=req.user,
-        safety_identifier=req.safety_identifier,
-        prompt_cache_key=req.prompt_cache_key,
-        metadata=req.metadata or {},
-        conversation=ConversationOut(id=conversation_id) if conversation_id else None,
-    )
-    return response.model_dump(mode="json", by_alias=True, exclude_unset=True)  # items keep just their keys
+    incomplete = {"reason": outcome.incomplete_reason} if outcome and outcome.incomplete_reason else None
+    reasoning = req.reasoning
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "status": status,
+        "error": error,
+        "incomplete_details": incomplete,
+        "background": req.background,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "max_tool_calls": req.max_tool_calls,
+        "model": req.model,
+        "output": output,
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "previous_response_id": req.previous_response_id,
+        "reasoning": {"effort": reasoning.effort or "medium", "summary": reasoning.summary},
+        "service_tier": "default",
+        "store": stored,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "text": _text_echo(req),
+        "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
+        "tools": [_tool_echo(tool) for tool in req.tools],
+        "top_logprobs": req.top_logprobs or 0,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "presence_penalty": req.presence_penalty or 0.0,
+        "frequency_penalty": req.frequency_penalty or 0.0,
+        "truncation": req.truncation,
+        "usage": usage,
+        "user": req.user,
+        "safety_identifier": req.safety_identifier,
+        "prompt_cache_key": req.prompt_cache_key,
+        "metadata": req.metadata or {},
+        "conversation": {"id": conversation_id} if conversation_id else None,
+    }
+
+
+def _text_echo(req: ResponsesRequest) -> dict[str, Any]:
+    if "text" not in req.model_fields_set:
+        return DEFAULT_TEXT
+    return req.text.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def _tool_echo(tool: Any) -> dict[str, Any]:
@@ -408,7 +420,7 @@ RESPONSE_ERROR_CODES = frozenset(
 )
 
 
-def _response_error(code: str, message: str) -> ResponseErrorOut:
+def _response_error(code: str, message: str) -> dict[str, str]:
     if code in RESPONSE_ERROR_CODES:
-        return ResponseErrorOut(code=code, message=message)
-    return ResponseErrorOut(code="server_error", message=f"{code}: {message}")
+        return {"code": code, "message": message}
+    return {"code": "server_error", "message": f"{code}: {message}"}
