@@ -8,6 +8,7 @@ import re
 
 import tiktoken
 
+from .header import HeaderCache
 from .tokens import SPECIAL_TEXT, SPECIAL_TOKENS, VOCAB_SIZE
 from .vocab import load_vocabulary_bytes, parse_ranks
 
@@ -46,6 +47,7 @@ class HarmonyEncoding:
         for token, text in SPECIAL_TEXT.items():
             table[token] = text.encode()
         self.token_bytes: list[bytes] = table  # index = token id; specials hold their text
+        self.headers = HeaderCache(table)  # message headers the parsers read, parsed once each
         self.mergeable_ranks = mergeable_ranks
         self.pattern = O200K_PATTERN
         self.encode_ordinary = self._tiktoken.encode_ordinary

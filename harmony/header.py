@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from .events import Repair, RepairKind
 from .tokens import CHANNEL, CONSTRAIN, FIRST_SPECIAL, SPECIAL_TEXT
 from .types import Author, Role
 
 CONSTRAIN_TEXT = "<|constrain|>"
+HEADER_CACHE_LIMIT = 4096
 _WORD = re.compile(r"\S+")
 _ROLES = {r.value: r for r in Role}
 _RECIPIENT_PREFIXES = ("functions.", "browser.", "container.", "python", "assistant")
@@ -25,7 +27,7 @@ def _looks_like_recipient(word: str) -> bool:
     return word.startswith(_RECIPIENT_PREFIXES)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class HeaderFields:
     author: Author
     channel: str | None = None
@@ -174,3 +176,31 @@ def parse_header(
             Repair(RepairKind.CONTENT_TYPE_WITHOUT_RECIPIENT, f"content type {content_type!r} without a recipient")
         )
     return HeaderFields(author, channel, recipient, content_type, "".join(fallback).lstrip(), repairs)
+
+
+class HeaderCache:
+    """Parsed headers of one vocabulary, by their tokens and flags: a model writes the same few headers over and
+    over. Only headers read without a repair are kept (their fields are frozen and shared), at most
+    HEADER_CACHE_LIMIT of them: unusual headers are parsed each time."""
+
+    def __init__(self, table: list[bytes]) -> None:
+        self._table = table
+        self._parsed: dict[tuple[Any, ...], HeaderFields] = {}
+
+    def parse(
+        self, tokens: list[int], *, explicit_start: bool, default_role: Role, message_token_missing: bool = False
+    ) -> HeaderFields:
+        key = (tuple(tokens), explicit_start, default_role, message_token_missing)
+        found = self._parsed.get(key)
+        if found is not None:
+            return found
+        fields = parse_header(
+            tokens,
+            self._table,
+            explicit_start=explicit_start,
+            default_role=default_role,
+            message_token_missing=message_token_missing,
+        )
+        if not fields.repairs and len(self._parsed) < HEADER_CACHE_LIMIT:
+            self._parsed[key] = fields
+        return fields

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from .encoding import HarmonyEncoding, load_harmony_encoding
 from .events import ContentDelta, MessageEnd, MessageStart, ParseEvent, Repair, RepairKind, StopReason
-from .header import HeaderFields, parse_header
+from .header import HeaderFields
 from .tokens import (
     CALL,
     CHANNEL,
@@ -37,7 +37,9 @@ class StreamParser:
     """
 
     def __init__(self, encoding: HarmonyEncoding | None = None, role: Role | None = Role.ASSISTANT) -> None:
-        self._table = (encoding or load_harmony_encoding()).token_bytes
+        encoding = encoding or load_harmony_encoding()
+        self._table = encoding.token_bytes
+        self._headers = encoding.headers
         self._vocab_size = len(self._table)
         self._default_role = role or Role.ASSISTANT
         self.messages: list[Message] = []
@@ -172,9 +174,8 @@ class StreamParser:
         self._explicit_start = explicit
 
     def _parse(self, message_token_missing: bool = False) -> HeaderFields:
-        return parse_header(
+        return self._headers.parse(
             self._header,
-            self._table,
             explicit_start=self._explicit_start,
             default_role=self._default_role,
             message_token_missing=message_token_missing,

@@ -63,6 +63,8 @@ class UsagePage:
 
 
 class UsageLedger(Protocol):
+    in_process: bool  # kept in this process's memory: a write never waits
+
     async def record(self, entry: UsageRecord) -> bool:
         """Keep the record; False when one for its response id was kept already. StoreUnavailable when it
         cannot be kept now (a retry is safe)."""
@@ -82,6 +84,8 @@ def _entry_id(value: str) -> tuple[int, int]:
 
 class MemoryLedger:
     """This process's ledger (no Redis): a bounded list per tenant, ids as Redis would give them."""
+
+    in_process = True
 
     def __init__(self, retention_s: int = DEFAULT_RETENTION_S, per_tenant: int = MEMORY_RECORDS_PER_TENANT) -> None:
         self._retention_s = retention_s
@@ -125,6 +129,8 @@ class MemoryLedger:
 
 class RedisLedger(RedisJsonStore):
     """The shared ledger: a Stream per tenant (see the module docstring)."""
+
+    in_process = False
 
     def __init__(self, client: Any, retention_s: int = DEFAULT_RETENTION_S, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from typing import Any
 
 import structlog
@@ -32,7 +31,11 @@ NOT_TOOL_CALLS = {"message", "reasoning"}
 def responses_record(tenant: str, key_id: str | None, response: dict[str, Any], created_at: float) -> UsageRecord:
     """A Responses API response's record, from the object the client gets."""
     usage = response.get("usage") or {}
-    tools = Counter(item["type"] for item in response.get("output") or [] if item.get("type") not in NOT_TOOL_CALLS)
+    tools: dict[str, int] = {}
+    for item in response.get("output") or ():
+        kind = item.get("type")
+        if kind not in NOT_TOOL_CALLS:
+            tools[kind] = tools.get(kind, 0) + 1
     return UsageRecord(
         response_id=response["id"],
         tenant=tenant,
@@ -44,7 +47,7 @@ def responses_record(tenant: str, key_id: str | None, response: dict[str, Any], 
         cached_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens", 0),
         output_tokens=usage.get("output_tokens", 0),
         reasoning_tokens=(usage.get("output_tokens_details") or {}).get("reasoning_tokens", 0),
-        tool_calls=dict(tools),
+        tool_calls=tools,
         created_at=created_at,
         completed_at=time.time(),
     )
@@ -74,17 +77,21 @@ def chat_record(
 
 async def bill(services: Services, entry: UsageRecord) -> None:
     """Keep the record now (within BILL_WAIT_S), or keep trying in the background; never raises."""
-    counter = services.metrics.usage_records
+    metrics = services.metrics
+    ledger = services.ledger
     try:
-        async with asyncio.timeout(BILL_WAIT_S):  # no task of its own: this runs for every answer
-            kept = await services.ledger.record(entry)
+        if ledger.in_process:  # nothing to wait for: no timer per answer
+            kept = await ledger.record(entry)
+        else:
+            async with asyncio.timeout(BILL_WAIT_S):  # no task of its own: this runs for every answer
+                kept = await ledger.record(entry)
     except (StoreUnavailable, TimeoutError):
-        counter.labels("failed").inc()
+        metrics.child(metrics.usage_records, "failed").inc()
         task = asyncio.ensure_future(_retry(services, entry))
         services.ledger_retries.add(task)
         task.add_done_callback(services.ledger_retries.discard)
         return
-    counter.labels("kept" if kept else "duplicate").inc()
+    metrics.child(metrics.usage_records, "kept" if kept else "duplicate").inc()
 
 
 async def _retry(services: Services, entry: UsageRecord) -> None:
