@@ -59,6 +59,7 @@ MAX_POSITIONS = 131072  # gpt-oss's context
 
 
 DENSE_INT8_CPU_ONLY = "dense_int8 is a CPU option (a CUDA graph reads its dense weights in its dtype)"
+MOE_INT8_CPU_KERNEL = "moe_int8_activations is an option of the compiled CPU MoE kernel (needs kernels, device cpu)"
 
 
 class EngineOptions(BaseModel):
@@ -74,6 +75,10 @@ class EngineOptions(BaseModel):
     # CPU: the attention projections and the unembedding read in int8 with a scale per row (half the bytes of
     # bf16; logits within the bound tests/engine/test_dense_int8.py states), the router in bf16
     dense_int8: bool = False
+    # CPU: the MoE kernel's decode path (experts with fewer than four tokens in a step) takes integer dot products
+    # of the activations quantized to int8 per 32 values, as llama.cpp's CPU path does for MXFP4 experts (logits
+    # within the bound tests/engine/test_moe_int8.py states)
+    moe_int8_activations: bool = False
     device: Device = "auto"
     device_id: int = Field(default=0, ge=0)
     dtype: Dtype | None = None  # None: by device
@@ -85,9 +90,11 @@ class EngineOptions(BaseModel):
     prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
 
     @model_validator(mode="after")
-    def _dense_int8_on_the_cpu(self) -> EngineOptions:
+    def _int8_options_on_the_cpu(self) -> EngineOptions:
         if self.dense_int8 and self.device == "cuda":
             raise ValueError(DENSE_INT8_CPU_ONLY)
+        if self.moe_int8_activations and (self.device == "cuda" or not self.kernels or self.moe != "mxfp4moe"):
+            raise ValueError(MOE_INT8_CPU_KERNEL)
         return self
 
     def full_pages(self) -> int:
@@ -164,6 +171,8 @@ class EngineBackend:
                 raise EngineDeviceError(reason)
             if options.dense_int8 and device != "cpu":
                 raise EngineDeviceError(DENSE_INT8_CPU_ONLY)
+            if options.moe_int8_activations and device != "cpu":
+                raise EngineDeviceError(MOE_INT8_CPU_KERNEL)
             self._placement = {"device": device, "dtype": dtype, "moe": options.moe}
             log.info("engine_device", device=device, dtype=dtype, asked=options.device, moe=options.moe)
             # DenseBF16 runs on the CPU alone: a CUDA graph keeps its dense weights for MatMul
@@ -174,6 +183,7 @@ class EngineBackend:
                 options.moe,
                 dense_bf16=cpu,
                 dense_int8=cpu and options.dense_int8,
+                moe_int8_activations=cpu and options.moe_int8_activations,
                 page_size=options.page_size,
             )
             model = compiled_model(checkpoint, graph_options, cache, _progress)

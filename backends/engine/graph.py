@@ -71,6 +71,8 @@ class GraphOptions:
     # with dense_bf16: the attention projections and the unembedding in int8, a scale per row (DenseInt8); the
     # router stays bf16 (its logits pick the experts)
     dense_int8: bool = False
+    # the MoE kernel's decode path on int8 activations, a scale per 32 values (the `int8_activations` attribute)
+    moe_int8_activations: bool = False
     page_size: int = 32  # positions per KV page
 
     @property
@@ -277,9 +279,15 @@ def int8_rows(weight: np.ndarray, block_rows: int = 8192) -> tuple[np.ndarray, n
     return codes, scales
 
 
-def moe_attributes(config: ModelConfig) -> dict[str, float | int]:
-    """What a compiled MXFP4MoE kernel reads from its node."""
-    return {"k": config.experts_per_token, "swiglu_limit": config.swiglu_limit, "activation_alpha": SWIGLU_ALPHA}
+def moe_attributes(config: ModelConfig, int8_activations: bool = False) -> dict[str, float | int]:
+    """What a compiled MXFP4MoE kernel reads from its node (`int8_activations`: the CPU kernel's alone; the
+    function body and the CUDA kernels compute in float whatever it says)."""
+    return {
+        "k": config.experts_per_token,
+        "swiglu_limit": config.swiglu_limit,
+        "activation_alpha": SWIGLU_ALPHA,
+        "int8_activations": int(int8_activations),
+    }
 
 
 class _Builder:
@@ -397,7 +405,11 @@ class _Builder:
         w2, s2 = self.mxfp4(prefix + "mlp2_weight")
         b1, b2 = self.stored(prefix + "mlp1_bias"), self.stored(prefix + "mlp2_bias")
         return self.node(
-            "MXFP4MoE", [h, logits, w1, s1, b1, w2, s2, b2], [out], domain=ENGINE_DOMAIN, **moe_attributes(self.config)
+            "MXFP4MoE",
+            [h, logits, w1, s1, b1, w2, s2, b2],
+            [out],
+            domain=ENGINE_DOMAIN,
+            **moe_attributes(self.config, self.options.moe_int8_activations),
         )
 
     def qmoe(self, prefix: str, h: str, logits: str, out: str) -> str:
@@ -490,14 +502,18 @@ def mxfp4_initializers(
 
 
 def moe_layer_model(
-    config: ModelConfig, tensors: dict[str, np.ndarray], directory: Path, dtype: Dtype = "float32"
+    config: ModelConfig,
+    tensors: dict[str, np.ndarray],
+    directory: Path,
+    dtype: Dtype = "float32",
+    int8_activations: bool = False,
 ) -> Path:
     """One MXFP4MoE node (x [T, H], router_logits [T, E] in; y out) over one layer's checkpoint tensors
     (`mlp1_weight.blocks`/`.scales`, `mlp1_bias`, the same for mlp2), written under `directory`: to check
     and time realizations. The .onnx path."""
     options = GraphOptions(16, dtype)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"moe-{dtype}.onnx"
+    path = directory / f"moe-{dtype}{'-int8' if int8_activations else ''}.onnx"
     writer = TensorWriter(path.with_suffix(".onnx.data"))
     initializers: list[TensorProto] = []
     inputs = ["x", "router_logits"]
@@ -511,7 +527,7 @@ def moe_layer_model(
             inputs += [codes.name, scales.name, bias.name]
     finally:
         writer.close()
-    node = helper.make_node("MXFP4MoE", inputs, ["y"], domain=ENGINE_DOMAIN, **moe_attributes(config))
+    node = helper.make_node("MXFP4MoE", inputs, ["y"], domain=ENGINE_DOMAIN, **moe_attributes(config, int8_activations))
     graph = moe_layer_graph("mxfp4_moe", node, config, options, initializers)
     path.write_bytes(_model(graph, config, options).SerializeToString())
     return path

@@ -28,9 +28,10 @@ def compiled_model(
 ) -> Path:
     """The .onnx file for this checkpoint and these options, built (weights streamed to disk) if not cached."""
     dense = "-dense32" if not options.dense_bf16 else "-dense8" if options.dense_int8 else ""
+    moe_int8 = "-act8" if options.moe_int8_activations else ""
     key = (
         f"{checkpoint.fingerprint}-b{BUILDER_VERSION}-p{options.max_positions}-g{options.page_size}"
-        f"-{options.dtype}-{options.moe}{dense}"
+        f"-{options.dtype}-{options.moe}{dense}{moe_int8}"
     )
     target = cache_dir / key
     if (target / MODEL_FILE).is_file():

@@ -43,6 +43,8 @@ const E8M0Table kE8M0;
 // per-vector accumulators (nothing is allocated per row or per step once it has grown).
 struct Scratch {
   std::vector<const float*> xs;
+  std::vector<const int8_t*> qs;  // the int8 path's quantized vectors and their block scales
+  std::vector<const float*> ds;
   std::vector<float> dots, decoded, acc, permuted;
 };
 // Dot products of one MXFP4 row (cols / 2 code bytes, cols / 32 scales) with `count` vectors:
@@ -241,6 +243,115 @@ void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t row
 }
 #endif
 
+// Int8 activations (the `int8_activations` attribute, decode: fewer than kInt8Below tokens per expert). Each
+// vector is quantized once per phase to int8 per block of 32 (scale max|x| / 127, rounded to nearest even, as
+// q8_0 does), laid out by pairs of blocks as the code bytes hold their values: the two blocks' evens (low
+// nibbles), then their odds (high nibbles); each block's scale is repeated over the four int32 lanes its sums
+// land in. A block's dot product is then taken in integers (twice each E2M1 value as int8, exact) and scaled by
+// half its E8M0 scale times the vector block's scale.
+constexpr int64_t kPair = 2 * kBlock;  // columns per quantized pair of blocks
+constexpr int64_t kPairScales = 8;     // scales stored per pair (each block's, four times)
+constexpr int64_t kInt8Below = 4;      // experts with fewer tokens than this in a step take the int8 path
+
+bool Int8Fits(int64_t cols) { return cols % kPair == 0; }
+
+void QuantizePairs(const float* x, int64_t cols, int8_t* q, float* d) {
+  for (int64_t pair = 0; pair < cols / kPair; ++pair) {
+    int8_t* out = q + pair * kPair;
+    for (int half = 0; half < 2; ++half) {
+      const float* xb = x + pair * kPair + half * kBlock;
+      float amax = 0.0f;
+      for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int i = 0; i < kBlock / 2; ++i) {
+        out[half * 16 + i] = static_cast<int8_t>(std::nearbyint(xb[2 * i] * inverse));
+        out[kBlock + half * 16 + i] = static_cast<int8_t>(std::nearbyint(xb[2 * i + 1] * inverse));
+      }
+      std::fill(d + pair * kPairScales + half * 4, d + pair * kPairScales + half * 4 + 4, amax / 127.0f);
+    }
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// acc + the sums of four adjacent u8 x s8 products in each int32 lane (no overflow: |a| <= 12, |b| <= 127).
+inline __m256i DotU8S8(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+#endif
+}
+
+template <int Count>
+void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const int8_t* const* qs,
+                 const float* const* ds, float* out) {
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+  const __m256i low_nibble = _mm256_set1_epi8(0x0F);
+  __m256 acc[Count];
+  for (int t = 0; t < Count; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t pair = 0; pair < cols / kPair; ++pair) {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + pair * kBlock));
+    const __m256i evens = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, low_nibble));
+    const __m256i odds = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibble));
+    const __m256i even_magnitudes = _mm256_sign_epi8(evens, evens), odd_magnitudes = _mm256_sign_epi8(odds, odds);
+    const __m256 weight_scales = _mm256_set_m128(_mm_set1_ps(kE8M0.values[scales[2 * pair + 1]]),
+                                                 _mm_set1_ps(kE8M0.values[scales[2 * pair]]));
+    for (int t = 0; t < Count; ++t) {
+      const int8_t* q = qs[t] + pair * kPair;
+      const __m256i even_x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), evens);
+      const __m256i odd_x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kBlock)), odds);
+      const __m256i sums =
+          DotU8S8(DotU8S8(_mm256_setzero_si256(), even_magnitudes, even_x), odd_magnitudes, odd_x);
+      const __m256 scale = _mm256_mul_ps(weight_scales, _mm256_loadu_ps(ds[t] + pair * kPairScales));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[t]);
+    }
+  }
+  for (int t = 0; t < Count; ++t) out[t] = 0.5f * Sum8(acc[t]);
+}
+
+// out[r * count + t] = row r . (quantized) vector t, for `rows` consecutive rows and fewer than kTiledFrom vectors.
+void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
+                            const int8_t* const* qs, const float* const* ds, int64_t count, float* out) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const uint8_t* row_codes = codes + row * cols / 2;
+    const uint8_t* row_scales = scales + row * cols / kBlock;
+    float* row_out = out + row * count;
+    switch (count) {
+      case 1: Int8RowDots<1>(row_codes, row_scales, cols, qs, ds, row_out); break;
+      case 2: Int8RowDots<2>(row_codes, row_scales, cols, qs, ds, row_out); break;
+      default: Int8RowDots<3>(row_codes, row_scales, cols, qs, ds, row_out); break;
+    }
+  }
+}
+#else
+constexpr int32_t kTwiceE2M1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
+                            const int8_t* const* qs, const float* const* ds, int64_t count, float* out) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const uint8_t* row_codes = codes + row * cols / 2;
+    for (int64_t t = 0; t < count; ++t) {
+      float total = 0.0f;
+      for (int64_t pair = 0; pair < cols / kPair; ++pair) {
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t* bytes = row_codes + pair * kBlock + half * 16;
+          const int8_t* q = qs[t] + pair * kPair + half * 16;
+          int32_t sum = 0;
+          for (int i = 0; i < 16; ++i) {
+            sum += kTwiceE2M1[bytes[i] & 0x0F] * q[i];
+            sum += kTwiceE2M1[bytes[i] >> 4] * q[kBlock + i];
+          }
+          const int64_t block = 2 * pair + half;
+          total += static_cast<float>(sum) * kE8M0.values[scales[row * cols / kBlock + block]] *
+                   ds[t][pair * kPairScales + half * 4];
+        }
+      }
+      out[row * count + t] = 0.5f * total;
+    }
+  }
+}
+#endif
+
 // One expert's tokens: which rows of the input they are, and their routing weights.
 struct Route {
   std::vector<int64_t> tokens;
@@ -261,7 +372,36 @@ struct Problem : MoeArgs {
   std::vector<float> activated;  // [active index][its tokens][inter]
   std::vector<int64_t> offsets;  // start of each active expert's rows in `activated` / `expert_out`
   std::vector<float> expert_out;  // [active index][its tokens][hidden]
+  // int8 activations: x's rows and `activated`'s, quantized by pairs of blocks (QuantizePairs)
+  std::vector<int8_t> xq, activatedq;
+  std::vector<float> xd, activatedd;
 };
+
+// Whether an expert with `count` tokens takes the int8 path for rows of `cols` columns.
+bool Int8Path(const Problem& p, int64_t count, int64_t cols) {
+  return p.int8_activations && count < kInt8Below && Int8Fits(cols);
+}
+
+// The rows of `values` (`total` rows of `cols`) that int8-path experts read, quantized into q (codes `cols` apart)
+// and d (cols / kPair * kPairScales scales a row); `of_expert(a, i)` is the row of active expert a's i-th token.
+template <typename RowOf>
+void QuantizeRows(const Problem& p, const float* values, int64_t total, int64_t cols, RowOf of_expert,
+                  std::vector<int8_t>& q, std::vector<float>& d) {
+  const int64_t scales_per_row = cols / kPair * kPairScales;
+  q.resize(total * cols);
+  d.resize(total * scales_per_row);
+  std::vector<bool> done(total, false);  // a token routed to several such experts is quantized once
+  for (size_t a = 0; a < p.active.size(); ++a) {
+    const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
+    if (!Int8Path(p, count, cols)) continue;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = of_expert(a, i);
+      if (done[row]) continue;
+      done[row] = true;
+      QuantizePairs(values + row * cols, cols, q.data() + row * cols, d.data() + row * scales_per_row);
+    }
+  }
+}
 
 void RouteTokens(Problem& p) {
   p.routes.assign(p.experts, Route{});
@@ -304,8 +444,20 @@ void Fc1(Problem& p, size_t active_index, int64_t first_pair, int64_t pairs, Scr
   for (int64_t i = 0; i < count; ++i) scratch.xs[i] = p.xf + route.tokens[i] * h;
   scratch.dots.resize(2 * pairs * count);
   const int64_t first_row = e * 2 * p.inter + 2 * first_pair;
-  ConsecutiveRowDots(p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h, scratch.xs.data(),
-                     count, scratch.dots.data(), scratch);
+  if (Int8Path(p, count, h)) {
+    const int64_t scales_per_row = h / kPair * kPairScales;
+    scratch.qs.resize(count);
+    scratch.ds.resize(count);
+    for (int64_t i = 0; i < count; ++i) {
+      scratch.qs[i] = p.xq.data() + route.tokens[i] * h;
+      scratch.ds[i] = p.xd.data() + route.tokens[i] * scales_per_row;
+    }
+    Int8ConsecutiveRowDots(p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h,
+                           scratch.qs.data(), scratch.ds.data(), count, scratch.dots.data());
+  } else {
+    ConsecutiveRowDots(p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h,
+                       scratch.xs.data(), count, scratch.dots.data(), scratch);
+  }
   float* out = p.activated.data() + p.offsets[active_index] * p.inter;
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t gate_row = first_row + 2 * pair, lin_row = gate_row + 1;
@@ -328,8 +480,21 @@ void Fc2(Problem& p, size_t active_index, int64_t first_row, int64_t rows, Scrat
   for (int64_t i = 0; i < count; ++i) scratch.xs[i] = act + i * inter;
   scratch.dots.resize(rows * count);
   const int64_t flat = e * p.hidden + first_row;
-  ConsecutiveRowDots(p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), rows, inter, scratch.xs.data(),
-                     count, scratch.dots.data(), scratch);
+  if (Int8Path(p, count, inter)) {
+    const int64_t scales_per_row = inter / kPair * kPairScales;
+    scratch.qs.resize(count);
+    scratch.ds.resize(count);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = p.offsets[active_index] + i;
+      scratch.qs[i] = p.activatedq.data() + row * inter;
+      scratch.ds[i] = p.activatedd.data() + row * scales_per_row;
+    }
+    Int8ConsecutiveRowDots(p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), rows, inter,
+                           scratch.qs.data(), scratch.ds.data(), count, scratch.dots.data());
+  } else {
+    ConsecutiveRowDots(p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), rows, inter, scratch.xs.data(),
+                       count, scratch.dots.data(), scratch);
+  }
   float* out = p.expert_out.data() + p.offsets[active_index] * p.hidden;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < count; ++i) out[i * p.hidden + first_row + r] = scratch.dots[r * count + i] + p.b2f[flat + r];
@@ -420,8 +585,17 @@ void MoeKernel::Compute(OrtKernelContext* raw_context) {
     p.yf = p.narrow_out.data();
   }
   RouteTokens(p);
+  if (p.int8_activations) {
+    const auto token_row = [&p](size_t a, int64_t i) { return p.routes[p.active[a]].tokens[i]; };
+    QuantizeRows(p, p.xf, p.tokens, p.hidden, token_row, p.xq, p.xd);
+  }
   Phase fc1{&p, (p.inter + kRowsPerTask - 1) / kRowsPerTask, p.inter, true};
   context.ParallelFor(RunTask, p.active.size() * fc1.blocks_per_expert, 0, &fc1);
+  if (p.int8_activations) {
+    const auto activated_row = [&p](size_t a, int64_t i) { return p.offsets[a] + i; };
+    QuantizeRows(p, p.activated.data(), static_cast<int64_t>(p.activated.size()) / p.inter, p.inter, activated_row,
+                 p.activatedq, p.activatedd);
+  }
   Phase fc2{&p, (p.hidden + kRowsPerTask - 1) / kRowsPerTask, p.hidden, false};
   context.ParallelFor(RunTask, p.active.size() * fc2.blocks_per_expert, 0, &fc2);
   Combine(p);

@@ -30,6 +30,9 @@ struct MoeArgs {
   // CUDA, 16-bit activations: from this many tokens (below gemm_min_tokens, or under a CUDA graph capture) the
   // experts run as mma.sync tiles on tensor cores; 0: never (the CUDA-core kernels). The CPU kernel ignores it.
   int64_t mma_min_tokens;
+  // CPU: experts with fewer than four tokens in a step (decode) take int8 dot products of the activations
+  // quantized per block of 32 (mxfp4_moe_cpu.cc); else float. The CUDA kernels ignore it.
+  bool int8_activations;
 };
 
 constexpr int64_t kDefaultGemmMinTokens = 128;  // above the largest decode batch a CUDA graph captures

@@ -13,6 +13,11 @@ MoeAttributes::MoeAttributes(const OrtKernelInfo* info) {
   k = kernel_info.GetAttribute<int64_t>("k");
   limit = kernel_info.GetAttribute<float>("swiglu_limit");
   alpha = kernel_info.GetAttribute<float>("activation_alpha");
+  try {
+    int8_activations = kernel_info.GetAttribute<int64_t>("int8_activations") != 0;
+  } catch (const Ort::Exception&) {  // not on the node: float activations
+    int8_activations = false;
+  }
   const char* gemm = std::getenv("GATEWAY_MOE_GEMM_MIN_TOKENS");
   gemm_min_tokens = gemm && *gemm ? std::strtoll(gemm, nullptr, 10) : kDefaultGemmMinTokens;
   const char* mma = std::getenv("GATEWAY_MOE_MMA_MIN_TOKENS");
@@ -56,6 +61,7 @@ MoeArgs ReadMoeArgs(Ort::KernelContext& context, const MoeAttributes& attributes
   a.alpha = attributes.alpha;
   a.gemm_min_tokens = attributes.gemm_min_tokens;
   a.mma_min_tokens = attributes.mma_min_tokens;
+  a.int8_activations = attributes.int8_activations;
   if (w1_shape[1] != 2 * a.inter || w1_shape[2] != a.hidden || w2_shape[0] != a.experts || w2_shape[1] != a.hidden ||
       a.hidden % kBlock || a.inter % kBlock || a.k < 1 || a.k > a.experts || a.k > kMaxTopK ||
       a.experts > kMaxExperts) {

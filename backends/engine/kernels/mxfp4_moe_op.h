@@ -2,7 +2,8 @@
 // (mxfp4_moe_cuda_op.cc, kernels in mxfp4_moe_cuda.cu), each registered for float, fp16 and bf16.
 //
 // Inputs: x [..., H] T (T tokens in all), router_logits [..., E] T, w1 [E,2I,H] FLOAT4E2M1, s1 [E,2I,H/32] uint8 (E8M0), b1 [E,2I] T,
-// w2 [E,H,I] FLOAT4E2M1, s2 [E,H,I/32] uint8, b2 [E,H] T. Attributes: k, swiglu_limit, activation_alpha.
+// w2 [E,H,I] FLOAT4E2M1, s2 [E,H,I/32] uint8, b2 [E,H] T. Attributes: k, swiglu_limit, activation_alpha,
+// int8_activations (optional, CPU: see mxfp4_moe_cpu.cc).
 // Output: y, x's shape, T.
 #pragma once
 
@@ -19,6 +20,7 @@ struct MoeAttributes {
   float alpha;
   int64_t gemm_min_tokens;  // GATEWAY_MOE_GEMM_MIN_TOKENS, else kDefaultGemmMinTokens
   int64_t mma_min_tokens;   // GATEWAY_MOE_MMA_MIN_TOKENS, else kDefaultMmaMinTokens
+  bool int8_activations;    // the node's int8_activations (0 when absent)
 };
 
 ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType activation);

@@ -1,0 +1,163 @@
+"""The MoE kernel's int8 decode path, the engine's `moe_int8_activations` option on the CPU: experts with fewer than
+four tokens in a step take integer dot products of their inputs quantized to int8 per 32 values (scale max|x| / 127,
+rounded to nearest even) against twice each E2M1 value, scaled by half the block's E8M0 scale times the input
+block's scale. The kernel, in its vectorized and portable builds, equals a NumPy emulation of that arithmetic (and
+differs from the float path by far more) on layers whose experts take both paths; served at the real width, the
+logits stay within a stated bound of the NumPy reference of the checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from engine_fixtures import kernel_builds, kernel_session, loaded, make_checkpoint
+from engine_reference import ReferenceModel
+from pydantic import ValidationError
+
+from backends.base import GenerateRequest, Sampling
+from backends.engine.backend import EngineBackend, EngineOptions
+from backends.engine.checkpoint import Checkpoint
+from backends.engine.config import GPT_OSS_20B, ModelConfig
+from backends.engine.graph import SWIGLU_ALPHA, GraphOptions, moe_layer_model
+from backends.engine.kernels.build import kernel_library
+from backends.engine.make_checkpoint import random_moe_layer
+from backends.engine.model_cache import compiled_model
+from backends.engine.paged_runner import PagedRunner
+from harmony import load_harmony_encoding
+
+TWICE_E2M1 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)
+INT8_BELOW = 4  # experts with fewer tokens than this take the int8 path
+SHAPES = [  # (config, tokens): decode at the real width; mixed paths; a hidden width the int8 path cannot pair
+    (GPT_OSS_20B, 1),
+    (GPT_OSS_20B, 3),
+    (ModelConfig(num_experts=8, experts_per_token=4, hidden_size=128, intermediate_size=128), 9),
+    (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=96, intermediate_size=64), 2),
+]
+# the emulation's float64 sums against the kernel's float32 ones, of the output's magnitude: measured below 4e-7
+# (the float path is 5e-3 to 1.2e-2 away)
+EMULATION_BOUND = 1e-5
+REAL_WIDTH = replace(GPT_OSS_20B, num_hidden_layers=2, num_experts=4, experts_per_token=2)
+PROMPT = [200006, 17360, 200008, 3575, 553, 261, 10297, 29186, 13, 200007, 200006, 1428, 200008, 13225]
+# against the bf16 checkpoint's reference, relative to the spread (standard deviation) of its logits at each
+# decode step (this prompt's prefill routes four and more tokens to each expert: float); measured on this model
+# over four answer tokens: at most 0.074 (largest difference) and 0.016 (root mean square)
+LARGEST, RMS = 0.11, 0.025
+
+
+def _quantized(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[K] float32 → int8 codes [K/32, 32] (as int64) and their scales [K/32], rounded as the kernel rounds."""
+    blocks = values.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1)
+    inverse = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    codes = np.rint(blocks * inverse[:, None]).astype(np.int64)
+    return codes, (amax / np.float32(127)).astype(np.float64)
+
+
+def _dots(blocks: np.ndarray, scales: np.ndarray, vector: np.ndarray, int8: bool) -> np.ndarray:
+    """Rows (blocks [N, G, 16], scales [N, G]) . vector, in int8 arithmetic or in float."""
+    twice = np.stack([TWICE_E2M1[blocks & 0x0F], TWICE_E2M1[blocks >> 4]], axis=-1).reshape(*blocks.shape[:-1], 32)
+    block_scale = np.exp2(scales.astype(np.float64) - 127) * 0.5
+    if int8:
+        codes, vector_scales = _quantized(vector)
+        sums = np.einsum("ngk,gk->ng", twice, codes)  # exact integers
+        return (sums * block_scale * vector_scales[None, :]).sum(axis=1)
+    weights = twice * block_scale[..., None]
+    return weights.reshape(blocks.shape[0], -1) @ vector.astype(np.float64)
+
+
+def _emulated(config: ModelConfig, layer: dict[str, np.ndarray], x: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    k, inter, hidden = config.experts_per_token, config.intermediate_size, config.hidden_size
+    limit = config.swiglu_limit
+    chosen = [np.argsort(-row, kind="stable")[:k] for row in logits]
+    counts = np.bincount(np.concatenate(chosen), minlength=config.num_experts)
+    out = np.zeros(x.shape, np.float64)
+    for t, experts in enumerate(chosen):
+        gates = np.exp(logits[t, experts].astype(np.float64) - logits[t, experts].max())
+        gates /= gates.sum()
+        for expert, gate in zip(experts, gates, strict=True):
+            few = counts[expert] < INT8_BELOW
+            up = _dots(layer["mlp1_weight.blocks"][expert], layer["mlp1_weight.scales"][expert], x[t],
+                       few and hidden % 64 == 0) + layer["mlp1_bias"][expert]  # fmt: skip
+            glu, linear = np.minimum(up[0::2], limit), np.clip(up[1::2], -limit, limit)
+            activated = (glu / (1 + np.exp(-SWIGLU_ALPHA * glu)) * (linear + 1)).astype(np.float32)
+            down = _dots(layer["mlp2_weight.blocks"][expert], layer["mlp2_weight.scales"][expert], activated,
+                         few and inter % 64 == 0) + layer["mlp2_bias"][expert]  # fmt: skip
+            out[t] += gate * down
+    return out
+
+
+@pytest.fixture(scope="module")
+def libraries() -> dict[str, str]:
+    return kernel_builds()
+
+
+@pytest.mark.parametrize(("config", "tokens"), SHAPES, ids=lambda v: str(getattr(v, "hidden_size", v)))
+def test_the_int8_path_equals_its_emulation(libraries, config, tokens, tmp_path):
+    layer = random_moe_layer(config, seed=tokens)
+    rng = np.random.default_rng(tokens)
+    x = rng.standard_normal((tokens, config.hidden_size)).astype(np.float32)
+    logits = rng.standard_normal((tokens, config.num_experts)).astype(np.float32)
+    feeds = {"x": x, "router_logits": logits}
+    expected = _emulated(config, {n: a.astype(np.float64) if "bias" in n else a for n, a in layer.items()}, x, logits)
+    magnitude = float(np.abs(expected).max())
+    int8_model = moe_layer_model(config, layer, tmp_path, int8_activations=True)
+    float_model = moe_layer_model(config, layer, tmp_path)
+    for name, library in libraries.items():
+        got = kernel_session(int8_model, library).run(None, feeds)[0]
+        in_float = kernel_session(float_model, library).run(None, feeds)[0]
+        worst = float(np.abs(got - expected).max())
+        assert worst <= EMULATION_BOUND * magnitude, f"{name}: largest difference {worst:.2e} of {magnitude:.2e}"
+        assert float(np.abs(in_float - expected).max()) > 10 * worst or config.hidden_size % 64, name
+
+
+def _greedy(checkpoint, cache, count: int) -> list[int]:
+    options = EngineOptions(
+        checkpoint=str(checkpoint),
+        max_positions=64,
+        max_batch=1,
+        cache_dir=str(cache),
+        device="cpu",
+        moe_int8_activations=True,
+    )
+    backend = EngineBackend(options, load_harmony_encoding())
+
+    async def run() -> list[int]:
+        await loaded(backend)
+        tokens: list[int] = []
+        async for chunk in backend.generate(GenerateRequest(PROMPT, count, (), "act8", Sampling(temperature=0))):
+            tokens += chunk.tokens
+        await backend.aclose()
+        return tokens
+
+    return asyncio.run(run())
+
+
+def test_the_engine_serves_int8_activations_within_the_bound_at_the_real_width(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "wide", REAL_WIDTH, "original")
+    cache = tmp_path / "graphs"
+    tokens = _greedy(checkpoint, cache, 4)
+    model = compiled_model(Checkpoint(checkpoint), GraphOptions(64, moe_int8_activations=True), cache)
+    assert model.parent.name.endswith("-act8")  # the backend's own graph, built by the call above
+    runtime = PagedRunner.create(str(model), REAL_WIDTH, 1, 64, kernels=kernel_library())
+    reference = ReferenceModel(checkpoint)
+    runtime.prefill(0, PROMPT)
+    for position, token in enumerate(PROMPT):
+        expected = reference.step(token, position)
+    worst = rms = 0.0
+    for position, token in enumerate(tokens, start=len(PROMPT)):
+        top_two = np.sort(expected)[-2:]
+        if top_two[1] - top_two[0] > 2 * LARGEST * expected.std():  # a clear choice: the same token
+            assert token == int(np.argmax(expected))
+        logits, expected = runtime.decode([(0, token, position)])[0], reference.step(token, position)
+        difference, spread = np.abs(logits - expected), float(expected.std())
+        worst = max(worst, float(difference.max()) / spread)
+        rms = max(rms, float(np.sqrt((difference**2).mean())) / spread)
+    assert worst < LARGEST and rms < RMS, f"relative to the logits' spread: largest {worst:.3f}, rms {rms:.3f}"
+
+
+@pytest.mark.parametrize("options", [{"device": "cuda"}, {"kernels": False}, {"moe": "qmoe"}])
+def test_int8_activations_outside_the_cpu_kernel_are_a_configuration_error(options):
+    with pytest.raises(ValidationError, match="moe_int8_activations is an option of the compiled CPU MoE kernel"):
+        EngineOptions(moe_int8_activations=True, **options)
