@@ -1,8 +1,9 @@
 """The engine against llama.cpp on the CPU, on one random checkpoint: gpt-oss-20b's width (hidden 2880, 32
 experts top-4, vocabulary 201,088) at 6 layers and optionally 24, written in the Hugging Face layout and
 converted to GGUF by llama.cpp's own converter (dense weights f16, and q8_0; the experts kept in MXFP4). Measured
-alternately in one run, ROUNDS times, with the same thread count: the engine with bf16 dense weights, llama.cpp
-f16, the engine with int8 dense weights (`dense_int8`), llama.cpp q8_0; decode of 1 sequence and of 4 at
+alternately in one run, ROUNDS times, with the same thread count: engine variants (bf16 or int8 dense weights,
+`dense_int8`; the MoE's decode in float or on int8 activations, `moe_int8_activations`) and llama.cpp f16 and
+q8_0 (as wide as the variants' dense weights); decode of 1 sequence and of 4 at
 position 64, and a 512-token prefill; reported as medians of the ratios within a round (engine ÷ llama.cpp),
 beside each side's median rate. llama.cpp's side is `llama-bench` (1 sequence, prefill) and
 `llama-batched-bench` (4 sequences); the engine's is its paged runtime with DenseBF16, as serving runs it.
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import platform
@@ -125,53 +125,71 @@ def engine_rates(runtime: PagedRunner, rng: np.random.Generator) -> dict[str, fl
     }
 
 
-PAIRS = (("bf16", "f16"), ("int8", "q8_0"))  # the engine's dense weights, and llama.cpp's at the same width
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """An engine configuration, and the llama.cpp GGUF whose dense weights are as wide."""
+
+    dense_int8: bool
+    int8_activations: bool
+    base: str  # llama.cpp's outtype: f16 or q8_0
+    dense_size: int  # bytes a dense weight takes
 
 
-def measure(layers: int, threads: int, work: Path, llama: Path | None, python: str, pairs: tuple) -> dict:
+VARIANTS = {
+    "bf16": Variant(False, False, "f16", 2),
+    "bf16+act8": Variant(False, True, "f16", 2),  # the MoE's decode on int8 activations, as llama.cpp's is
+    "int8": Variant(True, False, "q8_0", 1),
+    "int8+act8": Variant(True, True, "q8_0", 1),
+}
+
+
+def measure(layers: int, threads: int, work: Path, llama: Path | None, python: str, names: list[str]) -> dict:
     config = dataclasses.replace(GPT_OSS_20B, num_hidden_layers=layers)
     directory = write_random_checkpoint(work / f"ckpt{layers}", config, layout="hf")
     kernels = kernel_library()
     engines, ggufs = {}, {}
-    for engine, other in pairs:
-        options = GraphOptions(MAX_POSITIONS, dense_bf16=True, dense_int8=engine == "int8")
+    for name in names:
+        variant = VARIANTS[name]
+        options = GraphOptions(
+            MAX_POSITIONS, dense_bf16=True, dense_int8=variant.dense_int8, moe_int8_activations=variant.int8_activations
+        )
         model = compiled_model(Checkpoint(directory), options, work / "graphs")
-        engines[engine] = PagedRunner.create(str(model), config, 4, MAX_POSITIONS, threads=threads, kernels=kernels)
-        if llama is not None:
-            ggufs[other] = to_gguf(llama, python, directory, work / f"model{layers}-{other}.gguf", other)
+        engines[name] = PagedRunner.create(str(model), config, 4, MAX_POSITIONS, threads=threads, kernels=kernels)
+        if llama is not None and variant.base not in ggufs:
+            ggufs[variant.base] = to_gguf(
+                llama, python, directory, work / f"model{layers}-{variant.base}.gguf", variant.base
+            )
     held = _bytes(directory) + sum(path.stat().st_size for path in ggufs.values())
     if held > _available_memory():  # alternating them would measure the disk, not the engines
         return {"layers": layers, "past_memory": held}
     rng = np.random.default_rng(0)
-    for engine, other in pairs:  # warm-up
-        engine_rates(engines[engine], rng)
-        if llama is not None:
-            llama_rates(llama, ggufs[other], threads)
+    for name in names:  # warm-up
+        engine_rates(engines[name], rng)
+    for gguf in ggufs.values():
+        llama_rates(llama, gguf, threads)  # type: ignore[arg-type]
     rounds: list[dict] = []
-    for _ in range(ROUNDS):
-        for engine, other in pairs:
-            taken = {engine: engine_rates(engines[engine], rng)}
-            if llama is not None:
-                taken[other] = llama_rates(llama, ggufs[other], threads)
-            rounds.append(taken)
-    figures: dict = {"layers": layers, "rounds": rounds}
+    for _ in range(ROUNDS):  # each engine, each followed by its GGUF the first time the round meets it
+        taken: dict[str, dict[str, float]] = {}
+        for name in names:
+            taken[name] = engine_rates(engines[name], rng)
+            base = VARIANTS[name].base
+            if base in ggufs and base not in taken:
+                taken[base] = llama_rates(llama, ggufs[base], threads)  # type: ignore[arg-type]
+        rounds.append(taken)
+    figures: dict = {"layers": layers, "rounds": rounds, "variants": names}
     for name in [*engines, *ggufs]:
         for measure_name in MEASURES:
-            figures[f"{name}_{measure_name}"] = statistics.median(r[name][measure_name] for r in rounds if name in r)
-    if llama is not None:  # paired ratios: each engine against llama.cpp f16 in the same round, and at its width
-        by_round = [{k: v for part in rounds[i : i + len(pairs)] for k, v in part.items()}
-                    for i in range(0, len(rounds), len(pairs))]  # fmt: skip
-        for engine, other in pairs:
-            for base in {other, "f16"}:
-                for measure_name in MEASURES:
-                    figures[f"{engine}/{base}_{measure_name}"] = statistics.median(
-                        r[engine][measure_name] / r[base][measure_name] for r in by_round
-                    )
-    for engine, size in (("bf16", 2), ("int8", 1)):
+            figures[f"{name}_{measure_name}"] = statistics.median(r[name][measure_name] for r in rounds)
+    for name in names:  # paired ratios: each engine against llama.cpp at its width and f16, in the same round
+        for base in {VARIANTS[name].base, "f16"} & set(ggufs):
+            for measure_name in MEASURES:
+                figures[f"{name}/{base}_{measure_name}"] = statistics.median(
+                    r[name][measure_name] / r[base][measure_name] for r in rounds
+                )
         for batch in (1, 4):
-            if engine not in engines:
-                continue
-            figures[f"{engine}_bytes_{batch}"] = step_bytes(config, size, batch, DEPTH + DECODE_TOKENS // 2)
+            figures[f"{name}_bytes_{batch}"] = step_bytes(
+                config, VARIANTS[name].dense_size, batch, DEPTH + DECODE_TOKENS // 2
+            )
     return figures
 
 
@@ -193,14 +211,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp tree built as the docstring says")
     parser.add_argument("--convert-python", default=sys.executable, help="a Python with the converter's needs")
-    parser.add_argument("--int8-max-layers", type=int, default=6, help="deeper shapes: bf16 and f16 only (disk)")
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=sorted(VARIANTS),
+        default=["bf16", "bf16+act8", "int8+act8"],
+        help="engine variants, each loaded at once (the memory of several 6-layer engines and two GGUFs)",
+    )
+    parser.add_argument("--int8-max-layers", type=int, default=6, help="deeper shapes: 16-bit variants only (disk)")
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     shapes = []
     for layers in args.layers:
-        pairs = PAIRS if layers <= args.int8_max_layers else PAIRS[:1]
+        names = [n for n in args.engines if layers <= args.int8_max_layers or VARIANTS[n].base == "f16"]
         with tempfile.TemporaryDirectory() as scratch:  # each shape's checkpoint, graphs and GGUFs, then gone
-            shapes.append(measure(layers, args.threads, Path(scratch), args.llama_cpp, args.convert_python, pairs))
+            shapes.append(measure(layers, args.threads, Path(scratch), args.llama_cpp, args.convert_python, names))
     bandwidth = copy_bandwidth(args.threads)
     print(json.dumps({"shapes": shapes, "bandwidth": bandwidth}, indent=1))
     section = report(shapes, bandwidth, args.threads, args.llama_cpp is not None)
@@ -214,10 +239,8 @@ def _rate(figures: dict, measure_name: str, name: str) -> str:
     return f"{figures[key]:.2f} tok/s" if key in figures else "not run"
 
 
-def _ratio(figures: dict, key: str, bold: bool = False) -> str:
-    if key not in figures:
-        return ""
-    return f"**{figures[key]:.2f}x**" if bold else f"{figures[key]:.2f}x"
+def _ratio(figures: dict, key: str) -> str:
+    return f"{figures[key]:.2f}x" if key in figures else ""
 
 
 def report(shapes: list[dict], bandwidth: float, threads: int, with_llama: bool) -> str:
@@ -230,8 +253,10 @@ def report(shapes: list[dict], bandwidth: float, threads: int, with_llama: bool)
         "",
         f"{os.cpu_count()} CPUs ({platform.machine()}), {threads} threads each, gpt-oss-20b's width with random"
         " weights: one checkpoint, converted to GGUF by llama.cpp's own converter (dense weights f16 or q8_0,",
-        "experts MXFP4); the engine reads the same checkpoint's dense weights in bf16 (DenseBF16) or, with"
-        " `dense_int8`, in int8 with a scale a row (DenseInt8; the router stays bf16), and its MXFP4 experts.",
+        "experts MXFP4; llama.cpp's CPU path takes the experts' dot products on int8 activations). The engine reads"
+        " the same checkpoint: its dense weights in bf16 (DenseBF16) or, `int8`, in int8 with a scale a row",
+        "(`dense_int8`; the router stays bf16); its MXFP4 experts in float or, `+act8`, with the decode path on int8"
+        " activations (`moe_int8_activations`). Each engine against llama.cpp at its dense width and against f16.",
         f"Alternated in one run, {ROUNDS} rounds; rates are medians, ratios medians of the ratios within a round."
         f" Decode at position {DEPTH}. Bytes/s: a decode step's dense weights, routed experts and KV, over the",
         f"copy bandwidth ({bandwidth / 1e9:.1f} GB/s, {threads} threads' NumPy copies, read + write).",
@@ -239,33 +264,29 @@ def report(shapes: list[dict], bandwidth: float, threads: int, with_llama: bool)
     ]
     if not with_llama:
         lines += ["llama.cpp was not given to this run: the engine's figures only.", ""]
-    if any("int8_decode_1" not in f for f in shapes):
-        lines += ["Cells that say *not run*: that shape was measured without the 8-bit pair (`--int8-max-layers`:"
-                  " the disk a second GGUF of it takes).", ""]  # fmt: skip
     lines += [
-        "| layers | measure | engine bf16 | llama.cpp f16 | **bf16 ÷ f16** | engine int8 | llama.cpp q8_0 |"
-        " int8 ÷ q8_0 | **int8 ÷ f16** | bytes/s ÷ copy bw (bf16, int8) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| layers | measure | engine | engine rate | llama.cpp at its width | engine ÷ that "
+        "| **engine ÷ llama.cpp f16** | bytes/s ÷ copy bw |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for f in shapes:
         if "past_memory" in f:
             held = f["past_memory"] / 2**30
             note = f"not measured: the checkpoint and the GGUFs ({held:.0f} GiB) do not fit in memory together"
-            lines.append(f"| {f['layers']} | {note} | | | | | | | | |")
+            lines.append(f"| {f['layers']} | {note} | | | | | | |")
             continue
         for m in MEASURES:
-            rate = functools.partial(_rate, f, m)
-            ratio = functools.partial(_ratio, f)
-            share = ""
-            if m.startswith("decode"):
-                batch = int(m[-1])
-                kinds = [e for e in ("bf16", "int8") if f"{e}_{m}" in f]
-                share = ", ".join(f"{f[f'{e}_{m}'] / batch * f[f'{e}_bytes_{batch}'] / bandwidth:.2f}" for e in kinds)
-            lines.append(
-                f"| {f['layers']} | {labels[m]} | {rate('bf16')} | {rate('f16')} | {ratio(f'bf16/f16_{m}', True)} |"
-                f" {rate('int8')} | {rate('q8_0')} | {ratio(f'int8/q8_0_{m}')} | {ratio(f'int8/f16_{m}', True)} |"
-                f" {share} |"
-            )
+            for name in f["variants"]:
+                base = VARIANTS[name].base
+                share = ""
+                if m.startswith("decode"):
+                    batch = int(m[-1])
+                    share = f"{f[f'{name}_{m}'] / batch * f[f'{name}_bytes_{batch}'] / bandwidth:.2f}"
+                to_f16 = _ratio(f, f"{name}/f16_{m}")
+                lines.append(
+                    f"| {f['layers']} | {labels[m]} | {name} | {_rate(f, m, name)} | {base}: {_rate(f, m, base)} |"
+                    f" {_ratio(f, f'{name}/{base}_{m}')} | {f'**{to_f16}**' if to_f16 else ''} | {share} |"
+                )
     lines.append(end)
     return "\n".join(lines)
 
