@@ -61,12 +61,14 @@ class McpUnavailable(Exception):
 
 
 def _load_sdk() -> None:
-    """The MCP SDK and its transports, imported once (a fraction of a second of imports: not on the event loop
-    of a replica that serves requests)."""
+    """The MCP SDK and its transports, imported once, and the CA bundle its sessions share, loaded once (each a
+    fraction of a second of CPU: not on the event loop of a replica that serves requests)."""
     import mcp.client.sse
     import mcp.client.streamable_http  # noqa: F401
 
-    from . import mcp_transport  # noqa: F401
+    from .mcp_transport import tls_context
+
+    tls_context()
 
 
 class McpClient:
