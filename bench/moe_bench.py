@@ -60,12 +60,11 @@ def _relative(got: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(got - expected).max() / np.abs(expected).max())
 
 
-def run(shape: str, threads: int, repeats: int) -> list[Row]:
+def run(shape: str, threads: int, repeats: int, directory: Path) -> list[Row]:
     """Per step: the three realizations' seconds, the kernel's largest relative difference from the pure-ONNX
-    output and the int8 path's from the kernel's."""
+    output and the int8 path's from the kernel's; the models are written under `directory`."""
     config = SHAPES[shape]
     layer = random_moe_layer(config, seed=0)
-    directory = Path(tempfile.mkdtemp(prefix="moe-bench-"))
     model = moe_layer_model(config, layer, directory)
     library = build_library()
     pure = _session(model, threads, None)
@@ -122,7 +121,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--write", type=Path, help="markdown file whose MoE section is replaced")
     args = parser.parse_args()
-    section = report(args.shape, run(args.shape, args.threads, args.repeats), args.threads)
+    with tempfile.TemporaryDirectory(prefix="moe-bench-") as scratch:  # the layer's models: gone after the run
+        rows = run(args.shape, args.threads, args.repeats, Path(scratch))
+    section = report(args.shape, rows, args.threads)
     print(section)
     if args.write:
         write_section(args.write, NAME, section)
