@@ -131,15 +131,23 @@ class Variant:
 
     dense_int8: bool
     int8_activations: bool
-    base: str  # llama.cpp's outtype: f16 or q8_0
-    dense_size: int  # bytes a dense weight takes
+
+    @property
+    def base(self) -> str:
+        """llama.cpp's outtype as wide as the dense weights."""
+        return "q8_0" if self.dense_int8 else "f16"
+
+    @property
+    def dense_size(self) -> int:
+        """Bytes a dense weight takes."""
+        return 1 if self.dense_int8 else 2
 
 
 VARIANTS = {
-    "bf16": Variant(False, False, "f16", 2),
-    "bf16+act8": Variant(False, True, "f16", 2),  # the MoE's decode on int8 activations, as llama.cpp's is
-    "int8": Variant(True, False, "q8_0", 1),
-    "int8+act8": Variant(True, True, "q8_0", 1),
+    "bf16": Variant(False, False),
+    "bf16+act8": Variant(False, True),  # the MoE's decode on int8 activations, as llama.cpp's is
+    "int8": Variant(True, False),
+    "int8+act8": Variant(True, True),
 }
 
 

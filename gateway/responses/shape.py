@@ -335,9 +335,6 @@ def usage(prompt: int, cached: int, output: int, reasoning: int) -> dict[str, An
     }
 
 
-DEFAULT_TEXT = {"format": {"type": "text"}}
-
-
 def response_json(
     req: ResponsesRequest,
     *,
@@ -397,7 +394,7 @@ def response_json(
 
 def _text_echo(req: ResponsesRequest) -> dict[str, Any]:
     if "text" not in req.model_fields_set:
-        return DEFAULT_TEXT
+        return {"format": {"type": "text"}}  # each response its own: a caller may change what it got
     return req.text.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 

@@ -8,28 +8,22 @@ Per-row scales cost accuracy on rows with outliers: the bound is the option's, n
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
-from dataclasses import replace
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from engine_fixtures import kernel_builds, kernel_session, loaded, make_checkpoint
-from engine_reference import ReferenceModel
+from engine_fixtures import REAL_WIDTH, REAL_WIDTH_PROMPT, greedy_tokens, kernel_builds, kernel_session, make_checkpoint
+from engine_reference import ReferenceModel, drift_from_reference
 from pydantic import ValidationError
 
-from backends.base import GenerateRequest, Sampling
-from backends.engine.backend import EngineBackend, EngineOptions
+from backends.engine.backend import EngineOptions
 from backends.engine.checkpoint import Checkpoint
-from backends.engine.config import GPT_OSS_20B
 from backends.engine.graph import GraphOptions, dense_model, int8_rows
 from backends.engine.kernels.build import kernel_library
 from backends.engine.model_cache import compiled_model
 from backends.engine.paged_runner import PagedRunner
-from harmony import load_harmony_encoding
 
 RELATIVE = 1e-5  # float sums in another order, against the magnitude of the row's products
 SHAPES = [  # (N, K, rows): the dot-product path, the chunked path, the tiled path, the unembedding
@@ -39,8 +33,7 @@ SHAPES = [  # (N, K, rows): the dot-product path, the chunked path, the tiled pa
     (4096, 2880, 24),
     (37, 100, 11),
 ]
-REAL_WIDTH = replace(GPT_OSS_20B, num_hidden_layers=2, num_experts=4, experts_per_token=2)
-PROMPT = [200006, 17360, 200008, 3575, 553, 261, 10297, 29186, 13, 200007, 200006, 1428, 200008, 13225]
+PROMPT = REAL_WIDTH_PROMPT
 # int8 rows against the bf16 checkpoint, relative to the spread (standard deviation) of the reference's logits
 # at each step; measured on this model over the prompt and four answer tokens: at most 0.100 (largest
 # difference) and 0.022 (root mean square)
@@ -91,28 +84,13 @@ def test_a_scale_that_is_not_one_per_row_is_an_error_naming_the_op(libraries, tm
         kernel_session(model, libraries["native"]).run(None, {"x": np.zeros((2, 16), np.float32)})
 
 
-def _greedy(checkpoint: Path, cache: Path, count: int) -> list[int]:
-    """Greedy tokens for PROMPT through the public backend with dense_int8 on."""
-    options = EngineOptions(
-        checkpoint=str(checkpoint), max_positions=64, max_batch=1, cache_dir=str(cache), device="cpu", dense_int8=True
-    )
-    backend = EngineBackend(options, load_harmony_encoding())
-
-    async def run() -> list[int]:
-        await loaded(backend)
-        tokens: list[int] = []
-        async for chunk in backend.generate(GenerateRequest(PROMPT, count, (), "int8", Sampling(temperature=0))):
-            tokens += chunk.tokens
-        await backend.aclose()
-        return tokens
-
-    return asyncio.run(run())
-
-
 def test_the_engine_serves_int8_dense_weights_within_the_bound_at_the_real_width(tmp_path):
     checkpoint = make_checkpoint(tmp_path / "wide", REAL_WIDTH, "original")
     cache = tmp_path / "graphs"
-    tokens = _greedy(checkpoint, cache, 4)
+    options = EngineOptions(
+        checkpoint=str(checkpoint), max_positions=64, max_batch=1, cache_dir=str(cache), device="cpu", dense_int8=True
+    )
+    tokens = greedy_tokens(options, PROMPT, 4)
     model = compiled_model(Checkpoint(checkpoint), GraphOptions(64, dense_int8=True), cache)  # the backend's graph
     graph = onnx.load(str(model), load_external_data=False).graph
     ops = Counter(node.op_type for node in graph.node)
@@ -121,25 +99,8 @@ def test_the_engine_serves_int8_dense_weights_within_the_bound_at_the_real_width
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     assert initializers["unembedding.weight"].data_type == onnx.TensorProto.INT8
     runtime = PagedRunner.create(str(model), REAL_WIDTH, 1, 64, kernels=kernel_library())
-    reference = ReferenceModel(checkpoint)
-    logits = runtime.prefill(0, PROMPT)
-    for position, token in enumerate(PROMPT):
-        expected = reference.step(token, position)
-    worst, rms = _relative(logits, expected)
-    for position, token in enumerate(tokens, start=len(PROMPT)):
-        top_two = np.sort(expected)[-2:]
-        if top_two[1] - top_two[0] > 2 * LARGEST * expected.std():  # a clear choice: the same token
-            assert token == int(np.argmax(expected))
-        logits, expected = runtime.decode([(0, token, position)])[0], reference.step(token, position)
-        step_worst, step_rms = _relative(logits, expected)
-        worst, rms = max(worst, step_worst), max(rms, step_rms)
+    worst, rms = drift_from_reference(runtime, ReferenceModel(checkpoint), PROMPT, tokens, 2 * LARGEST, True)
     assert worst < LARGEST and rms < RMS, f"relative to the logits' spread: largest {worst:.3f}, rms {rms:.3f}"
-
-
-def _relative(logits: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
-    """(largest, root-mean-square) difference, over the reference's standard deviation."""
-    difference, spread = np.abs(logits - expected), float(expected.std())
-    return float(difference.max()) / spread, float(np.sqrt((difference**2).mean())) / spread
 
 
 def test_dense_int8_asked_of_the_cuda_device_is_a_configuration_error():

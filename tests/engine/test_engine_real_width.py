@@ -8,28 +8,25 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from engine_fixtures import loaded, make_checkpoint
+from engine_fixtures import REAL_WIDTH, REAL_WIDTH_PROMPT, loaded, make_checkpoint
 from engine_reference import ReferenceModel
 
 from backends.base import GenerateRequest, Sampling, TokenLogprob
 from backends.engine.backend import EngineBackend, EngineOptions
 from backends.engine.checkpoint import Checkpoint
-from backends.engine.config import GPT_OSS_20B
 from backends.engine.graph import GraphOptions
 from backends.engine.kernels.build import kernel_library
 from backends.engine.model_cache import compiled_model
 from backends.engine.paged_runner import PagedRunner
 from harmony import load_harmony_encoding
 
-REAL_WIDTH = replace(GPT_OSS_20B, num_hidden_layers=2, num_experts=4, experts_per_token=2)
-PROMPT = [200006, 17360, 200008, 3575, 553, 261, 10297, 29186, 13, 200007, 200006, 1428, 200008, 13225]
+PROMPT = REAL_WIDTH_PROMPT
 GENERATED = 4
 TOLERANCE = 2e-4  # float32 sums over 2880-wide rows against float64
 PAGE = 8  # the prompt spans pages; reuse takes whole pages by reference and copies the rest

@@ -1,31 +1,28 @@
 """The MoE kernel's int8 decode path, the engine's `moe_int8_activations` option on the CPU: experts with fewer than
 four tokens in a step take integer dot products of their inputs quantized to int8 per 32 values (scale max|x| / 127,
 rounded to nearest even) against twice each E2M1 value, scaled by half the block's E8M0 scale times the input
-block's scale. The kernel, in its vectorized and portable builds, equals a NumPy emulation of that arithmetic (and
-differs from the float path by far more) on layers whose experts take both paths; served at the real width, the
-logits stay within a stated bound of the NumPy reference of the checkpoint."""
+block's scale. The kernel, in its vectorized (VNNI or AVX2) and portable builds, equals a NumPy emulation of that
+arithmetic (and differs from the float path by far more) on layers whose experts take both paths; served at the
+real width, the logits stay within a stated bound of the NumPy reference of the checkpoint."""
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_fixtures import kernel_builds, kernel_session, loaded, make_checkpoint
-from engine_reference import ReferenceModel
+from engine_fixtures import REAL_WIDTH, REAL_WIDTH_PROMPT, greedy_tokens, kernel_builds, kernel_session, make_checkpoint
+from engine_reference import ReferenceModel, drift_from_reference
 from pydantic import ValidationError
 
-from backends.base import GenerateRequest, Sampling
-from backends.engine.backend import EngineBackend, EngineOptions
+from backends.engine.backend import EngineOptions
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.config import GPT_OSS_20B, ModelConfig
 from backends.engine.graph import SWIGLU_ALPHA, GraphOptions, moe_layer_model
-from backends.engine.kernels.build import kernel_library
+from backends.engine.kernels.build import build_library, kernel_library
 from backends.engine.make_checkpoint import random_moe_layer
 from backends.engine.model_cache import compiled_model
 from backends.engine.paged_runner import PagedRunner
-from harmony import load_harmony_encoding
 
 TWICE_E2M1 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)
 INT8_BELOW = 4  # experts with fewer tokens than this take the int8 path
@@ -38,8 +35,6 @@ SHAPES = [  # (config, tokens): decode at the real width; mixed paths; a hidden 
 # the emulation's float64 sums against the kernel's float32 ones, of the output's magnitude: measured below 4e-7
 # (the float path is 5e-3 to 1.2e-2 away)
 EMULATION_BOUND = 1e-5
-REAL_WIDTH = replace(GPT_OSS_20B, num_hidden_layers=2, num_experts=4, experts_per_token=2)
-PROMPT = [200006, 17360, 200008, 3575, 553, 261, 10297, 29186, 13, 200007, 200006, 1428, 200008, 13225]
 # against the bf16 checkpoint's reference, relative to the spread (standard deviation) of its logits at each
 # decode step (this prompt's prefill routes four and more tokens to each expert: float); measured on this model
 # over four answer tokens: at most 0.074 (largest difference) and 0.016 (root mean square)
@@ -90,7 +85,12 @@ def _emulated(config: ModelConfig, layer: dict[str, np.ndarray], x: np.ndarray, 
 
 @pytest.fixture(scope="module")
 def libraries() -> dict[str, str]:
-    return kernel_builds()
+    """The native and portable builds, and where the CPU has AVX2, one without AVX-512 (the path that sums
+    bytes with AVX2's multiply-adds instead of VNNI)."""
+    built = kernel_builds()
+    if "avx2" in Path("/proc/cpuinfo").read_text().split():
+        built["avx2"] = str(build_library(march="haswell", cuda=False))
+    return built
 
 
 @pytest.mark.parametrize(("config", "tokens"), SHAPES, ids=lambda v: str(getattr(v, "hidden_size", v)))
@@ -112,7 +112,9 @@ def test_the_int8_path_equals_its_emulation(libraries, config, tokens, tmp_path)
         assert float(np.abs(in_float - expected).max()) > 10 * worst or config.hidden_size % 64, name
 
 
-def _greedy(checkpoint, cache, count: int) -> list[int]:
+def test_the_engine_serves_int8_activations_within_the_bound_at_the_real_width(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "wide", REAL_WIDTH, "original")
+    cache = tmp_path / "graphs"
     options = EngineOptions(
         checkpoint=str(checkpoint),
         max_positions=64,
@@ -121,39 +123,12 @@ def _greedy(checkpoint, cache, count: int) -> list[int]:
         device="cpu",
         moe_int8_activations=True,
     )
-    backend = EngineBackend(options, load_harmony_encoding())
-
-    async def run() -> list[int]:
-        await loaded(backend)
-        tokens: list[int] = []
-        async for chunk in backend.generate(GenerateRequest(PROMPT, count, (), "act8", Sampling(temperature=0))):
-            tokens += chunk.tokens
-        await backend.aclose()
-        return tokens
-
-    return asyncio.run(run())
-
-
-def test_the_engine_serves_int8_activations_within_the_bound_at_the_real_width(tmp_path):
-    checkpoint = make_checkpoint(tmp_path / "wide", REAL_WIDTH, "original")
-    cache = tmp_path / "graphs"
-    tokens = _greedy(checkpoint, cache, 4)
+    tokens = greedy_tokens(options, REAL_WIDTH_PROMPT, 4)
     model = compiled_model(Checkpoint(checkpoint), GraphOptions(64, moe_int8_activations=True), cache)
     assert model.parent.name.endswith("-act8")  # the backend's own graph, built by the call above
     runtime = PagedRunner.create(str(model), REAL_WIDTH, 1, 64, kernels=kernel_library())
     reference = ReferenceModel(checkpoint)
-    runtime.prefill(0, PROMPT)
-    for position, token in enumerate(PROMPT):
-        expected = reference.step(token, position)
-    worst = rms = 0.0
-    for position, token in enumerate(tokens, start=len(PROMPT)):
-        top_two = np.sort(expected)[-2:]
-        if top_two[1] - top_two[0] > 2 * LARGEST * expected.std():  # a clear choice: the same token
-            assert token == int(np.argmax(expected))
-        logits, expected = runtime.decode([(0, token, position)])[0], reference.step(token, position)
-        difference, spread = np.abs(logits - expected), float(expected.std())
-        worst = max(worst, float(difference.max()) / spread)
-        rms = max(rms, float(np.sqrt((difference**2).mean())) / spread)
+    worst, rms = drift_from_reference(runtime, reference, REAL_WIDTH_PROMPT, tokens, 2 * LARGEST, False)
     assert worst < LARGEST and rms < RMS, f"relative to the logits' spread: largest {worst:.3f}, rms {rms:.3f}"
 
 

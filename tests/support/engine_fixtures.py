@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from backends.engine.checkpoint import Checkpoint
-from backends.engine.config import ModelConfig
+from backends.engine.config import GPT_OSS_20B, ModelConfig
 from backends.engine.graph import GraphOptions
 from backends.engine.make_checkpoint import write_random_checkpoint
 from backends.engine.model_cache import compiled_model
+
+# gpt-oss-20b's width (hidden 2880, vocabulary 201,088) at two layers of four experts: the real-width tests' model
+REAL_WIDTH = replace(GPT_OSS_20B, num_hidden_layers=2, num_experts=4, experts_per_token=2)
+REAL_WIDTH_PROMPT = [200006, 17360, 200008, 3575, 553, 261, 10297, 29186, 13, 200007, 200006, 1428, 200008, 13225]
 
 
 def tiny_config(experts: int = 8, top_k: int = 4, layers: int = 2, vocab: int = 201088) -> ModelConfig:
@@ -39,14 +44,14 @@ def export_model(checkpoint_dir: Path, max_positions: int) -> str:
 
 
 def kernel_builds() -> dict[str, str]:
-    """The kernels built for this machine, and (on x86-64) a portable build without AVX2."""
+    """The kernels built for this machine, and (on x86-64) a portable build without AVX2, for the CPU alone."""
     import platform
 
     from backends.engine.kernels import build
 
     built = {"native": str(build.build_library())}
     if platform.machine() in ("x86_64", "AMD64"):
-        built["portable"] = str(build.build_library(march="x86-64"))
+        built["portable"] = str(build.build_library(march="x86-64", cuda=False))
     return built
 
 
@@ -68,3 +73,22 @@ def kernel_session(model: Path | str, library: str | None) -> Any:
     if library is not None:
         options.register_custom_ops_library(library)
     return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
+def greedy_tokens(options: Any, prompt: list[int], count: int) -> list[int]:
+    """`count` greedy tokens for `prompt` through the public engine backend built with `options` (EngineOptions)."""
+    from backends.base import GenerateRequest, Sampling
+    from backends.engine.backend import EngineBackend
+    from harmony import load_harmony_encoding
+
+    backend = EngineBackend(options, load_harmony_encoding())
+
+    async def run() -> list[int]:
+        await loaded(backend)
+        tokens: list[int] = []
+        async for chunk in backend.generate(GenerateRequest(prompt, count, (), "greedy", Sampling(temperature=0))):
+            tokens += chunk.tokens
+        await backend.aclose()
+        return tokens
+
+    return asyncio.run(run())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from safetensors import safe_open
@@ -124,3 +125,29 @@ class ReferenceModel:
         for n in range(self.layers):
             x = self._experts(n, self._attention(n, x, position))
         return self.w["unembedding.weight"] @ self._norm(x, self.w["norm.scale"])
+
+
+def drift_from_reference(
+    runtime: Any, reference: ReferenceModel, prompt: list[int], tokens: list[int], clear: float, with_prefill: bool
+) -> tuple[float, float]:
+    """(largest, root-mean-square) difference of `runtime`'s logits from the reference's, over the reference's
+    standard deviation at each step, the worst step's: after the prompt (`with_prefill`) and at each decode of
+    `tokens` (the engine's greedy answer). Each of those tokens must be the reference's argmax wherever the
+    reference's top two logits are more than `clear` standard deviations apart."""
+    logits = runtime.prefill(0, prompt)
+    for position, token in enumerate(prompt):
+        expected = reference.step(token, position)
+    worst, rms = _relative(logits, expected) if with_prefill else (0.0, 0.0)
+    for position, token in enumerate(tokens, start=len(prompt)):
+        top_two = np.sort(expected)[-2:]
+        if top_two[1] - top_two[0] > clear * expected.std():  # a clear choice: the same token
+            assert token == int(np.argmax(expected))
+        logits, expected = runtime.decode([(0, token, position)])[0], reference.step(token, position)
+        step_worst, step_rms = _relative(logits, expected)
+        worst, rms = max(worst, step_worst), max(rms, step_rms)
+    return worst, rms
+
+
+def _relative(logits: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
+    difference, spread = np.abs(logits - expected), float(expected.std())
+    return float(difference.max()) / spread, float(np.sqrt((difference**2).mean())) / spread

@@ -208,16 +208,16 @@ def _compile_and_link(
         _run([compiler, "-shared", *objects, "-o", str(output)])
 
 
-def build_library(cache: Path | None = None, march: str = "native") -> Path:
+def build_library(cache: Path | None = None, march: str = "native", cuda: bool = True) -> Path:
     """The compiled kernel library, built if this machine has not built these sources yet.
 
     `march`: the instruction set (the machine's own by default: the library is built where it runs).
-    The CUDA kernel is compiled in (for sm_80 and sm_90) when nvcc is found; `build.json` beside the
-    library says what it holds.
+    The CUDA kernel is compiled in (for sm_80 and sm_90) when nvcc is found, unless `cuda` is false (a build
+    for the CPU paths alone); `build.json` beside the library says what it holds.
     """
     cache = cache or default_cache_dir()
     compiler = _compiler()
-    nvcc = find_nvcc()
+    nvcc = find_nvcc() if cuda else None
     flags = (*CXX_FLAGS, f"-march={march}", *DEFINES)
     tools = [_version(compiler), _version(nvcc) if nvcc else "no nvcc"]
     target = cache / _build_key(tools, flags) / LIBRARY

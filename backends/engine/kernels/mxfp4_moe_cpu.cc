@@ -382,10 +382,15 @@ bool Int8Path(const Problem& p, int64_t count, int64_t cols) {
   return p.int8_activations && count < kInt8Below && Int8Fits(cols);
 }
 
+// Which row of a phase's inputs is active expert a's i-th: fc1 reads x's row of the token, fc2 the expert's own
+// rows of `activated`.
+using RowOf = int64_t (*)(const Problem& p, size_t a, int64_t i);
+int64_t TokenRow(const Problem& p, size_t a, int64_t i) { return p.routes[p.active[a]].tokens[i]; }
+int64_t ActivatedRow(const Problem& p, size_t a, int64_t i) { return p.offsets[a] + i; }
+
 // The rows of `values` (`total` rows of `cols`) that int8-path experts read, quantized into q (codes `cols` apart)
-// and d (cols / kPair * kPairScales scales a row); `of_expert(a, i)` is the row of active expert a's i-th token.
-template <typename RowOf>
-void QuantizeRows(const Problem& p, const float* values, int64_t total, int64_t cols, RowOf of_expert,
+// and d (cols / kPair * kPairScales scales a row).
+void QuantizeRows(const Problem& p, const float* values, int64_t total, int64_t cols, RowOf row_of,
                   std::vector<int8_t>& q, std::vector<float>& d) {
   const int64_t scales_per_row = cols / kPair * kPairScales;
   q.resize(total * cols);
@@ -395,12 +400,37 @@ void QuantizeRows(const Problem& p, const float* values, int64_t total, int64_t 
     const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
     if (!Int8Path(p, count, cols)) continue;
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t row = of_expert(a, i);
+      const int64_t row = row_of(p, a, i);
       if (done[row]) continue;
       done[row] = true;
       QuantizePairs(values + row * cols, cols, q.data() + row * cols, d.data() + row * scales_per_row);
     }
   }
+}
+
+// scratch.dots[r * count + i] = weight row r (of `rows` consecutive ones) . active expert a's i-th input row (of
+// `values`, or of its int8 copy q/d where the expert takes the int8 path).
+void ExpertDots(const Problem& p, size_t a, const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
+                const float* values, const std::vector<int8_t>& q, const std::vector<float>& d, RowOf row_of,
+                Scratch& scratch) {
+  const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
+  scratch.dots.resize(rows * count);
+  if (Int8Path(p, count, cols)) {
+    const int64_t scales_per_row = cols / kPair * kPairScales;
+    scratch.qs.resize(count);
+    scratch.ds.resize(count);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = row_of(p, a, i);
+      scratch.qs[i] = q.data() + row * cols;
+      scratch.ds[i] = d.data() + row * scales_per_row;
+    }
+    Int8ConsecutiveRowDots(codes, scales, rows, cols, scratch.qs.data(), scratch.ds.data(), count,
+                           scratch.dots.data());
+    return;
+  }
+  scratch.xs.resize(count);
+  for (int64_t i = 0; i < count; ++i) scratch.xs[i] = values + row_of(p, a, i) * cols;
+  ConsecutiveRowDots(codes, scales, rows, cols, scratch.xs.data(), count, scratch.dots.data(), scratch);
 }
 
 void RouteTokens(Problem& p) {
@@ -438,26 +468,10 @@ void RouteTokens(Problem& p) {
 // fc1 and swiglu for the gate/linear row pairs [first_pair, first_pair + pairs): activation columns.
 void Fc1(Problem& p, size_t active_index, int64_t first_pair, int64_t pairs, Scratch& scratch) {
   const int64_t e = p.active[active_index];
-  const Route& route = p.routes[e];
-  const int64_t h = p.hidden, count = static_cast<int64_t>(route.tokens.size());
-  scratch.xs.resize(count);
-  for (int64_t i = 0; i < count; ++i) scratch.xs[i] = p.xf + route.tokens[i] * h;
-  scratch.dots.resize(2 * pairs * count);
+  const int64_t h = p.hidden, count = static_cast<int64_t>(p.routes[e].tokens.size());
   const int64_t first_row = e * 2 * p.inter + 2 * first_pair;
-  if (Int8Path(p, count, h)) {
-    const int64_t scales_per_row = h / kPair * kPairScales;
-    scratch.qs.resize(count);
-    scratch.ds.resize(count);
-    for (int64_t i = 0; i < count; ++i) {
-      scratch.qs[i] = p.xq.data() + route.tokens[i] * h;
-      scratch.ds[i] = p.xd.data() + route.tokens[i] * scales_per_row;
-    }
-    Int8ConsecutiveRowDots(p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h,
-                           scratch.qs.data(), scratch.ds.data(), count, scratch.dots.data());
-  } else {
-    ConsecutiveRowDots(p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h,
-                       scratch.xs.data(), count, scratch.dots.data(), scratch);
-  }
+  ExpertDots(p, active_index, p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h, p.xf, p.xq,
+             p.xd, TokenRow, scratch);
   float* out = p.activated.data() + p.offsets[active_index] * p.inter;
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t gate_row = first_row + 2 * pair, lin_row = gate_row + 1;
@@ -475,26 +489,9 @@ void Fc1(Problem& p, size_t active_index, int64_t first_pair, int64_t pairs, Scr
 void Fc2(Problem& p, size_t active_index, int64_t first_row, int64_t rows, Scratch& scratch) {
   const int64_t e = p.active[active_index];
   const int64_t inter = p.inter, count = static_cast<int64_t>(p.routes[e].tokens.size());
-  const float* act = p.activated.data() + p.offsets[active_index] * inter;
-  scratch.xs.resize(count);
-  for (int64_t i = 0; i < count; ++i) scratch.xs[i] = act + i * inter;
-  scratch.dots.resize(rows * count);
   const int64_t flat = e * p.hidden + first_row;
-  if (Int8Path(p, count, inter)) {
-    const int64_t scales_per_row = inter / kPair * kPairScales;
-    scratch.qs.resize(count);
-    scratch.ds.resize(count);
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t row = p.offsets[active_index] + i;
-      scratch.qs[i] = p.activatedq.data() + row * inter;
-      scratch.ds[i] = p.activatedd.data() + row * scales_per_row;
-    }
-    Int8ConsecutiveRowDots(p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), rows, inter,
-                           scratch.qs.data(), scratch.ds.data(), count, scratch.dots.data());
-  } else {
-    ConsecutiveRowDots(p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), rows, inter, scratch.xs.data(),
-                       count, scratch.dots.data(), scratch);
-  }
+  ExpertDots(p, active_index, p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), rows, inter,
+             p.activated.data(), p.activatedq, p.activatedd, ActivatedRow, scratch);
   float* out = p.expert_out.data() + p.offsets[active_index] * p.hidden;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < count; ++i) out[i * p.hidden + first_row + r] = scratch.dots[r * count + i] + p.b2f[flat + r];
@@ -585,16 +582,12 @@ void MoeKernel::Compute(OrtKernelContext* raw_context) {
     p.yf = p.narrow_out.data();
   }
   RouteTokens(p);
-  if (p.int8_activations) {
-    const auto token_row = [&p](size_t a, int64_t i) { return p.routes[p.active[a]].tokens[i]; };
-    QuantizeRows(p, p.xf, p.tokens, p.hidden, token_row, p.xq, p.xd);
-  }
+  if (p.int8_activations) QuantizeRows(p, p.xf, p.tokens, p.hidden, TokenRow, p.xq, p.xd);
   Phase fc1{&p, (p.inter + kRowsPerTask - 1) / kRowsPerTask, p.inter, true};
   context.ParallelFor(RunTask, p.active.size() * fc1.blocks_per_expert, 0, &fc1);
   if (p.int8_activations) {
-    const auto activated_row = [&p](size_t a, int64_t i) { return p.offsets[a] + i; };
-    QuantizeRows(p, p.activated.data(), static_cast<int64_t>(p.activated.size()) / p.inter, p.inter, activated_row,
-                 p.activatedq, p.activatedd);
+    const int64_t rows = static_cast<int64_t>(p.activated.size()) / p.inter;
+    QuantizeRows(p, p.activated.data(), rows, p.inter, ActivatedRow, p.activatedq, p.activatedd);
   }
   Phase fc2{&p, (p.hidden + kRowsPerTask - 1) / kRowsPerTask, p.hidden, false};
   context.ParallelFor(RunTask, p.active.size() * fc2.blocks_per_expert, 0, &fc2);
