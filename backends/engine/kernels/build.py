@@ -59,6 +59,7 @@ HEADERS = (
     "sample_tokens_launch.h",
     "cuda_launch.h",
     "dense_op.h",
+    "weight_batches.h",
     "kernel_dtype.h",
     "ort_dtype.h",
     "cuda_numbers.h",

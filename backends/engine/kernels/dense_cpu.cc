@@ -3,8 +3,8 @@
 //
 // A bfloat16 is the top half of a float, so widening one is a 16-bit shift: exact; an int8 widens exactly too,
 // and its row's scale multiplies the row's sums (in prefill, the widened tile). The work is split over
-// blocks of output rows on ONNX Runtime's intra-op thread pool, and each block's weights are read from memory
-// once whatever the number of input rows:
+// blocks of output rows on ONNX Runtime's intra-op thread pool, a thread taking a batch of consecutive blocks at a
+// time (weight_batches.h), and each block's weights are read from memory once whatever the number of input rows:
 // - up to kFewRows input rows (decode): each weight row is widened as it is read and met by every input row
 //   (dot products: the step reads the weights' bytes at memory bandwidth); from 3 rows K is taken in
 //   chunks whose x rows stay in L1, several weight rows a pass sharing each x load;
@@ -13,6 +13,7 @@
 // The sums are float, in an order of their own: equal to a float32 MatMul's to float rounding.
 
 #include "dense_op.h"
+#include "weight_batches.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -30,6 +31,9 @@ namespace {
 constexpr int64_t kFewRows = 8;
 constexpr int64_t kBlockRows = 32;  // output rows per task (and per prefill tile: two 16-float vectors)
 constexpr int64_t kGroupRows = 8;   // input rows per register block of the prefill path
+// Weight bytes the decode path asks the cache for ahead of those it reads: the hardware prefetcher alone leaves
+// its loads waiting (measured on a 2-core Xeon: the 201,088-row unembedding 47-50 ms without, 45-46 ms with).
+constexpr int64_t kPrefetchBytes = 1024;
 
 // How each kind of weight widens to float: one value, and (AVX-512) 16 consecutive ones.
 struct Bf16Weights {
@@ -87,6 +91,8 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
       for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
     }
     for (; i + 16 * U <= k; i += 16 * U) {
+      const char* ahead = reinterpret_cast<const char*>(w + i) + kPrefetchBytes;
+      for (size_t b = 0; b < 16 * U * sizeof *w; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
       for (int u = 0; u < U; ++u) {
         const __m512 wide = W::Widen16(w + i + 16 * u);
         for (int r = 0; r < R; ++r) {
@@ -286,7 +292,8 @@ void Dense(OrtKernelContext* raw_context, const char* op, bool scaled) {
     std::fill(p.y, p.y + p.rows * p.n, 0.0f);
     return;
   }
-  context.ParallelFor(RunBlock<W>, static_cast<size_t>((p.n + kBlockRows - 1) / kBlockRows), 0, &p);
+  const size_t tasks = static_cast<size_t>((p.n + kBlockRows - 1) / kBlockRows);
+  context.ParallelFor(RunBlock<W>, tasks, WeightBatches(tasks, sizeof(typename W::Stored) * p.n * p.k), &p);
 }
 
 }  // namespace
