@@ -308,8 +308,9 @@ void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t row
 
 // Int8 activations (the `int8_activations` attribute, decode: fewer than kInt8Below tokens per expert). Each
 // vector is quantized once per phase to int8 per block of 32 (scale max|x| / 127, rounded to nearest even, as
-// q8_0 does), laid out by pairs of blocks as the code bytes hold their values: the two blocks' evens (low
-// nibbles), then their odds (high nibbles); each block's scale is repeated over the four int32 lanes its sums
+// q8_0 does), laid out by pairs of blocks as the code bytes hold their values: a pair's two blocks' evens (low
+// nibbles), then their odds (high nibbles), two pairs at a time (both pairs' evens, then both pairs' odds: one
+// 512-bit load each) and a last odd pair alone; each block's scale is repeated over the four int32 lanes its sums
 // land in. A block's dot product is then taken in integers (twice each E2M1 value as int8, exact) and scaled by
 // half its E8M0 scale times the vector block's scale.
 constexpr int64_t kPair = 2 * kBlock;  // columns per quantized pair of blocks
@@ -318,17 +319,25 @@ constexpr int64_t kInt8Below = 4;      // experts with fewer tokens than this in
 
 bool Int8Fits(int64_t cols) { return cols % kPair == 0; }
 
+// Where a pair's 32 even bytes start in a quantized vector of `pairs` pairs, and how far after them its odd bytes.
+int64_t EvensAt(int64_t pair, int64_t pairs) {
+  return pair < pairs / 2 * 2 ? pair / 2 * 2 * kPair + pair % 2 * kBlock : pair * kPair;
+}
+int64_t OddsGap(int64_t pair, int64_t pairs) { return pair < pairs / 2 * 2 ? kPair : kBlock; }
+
 void QuantizePairs(const float* x, int64_t cols, int8_t* q, float* d) {
-  for (int64_t pair = 0; pair < cols / kPair; ++pair) {
-    int8_t* out = q + pair * kPair;
+  const int64_t pairs = cols / kPair;
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    int8_t* evens = q + EvensAt(pair, pairs);
+    int8_t* odds = evens + OddsGap(pair, pairs);
     for (int half = 0; half < 2; ++half) {
       const float* xb = x + pair * kPair + half * kBlock;
       float amax = 0.0f;
       for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
       const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
       for (int i = 0; i < kBlock / 2; ++i) {
-        out[half * 16 + i] = static_cast<int8_t>(std::nearbyint(xb[2 * i] * inverse));
-        out[kBlock + half * 16 + i] = static_cast<int8_t>(std::nearbyint(xb[2 * i + 1] * inverse));
+        evens[half * 16 + i] = static_cast<int8_t>(std::nearbyint(xb[2 * i] * inverse));
+        odds[half * 16 + i] = static_cast<int8_t>(std::nearbyint(xb[2 * i + 1] * inverse));
       }
       std::fill(d + pair * kPairScales + half * 4, d + pair * kPairScales + half * 4 + 4, amax / 127.0f);
     }
@@ -377,12 +386,8 @@ int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs
     const __m512i exponents = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(four_scales)), each_four_times);
     const __m512 weight_scales = _mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(exponents, 23), smallest));
     for (int t = 0; t < Count; ++t) {
-      const int8_t* q = qs[t] + pair * kPair;
-      const __m512i even_x = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))),
-                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kPair)), 1);
-      const __m512i odd_x =
-          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kBlock))),
-                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kPair + kBlock)), 1);
+      const int8_t* q = qs[t] + pair * kPair;  // both pairs' evens, then their odds (EvensAt)
+      const __m512i even_x = _mm512_loadu_si512(q), odd_x = _mm512_loadu_si512(q + kPair);
       const __m512i sums = _mm512_dpbusd_epi32(
           _mm512_dpbusd_epi32(zero, even_magnitudes, _mm512_mask_sub_epi8(even_x, even_negative, zero, even_x)),
           odd_magnitudes, _mm512_mask_sub_epi8(odd_x, odd_negative, zero, odd_x));
@@ -409,7 +414,8 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
 #else
   int64_t pair = 0;
 #endif
-  for (; pair < cols / kPair; ++pair) {
+  const int64_t pairs = cols / kPair;
+  for (; pair < pairs; ++pair) {
     const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + pair * kBlock));
     const __m256i evens = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, low_nibble));
     const __m256i odds = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibble));
@@ -417,9 +423,10 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
     const __m256 weight_scales = _mm256_set_m128(_mm_set1_ps(kE8M0.values[scales[2 * pair + 1]]),
                                                  _mm_set1_ps(kE8M0.values[scales[2 * pair]]));
     for (int t = 0; t < Count; ++t) {
-      const int8_t* q = qs[t] + pair * kPair;
+      const int8_t* q = qs[t] + EvensAt(pair, pairs);
       const __m256i even_x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), evens);
-      const __m256i odd_x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kBlock)), odds);
+      const __m256i odd_x =
+          _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + OddsGap(pair, pairs))), odds);
       const __m256i sums =
           DotU8S8(DotU8S8(_mm256_setzero_si256(), even_magnitudes, even_x), odd_magnitudes, odd_x);
       const __m256 scale = _mm256_mul_ps(weight_scales, _mm256_loadu_ps(ds[t] + pair * kPairScales));
@@ -452,14 +459,16 @@ void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t
     const uint8_t* row_codes = codes + row * cols / 2;
     for (int64_t t = 0; t < count; ++t) {
       float total = 0.0f;
-      for (int64_t pair = 0; pair < cols / kPair; ++pair) {
+      const int64_t pairs = cols / kPair;
+      for (int64_t pair = 0; pair < pairs; ++pair) {
         for (int half = 0; half < 2; ++half) {
           const uint8_t* bytes = row_codes + pair * kBlock + half * 16;
-          const int8_t* q = qs[t] + pair * kPair + half * 16;
+          const int8_t* q = qs[t] + EvensAt(pair, pairs) + half * 16;
+          const int8_t* odd_q = q + OddsGap(pair, pairs);
           int32_t sum = 0;
           for (int i = 0; i < 16; ++i) {
             sum += kTwiceE2M1[bytes[i] & 0x0F] * q[i];
-            sum += kTwiceE2M1[bytes[i] >> 4] * q[kBlock + i];
+            sum += kTwiceE2M1[bytes[i] >> 4] * odd_q[i];
           }
           const int64_t block = 2 * pair + half;
           total += static_cast<float>(sum) * kE8M0.values[scales[row * cols / kBlock + block]] *
