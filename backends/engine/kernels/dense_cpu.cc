@@ -3,8 +3,9 @@
 //
 // A bfloat16 is the top half of a float, so widening one is a 16-bit shift: exact; an int8 widens exactly too,
 // and its row's scale multiplies the row's sums (in prefill, the widened tile). The work is split over
-// blocks of output rows on ONNX Runtime's intra-op thread pool, a thread taking a batch of consecutive blocks at a
-// time (weight_batches.h), and each block's weights are read from memory once whatever the number of input rows:
+// blocks of output rows on ONNX Runtime's intra-op thread pool (at decode, a thread takes a batch of consecutive
+// blocks at a time: weight_batches.h), and each block's weights are read from memory once whatever the number of
+// input rows:
 // - up to kFewRows input rows (decode): each weight row is widened as it is read and met by every input row
 //   (dot products: the step reads the weights' bytes at memory bandwidth); from 3 rows K is taken in
 //   chunks whose x rows stay in L1, several weight rows a pass sharing each x load;
@@ -32,7 +33,7 @@ constexpr int64_t kFewRows = 8;
 constexpr int64_t kBlockRows = 32;  // output rows per task (and per prefill tile: two 16-float vectors)
 constexpr int64_t kGroupRows = 8;   // input rows per register block of the prefill path
 // Weight bytes the decode path asks the cache for ahead of those it reads: the hardware prefetcher alone leaves
-// its loads waiting (measured on a 2-core Xeon: the 201,088-row unembedding 47-50 ms without, 45-46 ms with).
+// some of its loads waiting on memory (bench/llama_cpp_bench.py and dense_bf16_bench.py show the decode rates).
 constexpr int64_t kPrefetchBytes = 1024;
 
 // How each kind of weight widens to float: one value, and (AVX-512) 16 consecutive ones.
@@ -293,7 +294,10 @@ void Dense(OrtKernelContext* raw_context, const char* op, bool scaled) {
     return;
   }
   const size_t tasks = static_cast<size_t>((p.n + kBlockRows - 1) / kBlockRows);
-  context.ParallelFor(RunBlock<W>, tasks, WeightBatches(tasks, sizeof(typename W::Stored) * p.n * p.k), &p);
+  // decode streams the weights: a thread takes a batch of consecutive blocks; prefill's tiles are arithmetic-bound,
+  // split as ONNX Runtime splits them (a small matrix still spread over every thread)
+  const size_t batches = p.rows <= kFewRows ? WeightBatches(tasks, sizeof(typename W::Stored) * p.n * p.k) : 0;
+  context.ParallelFor(RunBlock<W>, tasks, batches, &p);
 }
 
 }  // namespace

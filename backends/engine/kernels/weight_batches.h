@@ -1,7 +1,7 @@
-// How a kernel that streams weights splits its tasks over ONNX Runtime's intra-op threads: in batches of
-// consecutive tasks, each reading about kBatchBytes of consecutive weights. Threads that take small interleaved
-// tasks read memory in short runs (measured on a 2-core Xeon: 23 GB/s over 184 KB runs against 26 GB/s over
-// 1 MB and more), so a batch is the unit a thread takes.
+// How a kernel that streams weights (a decode step) splits its tasks over ONNX Runtime's intra-op threads: in
+// batches of consecutive tasks, each reading about kBatchBytes of consecutive weights. Threads that take small
+// interleaved tasks read memory in short runs, which stream slower than long ones, so a batch is the unit a
+// thread takes.
 #pragma once
 
 #include <algorithm>
