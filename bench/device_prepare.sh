@@ -4,36 +4,46 @@
 #
 #   bash bench/device_prepare.sh          (in the checkout; PYTHON defaults to .venv/bin/python)
 #
-# .device/ (ignored; send it by naming it in `carry`, under 64 MiB): the kernel library built for any x86-64-v3
-# CPU and sm_80/sm_90, and the cp312 wheels of the project's and the tests' dependencies, less numpy and onnx
-# (the machine's torch image has them). .device-ort/ holds the onnxruntime-gpu wheel (about 250 MB, over one
-# carry): the script then runs ../shared/tools/device_carry.sh on it, which prints one device command and one
-# carry path per part; send those back to back, then `bash bench/device_run.sh check20b`.
+# One archive, .device/device-site.tar.xz (ignored): a site directory holding onnxruntime-gpu (less what the
+# engine never loads: the TensorRT provider and the Python tools), the project's and the tests' dependencies
+# built for cp312 (less numpy and onnx: the machine's torch image has them), and the kernel library built for
+# any x86-64-v3 CPU and sm_80/sm_90. ../shared/tools/device_carry.sh then splits it into parts that fit one
+# transfer beside the working tree and prints one device command and one carry path per part: send them back
+# to back, then (with the last part's command) `bash bench/device_run.sh check20b`.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 python=${PYTHON:-.venv/bin/python}
+part_mb=${PART_MB:-59}  # plus the working tree (~3 MB): under one transfer's 64 MiB
 exclude=$(git rev-parse --git-path info/exclude)
-for ignored in /.device/ /.device-ort/; do grep -qxF "$ignored" "$exclude" 2>/dev/null || echo "$ignored" >> "$exclude"; done
-rm -rf .device .device-ort && mkdir -p .device/wheels .device-ort
-"$python" - <<'PY'
+grep -qxF /.device/ "$exclude" 2>/dev/null || echo /.device/ >> "$exclude"
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+rm -rf .device && mkdir -p .device "$stage/wheels" "$stage/site"
+"$python" - "$stage/site" <<'PY'
 import shutil
+import sys
 from pathlib import Path
 
 from backends.engine.kernels.build import build_library
 
-library = build_library(Path(".device/kernel-cache"), march="x86-64-v3")
+library = build_library(Path(sys.argv[1]).parent / "kernel-cache", march="x86-64-v3")
 manifest = (library.parent / "build.json").read_text()
 assert '"cuda": true' in manifest, f"nvcc was not found: the library has no CUDA kernels ({manifest})"
-shutil.copy(library, ".device/libgptoss_engine_kernels.so")
-shutil.rmtree(".device/kernel-cache")
+shutil.copy(library, Path(sys.argv[1]) / "libgptoss_engine_kernels.so")
 PY
 platforms=()
 for glibc in $(seq 39 -1 17); do platforms+=(--platform "manylinux_2_${glibc}_x86_64"); done
 "$python" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --abi cp312 --abi abi3 --abi none "${platforms[@]}" --platform manylinux2014_x86_64 --platform any \
-  -d .device/wheels . pytest hypothesis safetensors ml_dtypes "onnxruntime-gpu==1.31.1" 2>&1 | grep -v '^WARNING' || true
-mv .device/wheels/onnxruntime_gpu-*.whl .device-ort/
-rm -f .device/wheels/numpy-*.whl .device/wheels/onnx-*.whl .device/wheels/gpt_oss_gateway-*.whl
-du -sh .device .device-ort
-../shared/tools/device_carry.sh .device-ort/onnxruntime_gpu-*.whl
-echo "# and with the first part's command, also carry .device"
+  -d "$stage/wheels" . pytest hypothesis safetensors ml_dtypes "onnxruntime-gpu==1.31.1" 2>&1 | grep -v '^WARNING' || true
+rm -f "$stage"/wheels/numpy-*.whl "$stage"/wheels/onnx-*.whl "$stage"/wheels/gpt_oss_gateway-*.whl
+"$python" -m pip install -q --no-index --no-deps --no-compile --only-binary=:all: --python-version 3.12 \
+  --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 --target "$stage/site" "$stage"/wheels/*.whl 2>&1 \
+  | grep -v '^WARNING' || true
+ort="$stage/site/onnxruntime"
+test -f "$ort/capi/libonnxruntime_providers_cuda.so" || { echo "onnxruntime-gpu is missing" >&2; exit 1; }
+rm -rf "$ort/capi/libonnxruntime_providers_tensorrt.so" "$ort/tools" "$ort/transformers" "$ort/quantization" \
+  "$stage/site/bin"
+tar -C "$stage/site" -cf - . | xz -T0 -6 > .device/device-site.tar.xz
+du -sh "$stage/site" .device/device-site.tar.xz
+../shared/tools/device_carry.sh .device/device-site.tar.xz "$part_mb"
