@@ -35,7 +35,7 @@ platforms=()
 for glibc in $(seq 39 -1 17); do platforms+=(--platform "manylinux_2_${glibc}_x86_64"); done
 "$python" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --abi cp312 --abi abi3 --abi none "${platforms[@]}" --platform manylinux2014_x86_64 --platform any \
-  -d "$stage/wheels" . pytest hypothesis safetensors ml_dtypes "onnxruntime-gpu==1.31.1" 2>&1 | grep -v '^WARNING' || true
+  -d "$stage/wheels" . pytest hypothesis openai safetensors ml_dtypes "onnxruntime-gpu==1.31.1" 2>&1 | grep -v '^WARNING' || true
 rm -f "$stage"/wheels/numpy-*.whl "$stage"/wheels/onnx-*.whl "$stage"/wheels/gpt_oss_gateway-*.whl
 "$python" -m pip install -q --no-index --no-deps --no-compile --only-binary=:all: --python-version 3.12 \
   --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 --target "$stage/site" "$stage"/wheels/*.whl 2>&1 \

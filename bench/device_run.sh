@@ -38,7 +38,7 @@ case "$part" in
       --steps scale ;;
   paged20b) timeout 560 python3 bench/engine_check.py --device cuda --out "$out/paged" --work /tmp/engine-work \
       --steps paged ;;
-  tests) timeout 560 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine 2>&1 | tail -60 ;;
+  tests) timeout 560 python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors tests/engine 2>&1 | tail -60 ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac
 } 2>&1 | tee "$out/$part.log"
