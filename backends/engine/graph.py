@@ -46,7 +46,7 @@ from .opsets import ENGINE_DOMAIN, IR_VERSION, OPSET
 from .qmoe import MS_DOMAIN, MoeRealization, qmoe_node, qmoe_weights
 from .rope import cos_sin
 
-BUILDER_VERSION = "7"
+BUILDER_VERSION = "8"
 RMS_EPSILON = 1e-5
 INLINE_BYTES = 1024
 STREAM_BLOCK_BYTES = 32 * 1024 * 1024  # a large weight is converted and written in blocks of this size

@@ -1,12 +1,13 @@
 """ONNX Runtime's contrib `QMoE` (quant_type fp4) as the engine's other MoE realization, beside MXFP4MoE.
 
-Its inputs are the checkpoint's MXFP4 bytes as its schema declares them: codes [E, N, K/2] (two a byte,
-low nibble first), E8M0 scales [E, N, K/32] as float8e8m0, the biases in the activation dtype and per-expert
+Its inputs are the checkpoint's MXFP4 codes by column, [E, K, N/2]: each input column's codes two a byte
+along the output rows (low nibble: the even row). That is what its kernels read: on an H200, ONNX Runtime
+1.31.1's QMoE agreed with our MXFP4MoE kernel within bf16 rounding in this layout and not at all in the
+checkpoint's own [E, N, K/2] that its schema declares (docs/engine_check_kernels.json). The E8M0 scales stay
+as the checkpoint has them, [E, N, K/32] as float8e8m0; the biases in the activation dtype and per-expert
 global scales of 1. Gate and linear rows stay interleaved (`swiglu_fusion` 1) and the routing weights are the
 softmax over each token's top-k logits, as gpt-oss has them. ONNX Runtime has fp4 QMoE kernels on CUDA only,
-in float16 and bfloat16. Its schema calls the weights column-major per expert but declares fc1's shape
-[E, 2I, H/2], the checkpoint's own; bench/engine_check.py compares this layout and the transposed one with
-our kernel on a GPU.
+in float16 and bfloat16.
 """
 
 from __future__ import annotations
@@ -34,13 +35,28 @@ def qmoe_unsupported_reason(device: str, dtype: str) -> str | None:
     return None
 
 
+def codes_by_column(blocks: np.ndarray) -> np.ndarray:
+    """MXFP4 blocks [E, N, K/32, 16] (two codes a byte along K, low nibble first) as [E, K, N/2]: the codes of
+    each input column, two a byte along the output rows (low nibble: the even row). Byte arithmetic, one
+    expert at a time: a code pair never leaves its byte."""
+    experts, rows, groups, _ = blocks.shape
+    out = np.empty((experts, groups * 32, rows // 2), np.uint8)
+    for expert in range(experts):
+        packed = np.asarray(blocks[expert]).reshape(rows, groups * 16)
+        even, odd = packed[0::2], packed[1::2]  # [N/2, K/2]: rows 2m and 2m + 1
+        by_pair = out[expert].reshape(groups * 16, 2, rows // 2)  # [K/2, 2, N/2]: columns 2j and 2j + 1
+        by_pair[:, 0, :] = ((even & 0xF) | ((odd & 0xF) << 4)).T
+        by_pair[:, 1, :] = ((even >> 4) | (odd & 0xF0)).T
+    return out
+
+
 def qmoe_weights(
     name: str, blocks: np.ndarray, scales: np.ndarray
 ) -> tuple[tuple[str, int, list[int], np.ndarray], tuple[str, int, list[int], np.ndarray]]:
-    """One projection's checkpoint MXFP4 (blocks [E, N, K/32, 16], scales [E, N, K/32]) as QMoE's codes and
-    scales: (name, ONNX type, shape, bytes) each, the bytes unchanged."""
-    experts, rows, groups, _ = blocks.shape
-    codes = (name + ".qmoe", TensorProto.UINT8, [experts, rows, groups * 16], blocks)
+    """One projection's checkpoint MXFP4 (blocks [E, N, K/32, 16], scales [E, N, K/32]) as QMoE's codes
+    [E, K, N/2] and scales (as stored): (name, ONNX type, shape, bytes) each."""
+    by_column = codes_by_column(blocks)
+    codes = (name + ".qmoe", TensorProto.UINT8, list(by_column.shape), by_column)
     block_scales = (name + ".qmoe_scales", TensorProto.FLOAT8E8M0, list(scales.shape), scales)
     return codes, block_scales
 

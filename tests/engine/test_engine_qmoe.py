@@ -20,7 +20,7 @@ from backends.engine.checkpoint import Checkpoint
 from backends.engine.config import SWIGLU_ALPHA
 from backends.engine.graph import GraphOptions
 from backends.engine.model_cache import compiled_model
-from backends.engine.qmoe import qmoe_unsupported_reason
+from backends.engine.qmoe import codes_by_column, qmoe_unsupported_reason
 from harmony import load_harmony_encoding
 
 CONFIG = replace(tiny_config(experts=8, top_k=4, layers=2, vocab=201088), intermediate_size=96)  # I != H
@@ -43,7 +43,7 @@ def _initializers(model: onnx.ModelProto, directory: Path) -> dict[str, np.ndarr
     return arrays
 
 
-def test_each_layer_is_one_qmoe_node_over_the_checkpoints_own_bytes(checkpoint, tmp_path):
+def test_each_layer_is_one_qmoe_node_over_the_checkpoints_codes_by_column(checkpoint, tmp_path):
     path = compiled_model(checkpoint, GraphOptions(64, "float16", "qmoe"), tmp_path)
     model = onnx.load(str(path), load_external_data=False)
     assert [function.name for function in model.functions] == ["PagedAttention"]
@@ -63,14 +63,14 @@ def test_each_layer_is_one_qmoe_node_over_the_checkpoints_own_bytes(checkpoint, 
         inputs = list(node.input)
         assert len(inputs) == 17 and all(name == "" for name in inputs[8:15])
         prefix = f"block.{layer}.mlp."
-        # the schema's shapes: fc1 [E, 2I, H/2] with scales [E, 2I, H/32], fc2 [E, H, I/2] with [E, H, I/32]
+        # codes by column, fc1 [E, H, 2I/2] and fc2 [E, I, H/2]; scales as stored, [E, 2I, H/32] and [E, H, I/32]
         for (codes, scales, bias), fc, shape in (
             (inputs[2:5], "mlp1", (e, 2 * i, h)),
             (inputs[5:8], "mlp2", (e, h, i)),
         ):
             blocks = checkpoint.tensor(prefix + fc + "_weight.blocks")
-            assert arrays[codes].shape == (shape[0], shape[1], shape[2] // 2)
-            assert arrays[codes].tobytes() == blocks.tobytes()
+            assert arrays[codes].shape == (shape[0], shape[2], shape[1] // 2)
+            assert np.array_equal(arrays[codes], codes_by_column(blocks))
             assert arrays[scales].shape == (shape[0], shape[1], shape[2] // 32)
             assert arrays[scales].tobytes() == checkpoint.tensor(prefix + fc + "_weight.scales").tobytes()
             expected_bias = checkpoint.tensor(prefix + fc + "_bias").astype(np.float32).astype(np.float16)

@@ -1,7 +1,6 @@
-"""bench/qmoe_layer.py: ONNX Runtime's contrib QMoE (fp4) over a gpt-oss layer, in the two weight layouts it
-may read, for engine_check to measure against our kernel on a GPU. Without one: the column layout holds the
-checkpoint's codes, and ONNX Runtime accepts both models up to the kernel lookup (QMoE fp4 has CUDA kernels
-only)."""
+"""QMoE's weights by column (backends/engine/qmoe.py) and bench/qmoe_layer.py's one-layer QMoE model, which
+engine_check measures against our kernel on a GPU. Without one: the column layout holds the checkpoint's codes,
+and ONNX Runtime accepts the model up to the kernel lookup (QMoE fp4 has CUDA kernels only)."""
 
 from __future__ import annotations
 
@@ -14,9 +13,10 @@ from paths import ROOT
 
 from backends.engine.config import ModelConfig
 from backends.engine.make_checkpoint import random_moe_layer
+from backends.engine.qmoe import codes_by_column
 
 sys.path.insert(0, str(ROOT / "bench"))
-from qmoe_layer import LAYOUTS, codes_by_column, qmoe_layer_model
+from qmoe_layer import qmoe_layer_model
 
 CONFIG = ModelConfig(num_experts=4, experts_per_token=2, hidden_size=64, intermediate_size=96)
 
@@ -35,8 +35,7 @@ def test_the_column_layout_holds_the_checkpoints_codes_by_column():
     assert np.array_equal(_codes(by_column), checkpoint_codes.transpose(0, 2, 1))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_onnx_runtime_accepts_the_qmoe_model_up_to_its_kernel(layout, tmp_path):
-    model = qmoe_layer_model(CONFIG, random_moe_layer(CONFIG, seed=5), tmp_path, "bfloat16", layout)
+def test_onnx_runtime_accepts_the_qmoe_model_up_to_its_kernel(tmp_path):
+    model = qmoe_layer_model(CONFIG, random_moe_layer(CONFIG, seed=5), tmp_path, "bfloat16")
     with pytest.raises(Exception, match="Could not find an implementation for QMoE"):
         ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
