@@ -50,7 +50,7 @@ except ImportError:
     torch = None
 
 import numpy as np
-from engine_check_report import GEMM_ENV, SECTION, markdown
+from engine_check_report import GEMM_ENV, MMA_ENV, SECTION, markdown
 from qmoe_layer import qmoe_layer_model
 from report import write_section
 from sampler_bench import measure
@@ -228,31 +228,39 @@ def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
         if dtype == "bfloat16":
             report["timing"] = kernel_timing(sessions[device], device, config, options)
             if device == "cuda":
-                for name, threshold in (("timing_cuda_cores", 0), ("timing_gemms", 1)):  # each path alone
-                    session = layer_session(model, kernels, device, gemm_min_tokens=threshold)
+                for name, gemm, mma in (  # each path alone: CUDA cores, tensor-core tiles, cuBLAS GEMMs
+                    ("timing_cuda_cores", 0, 0), ("timing_mma", 0, 1), ("timing_gemms", 1, 0),
+                ):  # fmt: skip
+                    session = layer_session(model, kernels, device, gemm_min_tokens=gemm, mma_min_tokens=mma)
                     report[name] = kernel_timing(session, device, config, options)
                 report["qmoe"] = qmoe_vs_kernel(work, config, layer, sessions[device], options)
     return report
 
 
-def layer_session(model: Path, kernels: Path, device: str, gemm_min_tokens: int | None = None):
-    """A session of a one-layer model on the device with our kernels; with `gemm_min_tokens`, its CUDA kernel
-    takes the GEMM path from that many tokens (0: never) instead of the default."""
+def layer_session(
+    model: Path, kernels: Path, device: str, gemm_min_tokens: int | None = None, mma_min_tokens: int | None = None
+):
+    """A session of a one-layer model on the device with our kernels; with `gemm_min_tokens` (`mma_min_tokens`),
+    its CUDA kernel takes the GEMM (tensor-core tile) path from that many tokens (0: never) instead of the
+    default."""
     import onnxruntime as ort
 
-    before = os.environ.get(GEMM_ENV)
-    if gemm_min_tokens is not None:
-        os.environ[GEMM_ENV] = str(gemm_min_tokens)  # read when the session makes its kernel
+    chosen = {GEMM_ENV: gemm_min_tokens, MMA_ENV: mma_min_tokens}
+    before = {name: os.environ.get(name) for name in chosen}
+    for name, value in chosen.items():
+        if value is not None:
+            os.environ[name] = str(value)  # read when the session makes its kernel
     try:
         session_options = ort.SessionOptions()
         session_options.register_custom_ops_library(str(kernels))
         providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
         return ort.InferenceSession(str(model), session_options, providers=providers)
     finally:
-        if before is None:
-            os.environ.pop(GEMM_ENV, None)
-        else:
-            os.environ[GEMM_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def qmoe_vs_kernel(work: Path, config: ModelConfig, layer: dict[str, np.ndarray], kernel, options: GraphOptions):
@@ -373,9 +381,9 @@ def scale_key(model_name: str) -> str:
     return "scale" if model_name == "20b" else f"scale_{model_name}"
 
 
-def timed_decode(runner: PagedRunner, batch: int, steps: int, context: int = 128) -> float:
-    """Decode tokens/s as the engine serves: each step runs the batch and samples its tokens (on the device
-    when the kernels are loaded: only token ids come back), each next step feeding the sampled tokens. The
+def decoder(runner: PagedRunner, batch: int, context: int = 128) -> Callable[[int], None]:
+    """Decode step i of `batch` sequences as the engine serves it: the batch run and its tokens sampled (on the
+    device when the kernels are loaded: only token ids come back), each next step fed the sampled tokens. The
     sequences stand at `context` positions: a 128-token prompt prefilled; past that, the KV as the buffers
     hold it (zeros: attention reads and weighs every position all the same), so that hundreds of long
     sequences need no prefill of their own."""
@@ -386,16 +394,48 @@ def timed_decode(runner: PagedRunner, batch: int, steps: int, context: int = 128
     specs = [RowSpec(slot, Sampling(temperature=1.0), np.random.default_rng(slot)) for slot in range(batch)]
     tokens = [1000 + slot for slot in range(batch)]
 
-    def advance(position: int) -> None:
-        runner.step([(slot, tokens[slot], position) for slot in range(batch)])
+    def advance(i: int) -> None:
+        runner.step([(slot, tokens[slot], context + i) for slot in range(batch)])
         tokens[:] = runtime.sample(sampling_rows(specs, runtime.config.vocab_size)).tokens.tolist()
 
-    advance(context)  # warm-up (and graph capture)
-    advance(context + 1)
+    return advance
+
+
+def timed_decode(runner: PagedRunner, batch: int, steps: int, context: int = 128) -> float:
+    """Decode tokens/s over `steps` steps (after two: warm-up and graph capture)."""
+    advance = decoder(runner, batch, context)
+    advance(0)
+    advance(1)
     started = time.perf_counter()
     for i in range(steps):
-        advance(context + 2 + i)
+        advance(2 + i)
     return batch * steps / (time.perf_counter() - started)
+
+
+def kernel_profile(runner: PagedRunner, batch: int, steps: int = 8) -> dict[str, Any]:
+    """The device kernels of `steps` decode steps (torch's profiler: CUPTI sees every kernel in the process,
+    ONNX Runtime's and ours): GPU µs per step in all and by kernel, the 25 largest."""
+    if torch is None or not torch.cuda.is_available():
+        return {"error": "needs torch with CUDA (the GPU machines' image)"}
+    advance = decoder(runner, batch)
+    advance(0)
+    advance(1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        for i in range(steps):
+            advance(2 + i)
+    kernels = []
+    for event in profiler.key_averages():
+        spent = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if spent > 0:
+            kernels.append((spent, event.count, event.key))
+    kernels.sort(reverse=True)
+    return {
+        "gpu_us_per_step": round(sum(k[0] for k in kernels) / steps, 1),
+        "kernels": [
+            {"name": name[:160], "us_per_step": round(spent / steps, 1), "launches_per_step": count / steps}
+            for spent, count, name in kernels[:25]
+        ],
+    }
 
 
 MANY = 256  # the issue's "256 sequences of 2k context"
@@ -442,7 +482,13 @@ def time_to_first_token(runner: PagedRunner, length: int) -> float:
 
 
 def scale(
-    work: Path, device: str, kernels: Path | None, results: dict[str, Any], cuda_graph: bool, model_name: str
+    work: Path,
+    device: str,
+    kernels: Path | None,
+    results: dict[str, Any],
+    cuda_graph: bool,
+    model_name: str,
+    qmoe: bool = True,
 ) -> dict[str, Any]:
     setting = SCALES[model_name]
     config, positions, slots = setting.config, setting.positions, setting.slots
@@ -472,6 +518,13 @@ def scale(
         report[f"decode_tok_s_batch_{batch}"] = round(timed_decode(runtime, batch, 48 if batch == 1 else 24), 1)
         log(f"batch {batch}: {report[f'decode_tok_s_batch_{batch}']} tok/s")
         SAVE()
+    if device == "cuda":  # where a step's device time goes
+        for batch in (1, setting.batches[-1]):
+            try:
+                report[f"profile_batch_{batch}"] = kernel_profile(runtime, batch)
+            except Exception as exc:
+                report[f"profile_batch_{batch}"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+            SAVE()
     for batch in (1, setting.batches[-1]):  # what a step's copy of the logits to the host would cost, against it
         copy_s = logits_copy_seconds(config, batch, device)
         report[f"logits_copy_us_batch_{batch}"] = round(copy_s * 1e6, 1)
@@ -507,7 +560,7 @@ def scale(
     if bandwidth and "cuda_graph_decode_tok_s_batch_1" in report:
         report["cuda_graph_batch_1_fraction_of_bound"] = round(report["cuda_graph_decode_tok_s_batch_1"] / bound, 3)
     SAVE()
-    if device == "cuda":
+    if device == "cuda" and qmoe:
         report.update(qmoe_decode(directory, work, device, positions, kernels))
         if bandwidth and "qmoe_decode_tok_s_batch_1" in report:
             report["qmoe_batch_1_fraction_of_bound"] = round(report["qmoe_decode_tok_s_batch_1"] / bound, 3)
@@ -674,6 +727,7 @@ def main() -> int:
     parser.add_argument("--work", default=None, help="scratch directory (checkpoints and graphs; ~30 GB)")
     parser.add_argument("--steps", default="parity,kernel,sampler,scale")
     parser.add_argument("--cuda-graph", action="store_true")
+    parser.add_argument("--no-qmoe-decode", action="store_true", help="scale: skip the model on QMoE (a conversion)")
     parser.add_argument("--model", default="20b", choices=tuple(SCALES), help="the shape the scale step checks")
     parser.add_argument("--docs", help="also write the section into this markdown file (docs/benchmarks.md)")
     parser.add_argument("--render", nargs="+", help="only render saved engine_check.json files into --docs")
@@ -710,7 +764,9 @@ def main() -> int:
     if "graph_parity" in steps:
         step(results, "graph_parity", lambda: parity(work, args.device, kernels, True))
     if "scale" in steps:
-        run = lambda: scale(work, args.device, kernels, results, args.cuda_graph, args.model)  # noqa: E731
+        run = lambda: scale(  # noqa: E731
+            work, args.device, kernels, results, args.cuda_graph, args.model, not args.no_qmoe_decode
+        )
         step(results, scale_key(args.model), run)
     if "paged" in steps:
         step(results, "paged", lambda: paged(work, args.device, kernels))

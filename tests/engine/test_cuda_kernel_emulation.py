@@ -126,6 +126,10 @@ MMA_SHAPES = [
     (ModelConfig(num_experts=32, experts_per_token=4, hidden_size=64, intermediate_size=96), 64),
     # gpt-oss's width on the K of fc1 and the rows of fc2
     (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=2880, intermediate_size=64), 8),
+    # about 50 choices an expert: a pass of two tiles (32 choices), then one of one or two
+    (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=64, intermediate_size=96), 100),
+    # gpt-oss's width on both K (fc1's 2,880 and fc2's 2,880: 90 blocks, rounds of 8 with a partial last one)
+    (ModelConfig(num_experts=4, experts_per_token=2, hidden_size=2880, intermediate_size=2880), 9),
 ]
 
 
@@ -136,6 +140,20 @@ def test_the_tensor_core_path_computes_what_the_cpu_kernel_does(emulated, config
     fragments in PTX's layout), the MXFP4 weights decoded into the fragments, the plan and combine the CUDA
     cores'."""
     got, expected = _emulated_and_cpu(emulated, config, tokens, dtype, tmp_path, 0, mma_min_tokens=8)
+    _assert_within_rounded_swiglu(got, expected, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_tensor_core_path_takes_a_single_token_when_asked(emulated, dtype, tmp_path):
+    """With the tiles from one token (GATEWAY_MOE_MMA_MIN_TOKENS=1), batch-1 decode runs them too."""
+    config = ModelConfig(num_experts=32, experts_per_token=4, hidden_size=64, intermediate_size=96)
+    got, expected = _emulated_and_cpu(emulated, config, 1, dtype, tmp_path, 0, mma_min_tokens=1)
+    _assert_within_rounded_swiglu(got, expected, dtype)
+    on_cores = _emulated_and_cpu(emulated, config, 1, dtype, tmp_path / "cores", 0, mma_min_tokens=0)[0]
+    assert not np.array_equal(got, on_cores)  # the tiles ran: fc2 read swiglu's output rounded to 16 bits
+
+
+def _assert_within_rounded_swiglu(got: np.ndarray, expected: np.ndarray, dtype: str) -> None:
     scale = float(np.abs(expected).max())
     assert scale > 0.1
     # as the GEMM path: the inputs rounded to 16 bits for the tiles (fc2's from the float swiglu output)

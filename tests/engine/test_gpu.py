@@ -44,18 +44,24 @@ def kernels() -> Path:
 def test_the_cuda_moe_kernel_computes_what_the_cpu_kernel_does_on_both_paths(kernels, dtype, tmp_path):
     model = moe_layer_model(LAYER, random_moe_layer(LAYER, seed=5), tmp_path, dtype)
     cpu, device = layer_session(model, kernels, "cpu"), layer_session(model, kernels, DEVICE)
-    cores = layer_session(model, kernels, DEVICE, gemm_min_tokens=0)
+    cores = layer_session(model, kernels, DEVICE, gemm_min_tokens=0, mma_min_tokens=0)
+    tiles = layer_session(model, kernels, DEVICE, mma_min_tokens=1)  # the tensor-core tiles at every size
     options = GraphOptions(16, dtype)  # type: ignore[arg-type]
-    for tokens in (1, 3, 64, 256):  # 256: a prefill's step, on the GEMM path in 16-bit activations
+    for tokens in (1, 3, 64, 256):  # 64: a decode batch on the tiles; 256: a prefill's step, on the GEMMs
         x, logits = layer_inputs(tokens, LAYER, options)
         expected, got = run_layer(cpu, x, logits, options), run_layer(device, x, logits, options)
         scale = float(np.abs(expected).max())
-        gemms = dtype != "float32" and tokens >= 128
-        # the GEMM path rounds swiglu's output to 16 bits before fc2 (see test_cuda_kernel_emulation.py)
-        room = scale / 4 if gemms else scale / 64
+        sixteen_bit = dtype != "float32"
+        rounded = sixteen_bit and tokens >= 8  # the tiles from 8 tokens, the GEMMs from 128
+        # both round swiglu's output to 16 bits before fc2 (see test_cuda_kernel_emulation.py)
+        room = scale / 4 if rounded else scale / 64
         error = np.abs(got - expected) / (ULP[dtype] * (np.abs(expected) + room))
         assert error.max() <= 1.0, (tokens, float(error.max()))
-        if gemms:  # it did run: the CUDA-core kernel's output differs in its rounding
+        if sixteen_bit:
+            on_tiles = run_layer(tiles, x, logits, options)
+            tile_error = np.abs(on_tiles - expected) / (ULP[dtype] * (np.abs(expected) + scale / 4))
+            assert tile_error.max() <= 1.0, ("tiles", tokens, float(tile_error.max()))
+        if rounded:  # it did run: the CUDA-core kernel's output differs in its rounding
             assert not np.array_equal(got, run_layer(cores, x, logits, options))
 
 

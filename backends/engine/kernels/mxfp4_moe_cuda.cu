@@ -650,15 +650,23 @@ const char* LaunchGemms(const MoeArgs& a, const Plan& plan, const GemmScratch& s
 
 // ---- Decode batches on tensor cores: Fc1 and Fc2 as mma.sync m16n8k16 tiles (16-bit inputs, float sums) ----
 //
-// The same plan, scratch and combine as the CUDA-core path, so a step replays as a CUDA graph (nothing read back):
-// a block per (routed expert, kMmaRows output rows), a warp per 8 of them; the expert's choices taken 16 at a time
-// as the tile's rows, the weights' MXFP4 codes decoded into the B fragment in registers (exactly: a 4-bit value
-// times a power of two), K walked 16 at a time. Fragment layouts are PTX's for m16n8k16 (.row.col): lane l is
-// group l / 4 and thread t = l % 4 of it; A holds rows {g, g + 8}, columns {2t, 2t + 1} and {2t + 8, 2t + 9}; B
-// columns (output rows) g, K {2t, 2t + 1} and {2t + 8, 2t + 9}; C rows {g, g + 8}, columns {2t, 2t + 1}.
+// The same plan and combine as the CUDA-core path, so a step replays as a CUDA graph (nothing read back): a block
+// per (routed expert, kMmaRows output rows), a warp per 8 of them, the expert's choices taken kMmaTokens at a
+// time as the tiles' rows. Fragment layouts are PTX's for m16n8k16 (.row.col): lane l is group g = l / 4 and
+// thread t = l % 4 of it; A holds rows {g, g + 8} at K {2t, 2t + 1} and {2t + 8, 2t + 9}; B column (output row) g
+// at the same K; C rows {g, g + 8}, columns {2t, 2t + 1}.
+//
+// Two tile steps cover one MXFP4 block of 32 columns, and the order of K within a block is ours to choose (the
+// same for A and B): lane t takes the block's columns 8t to 8t + 7, so that its codes are one 32-bit word of the
+// row (the group's four lanes read the block's 16 bytes together) and its inputs one 16-byte load per tile row.
+// The codes become 16-bit values by a table of byte -> two E2M1 values (exact in fp16 and bf16); the block's
+// E8M0 scale multiplies the two steps' float sums (exact: a power of two), not the weights, so no weight is
+// rounded. A warp fetches kMmaAhead blocks of its 8 rows (1 KB of codes at 8) one round ahead of the blocks
+// it multiplies, so that a round's loads are in flight while the previous round's tiles run.
 constexpr int kMmaWarps = 4;
 constexpr int kMmaRows = kMmaWarps * 8;
-constexpr int kMmaTokens = 16;
+constexpr int kMmaTokens = 32;  // two tiles of 16 rows: each weight read once for up to 32 choices
+constexpr int kMmaAhead = 8;
 
 template <typename T>
 __device__ __forceinline__ uint32_t Pack(float low, float high) {
@@ -685,118 +693,200 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], const
 #endif
 }
 
-// The B fragment of output row `row` (MXFP4 codes `codes`, `groups` scales `scales`) at K step `k0`: this lane's
-// values K {k0 + 2t, + 1} and {k0 + 2t + 8, + 9}, decoded and packed as T.
+// The block's table of a code byte (two E2M1 codes, low nibble first) as two T values, low half first. Every
+// thread of the block must call it (a barrier).
 template <typename T>
-__device__ __forceinline__ void WeightFragment(const uint8_t* codes, const uint8_t* scales, int64_t k0, int t,
-                                               uint32_t (&b)[2]) {
-  const float scale = E8M0(scales[k0 / kBlock]);
-  const uint32_t first = codes[(k0 + 2 * t) / 2], second = codes[(k0 + 2 * t + 8) / 2];
-  b[0] = Pack<T>(E2M1(first & 0xFu) * scale, E2M1(first >> 4) * scale);
-  b[1] = Pack<T>(E2M1(second & 0xFu) * scale, E2M1(second >> 4) * scale);
+__device__ __forceinline__ void FillCodePairs(uint32_t* pairs) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) pairs[i] = Pack<T>(E2M1(i & 0xF), E2M1(i >> 4));
+  __syncthreads();
 }
 
-// The A fragment at K step `k0` of two tile rows (`low`, `high`: their inputs, or null for a row past the
-// choices), `In` the inputs' type (the activations' T, or float rounded to T).
-template <typename T, typename In>
-__device__ __forceinline__ void InputFragment(const In* low, const In* high, int64_t k0, int t, uint32_t (&a)[4]) {
-  const int64_t column = k0 + 2 * t;
-  const auto value = [](const In* row, int64_t i) { return row ? ToFloat(row[i]) : 0.0f; };
-  a[0] = Pack<T>(value(low, column), value(low, column + 1));
-  a[1] = Pack<T>(value(high, column), value(high, column + 1));
-  a[2] = Pack<T>(value(low, column + 8), value(low, column + 9));
-  a[3] = Pack<T>(value(high, column + 8), value(high, column + 9));
-}
+// A round of kMmaAhead blocks from `first_block`: this lane's code word of its B row (columns 8t to 8t + 7 of
+// each block) and the E8M0 scale bytes of its two C columns' rows; zeros past the row's end.
+struct MmaRound {
+  uint32_t words[kMmaAhead];
+  uint8_t scales[2][kMmaAhead];
 
-// This lane's four C entries of a tile: two input rows (`low`, `high`, or null past the choices) against one
-// output row's MXFP4 codes and scales, over all K (`width`).
-template <typename T, typename In>
-__device__ __forceinline__ void TileSums(const In* low, const In* high, const uint8_t* codes, const uint8_t* scales,
-                                         int64_t width, int t, float (&c)[4]) {
-  c[0] = c[1] = c[2] = c[3] = 0.0f;
-  for (int64_t k0 = 0; k0 < width; k0 += 16) {
-    uint32_t fa[4], fb[2];
-    InputFragment<T>(low, high, k0, t, fa);
-    WeightFragment<T>(codes, scales, k0, t, fb);
-    Mma<T>(c, fa, fb);
-  }
-}
-
-// Fc1 on tensor cores: activated[c] = swiglu(W1 x + b1) per choice c. A warp's 8 output rows are 4 gate/linear
-// pairs; C's columns {2t, 2t + 1} are one pair's gate and linear sums, so each lane finishes its pair itself.
-template <typename T>
-__global__ void Fc1Mma(MoeArgs a, Plan plan) {
-  const int lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
-  const int64_t first_row = blockIdx.y * static_cast<int64_t>(kMmaRows) + threadIdx.x / kWarp * 8;
-  int expert, first, last;
-  if (first_row >= 2 * a.inter || !ExpertRange(plan, &expert, &first, &last)) return;
-  const int64_t bytes = a.hidden / 2, groups = a.hidden / kBlock;
-  const int64_t weight_row = expert * 2 * a.inter + first_row + g;  // this lane's B column
-  const uint8_t* codes = a.w1 + weight_row * bytes;
-  const uint8_t* scales = a.s1 + weight_row * groups;
-  const T* x = static_cast<const T*>(a.x);
-  const T* b1 = static_cast<const T*>(a.b1);
-  const int64_t pair = (first_row + 2 * t) / 2;  // the gate/linear pair of this lane's C columns
-  const float gate_bias = ToFloat(b1[expert * 2 * a.inter + 2 * pair]);
-  const float lin_bias = ToFloat(b1[expert * 2 * a.inter + 2 * pair + 1]);
-  for (int start = first; start < last; start += kMmaTokens) {
-    const int low_choice = start + g < last ? plan.list[start + g] : -1;
-    const int high_choice = start + g + 8 < last ? plan.list[start + g + 8] : -1;
-    const T* low = low_choice < 0 ? nullptr : x + static_cast<int64_t>(low_choice / static_cast<int>(a.k)) * a.hidden;
-    const T* high = high_choice < 0 ? nullptr : x + static_cast<int64_t>(high_choice / static_cast<int>(a.k)) * a.hidden;
-    float c[4];
-    TileSums<T>(low, high, codes, scales, a.hidden, t, c);
-    const int choices[2] = {low_choice, high_choice};
+  __device__ __forceinline__ void Fetch(const uint8_t* codes, const uint8_t* const (&scale_rows)[2], int64_t groups,
+                                        int64_t first_block, int t) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (choices[half] < 0) continue;
-      const float gate = fminf(c[2 * half] + gate_bias, a.limit);
-      const float linear = fmaxf(fminf(c[2 * half + 1] + lin_bias, a.limit), -a.limit);
-      plan.activated[choices[half] * a.inter + pair] = gate / (1.0f + expf(-a.alpha * gate)) * (linear + 1.0f);
+    for (int j = 0; j < kMmaAhead; ++j) {
+      const int64_t block = first_block + j;
+      const bool present = block < groups;
+      words[j] = present ? *reinterpret_cast<const uint32_t*>(codes + block * kBlockBytes + 4 * t) : 0u;
+      scales[0][j] = present ? scale_rows[0][block] : 0;
+      scales[1][j] = present ? scale_rows[1][block] : 0;
+    }
+  }
+};
+
+// One tile's A fragments for a block's two steps: the tile rows' (`low`, `high`: their inputs, or null for a
+// row past the choices) columns 8t to 8t + 7 of the block, one 16-byte load each.
+template <typename T>
+__device__ __forceinline__ void TileInputs(const T* low, const T* high, int64_t column, uint32_t (&step0)[4],
+                                           uint32_t (&step1)[4]) {
+  const uint4 zero{0, 0, 0, 0};
+  const uint4 l = low ? *reinterpret_cast<const uint4*>(low + column) : zero;
+  const uint4 h = high ? *reinterpret_cast<const uint4*>(high + column) : zero;
+  step0[0] = l.x, step0[1] = h.x, step0[2] = l.y, step0[3] = h.y;
+  step1[0] = l.z, step1[1] = h.z, step1[2] = l.w, step1[3] = h.w;
+}
+
+// This lane's C entries of up to two tiles (rows[tile][0 / 1]: the inputs of tile rows g and g + 8, null past
+// the choices; `tiles` 1 or 2, the same in every lane) over all K: against the warp's 8 output rows, whose codes
+// this lane reads at row g (`codes`) and whose scales at its C columns' rows (`scale_rows`).
+template <typename T>
+__device__ __forceinline__ void TileSums(const T* const (&rows)[2][2], int tiles, const uint8_t* codes,
+                                         const uint8_t* const (&scale_rows)[2], int64_t groups, int t,
+                                         const uint32_t* pairs, float (&c)[2][4]) {
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile) c[tile][0] = c[tile][1] = c[tile][2] = c[tile][3] = 0.0f;
+  MmaRound next;
+  next.Fetch(codes, scale_rows, groups, 0, t);
+  for (int64_t first_block = 0; first_block < groups; first_block += kMmaAhead) {
+    const MmaRound round = next;
+    if (first_block + kMmaAhead < groups) next.Fetch(codes, scale_rows, groups, first_block + kMmaAhead, t);
+#pragma unroll
+    for (int j = 0; j < kMmaAhead; ++j) {
+      if (first_block + j >= groups) break;  // the same in every lane
+      const uint32_t word = round.words[j];
+      const uint32_t b0[2] = {pairs[word & 0xFFu], pairs[(word >> 8) & 0xFFu]};
+      const uint32_t b1[2] = {pairs[(word >> 16) & 0xFFu], pairs[word >> 24]};
+      const float even_scale = E8M0(round.scales[0][j]), odd_scale = E8M0(round.scales[1][j]);
+      const int64_t column = (first_block + j) * kBlock + 8 * t;
+#pragma unroll
+      for (int tile = 0; tile < 2; ++tile) {
+        if (tile >= tiles) break;
+        uint32_t a0[4], a1[4];
+        TileInputs<T>(rows[tile][0], rows[tile][1], column, a0, a1);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        Mma<T>(d, a0, b0);
+        Mma<T>(d, a1, b1);
+        c[tile][0] += even_scale * d[0];
+        c[tile][1] += odd_scale * d[1];
+        c[tile][2] += even_scale * d[2];
+        c[tile][3] += odd_scale * d[3];
+      }
     }
   }
 }
 
-// Fc2 on tensor cores: partial[c] = W2 activated[c] + b2 per choice c (activated rounded to T for the mma).
+// The choices of tile rows g and g + 8 of both tiles from list position `start` (-1 past `last`), and their
+// inputs (`input(choice)`), null past the choices; how many tiles hold a choice.
+template <typename T, typename Input>
+__device__ __forceinline__ int TileRows(const Plan& plan, int start, int last, int g, Input input, int (&choices)[2][2],
+                                        const T* (&rows)[2][2]) {
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int place = start + 16 * tile + 8 * half + g;
+      choices[tile][half] = place < last ? plan.list[place] : -1;
+      rows[tile][half] = choices[tile][half] < 0 ? nullptr : input(choices[tile][half]);
+    }
+  }
+  return last - start > 16 ? 2 : 1;
+}
+
+// Fc1 on tensor cores: activated[c] = swiglu(W1 x + b1) per choice c, stored in T for Fc2Mma. A warp's 8 output
+// rows are 4 gate/linear pairs; C's columns {2t, 2t + 1} are one pair's gate and linear sums, so each lane
+// finishes its pair itself.
 template <typename T>
-__global__ void Fc2Mma(MoeArgs a, Plan plan) {
+__global__ void __launch_bounds__(kWarp * kMmaWarps) Fc1Mma(MoeArgs a, Plan plan) {
+  __shared__ uint32_t pairs[256];
+  FillCodePairs<T>(pairs);
+  const int lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
+  const int64_t first_row = blockIdx.y * static_cast<int64_t>(kMmaRows) + threadIdx.x / kWarp * 8;
+  int expert, first, last;
+  if (first_row >= 2 * a.inter || !ExpertRange(plan, &expert, &first, &last)) return;
+  const int64_t bytes = a.hidden / 2, groups = a.hidden / kBlock, expert_row = expert * 2 * a.inter + first_row;
+  const uint8_t* codes = a.w1 + (expert_row + g) * bytes;  // this lane's B column
+  const uint8_t* const scale_rows[2] = {a.s1 + (expert_row + 2 * t) * groups, a.s1 + (expert_row + 2 * t + 1) * groups};
+  const T* x = static_cast<const T*>(a.x);
+  const T* b1 = static_cast<const T*>(a.b1);
+  T* activated = reinterpret_cast<T*>(plan.activated);
+  const int64_t pair = (first_row + 2 * t) / 2;  // the gate/linear pair of this lane's C columns
+  const float gate_bias = ToFloat(b1[expert_row + 2 * t]), lin_bias = ToFloat(b1[expert_row + 2 * t + 1]);
+  const int64_t k = a.k;
+  const auto input = [&](int choice) { return x + choice / k * a.hidden; };
+  for (int start = first; start < last; start += kMmaTokens) {
+    int choices[2][2];
+    const T* rows[2][2];
+    const int tiles = TileRows<T>(plan, start, last, g, input, choices, rows);
+    float c[2][4];
+    TileSums<T>(rows, tiles, codes, scale_rows, groups, t, pairs, c);
+#pragma unroll
+    for (int tile = 0; tile < 2; ++tile) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (choices[tile][half] < 0) continue;
+        const float gate = fminf(c[tile][2 * half] + gate_bias, a.limit);
+        const float linear = fmaxf(fminf(c[tile][2 * half + 1] + lin_bias, a.limit), -a.limit);
+        activated[choices[tile][half] * a.inter + pair] =
+            FromFloat<T>(gate / (1.0f + expf(-a.alpha * gate)) * (linear + 1.0f));
+      }
+    }
+  }
+}
+
+// Fc2 on tensor cores: partial[c] = W2 activated[c] + b2 per choice c (activated in T, as Fc1Mma stores it).
+template <typename T>
+__global__ void __launch_bounds__(kWarp * kMmaWarps) Fc2Mma(MoeArgs a, Plan plan) {
+  __shared__ uint32_t pairs[256];
+  FillCodePairs<T>(pairs);
   const int lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
   const int64_t first_row = blockIdx.y * static_cast<int64_t>(kMmaRows) + threadIdx.x / kWarp * 8;
   int expert, first, last;
   if (first_row >= a.hidden || !ExpertRange(plan, &expert, &first, &last)) return;
-  const int64_t bytes = a.inter / 2, groups = a.inter / kBlock;
-  const int64_t weight_row = expert * a.hidden + first_row + g;
-  const uint8_t* codes = a.w2 + weight_row * bytes;
-  const uint8_t* scales = a.s2 + weight_row * groups;
+  const int64_t bytes = a.inter / 2, groups = a.inter / kBlock, expert_row = expert * a.hidden + first_row;
+  const uint8_t* codes = a.w2 + (expert_row + g) * bytes;
+  const uint8_t* const scale_rows[2] = {a.s2 + (expert_row + 2 * t) * groups, a.s2 + (expert_row + 2 * t + 1) * groups};
   const T* b2 = static_cast<const T*>(a.b2);
+  const T* activated = reinterpret_cast<const T*>(plan.activated);
   const int64_t column = first_row + 2 * t;  // this lane's C columns: output rows column, column + 1
-  const float biases[2] = {ToFloat(b2[expert * a.hidden + column]), ToFloat(b2[expert * a.hidden + column + 1])};
+  const float biases[2] = {ToFloat(b2[expert_row + 2 * t]), ToFloat(b2[expert_row + 2 * t + 1])};
+  const auto input = [&](int choice) { return activated + static_cast<int64_t>(choice) * a.inter; };
   for (int start = first; start < last; start += kMmaTokens) {
-    const int low_choice = start + g < last ? plan.list[start + g] : -1;
-    const int high_choice = start + g + 8 < last ? plan.list[start + g + 8] : -1;
-    const float* low = low_choice < 0 ? nullptr : plan.activated + static_cast<int64_t>(low_choice) * a.inter;
-    const float* high = high_choice < 0 ? nullptr : plan.activated + static_cast<int64_t>(high_choice) * a.inter;
-    float c[4];
-    TileSums<T>(low, high, codes, scales, a.inter, t, c);
-    const int choices[2] = {low_choice, high_choice};
+    int choices[2][2];
+    const T* rows[2][2];
+    const int tiles = TileRows<T>(plan, start, last, g, input, choices, rows);
+    float c[2][4];
+    TileSums<T>(rows, tiles, codes, scale_rows, groups, t, pairs, c);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (choices[half] < 0) continue;
-      float* out = plan.partial + static_cast<int64_t>(choices[half]) * a.hidden + column;
-      out[0] = c[2 * half] + biases[0];
-      out[1] = c[2 * half + 1] + biases[1];
+    for (int tile = 0; tile < 2; ++tile) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (choices[tile][half] < 0) continue;
+        float* out = plan.partial + static_cast<int64_t>(choices[tile][half]) * a.hidden + column;
+        out[0] = c[tile][2 * half] + biases[0];
+        out[1] = c[tile][2 * half + 1] + biases[1];
+      }
     }
   }
 }
 
 bool UsesMma(const MoeArgs& a) {
-  return a.dtype != Dtype::kFloat32 && a.mma_min_tokens > 0 && a.tokens >= a.mma_min_tokens && a.hidden % 16 == 0 &&
-         a.inter % 16 == 0;
+  return a.dtype != Dtype::kFloat32 && a.mma_min_tokens > 0 && a.tokens >= a.mma_min_tokens;
 }
 
 template <typename T>
 void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
   const int threads = kWarp * kWarpsPerBlock;
+  const int64_t slots = a.experts < a.tokens * a.k ? a.experts : a.tokens * a.k;
+  auto* route = &Route<T>;
+  auto* combine = &Combine<T>;
+  if constexpr (sizeof(T) == 2) {
+    if (UsesMma(a)) {
+      auto* fc1_mma = &Fc1Mma<T>;
+      auto* fc2_mma = &Fc2Mma<T>;
+      const dim3 mma_threads(kWarp * kMmaWarps);
+      GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
+      GPTOSS_LAUNCH(fc1_mma, dim3(slots, (2 * a.inter + kMmaRows - 1) / kMmaRows), mma_threads, stream, a, plan);
+      GPTOSS_LAUNCH(fc2_mma, dim3(slots, (a.hidden + kMmaRows - 1) / kMmaRows), mma_threads, stream, a, plan);
+      GPTOSS_LAUNCH(combine, dim3((a.tokens * a.hidden + 255) / 256), dim3(256), stream, a, plan);
+      return;
+    }
+  }
   if (a.tokens == 1) {  // batch-1 decode: two kernels, one choice per routed expert, no chunk registers
     auto* fc1 = &Fc1Token<T>;
     auto* fc2 = &Fc2Token<T>;
@@ -805,23 +895,9 @@ void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
     GPTOSS_LAUNCH(fc2, dim3((a.hidden + rows_per_block - 1) / rows_per_block), dim3(threads), stream, a, plan);
     return;
   }
-  const int64_t slots = a.experts < a.tokens * a.k ? a.experts : a.tokens * a.k;
-  auto* route = &Route<T>;
   auto* fc1 = &Fc1<T>;
   auto* fc2 = &Fc2<T>;
-  auto* combine = &Combine<T>;
   GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
-  if constexpr (sizeof(T) == 2) {
-    if (UsesMma(a)) {
-      auto* fc1_mma = &Fc1Mma<T>;
-      auto* fc2_mma = &Fc2Mma<T>;
-      const dim3 mma_threads(kWarp * kMmaWarps);
-      GPTOSS_LAUNCH(fc1_mma, dim3(slots, (2 * a.inter + kMmaRows - 1) / kMmaRows), mma_threads, stream, a, plan);
-      GPTOSS_LAUNCH(fc2_mma, dim3(slots, (a.hidden + kMmaRows - 1) / kMmaRows), mma_threads, stream, a, plan);
-      GPTOSS_LAUNCH(combine, dim3((a.tokens * a.hidden + 255) / 256), dim3(256), stream, a, plan);
-      return;
-    }
-  }
   GPTOSS_LAUNCH(fc1, dim3(slots, (a.inter + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
   GPTOSS_LAUNCH(fc2, dim3(slots, (a.hidden + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
   GPTOSS_LAUNCH(combine, dim3((a.tokens * a.hidden + 255) / 256), dim3(256), stream, a, plan);
