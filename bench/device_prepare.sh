@@ -7,9 +7,10 @@
 # One archive, .device/device-site.tar.xz (ignored): a site directory holding onnxruntime-gpu (less what the
 # engine never loads: the TensorRT provider and the Python tools), the project's and the tests' dependencies
 # built for cp312 (less numpy and onnx: the machine's torch image has them), and the kernel library built for
-# any x86-64-v3 CPU and sm_80/sm_90. ../shared/tools/device_carry.sh then splits it into parts that fit one
-# transfer beside the working tree and prints one device command and one carry path per part: send them back
-# to back, then (with the last part's command) `bash bench/device_run.sh check20b`.
+# any x86-64-v3 CPU and sm_80/sm_90, split into parts under .carry/ that fit one transfer beside the working
+# tree. It prints one device command and one carry path per part: send them back to back (each appends its
+# part to /tmp on the machine, which it keeps while warm; an ignored folder of the working tree did not stay
+# between calls), the last one followed by `bash bench/device_run.sh check20b`.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 python=${PYTHON:-.venv/bin/python}
@@ -46,4 +47,17 @@ rm -rf "$ort/capi/libonnxruntime_providers_tensorrt.so" "$ort/tools" "$ort/trans
   "$stage/site/bin"
 tar -C "$stage/site" -cf - . | xz -T0 -6 > .device/device-site.tar.xz
 du -sh "$stage/site" .device/device-site.tar.xz
-../shared/tools/device_carry.sh .device/device-site.tar.xz "$part_mb"
+exclude_carry=/.carry/
+grep -qxF "$exclude_carry" "$exclude" || echo "$exclude_carry" >> "$exclude"
+rm -rf .carry && mkdir -p .carry
+split -b "${part_mb}M" -d -a 2 .device/device-site.tar.xz .carry/device-site.part-
+sum=$(sha256sum .device/device-site.tar.xz | cut -d' ' -f1)
+parts=(.carry/device-site.part-*)
+echo "# ${#parts[@]} parts; sha256 $sum"
+for part in "${parts[@]}"; do
+  redirect='>>'
+  [ "$part" = "${parts[0]}" ] && redirect='>'
+  echo "carry $part; command: cat $part $redirect /tmp/device-site.partial && ls -l /tmp/device-site.partial"
+done
+echo "last part's command, then: echo '$sum  /tmp/device-site.partial' | sha256sum -c - &&" \
+  "mv /tmp/device-site.partial /tmp/device-site.tar.xz && bash bench/device_run.sh check20b"

@@ -8,6 +8,8 @@
 #   bash bench/device_run.sh kernels     the MoE kernel against the CPU's and QMoE; sampler  ($OUT/kernels)
 #   bash bench/device_run.sh check120b   gpt-oss-120b's shape                                 ($OUT/120b)
 #   bash bench/device_run.sh paged20b    512 x 2k sequences; a 131k prompt beside 64           ($OUT/paged)
+#   bash bench/device_run.sh recheck20b  after a kernel change, in one command: the kernel step, the 20b
+#                                        shape (no QMoE model), pytest -m gpu, parity, then paged20b
 #
 # Back here: python bench/engine_check.py --render OUT/20b/engine_check.json OUT/kernels/engine_check.json \
 #            OUT/120b/engine_check.json OUT/paged/engine_check.json
@@ -17,7 +19,7 @@ part=${1:?usage: device_run.sh check20b|tests|kernels|check120b|paged20b}
 out=${OUT:?the device tool sets OUT}
 site=/tmp/gateway-site
 if [ ! -f "$site/.installed" ]; then
-  mkdir -p "$site" && tar -xJf .carry-assembled/device-site.tar.xz -C "$site" && touch "$site/.installed" || exit 1
+  mkdir -p "$site" && tar -xJf /tmp/device-site.tar.xz -C "$site" && touch "$site/.installed" || exit 1
 fi
 export PYTHONPATH="$site:$PWD" GATEWAY_ENGINE_KERNELS="$site/libgptoss_engine_kernels.so" PYTHONUNBUFFERED=1
 mkdir -p "$out"
@@ -39,6 +41,18 @@ case "$part" in
   paged20b) timeout 560 python3 bench/engine_check.py --device cuda --out "$out/paged" --work /tmp/engine-work \
       --steps paged ;;
   tests) timeout 560 python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors tests/engine 2>&1 | tail -60 ;;
+  recheck20b)
+    check() {  # name, seconds, engine_check arguments: one engine_check.json under $OUT/name (8 files come back)
+      local name=$1 seconds=$2; shift 2
+      timeout "$seconds" python3 bench/engine_check.py --device cuda --out "$out/$name" --work /tmp/engine-work "$@"
+      rm -f "$out/$name/engine_check.md"
+    }
+    check kernels 120 --steps kernel
+    check 20b 200 --cuda-graph --no-qmoe-decode --steps scale
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors tests/engine 2>&1 \
+      | tail -30
+    check parity 60 --cuda-graph --steps parity
+    check paged 240 --steps paged ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac
 } 2>&1 | tee "$out/$part.log"
