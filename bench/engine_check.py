@@ -710,10 +710,14 @@ def graph_decode(model: Path, config: ModelConfig, kernels: Path | None, device:
 
 
 def merged(paths: list[str]) -> dict[str, Any]:
-    """Results of several runs, later files filling what earlier ones lack."""
-    results: dict[str, Any] = {}
+    """Results of several runs, later files filling what earlier ones lack (and replacing their steps); each
+    file's `run` (its commit and device) listed under `runs`."""
+    results: dict[str, Any] = {"runs": []}
     for path in paths:
         for key, value in json.loads(Path(path).read_text()).items():
+            if key == "run":
+                results["runs"].append(value)
+                continue
             later_wins = key in ("parity", "kernel", "sampler", "scale", "scale_120b", "paged")
             if value is not None and (key not in results or later_wins):
                 results[key] = value

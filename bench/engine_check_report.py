@@ -23,6 +23,8 @@ def markdown(results: dict[str, Any]) -> str:
         if bandwidth
         else "",
         "",
+        *(f"- Run: {run}." for run in results.get("runs", [])),
+        "",
     ]
     parity = results.get("parity", {})
     if "logit_scale" in parity:
@@ -127,15 +129,9 @@ def markdown(results: dict[str, Any]) -> str:
             "| tokens/s, CUDA graphs | "
             + " | ".join(str(scale.get(f"cuda_graph_decode_tok_s_batch_{b}", "-")) for b in (1, 8))
             + " | - | - |",
-            "| tokens/s, MoE as ONNX Runtime's QMoE | "
-            + " | ".join(str(scale.get(f"qmoe_decode_tok_s_batch_{b}", "-")) for b in (1, 8, 32, 64))
-            + " |",
-            "",
-            f"- QMoE: {scale['qmoe_error']}"
-            if "qmoe_error" in scale
-            else f"- QMoE: converted in {scale.get('qmoe_convert_s')} s; 1k prompt's time to first token "
-            f"{scale.get('qmoe_ttft_1024_s')} s; batch-1 decode at {scale.get('qmoe_batch_1_fraction_of_bound')} "
-            "of the bound.",
+            *(qmoe_rows(scale)),
+            "- The decode rows' runtime captured each step as a CUDA graph: "
+            f"{'yes' if results.get('cuda_graph') else 'no'}; the CUDA-graph row is a runtime of 8 slots of its own.",
             f"- Copying each step's logits to the host: {scale.get('logits_copy_us_batch_1')} µs at batch 1 "
             f"({scale.get('logits_copy_share_of_step_batch_1')} of the step), {scale.get('logits_copy_us_batch_64')} "
             f"µs at batch 64 ({scale.get('logits_copy_share_of_step_batch_64')}).",
@@ -161,7 +157,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"{scale.get('device_memory_used_gb')} GB of {scale.get('device_memory_total_gb')} GB "
             f"(weights and ONNX Runtime's arena after an 8k prefill: {scale.get('weights_and_workspace_gb')} GB "
             "beside the KV).",
-            f"- CUDA-graph decode logits equal the plain runs' (largest difference "
+            f"- CUDA-graph decode logits against the plain runs': largest difference "
             f"{scale.get('cuda_graph_max_abs_logit_diff')}).",
             "",
         ]
@@ -181,23 +177,75 @@ def markdown(results: dict[str, Any]) -> str:
     elif "error" in big:
         lines += [f"**gpt-oss-120b's full shape**: failed: {big['error'][:300]}", ""]
     lines += paged_lines(results.get("paged", {}))
+    lines += profile_lines(scale)
     lines.append(end)
     return "\n".join(lines)
 
 
+def qmoe_rows(scale: dict[str, Any]) -> list[str]:
+    """The 20b shape's decode row on ONNX Runtime's QMoE and its notes, where the run built that model."""
+    if "qmoe_error" in scale:
+        return ["", f"- QMoE: {scale['qmoe_error']}"]
+    if "qmoe_convert_s" not in scale:
+        return [""]
+    return [
+        "| tokens/s, MoE as ONNX Runtime's QMoE | "
+        + " | ".join(str(scale.get(f"qmoe_decode_tok_s_batch_{b}", "-")) for b in (1, 8, 32, 64))
+        + " |",
+        "",
+        f"- QMoE: converted in {scale.get('qmoe_convert_s')} s; 1k prompt's time to first token "
+        f"{scale.get('qmoe_ttft_1024_s')} s; batch-1 decode at {scale.get('qmoe_batch_1_fraction_of_bound')} "
+        "of the bound.",
+    ]
+
+
 def paged_lines(paged: dict[str, Any]) -> list[str]:
-    """The paged-KV figures (engine_check's `paged` step), or why they are missing."""
+    """The paged-KV figures (engine_check's `paged` step), what of them a run reached, or why they are missing."""
     if not paged:
         return []
     if "error" in paged:
         return [f"**Paged KV at 20b's shape**: failed: {paged['error'][:300]}", ""]
     many = next((v for k, v in paged.items() if k.startswith("decode_tok_s_") and "_sequences_" in k), None)
     problems = "; ".join(f"{k}: {v[:200]}" for k, v in paged.items() if k.endswith("error"))
-    return [
-        f"**Paged KV at 20b's shape** (bf16): 512 sequences at 2,048 positions decoded together at {many} tok/s in"
-        f" total ({paged.get('paged_kv_gb_allocated')} GB of KV pools); a {paged.get('long_prompt_tokens')}-token"
-        f" prompt prefilled in {paged.get('long_prefill_s_beside_64_decoding')} s in chunks beside 64 decoding"
-        f" sequences, which ran {paged.get('short_decode_tok_s_during_long_prefill')} tok/s meanwhile and"
-        f" {paged.get('short_decode_tok_s_alone')} tok/s alone." + (f" Failed parts: {problems}." if problems else ""),
-        "",
-    ]
+    text = "**Paged KV at 20b's shape** (bf16): 512 sequences at 2,048 positions decoded together at "
+    text += f"{many} tok/s in total"
+    if "paged_kv_gb_allocated" in paged:
+        text += f" ({paged['paged_kv_gb_allocated']} GB of KV pools)"
+    if "long_prefill_s_beside_64_decoding" in paged:
+        text += (
+            f"; a {paged.get('long_prompt_tokens')}-token prompt prefilled in"
+            f" {paged['long_prefill_s_beside_64_decoding']} s in chunks beside 64 decoding sequences, which ran"
+            f" {paged.get('short_decode_tok_s_during_long_prefill')} tok/s meanwhile and"
+            f" {paged.get('short_decode_tok_s_alone')} tok/s alone"
+        )
+    text += "." + (f" Source: {paged['source']}." if "source" in paged else "")
+    return [text + (f" Failed parts: {problems}." if problems else ""), ""]
+
+
+def kernel_name(signature: str) -> str:
+    """A profiled kernel's name without its return type, anonymous namespace and arguments."""
+    name = signature.replace("(anonymous namespace)::", "").removeprefix("void ")
+    return name.split("(")[0][:90]
+
+
+def profile_lines(scale: dict[str, Any]) -> list[str]:
+    """The decode steps' device time by kernel (engine_check's profile of the 20b shape), the largest first."""
+    profiles = {key.rsplit("_", 1)[-1]: value for key, value in scale.items() if key.startswith("profile_batch_")}
+    lines: list[str] = []
+    for batch, profile in profiles.items():
+        if "error" in profile:
+            lines += [f"Device time by kernel at batch {batch}: failed: {profile['error'][:300]}", ""]
+            continue
+        lines += [
+            f"Device time of a decode step at batch {batch} by kernel (torch's profiler over 8 steps; "
+            f"{profile['gpu_us_per_step']} µs a step in all), the largest ten:",
+            "",
+            "| kernel | µs a step | launches a step |",
+            "|---|---|---|",
+            *(
+                f"| `{kernel_name(kernel['name'])}` | {kernel['us_per_step']} | {kernel['launches_per_step']:g} |"
+                for kernel in profile["kernels"][:10]
+            ),
+            "",
+        ]
+    return lines

@@ -47,12 +47,12 @@ def test_the_cuda_moe_kernel_computes_what_the_cpu_kernel_does_on_both_paths(ker
     cores = layer_session(model, kernels, DEVICE, gemm_min_tokens=0, mma_min_tokens=0)
     tiles = layer_session(model, kernels, DEVICE, mma_min_tokens=1)  # the tensor-core tiles at every size
     options = GraphOptions(16, dtype)  # type: ignore[arg-type]
-    for tokens in (1, 3, 64, 256):  # 64: a decode batch on the tiles; 256: a prefill's step, on the GEMMs
+    for tokens in (1, 3, 64, 256):  # up to 127: decode steps, on the tiles; 256: a prefill's step, on the GEMMs
         x, logits = layer_inputs(tokens, LAYER, options)
         expected, got = run_layer(cpu, x, logits, options), run_layer(device, x, logits, options)
         scale = float(np.abs(expected).max())
         sixteen_bit = dtype != "float32"
-        rounded = sixteen_bit and tokens >= 8  # the tiles from 8 tokens, the GEMMs from 128
+        rounded = sixteen_bit  # the tiles at every decode size, the GEMMs from 128 tokens
         # both round swiglu's output to 16 bits before fc2 (see test_cuda_kernel_emulation.py)
         room = scale / 4 if rounded else scale / 64
         error = np.abs(got - expected) / (ULP[dtype] * (np.abs(expected) + room))

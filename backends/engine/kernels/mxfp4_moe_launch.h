@@ -36,7 +36,9 @@ struct MoeArgs {
 };
 
 constexpr int64_t kDefaultGemmMinTokens = 128;  // above the largest decode batch a CUDA graph captures
-constexpr int64_t kDefaultMmaMinTokens = 8;     // a decode batch of 8 sequences and more
+// every decode step: on an H200 the tiles ran a 20b layer faster than the CUDA-core kernels at 1 token too (145.5
+// against 177.9 µs a session run) and at 8 (420.5 against 903.6; docs/benchmarks.md, engine_check's kernel step)
+constexpr int64_t kDefaultMmaMinTokens = 1;
 
 constexpr int64_t kMaxTopK = 8;
 constexpr int64_t kMaxExperts = 1024;
