@@ -3,11 +3,13 @@
 // passes over a row:
 // 1. max and greedy index of z (strided, coalesced; mask bits and penalties applied as each logit is read,
 //    the penalties found by binary search in the row's ascending ids);
-// 2. sampling: S = sum e; with top_p < 1, the nucleus threshold tau found 4 bits of its bit pattern per pass
-//    (e >= 0, so its bits order like its value: 8 passes of 15 candidate thresholds each), then the mass
-//    above tau and the count of ties; the draw over contiguous chunks (ties counted, then kept mass, each
-//    scanned across the block, then each thread walks its chunk: the lowest index where the running mass
-//    passes uniform * kept mass);
+// 2. sampling: S = sum e, each thread over a contiguous chunk; with top_p < 1, the nucleus threshold tau
+//    found 4 bits of its bit pattern per pass (e >= 0, so its bits order like its value: 8 passes of 15
+//    candidate thresholds each), then the mass above tau and the count of ties; the draw over the same chunks
+//    (ties counted where some are kept, then kept mass, each scanned across the block; without a nucleus the
+//    chunk sums of S are the kept mass), then the thread whose chunk holds the crossing walks it: the lowest
+//    index where the running mass passes uniform * kept mass (every thread walks only when rounding left
+//    uniform * kept mass at or past the end: the last kept index);
 // 3. logprobs: log sum exp(z - m), then the top alternatives one block argmax at a time.
 //
 // The file is also compiled as host C++ with the warp-emulation shim (tests/support/kernel_emulation), so it
@@ -150,10 +152,22 @@ struct Nucleus {
   double mass;    // the kept mass
 };
 
+// This thread's contiguous chunk [begin, end) of the vocabulary (the draw's order: chunks in thread order).
+__device__ __forceinline__ void Chunk(int64_t vocab, int64_t* begin, int64_t* end) {
+  const int64_t size = (vocab + kThreads - 1) / kThreads;
+  *begin = threadIdx.x * size < vocab ? threadIdx.x * size : vocab;
+  *end = *begin + size < vocab ? *begin + size : vocab;
+}
+
+// The nucleus, and in `chunk_total` the sum of e over this thread's chunk.
 __device__ Nucleus FindNucleus(const Row& row, int64_t vocab, float peak, float inverse, float top_p, double* partial,
-                               double* out) {
-  double total[1] = {0.0};
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) total[0] += Weight(row, i, peak, inverse);
+                               double* out, double* chunk_total) {
+  int64_t begin, end;
+  Chunk(vocab, &begin, &end);
+  double own = 0.0;
+  for (int64_t i = begin; i < end; ++i) own += Weight(row, i, peak, inverse);
+  *chunk_total = own;
+  double total[1] = {own};
   BlockSums(total, partial, out);
   if (!(top_p < 1.0f)) return Nucleus{0.0f, 0, total[0]};
   const double target = fmax(static_cast<double>(top_p) * total[0], kLeastTarget);
@@ -200,39 +214,51 @@ __device__ __forceinline__ bool Kept(float e, const Nucleus& nucleus, int64_t& t
   return e == nucleus.tau && nucleus.tau > 0.0f && tie_rank++ < nucleus.ties;
 }
 
-// The first index whose running kept mass passes uniform * kept mass, else the last kept index.
+// The first index whose running kept mass passes uniform * kept mass, else the last kept index. `chunk_total`:
+// this thread's sum of e (FindNucleus's), its kept mass when tau is 0 (every e above 0 kept, no ties).
 __device__ int64_t Draw(const Row& row, int64_t vocab, float peak, float inverse, const Nucleus& nucleus,
-                        float uniform, double* scan_mass, int64_t* scan_count, Best* best_out, float* best_values,
-                        int32_t* best_indices) {
-  const int64_t chunk = (vocab + kThreads - 1) / kThreads;
-  const int64_t begin = threadIdx.x * chunk < vocab ? threadIdx.x * chunk : vocab;
-  const int64_t end = begin + chunk < vocab ? begin + chunk : vocab;
+                        double chunk_total, float uniform, double* scan_mass, int64_t* scan_count, Best* best_out,
+                        float* best_values, int32_t* best_indices) {
+  int64_t begin, end;
+  Chunk(vocab, &begin, &end);
+  const bool all_kept = !(nucleus.tau > 0.0f);
   int64_t equal = 0;
-  for (int64_t i = begin; i < end; ++i) equal += Weight(row, i, peak, inverse) == nucleus.tau;
+  if (!all_kept) {
+    for (int64_t i = begin; i < end; ++i) equal += Weight(row, i, peak, inverse) == nucleus.tau;
+  }
   const int64_t ties_before = BlockExclusiveScan(equal, scan_count);
-  double mass = 0.0;
+  double mass = all_kept ? chunk_total : 0.0;
   int64_t rank = ties_before;
-  for (int64_t i = begin; i < end; ++i) {
-    const float e = Weight(row, i, peak, inverse);
-    if (Kept(e, nucleus, rank)) mass += e;
+  if (!all_kept) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float e = Weight(row, i, peak, inverse);
+      if (Kept(e, nucleus, rank)) mass += e;
+    }
   }
   double running = BlockExclusiveScan(mass, scan_mass);
   const double x = static_cast<double>(uniform) * nucleus.mass;
-  int32_t found = kNoIndex, last = -1;
-  rank = ties_before;
-  for (int64_t i = begin; i < end; ++i) {
-    const float e = Weight(row, i, peak, inverse);
-    if (!Kept(e, nucleus, rank)) continue;
-    last = static_cast<int32_t>(i);
-    running += e;
-    if (running > x) {
-      found = static_cast<int32_t>(i);
-      break;
+  int32_t found = kNoIndex;
+  // only a chunk the crossing may lie in is walked (the slack covers the walk's own rounding of the sum)
+  if (running <= x && running + mass * (1.0 + 1e-9) > x) {
+    rank = ties_before;
+    for (int64_t i = begin; i < end; ++i) {
+      const float e = Weight(row, i, peak, inverse);
+      if (!Kept(e, nucleus, rank)) continue;
+      running += e;
+      if (running > x) {
+        found = static_cast<int32_t>(i);
+        break;
+      }
     }
   }
   // the lowest found index: Before orders equal values by index; a negated index makes the largest last come first
   const Best first = BlockBest(Best{0.0f, found}, best_values, best_indices, best_out);
   if (first.index != kNoIndex) return first.index;
+  int32_t last = -1;  // rounding left x at or past the kept mass: the last kept index
+  rank = ties_before;
+  for (int64_t i = begin; i < end; ++i) {
+    if (Kept(Weight(row, i, peak, inverse), nucleus, rank)) last = static_cast<int32_t>(i);
+  }
   return -BlockBest(Best{0.0f, -last}, best_values, best_indices, best_out).index;
 }
 
@@ -276,9 +302,10 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleArgs a) {
   int64_t token = greedy.index;
   if (a.temperature[r] > 0.0f) {
     const float inverse = 1.0f / a.temperature[r];
-    const Nucleus nucleus = FindNucleus(row, a.vocab, peak, inverse, a.top_p[r], partial, out);
-    token = Draw(row, a.vocab, peak, inverse, nucleus, a.uniform[r], scan_mass, scan_count, &best_out, best_values,
-                 best_indices);
+    double chunk_total = 0.0;
+    const Nucleus nucleus = FindNucleus(row, a.vocab, peak, inverse, a.top_p[r], partial, out, &chunk_total);
+    token = Draw(row, a.vocab, peak, inverse, nucleus, chunk_total, a.uniform[r], scan_mass, scan_count, &best_out,
+                 best_values, best_indices);
   }
   if (threadIdx.x == 0) a.token[r] = token;
   if (a.logprobs[r] < 0) return;
