@@ -40,7 +40,7 @@ constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kBlock = 32;       // MXFP4 values per scale
 constexpr int kChunk = 8;        // tokens sharing one decoded weight block (steps of more than one token)
-constexpr int kRouteThreads = 256;
+constexpr int kRouteThreads = 1024;  // a warp per token, 32 at a time
 // Fc1/Fc2 blocks resident per SM (the register budget follows): enough warps to keep the loads in flight;
 // the one-token kernels hold no chunk of tokens in registers, so more of them fit.
 constexpr int kChunkMinBlocks = 2;
@@ -174,21 +174,67 @@ __device__ __forceinline__ void TopK(const Logit* row, int64_t experts, int64_t 
   for (int64_t j = 0; j < k; ++j) weights[j] /= total;
 }
 
+// (value, index) before (other, other_index) in the routing's order: a real index first, then the larger value,
+// then the lower index (TopK's order).
+__device__ __forceinline__ bool RoutesBefore(float value, int index, float other, int other_index) {
+  if (other_index < 0) return index >= 0;
+  return index >= 0 && (value > other || (value == other && index < other_index));
+}
+
+// One token's top-k experts by a warp (the same picks and weights as TopK): k rounds of a warp argmax over the
+// experts not yet picked, each round's pick shared through `shared` ([kMaxTopK], the warp's own).
+template <typename Logit>
+__device__ __forceinline__ void WarpTopK(const Logit* row, int64_t experts, int64_t k, int lane, int* shared,
+                                         int* picked, float* weights) {
+  float values[kMaxTopK];
+  for (int64_t j = 0; j < k; ++j) {
+    float best = -FLT_MAX;
+    int best_index = -1;
+    for (int64_t e = lane; e < experts; e += kWarp) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken |= picked[i] == e;
+      const float value = ToFloat(row[e]);
+      if (!taken && RoutesBefore(value, static_cast<int>(e), best, best_index)) {
+        best = value;
+        best_index = static_cast<int>(e);
+      }
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      const float value = __shfl_down_sync(0xffffffffu, best, offset);
+      const int index = __shfl_down_sync(0xffffffffu, best_index, offset);
+      if (RoutesBefore(value, index, best, best_index)) best = value, best_index = index;
+    }
+    if (lane == 0) shared[j] = best_index;
+    __syncwarp();
+    picked[j] = shared[j];
+    values[j] = ToFloat(row[picked[j]]);
+    __syncwarp();
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < k; ++j) total += weights[j] = expf(values[j] - values[0]);
+  for (int64_t j = 0; j < k; ++j) weights[j] /= total;
+}
+
+// The step's routing in one block: a warp per token picks its top k, then the choices grouped by expert.
 template <typename T>
-__global__ void Route(MoeArgs a, Plan plan) {
+__global__ void __launch_bounds__(kRouteThreads) Route(MoeArgs a, Plan plan) {
   __shared__ int counts[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
+  __shared__ int picks[kRouteThreads / kWarp][kMaxTopK];
   const T* logits = static_cast<const T*>(a.logits);
   for (int64_t e = threadIdx.x; e < a.experts; e += blockDim.x) counts[e] = 0;
   __syncthreads();
-  for (int64_t t = threadIdx.x; t < a.tokens; t += blockDim.x) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  for (int64_t t = warp; t < a.tokens; t += warps) {
     int picked[kMaxTopK];
     float weights[kMaxTopK];
-    TopK(logits + t * a.experts, a.experts, a.k, picked, weights);
-    for (int64_t j = 0; j < a.k; ++j) {
-      plan.chosen[t * a.k + j] = picked[j];
-      plan.weights[t * a.k + j] = weights[j];
-      atomicAdd(&counts[picked[j]], 1);
+    WarpTopK(logits + t * a.experts, a.experts, a.k, lane, picks[warp], picked, weights);
+    if (lane == 0) {
+      for (int64_t j = 0; j < a.k; ++j) {
+        plan.chosen[t * a.k + j] = picked[j];
+        plan.weights[t * a.k + j] = weights[j];
+        atomicAdd(&counts[picked[j]], 1);
+      }
     }
   }
   __syncthreads();

@@ -129,6 +129,8 @@ inline void Yield(Wait wait, Barrier& barrier) {
 
 inline void SyncThreads() { Yield(Wait::kBlock, block_barrier); }
 
+inline void SyncWarp() { Yield(Wait::kWarp, warps[current->linear / kWarp].barrier); }
+
 // The value of lane + delta (down) or lane - delta (up); a lane past the warp's edge keeps its own.
 template <typename T>
 T Shuffle(T value, int delta) {
@@ -301,6 +303,7 @@ inline int CublasGemmEx(void*, int transa, int transb, int m, int n, int k, cons
 #define blockDim emulation::block_dim
 #define gridDim emulation::grid_dim
 #define __syncthreads() emulation::SyncThreads()
+#define __syncwarp(...) emulation::SyncWarp()
 #define __shfl_down_sync(mask, value, offset) emulation::Shuffle(value, offset)
 #define __shfl_up_sync(mask, value, offset) emulation::Shuffle(value, -(offset))
 #define GPTOSS_LAUNCH(kernel, grid, block, stream, ...) emulation::Launch(kernel, grid, block, __VA_ARGS__)
