@@ -415,14 +415,26 @@ def timed_decode(runner: PagedRunner, batch: int, steps: int, context: int = 128
 def kernel_profile(runner: PagedRunner, batch: int, steps: int = 8) -> dict[str, Any]:
     """The device kernels of `steps` decode steps (torch's profiler: CUPTI sees every kernel in the process,
     ONNX Runtime's and ours): GPU µs per step in all and by kernel, the 25 largest."""
-    if torch is None or not torch.cuda.is_available():
-        return {"error": "needs torch with CUDA (the GPU machines' image)"}
     advance = decoder(runner, batch)
     advance(0)
     advance(1)
+    return profiled(lambda: [advance(2 + i) for i in range(steps)], steps)
+
+
+def prefill_profile(runner: PagedRunner, length: int) -> dict[str, Any]:
+    """The device kernels of one `length`-token prefill into sequence 0 (after a warm-up prefill of as many)."""
+    prompt = [(31 * i) % 200000 + 5 for i in range(length)]
+    runner.fill(0, prompt)
+    return profiled(lambda: runner.fill(0, prompt), 1)
+
+
+def profiled(work: Callable[[], Any], repeats: int) -> dict[str, Any]:
+    """GPU µs per repeat of `work` in all and by kernel (the 25 largest), from torch's profiler."""
+    if torch is None or not torch.cuda.is_available():
+        return {"error": "needs torch with CUDA (the GPU machines' image)"}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
-        for i in range(steps):
-            advance(2 + i)
+        work()
+        torch.cuda.synchronize()
     kernels = []
     for event in profiler.key_averages():
         spent = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
@@ -430,9 +442,9 @@ def kernel_profile(runner: PagedRunner, batch: int, steps: int = 8) -> dict[str,
             kernels.append((spent, event.count, event.key))
     kernels.sort(reverse=True)
     return {
-        "gpu_us_per_step": round(sum(k[0] for k in kernels) / steps, 1),
+        "gpu_us_per_step": round(sum(k[0] for k in kernels) / repeats, 1),
         "kernels": [
-            {"name": name[:160], "us_per_step": round(spent / steps, 1), "launches_per_step": count / steps}
+            {"name": name[:160], "us_per_step": round(spent / repeats, 1), "launches_per_step": count / repeats}
             for spent, count, name in kernels[:25]
         ],
     }
@@ -534,6 +546,13 @@ def scale(
     for length in setting.prompts:
         report[f"ttft_{length}_s"] = round(time_to_first_token(runtime, length), 3)
         log(f"ttft {length}: {report[f'ttft_{length}_s']} s")
+    if device == "cuda":  # where the longest prompt's prefill spends its device time
+        length = setting.prompts[-1]
+        try:
+            report[f"profile_prefill_{length}"] = prefill_profile(runtime, length)
+        except Exception as exc:
+            report[f"profile_prefill_{length}"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+        SAVE()
     after = device_memory()
     kv_allocated = runtime.runtime.kv_bytes
     del runtime

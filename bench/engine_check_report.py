@@ -230,17 +230,25 @@ def kernel_name(signature: str) -> str:
 
 def profile_lines(scale: dict[str, Any]) -> list[str]:
     """The decode steps' device time by kernel (engine_check's profile of the 20b shape), the largest first."""
-    profiles = {key.rsplit("_", 1)[-1]: value for key, value in scale.items() if key.startswith("profile_batch_")}
+    profiles = {
+        (
+            f"batch {key.rsplit('_', 1)[-1]}"
+            if key.startswith("profile_batch_")
+            else f"a {key.rsplit('_', 1)[-1]}-token prefill"
+        ): value
+        for key, value in scale.items()
+        if key.startswith("profile_")
+    }
     lines: list[str] = []
-    for batch, profile in profiles.items():
+    for what, profile in profiles.items():
         if "error" in profile:
-            lines += [f"Device time by kernel at batch {batch}: failed: {profile['error'][:300]}", ""]
+            lines += [f"Device time by kernel, {what}: failed: {profile['error'][:300]}", ""]
             continue
         lines += [
-            f"Device time of a decode step at batch {batch} by kernel (torch's profiler over 8 steps; "
-            f"{profile['gpu_us_per_step']} µs a step in all), the largest ten:",
+            f"Device time by kernel, {what}: {profile['gpu_us_per_step']} µs in all (a decode step's: the mean of "
+            "8; torch's profiler), the largest ten:",
             "",
-            "| kernel | µs a step | launches a step |",
+            "| kernel | µs | launches |",
             "|---|---|---|",
             *(
                 f"| `{kernel_name(kernel['name'])}` | {kernel['us_per_step']} | {kernel['launches_per_step']:g} |"
