@@ -232,7 +232,7 @@ def profile_lines(scale: dict[str, Any]) -> list[str]:
     """The decode steps' device time by kernel (engine_check's profile of the 20b shape), the largest first."""
     profiles = {
         (
-            f"batch {key.rsplit('_', 1)[-1]}"
+            f"decode at batch {key.rsplit('_', 1)[-1]}"
             if key.startswith("profile_batch_")
             else f"a {key.rsplit('_', 1)[-1]}-token prefill"
         ): value
