@@ -694,25 +694,28 @@ const char* LaunchGemms(const MoeArgs& a, const Plan& plan, const GemmScratch& s
   return nullptr;
 }
 
-// ---- Decode batches on tensor cores: Fc1 and Fc2 as mma.sync m16n8k16 tiles (16-bit inputs, float sums) ----
+// ---- Decode steps on tensor cores: Fc1 and Fc2 as mma.sync m16n8k16 tiles (16-bit inputs, float sums) ----
 //
 // The same plan and combine as the CUDA-core path, so a step replays as a CUDA graph (nothing read back): a block
-// per (routed expert, kMmaRows output rows), a warp per 8 of them, the expert's choices taken kMmaTokens at a
-// time as the tiles' rows. Fragment layouts are PTX's for m16n8k16 (.row.col): lane l is group g = l / 4 and
-// thread t = l % 4 of it; A holds rows {g, g + 8} at K {2t, 2t + 1} and {2t + 8, 2t + 9}; B column (output row) g
-// at the same K; C rows {g, g + 8}, columns {2t, 2t + 1}.
+// per (routed expert, kMmaRows output rows), a warp per kWarpRows of them (kNTiles tiles of 8 output rows that
+// share each input fragment), the expert's choices taken kMmaTokens at a time as the tiles' rows. Fragment
+// layouts are PTX's for m16n8k16 (.row.col): lane l is group g = l / 4 and thread t = l % 4 of it; A holds rows
+// {g, g + 8} at K {2t, 2t + 1} and {2t + 8, 2t + 9}; B column (output row) g at the same K; C rows {g, g + 8},
+// columns {2t, 2t + 1}.
 //
 // Two tile steps cover one MXFP4 block of 32 columns, and the order of K within a block is ours to choose (the
 // same for A and B): lane t takes the block's columns 8t to 8t + 7, so that its codes are one 32-bit word of the
 // row (the group's four lanes read the block's 16 bytes together) and its inputs one 16-byte load per tile row.
 // The codes become 16-bit values by a table of byte -> two E2M1 values (exact in fp16 and bf16); the block's
 // E8M0 scale multiplies the two steps' float sums (exact: a power of two), not the weights, so no weight is
-// rounded. A warp fetches kMmaAhead blocks of its 8 rows (1 KB of codes at 8) one round ahead of the blocks
+// rounded. A warp fetches kMmaAhead blocks of its kWarpRows rows (1 KB of codes) one round ahead of the blocks
 // it multiplies, so that a round's loads are in flight while the previous round's tiles run.
 constexpr int kMmaWarps = 4;
-constexpr int kMmaRows = kMmaWarps * 8;
+constexpr int kNTiles = 2;  // each input fragment loaded once for 16 output rows: half the input reads of 8
+constexpr int kWarpRows = 8 * kNTiles;
+constexpr int kMmaRows = kMmaWarps * kWarpRows;
 constexpr int kMmaTokens = 32;  // two tiles of 16 rows: each weight read once for up to 32 choices
-constexpr int kMmaAhead = 8;
+constexpr int kMmaAhead = 4;
 
 template <typename T>
 __device__ __forceinline__ uint32_t Pack(float low, float high) {
@@ -747,22 +750,35 @@ __device__ __forceinline__ void FillCodePairs(uint32_t* pairs) {
   __syncthreads();
 }
 
-// A round of kMmaAhead blocks from `first_block`: this lane's code word of its B row (columns 8t to 8t + 7 of
-// each block) and the E8M0 scale bytes of its two C columns' rows; zeros past the row's end.
+// A round of kMmaAhead blocks from `first_block`: this lane's code word of each of its B rows (columns 8t to
+// 8t + 7 of each block) and the E8M0 scale bytes of its C columns' rows (two an n-tile); zeros past the row's end.
 struct MmaRound {
-  uint32_t words[kMmaAhead];
-  uint8_t scales[2][kMmaAhead];
+  static_assert(kMmaAhead <= 4, "a round's scales of one row are the bytes of one word");
+  uint32_t words[kNTiles][kMmaAhead];
+  uint32_t scales[kNTiles][2];  // byte j: block j's (registers are what bounds the warps in flight)
 
-  __device__ __forceinline__ void Fetch(const uint8_t* codes, const uint8_t* const (&scale_rows)[2], int64_t groups,
+  __device__ __forceinline__ void Fetch(const uint8_t* const (&codes)[kNTiles],
+                                        const uint8_t* const (&scale_rows)[kNTiles][2], int64_t groups,
                                         int64_t first_block, int t) {
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) scales[n][0] = scales[n][1] = 0u;
 #pragma unroll
     for (int j = 0; j < kMmaAhead; ++j) {
       const int64_t block = first_block + j;
       const bool present = block < groups;
-      words[j] = present ? *reinterpret_cast<const uint32_t*>(codes + block * kBlockBytes + 4 * t) : 0u;
-      scales[0][j] = present ? scale_rows[0][block] : 0;
-      scales[1][j] = present ? scale_rows[1][block] : 0;
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+        words[n][j] = present ? *reinterpret_cast<const uint32_t*>(codes[n] + block * kBlockBytes + 4 * t) : 0u;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          scales[n][r] |= (present ? static_cast<uint32_t>(scale_rows[n][r][block]) : 0u) << (8 * j);
+        }
+      }
     }
+  }
+
+  __device__ __forceinline__ uint8_t Scale(int n, int r, int j) const {
+    return static_cast<uint8_t>(scales[n][r] >> (8 * j));
   }
 };
 
@@ -778,15 +794,17 @@ __device__ __forceinline__ void TileInputs(const T* low, const T* high, int64_t 
   step1[0] = l.z, step1[1] = h.z, step1[2] = l.w, step1[3] = h.w;
 }
 
-// This lane's C entries of up to two tiles (rows[tile][0 / 1]: the inputs of tile rows g and g + 8, null past
-// the choices; `tiles` 1 or 2, the same in every lane) over all K: against the warp's 8 output rows, whose codes
-// this lane reads at row g (`codes`) and whose scales at its C columns' rows (`scale_rows`).
+// This lane's C entries of up to two tiles of choices (rows[tile][0 / 1]: the inputs of tile rows g and g + 8,
+// null past the choices; `tiles` 1 or 2, the same in every lane) against the warp's kNTiles tiles of output rows
+// over all K: n-tile n's codes read at its row g (`codes[n]`), its scales at this lane's C columns' rows.
 template <typename T>
-__device__ __forceinline__ void TileSums(const T* const (&rows)[2][2], int tiles, const uint8_t* codes,
-                                         const uint8_t* const (&scale_rows)[2], int64_t groups, int t,
-                                         const uint32_t* pairs, float (&c)[2][4]) {
+__device__ __forceinline__ void TileSums(const T* const (&rows)[2][2], int tiles, const uint8_t* const (&codes)[kNTiles],
+                                         const uint8_t* const (&scale_rows)[kNTiles][2], int64_t groups, int t,
+                                         const uint32_t* pairs, float (&c)[2][kNTiles][4]) {
 #pragma unroll
-  for (int tile = 0; tile < 2; ++tile) c[tile][0] = c[tile][1] = c[tile][2] = c[tile][3] = 0.0f;
+  for (int tile = 0; tile < 2; ++tile)
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) c[tile][n][0] = c[tile][n][1] = c[tile][n][2] = c[tile][n][3] = 0.0f;
   MmaRound next;
   next.Fetch(codes, scale_rows, groups, 0, t);
   for (int64_t first_block = 0; first_block < groups; first_block += kMmaAhead) {
@@ -795,23 +813,32 @@ __device__ __forceinline__ void TileSums(const T* const (&rows)[2][2], int tiles
 #pragma unroll
     for (int j = 0; j < kMmaAhead; ++j) {
       if (first_block + j >= groups) break;  // the same in every lane
-      const uint32_t word = round.words[j];
-      const uint32_t b0[2] = {pairs[word & 0xFFu], pairs[(word >> 8) & 0xFFu]};
-      const uint32_t b1[2] = {pairs[(word >> 16) & 0xFFu], pairs[word >> 24]};
-      const float even_scale = E8M0(round.scales[0][j]), odd_scale = E8M0(round.scales[1][j]);
+      uint32_t b0[kNTiles][2], b1[kNTiles][2];
+      float even_scale[kNTiles], odd_scale[kNTiles];
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+        const uint32_t word = round.words[n][j];
+        b0[n][0] = pairs[word & 0xFFu], b0[n][1] = pairs[(word >> 8) & 0xFFu];
+        b1[n][0] = pairs[(word >> 16) & 0xFFu], b1[n][1] = pairs[word >> 24];
+        even_scale[n] = E8M0(round.Scale(n, 0, j));
+        odd_scale[n] = E8M0(round.Scale(n, 1, j));
+      }
       const int64_t column = (first_block + j) * kBlock + 8 * t;
 #pragma unroll
       for (int tile = 0; tile < 2; ++tile) {
         if (tile >= tiles) break;
         uint32_t a0[4], a1[4];
         TileInputs<T>(rows[tile][0], rows[tile][1], column, a0, a1);
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        Mma<T>(d, a0, b0);
-        Mma<T>(d, a1, b1);
-        c[tile][0] += even_scale * d[0];
-        c[tile][1] += odd_scale * d[1];
-        c[tile][2] += even_scale * d[2];
-        c[tile][3] += odd_scale * d[3];
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          Mma<T>(d, a0, b0[n]);
+          Mma<T>(d, a1, b1[n]);
+          c[tile][n][0] += even_scale[n] * d[0];
+          c[tile][n][1] += odd_scale[n] * d[1];
+          c[tile][n][2] += even_scale[n] * d[2];
+          c[tile][n][3] += odd_scale[n] * d[3];
+        }
       }
     }
   }
@@ -834,42 +861,64 @@ __device__ __forceinline__ int TileRows(const Plan& plan, int start, int last, i
   return last - start > 16 ? 2 : 1;
 }
 
-// Fc1 on tensor cores: activated[c] = swiglu(W1 x + b1) per choice c, stored in T for Fc2Mma. A warp's 8 output
-// rows are 4 gate/linear pairs; C's columns {2t, 2t + 1} are one pair's gate and linear sums, so each lane
-// finishes its pair itself.
+// The codes (row g of each n-tile) and the scale rows (this lane's C columns 2t, 2t + 1 of each n-tile) of a
+// warp's output rows from `first` in an MXFP4 matrix of `groups` blocks a row.
+__device__ __forceinline__ void WarpRows(const uint8_t* codes, const uint8_t* scales, int64_t first, int64_t groups,
+                                         int g, int t, const uint8_t* (&row_codes)[kNTiles],
+                                         const uint8_t* (&scale_rows)[kNTiles][2]) {
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+    row_codes[n] = codes + (first + 8 * n + g) * groups * kBlockBytes;
+    scale_rows[n][0] = scales + (first + 8 * n + 2 * t) * groups;
+    scale_rows[n][1] = scales + (first + 8 * n + 2 * t + 1) * groups;
+  }
+}
+
+// Fc1 on tensor cores: activated[c] = swiglu(W1 x + b1) per choice c, stored in T for Fc2Mma. Each n-tile's 8
+// output rows are 4 gate/linear pairs; C's columns {2t, 2t + 1} are one pair's gate and linear sums, so each
+// lane finishes its pairs itself.
 template <typename T>
 __global__ void __launch_bounds__(kWarp * kMmaWarps) Fc1Mma(MoeArgs a, Plan plan) {
   __shared__ uint32_t pairs[256];
   FillCodePairs<T>(pairs);
   const int lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
-  const int64_t first_row = blockIdx.y * static_cast<int64_t>(kMmaRows) + threadIdx.x / kWarp * 8;
+  const int64_t first_row = blockIdx.y * static_cast<int64_t>(kMmaRows) + threadIdx.x / kWarp * kWarpRows;
   int expert, first, last;
   if (first_row >= 2 * a.inter || !ExpertRange(plan, &expert, &first, &last)) return;
-  const int64_t bytes = a.hidden / 2, groups = a.hidden / kBlock, expert_row = expert * 2 * a.inter + first_row;
-  const uint8_t* codes = a.w1 + (expert_row + g) * bytes;  // this lane's B column
-  const uint8_t* const scale_rows[2] = {a.s1 + (expert_row + 2 * t) * groups, a.s1 + (expert_row + 2 * t + 1) * groups};
+  const int64_t groups = a.hidden / kBlock, expert_row = expert * 2 * a.inter + first_row;
+  const uint8_t* codes[kNTiles];
+  const uint8_t* scale_rows[kNTiles][2];
+  WarpRows(a.w1, a.s1, expert_row, groups, g, t, codes, scale_rows);
   const T* x = static_cast<const T*>(a.x);
   const T* b1 = static_cast<const T*>(a.b1);
   T* activated = reinterpret_cast<T*>(plan.activated);
-  const int64_t pair = (first_row + 2 * t) / 2;  // the gate/linear pair of this lane's C columns
-  const float gate_bias = ToFloat(b1[expert_row + 2 * t]), lin_bias = ToFloat(b1[expert_row + 2 * t + 1]);
+  float gate_bias[kNTiles], lin_bias[kNTiles];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+    gate_bias[n] = ToFloat(b1[expert_row + 8 * n + 2 * t]);
+    lin_bias[n] = ToFloat(b1[expert_row + 8 * n + 2 * t + 1]);
+  }
   const int64_t k = a.k;
   const auto input = [&](int choice) { return x + choice / k * a.hidden; };
   for (int start = first; start < last; start += kMmaTokens) {
     int choices[2][2];
     const T* rows[2][2];
     const int tiles = TileRows<T>(plan, start, last, g, input, choices, rows);
-    float c[2][4];
+    float c[2][kNTiles][4];
     TileSums<T>(rows, tiles, codes, scale_rows, groups, t, pairs, c);
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         if (choices[tile][half] < 0) continue;
-        const float gate = fminf(c[tile][2 * half] + gate_bias, a.limit);
-        const float linear = fmaxf(fminf(c[tile][2 * half + 1] + lin_bias, a.limit), -a.limit);
-        activated[choices[tile][half] * a.inter + pair] =
-            FromFloat<T>(gate / (1.0f + expf(-a.alpha * gate)) * (linear + 1.0f));
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+          const int64_t pair = (first_row + 8 * n + 2 * t) / 2;  // the gate/linear pair of this lane's C columns
+          const float gate = fminf(c[tile][n][2 * half] + gate_bias[n], a.limit);
+          const float linear = fmaxf(fminf(c[tile][n][2 * half + 1] + lin_bias[n], a.limit), -a.limit);
+          activated[choices[tile][half] * a.inter + pair] =
+              FromFloat<T>(gate / (1.0f + expf(-a.alpha * gate)) * (linear + 1.0f));
+        }
       }
     }
   }
@@ -881,31 +930,39 @@ __global__ void __launch_bounds__(kWarp * kMmaWarps) Fc2Mma(MoeArgs a, Plan plan
   __shared__ uint32_t pairs[256];
   FillCodePairs<T>(pairs);
   const int lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
-  const int64_t first_row = blockIdx.y * static_cast<int64_t>(kMmaRows) + threadIdx.x / kWarp * 8;
+  const int64_t first_row = blockIdx.y * static_cast<int64_t>(kMmaRows) + threadIdx.x / kWarp * kWarpRows;
   int expert, first, last;
   if (first_row >= a.hidden || !ExpertRange(plan, &expert, &first, &last)) return;
-  const int64_t bytes = a.inter / 2, groups = a.inter / kBlock, expert_row = expert * a.hidden + first_row;
-  const uint8_t* codes = a.w2 + (expert_row + g) * bytes;
-  const uint8_t* const scale_rows[2] = {a.s2 + (expert_row + 2 * t) * groups, a.s2 + (expert_row + 2 * t + 1) * groups};
+  const int64_t groups = a.inter / kBlock, expert_row = expert * a.hidden + first_row;
+  const uint8_t* codes[kNTiles];
+  const uint8_t* scale_rows[kNTiles][2];
+  WarpRows(a.w2, a.s2, expert_row, groups, g, t, codes, scale_rows);
   const T* b2 = static_cast<const T*>(a.b2);
   const T* activated = reinterpret_cast<const T*>(plan.activated);
-  const int64_t column = first_row + 2 * t;  // this lane's C columns: output rows column, column + 1
-  const float biases[2] = {ToFloat(b2[expert_row + 2 * t]), ToFloat(b2[expert_row + 2 * t + 1])};
+  float biases[kNTiles][2];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+    biases[n][0] = ToFloat(b2[expert_row + 8 * n + 2 * t]);
+    biases[n][1] = ToFloat(b2[expert_row + 8 * n + 2 * t + 1]);
+  }
   const auto input = [&](int choice) { return activated + static_cast<int64_t>(choice) * a.inter; };
   for (int start = first; start < last; start += kMmaTokens) {
     int choices[2][2];
     const T* rows[2][2];
     const int tiles = TileRows<T>(plan, start, last, g, input, choices, rows);
-    float c[2][4];
+    float c[2][kNTiles][4];
     TileSums<T>(rows, tiles, codes, scale_rows, groups, t, pairs, c);
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         if (choices[tile][half] < 0) continue;
-        float* out = plan.partial + static_cast<int64_t>(choices[tile][half]) * a.hidden + column;
-        out[0] = c[tile][2 * half] + biases[0];
-        out[1] = c[tile][2 * half + 1] + biases[1];
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {  // this lane's C columns: output rows 8n + 2t and 8n + 2t + 1
+          float* out = plan.partial + static_cast<int64_t>(choices[tile][half]) * a.hidden + first_row + 8 * n + 2 * t;
+          out[0] = c[tile][n][2 * half] + biases[n][0];
+          out[1] = c[tile][n][2 * half + 1] + biases[n][1];
+        }
       }
     }
   }
