@@ -64,6 +64,17 @@ __global__ void WriteKv(AttentionArgs a) {
   }
 }
 
+// The fewest keys a split part of a decode step takes: one tile, and more as the step's (token, KV head) pairs
+// alone fill the GPU (kBusyPairs of them), so that many short contexts are not cut into parts of a few keys
+// that each cost a block a whole tile. From the shapes only: a CUDA graph's launch stays valid.
+constexpr int64_t kBusyPairs = 128;
+constexpr int64_t kMostSpanTiles = 32;
+
+__device__ __forceinline__ int64_t SplitSpan(const AttentionArgs& a) {
+  const int64_t tiles = a.tokens * a.kv_heads / kBusyPairs;
+  return kTile * (tiles < 1 ? 1 : tiles > kMostSpanTiles ? kMostSpanTiles : tiles);
+}
+
 template <typename T>
 __global__ void Attend(AttentionArgs a) {
   __shared__ float keys[kTile][kMaxHeadDim + 1];  // padded: lanes reading one dimension of 32 keys hit 32 banks
@@ -82,10 +93,18 @@ __global__ void Attend(AttentionArgs a) {
     return;
   }
   const int64_t earliest = a.window > 0 ? (position - a.window + 1 > 0 ? position - a.window + 1 : 0) : 0;
-  // this block's share of the keys: all of them, or one of gridDim.z equal parts (flash-decoding)
-  const int64_t splits = gridDim.z, span = (position - earliest + splits) / splits;
+  // this block's share of the keys: all of them, or one of gridDim.z equal parts (flash-decoding) of at least
+  // SplitSpan keys, so that a short context fills a few blocks and the others end at once
+  const int64_t splits = gridDim.z, even = (position - earliest + splits) / splits, least = SplitSpan(a);
+  const int64_t span = even > least ? even : least;
   const int64_t first = earliest + static_cast<int64_t>(blockIdx.z) * span;
   const int64_t last = first + span - 1 < position ? first + span - 1 : position;
+  if (first > last) {  // an empty part (splits > 1 here): nothing for MergeSplits to add
+    float* part = a.parts + ((t * a.heads + head) * splits + blockIdx.z) * (d + 2);
+    for (int64_t i = lane; i < d; i += kWarp) part[i] = 0.0f;
+    if (lane == 0) part[d] = -FLT_MAX, part[d + 1] = 0.0f;
+    return;
+  }
   {  // this warp's query, rotated and scaled, into shared memory
     const T* q = static_cast<const T*>(a.qkv) + t * (a.heads + 2 * a.kv_heads) * d + head * d;
     const T* cos = static_cast<const T*>(a.cos) + position * half;
