@@ -144,9 +144,19 @@ def test_the_tensor_core_path_computes_what_the_cpu_kernel_does(emulated, config
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_the_tensor_core_path_takes_a_single_token_when_asked(emulated, dtype, tmp_path):
-    """With the tiles from one token (GATEWAY_MOE_MMA_MIN_TOKENS=1), batch-1 decode runs them too."""
-    config = ModelConfig(num_experts=32, experts_per_token=4, hidden_size=64, intermediate_size=96)
+@pytest.mark.parametrize(
+    "config",
+    [
+        ModelConfig(num_experts=32, experts_per_token=4, hidden_size=64, intermediate_size=96),
+        # gpt-oss's width: K's 90 blocks in 4 parts of 23, 23, 23 and 21 (a batch-1 step splits K)
+        ModelConfig(num_experts=4, experts_per_token=4, hidden_size=2880, intermediate_size=2880),
+    ],
+    ids=lambda c: c.hidden_size,
+)
+def test_the_tensor_core_path_takes_a_single_token(emulated, dtype, config, tmp_path):
+    """With the tiles from one token (GATEWAY_MOE_MMA_MIN_TOKENS=1, the default), batch-1 decode runs them too,
+    K split in parts whose sums are added after (a few choices fill too few blocks otherwise); at the small
+    width some parts are empty."""
     got, expected = _emulated_and_cpu(emulated, config, 1, dtype, tmp_path, 0, mma_min_tokens=1)
     _assert_within_rounded_swiglu(got, expected, dtype)
     on_cores = _emulated_and_cpu(emulated, config, 1, dtype, tmp_path / "cores", 0, mma_min_tokens=0)[0]

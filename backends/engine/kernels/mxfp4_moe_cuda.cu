@@ -136,8 +136,9 @@ struct Plan {
   int* active;       // [E] experts with tokens, ascending
   int* active_count; // [1]
   int* position;     // [T*k] each choice's place in `list`
-  float* activated;  // [T*k, I] swiglu(fc1) per choice (CUDA-core path)
-  float* partial;    // [T*k, H] fc2 + bias per choice (CUDA-core path)
+  float* activated;  // [T*k, I] swiglu(fc1) per choice (CUDA-core path; the tiles keep it in T)
+  float* partial;    // [T*k, H] fc2 + bias per choice (CUDA-core path and unsplit tiles)
+  float* split_sums; // [S, T*k, max(2I, H)] the tiles' sums of each part of K, when a step splits K in S > 1
 };
 
 // The GEMM path's scratch; rows in `list` order (grouped by expert).
@@ -596,6 +597,20 @@ bool UsesGemms(const MoeArgs& a) {
          LoadCublas() != nullptr;
 }
 
+bool UsesMma(const MoeArgs& a) {
+  return a.dtype != Dtype::kFloat32 && a.mma_min_tokens > 0 && a.tokens >= a.mma_min_tokens;
+}
+
+// Parts of K a tile step splits into (1: none). A step of few choices (batch-1 and -2 decode: 4 to 8 routed
+// experts) has too few blocks of output rows to keep enough weight bytes in flight; each part's blocks then
+// read a quarter of each row, and their sums are added in part order after (deterministic).
+constexpr int64_t kSplitChoices = 8;
+constexpr int64_t kMmaSplits = 4;
+
+int64_t MmaSplits(const MoeArgs& a) {
+  return UsesMma(a) && a.tokens * a.k <= kSplitChoices && !UsesGemms(a) ? kMmaSplits : 1;
+}
+
 constexpr size_t kAlign = 256;
 
 size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -611,7 +626,10 @@ size_t Layout(const MoeArgs& a, bool gemms, char* base, Plan* plan, GemmScratch*
     sizes.insert(sizes.end(), {choices * hidden * half, choices * 2 * inter * sizeof(float), choices * inter * half,
                                choices * hidden * sizeof(float), 2 * inter * hidden * half});
   } else {
-    sizes.insert(sizes.end(), {choices * inter * sizeof(float), choices * hidden * sizeof(float)});
+    const int64_t splits = MmaSplits(a);
+    const size_t widest = 2 * inter > hidden ? 2 * inter : hidden;
+    sizes.insert(sizes.end(), {choices * inter * sizeof(float), choices * hidden * sizeof(float),
+                               splits > 1 ? static_cast<size_t>(splits) * choices * widest * sizeof(float) : 0});
   }
   size_t offset = 0;
   std::vector<char*> parts;
@@ -625,7 +643,8 @@ size_t Layout(const MoeArgs& a, bool gemms, char* base, Plan* plan, GemmScratch*
                  reinterpret_cast<int*>(parts[4]), reinterpret_cast<int*>(parts[5]),
                  reinterpret_cast<int*>(parts[6]),
                  gemms ? nullptr : reinterpret_cast<float*>(parts[7]),
-                 gemms ? nullptr : reinterpret_cast<float*>(parts[8])};
+                 gemms ? nullptr : reinterpret_cast<float*>(parts[8]),
+                 gemms ? nullptr : reinterpret_cast<float*>(parts[9])};
   }
   if (scratch && gemms) {
     *scratch = GemmScratch{parts[7], reinterpret_cast<float*>(parts[8]), parts[9],
@@ -716,6 +735,7 @@ constexpr int kWarpRows = 8 * kNTiles;
 constexpr int kMmaRows = kMmaWarps * kWarpRows;
 constexpr int kMmaTokens = 32;  // two tiles of 16 rows: each weight read once for up to 32 choices
 constexpr int kMmaAhead = 4;
+constexpr int kMmaMinBlocks = 4;  // resident per SM: at most 128 registers a thread (the split kernels asked for 144)
 
 template <typename T>
 __device__ __forceinline__ uint32_t Pack(float low, float high) {
@@ -751,21 +771,21 @@ __device__ __forceinline__ void FillCodePairs(uint32_t* pairs) {
 }
 
 // A round of kMmaAhead blocks from `first_block`: this lane's code word of each of its B rows (columns 8t to
-// 8t + 7 of each block) and the E8M0 scale bytes of its C columns' rows (two an n-tile); zeros past the row's end.
+// 8t + 7 of each block) and the E8M0 scale bytes of its C columns' rows (two an n-tile); zeros from block `end`.
 struct MmaRound {
   static_assert(kMmaAhead <= 4, "a round's scales of one row are the bytes of one word");
   uint32_t words[kNTiles][kMmaAhead];
   uint32_t scales[kNTiles][2];  // byte j: block j's (registers are what bounds the warps in flight)
 
   __device__ __forceinline__ void Fetch(const uint8_t* const (&codes)[kNTiles],
-                                        const uint8_t* const (&scale_rows)[kNTiles][2], int64_t groups,
+                                        const uint8_t* const (&scale_rows)[kNTiles][2], int64_t end,
                                         int64_t first_block, int t) {
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) scales[n][0] = scales[n][1] = 0u;
 #pragma unroll
     for (int j = 0; j < kMmaAhead; ++j) {
       const int64_t block = first_block + j;
-      const bool present = block < groups;
+      const bool present = block < end;
 #pragma unroll
       for (int n = 0; n < kNTiles; ++n) {
         words[n][j] = present ? *reinterpret_cast<const uint32_t*>(codes[n] + block * kBlockBytes + 4 * t) : 0u;
@@ -796,23 +816,24 @@ __device__ __forceinline__ void TileInputs(const T* low, const T* high, int64_t 
 
 // This lane's C entries of up to two tiles of choices (rows[tile][0 / 1]: the inputs of tile rows g and g + 8,
 // null past the choices; `tiles` 1 or 2, the same in every lane) against the warp's kNTiles tiles of output rows
-// over all K: n-tile n's codes read at its row g (`codes[n]`), its scales at this lane's C columns' rows.
+// over K's blocks [begin, end): n-tile n's codes read at its row g (`codes[n]`), its scales at this lane's C
+// columns' rows.
 template <typename T>
 __device__ __forceinline__ void TileSums(const T* const (&rows)[2][2], int tiles, const uint8_t* const (&codes)[kNTiles],
-                                         const uint8_t* const (&scale_rows)[kNTiles][2], int64_t groups, int t,
-                                         const uint32_t* pairs, float (&c)[2][kNTiles][4]) {
+                                         const uint8_t* const (&scale_rows)[kNTiles][2], int64_t begin, int64_t end,
+                                         int t, const uint32_t* pairs, float (&c)[2][kNTiles][4]) {
 #pragma unroll
   for (int tile = 0; tile < 2; ++tile)
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) c[tile][n][0] = c[tile][n][1] = c[tile][n][2] = c[tile][n][3] = 0.0f;
   MmaRound next;
-  next.Fetch(codes, scale_rows, groups, 0, t);
-  for (int64_t first_block = 0; first_block < groups; first_block += kMmaAhead) {
+  next.Fetch(codes, scale_rows, end, begin, t);
+  for (int64_t first_block = begin; first_block < end; first_block += kMmaAhead) {
     const MmaRound round = next;
-    if (first_block + kMmaAhead < groups) next.Fetch(codes, scale_rows, groups, first_block + kMmaAhead, t);
+    if (first_block + kMmaAhead < end) next.Fetch(codes, scale_rows, end, first_block + kMmaAhead, t);
 #pragma unroll
     for (int j = 0; j < kMmaAhead; ++j) {
-      if (first_block + j >= groups) break;  // the same in every lane
+      if (first_block + j >= end) break;  // the same in every lane
       uint32_t b0[kNTiles][2], b1[kNTiles][2];
       float even_scale[kNTiles], odd_scale[kNTiles];
 #pragma unroll
@@ -861,6 +882,19 @@ __device__ __forceinline__ int TileRows(const Plan& plan, int start, int last, i
   return last - start > 16 ? 2 : 1;
 }
 
+// This block's part [begin, end) of K's `groups` blocks: all of them, or one of gridDim.z parts (a split step).
+__device__ __forceinline__ void KPart(int64_t groups, int64_t* begin, int64_t* end) {
+  const int64_t per = (groups + gridDim.z - 1) / gridDim.z;
+  *begin = blockIdx.z * per < groups ? blockIdx.z * per : groups;
+  *end = *begin + per < groups ? *begin + per : groups;
+}
+
+// Where a split step's part keeps its sum of `choice` at output row `row` (rows of the wider projection).
+__device__ __forceinline__ float* SplitSum(const MoeArgs& a, const Plan& plan, int64_t choice, int64_t row) {
+  const int64_t widest = 2 * a.inter > a.hidden ? 2 * a.inter : a.hidden;
+  return plan.split_sums + (blockIdx.z * a.tokens * a.k + choice) * widest + row;
+}
+
 // The codes (row g of each n-tile) and the scale rows (this lane's C columns 2t, 2t + 1 of each n-tile) of a
 // warp's output rows from `first` in an MXFP4 matrix of `groups` blocks a row.
 __device__ __forceinline__ void WarpRows(const uint8_t* codes, const uint8_t* scales, int64_t first, int64_t groups,
@@ -877,8 +911,8 @@ __device__ __forceinline__ void WarpRows(const uint8_t* codes, const uint8_t* sc
 // Fc1 on tensor cores: activated[c] = swiglu(W1 x + b1) per choice c, stored in T for Fc2Mma. Each n-tile's 8
 // output rows are 4 gate/linear pairs; C's columns {2t, 2t + 1} are one pair's gate and linear sums, so each
 // lane finishes its pairs itself.
-template <typename T>
-__global__ void __launch_bounds__(kWarp * kMmaWarps) Fc1Mma(MoeArgs a, Plan plan) {
+template <typename T, bool kSplit>
+__global__ void __launch_bounds__(kWarp * kMmaWarps, kMmaMinBlocks) Fc1Mma(MoeArgs a, Plan plan) {
   __shared__ uint32_t pairs[256];
   FillCodePairs<T>(pairs);
   const int lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
@@ -900,12 +934,14 @@ __global__ void __launch_bounds__(kWarp * kMmaWarps) Fc1Mma(MoeArgs a, Plan plan
   }
   const int64_t k = a.k;
   const auto input = [&](int choice) { return x + choice / k * a.hidden; };
+  int64_t begin = 0, end = groups;
+  if constexpr (kSplit) KPart(groups, &begin, &end);
   for (int start = first; start < last; start += kMmaTokens) {
     int choices[2][2];
     const T* rows[2][2];
     const int tiles = TileRows<T>(plan, start, last, g, input, choices, rows);
     float c[2][kNTiles][4];
-    TileSums<T>(rows, tiles, codes, scale_rows, groups, t, pairs, c);
+    TileSums<T>(rows, tiles, codes, scale_rows, begin, end, t, pairs, c);
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile) {
 #pragma unroll
@@ -913,6 +949,12 @@ __global__ void __launch_bounds__(kWarp * kMmaWarps) Fc1Mma(MoeArgs a, Plan plan
         if (choices[tile][half] < 0) continue;
 #pragma unroll
         for (int n = 0; n < kNTiles; ++n) {
+          if constexpr (kSplit) {  // a part of K: its raw sums, for FinishFc1
+            float* sums = SplitSum(a, plan, choices[tile][half], first_row + 8 * n + 2 * t);
+            sums[0] = c[tile][n][2 * half];
+            sums[1] = c[tile][n][2 * half + 1];
+            continue;
+          }
           const int64_t pair = (first_row + 8 * n + 2 * t) / 2;  // the gate/linear pair of this lane's C columns
           const float gate = fminf(c[tile][n][2 * half] + gate_bias[n], a.limit);
           const float linear = fmaxf(fminf(c[tile][n][2 * half + 1] + lin_bias[n], a.limit), -a.limit);
@@ -925,8 +967,8 @@ __global__ void __launch_bounds__(kWarp * kMmaWarps) Fc1Mma(MoeArgs a, Plan plan
 }
 
 // Fc2 on tensor cores: partial[c] = W2 activated[c] + b2 per choice c (activated in T, as Fc1Mma stores it).
-template <typename T>
-__global__ void __launch_bounds__(kWarp * kMmaWarps) Fc2Mma(MoeArgs a, Plan plan) {
+template <typename T, bool kSplit>
+__global__ void __launch_bounds__(kWarp * kMmaWarps, kMmaMinBlocks) Fc2Mma(MoeArgs a, Plan plan) {
   __shared__ uint32_t pairs[256];
   FillCodePairs<T>(pairs);
   const int lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
@@ -946,12 +988,14 @@ __global__ void __launch_bounds__(kWarp * kMmaWarps) Fc2Mma(MoeArgs a, Plan plan
     biases[n][1] = ToFloat(b2[expert_row + 8 * n + 2 * t + 1]);
   }
   const auto input = [&](int choice) { return activated + static_cast<int64_t>(choice) * a.inter; };
+  int64_t begin = 0, end = groups;
+  if constexpr (kSplit) KPart(groups, &begin, &end);
   for (int start = first; start < last; start += kMmaTokens) {
     int choices[2][2];
     const T* rows[2][2];
     const int tiles = TileRows<T>(plan, start, last, g, input, choices, rows);
     float c[2][kNTiles][4];
-    TileSums<T>(rows, tiles, codes, scale_rows, groups, t, pairs, c);
+    TileSums<T>(rows, tiles, codes, scale_rows, begin, end, t, pairs, c);
 #pragma unroll
     for (int tile = 0; tile < 2; ++tile) {
 #pragma unroll
@@ -959,17 +1003,60 @@ __global__ void __launch_bounds__(kWarp * kMmaWarps) Fc2Mma(MoeArgs a, Plan plan
         if (choices[tile][half] < 0) continue;
 #pragma unroll
         for (int n = 0; n < kNTiles; ++n) {  // this lane's C columns: output rows 8n + 2t and 8n + 2t + 1
-          float* out = plan.partial + static_cast<int64_t>(choices[tile][half]) * a.hidden + first_row + 8 * n + 2 * t;
-          out[0] = c[tile][n][2 * half] + biases[n][0];
-          out[1] = c[tile][n][2 * half + 1] + biases[n][1];
+          const int64_t row = first_row + 8 * n + 2 * t;
+          if constexpr (kSplit) {  // a part of K: its raw sums, for CombineSplits
+            float* sums = SplitSum(a, plan, choices[tile][half], row);
+            sums[0] = c[tile][n][2 * half];
+            sums[1] = c[tile][n][2 * half + 1];
+          } else {
+            float* out = plan.partial + static_cast<int64_t>(choices[tile][half]) * a.hidden + row;
+            out[0] = c[tile][n][2 * half] + biases[n][0];
+            out[1] = c[tile][n][2 * half + 1] + biases[n][1];
+          }
         }
       }
     }
   }
 }
 
-bool UsesMma(const MoeArgs& a) {
-  return a.dtype != Dtype::kFloat32 && a.mma_min_tokens > 0 && a.tokens >= a.mma_min_tokens;
+
+// A split step's fc1: activated[c, p] = swiglu of pair p's gate and linear sums over the parts (in part order)
+// plus the expert's biases, in T; a thread per (choice, pair).
+template <typename T>
+__global__ void FinishFc1(MoeArgs a, Plan plan, int splits) {
+  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (index >= a.tokens * a.k * a.inter) return;
+  const int64_t choice = index / a.inter, pair = index % a.inter;
+  const int64_t widest = 2 * a.inter > a.hidden ? 2 * a.inter : a.hidden, choices = a.tokens * a.k;
+  float gate = 0.0f, linear = 0.0f;
+  for (int z = 0; z < splits; ++z) {
+    const float* sums = plan.split_sums + (z * choices + choice) * widest + 2 * pair;
+    gate += sums[0];
+    linear += sums[1];
+  }
+  const T* b1 = static_cast<const T*>(a.b1) + plan.chosen[choice] * 2 * a.inter;
+  gate = fminf(gate + ToFloat(b1[2 * pair]), a.limit);
+  linear = fmaxf(fminf(linear + ToFloat(b1[2 * pair + 1]), a.limit), -a.limit);
+  reinterpret_cast<T*>(plan.activated)[index] = FromFloat<T>(gate / (1.0f + expf(-a.alpha * gate)) * (linear + 1.0f));
+}
+
+// A split step's combine: y[t] = the routing-weighted sum of its choices' fc2 sums over the parts (in part
+// order) plus their experts' biases, in choice order.
+template <typename T>
+__global__ void CombineSplits(MoeArgs a, Plan plan, int splits) {
+  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (index >= a.tokens * a.hidden) return;
+  const int64_t token = index / a.hidden, column = index % a.hidden;
+  const int64_t widest = 2 * a.inter > a.hidden ? 2 * a.inter : a.hidden, choices = a.tokens * a.k;
+  const T* b2 = static_cast<const T*>(a.b2);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < a.k; ++j) {
+    const int64_t choice = token * a.k + j;
+    float value = 0.0f;
+    for (int z = 0; z < splits; ++z) value += plan.split_sums[(z * choices + choice) * widest + column];
+    sum += plan.weights[choice] * (value + ToFloat(b2[plan.chosen[choice] * a.hidden + column]));
+  }
+  static_cast<T*>(a.y)[index] = FromFloat<T>(sum);
 }
 
 template <typename T>
@@ -980,13 +1067,25 @@ void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
   auto* combine = &Combine<T>;
   if constexpr (sizeof(T) == 2) {
     if (UsesMma(a)) {
-      auto* fc1_mma = &Fc1Mma<T>;
-      auto* fc2_mma = &Fc2Mma<T>;
+      const int splits = static_cast<int>(MmaSplits(a));
+      auto* fc1_mma = splits > 1 ? &Fc1Mma<T, true> : &Fc1Mma<T, false>;
+      auto* fc2_mma = splits > 1 ? &Fc2Mma<T, true> : &Fc2Mma<T, false>;
       const dim3 mma_threads(kWarp * kMmaWarps);
+      const unsigned parts = static_cast<unsigned>(splits);
       GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
-      GPTOSS_LAUNCH(fc1_mma, dim3(slots, (2 * a.inter + kMmaRows - 1) / kMmaRows), mma_threads, stream, a, plan);
-      GPTOSS_LAUNCH(fc2_mma, dim3(slots, (a.hidden + kMmaRows - 1) / kMmaRows), mma_threads, stream, a, plan);
-      GPTOSS_LAUNCH(combine, dim3((a.tokens * a.hidden + 255) / 256), dim3(256), stream, a, plan);
+      GPTOSS_LAUNCH(fc1_mma, dim3(slots, (2 * a.inter + kMmaRows - 1) / kMmaRows, parts), mma_threads, stream, a,
+                    plan);
+      if (splits > 1) {
+        auto* finish = &FinishFc1<T>;
+        GPTOSS_LAUNCH(finish, dim3(Blocks(a.tokens * a.k * a.inter, 256)), dim3(256), stream, a, plan, splits);
+      }
+      GPTOSS_LAUNCH(fc2_mma, dim3(slots, (a.hidden + kMmaRows - 1) / kMmaRows, parts), mma_threads, stream, a, plan);
+      if (splits > 1) {
+        auto* combine_splits = &CombineSplits<T>;
+        GPTOSS_LAUNCH(combine_splits, dim3(Blocks(a.tokens * a.hidden, 256)), dim3(256), stream, a, plan, splits);
+      } else {
+        GPTOSS_LAUNCH(combine, dim3((a.tokens * a.hidden + 255) / 256), dim3(256), stream, a, plan);
+      }
       return;
     }
   }
