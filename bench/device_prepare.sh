@@ -5,8 +5,9 @@
 #   bash bench/device_prepare.sh          (in the checkout; PYTHON defaults to .venv/bin/python)
 #
 # One archive, .device/device-site.tar.xz (ignored): a site directory holding onnxruntime-gpu (less what the
-# engine never loads: the TensorRT provider and the Python tools), the project's and the tests' dependencies
-# built for cp312 (less numpy and onnx: the machine's torch image has them), and the kernel library built for
+# engine never loads: the TensorRT provider and the Python tools), the project's and the tests' dependencies (the
+# MCP extra, openai and uvicorn for the engine tests that drive a gateway) built for cp312 (less numpy and onnx:
+# the machine's torch image has them), and the kernel library built for
 # any x86-64-v3 CPU and sm_80/sm_90, split into parts under .carry/ that fit one transfer beside the working
 # tree. It prints one device command and one carry path per part: send them back to back (each appends its
 # part to /tmp on the machine, which it keeps while warm; an ignored folder of the working tree did not stay
@@ -36,7 +37,7 @@ platforms=()
 for glibc in $(seq 39 -1 17); do platforms+=(--platform "manylinux_2_${glibc}_x86_64"); done
 "$python" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --abi cp312 --abi abi3 --abi none "${platforms[@]}" --platform manylinux2014_x86_64 --platform any \
-  -d "$stage/wheels" . pytest hypothesis openai safetensors ml_dtypes "onnxruntime-gpu==1.31.1" 2>&1 | grep -v '^WARNING' || true
+  -d "$stage/wheels" ".[mcp]" pytest hypothesis openai uvicorn safetensors ml_dtypes "onnxruntime-gpu==1.31.1" 2>&1 | grep -v '^WARNING' || true
 rm -f "$stage"/wheels/numpy-*.whl "$stage"/wheels/onnx-*.whl "$stage"/wheels/gpt_oss_gateway-*.whl
 "$python" -m pip install -q --no-index --no-deps --no-compile --only-binary=:all: --python-version 3.12 \
   --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 --target "$stage/site" "$stage"/wheels/*.whl 2>&1 \
