@@ -24,6 +24,7 @@ from backends.engine.graph import GraphOptions
 from backends.engine.kernels.build import kernel_library
 from backends.engine.model_cache import compiled_model
 from backends.engine.paged_runner import PagedRunner
+from backends.engine.qmoe import codes_by_column
 from harmony import load_harmony_encoding
 
 PROMPT = REAL_WIDTH_PROMPT
@@ -115,9 +116,10 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
 
 
 def _qmoe_graph_at_real_width(checkpoint: Checkpoint, cache: Path) -> None:
-    """The `moe` qmoe graph of the same checkpoint: each QMoE node's experts at the schema's real-width shapes
-    (fc1 [E, 5760, 1440], fc2 [E, 2880, 1440]), byte for byte the checkpoint's, and ONNX Runtime loads the
-    whole graph but the CUDA-only QMoE kernel (tests/engine/test_engine_qmoe.py checks the rest at small width)."""
+    """The `moe` qmoe graph of the same checkpoint: each QMoE node's experts by column at the real width (fc1
+    [E, 2880, 2880], fc2 [E, 2880, 1440]: the codes of each input column two a byte along the output rows, as
+    ONNX Runtime's kernels read them), the scales as stored, and ONNX Runtime loads the whole graph but the
+    CUDA-only QMoE kernel (tests/engine/test_engine_qmoe.py checks the rest at small width)."""
     model = compiled_model(checkpoint, GraphOptions(64, "float16", "qmoe"), cache)
     graph = onnx.load(str(model), load_external_data=False).graph
     tensors = {tensor.name: tensor for tensor in graph.initializer}
@@ -127,11 +129,11 @@ def _qmoe_graph_at_real_width(checkpoint: Checkpoint, cache: Path) -> None:
     for layer, node in enumerate(nodes):
         for codes, scales, fc, rows, columns in ((2, 3, "mlp1", 2 * i, h), (5, 6, "mlp2", h, i)):
             code_tensor, scale_tensor = tensors[node.input[codes]], tensors[node.input[scales]]
-            assert list(code_tensor.dims) == [e, rows, columns // 2]
+            assert list(code_tensor.dims) == [e, columns, rows // 2]
             assert list(scale_tensor.dims) == [e, rows, columns // 32]
             onnx.external_data_helper.load_external_data_for_tensor(code_tensor, str(model.parent))
             blocks = checkpoint.tensor(f"block.{layer}.mlp.{fc}_weight.blocks")
-            assert code_tensor.raw_data == blocks.tobytes()
+            assert code_tensor.raw_data == codes_by_column(blocks).tobytes()
     with pytest.raises(Exception, match="QMoE") as error:
         ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     assert "NOT_IMPLEMENTED" in str(error.value)
