@@ -11,7 +11,7 @@
 # any x86-64-v3 CPU and sm_80/sm_90, split into parts under .carry/ that fit one transfer beside the working
 # tree. It prints one device command and one carry path per part: send them back to back (each appends its
 # part to /tmp on the machine, which it keeps while warm; an ignored folder of the working tree did not stay
-# between calls), the last one followed by `bash bench/device_run.sh check20b`.
+# between calls), the last one followed by `bash bench/device_run.sh recheck20b` (the whole check in one command).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 python=${PYTHON:-.venv/bin/python}
@@ -61,4 +61,4 @@ for part in "${parts[@]}"; do
   echo "carry $part; command: cat $part $redirect /tmp/device-site.partial && ls -l /tmp/device-site.partial"
 done
 echo "last part's command, then: echo '$sum  /tmp/device-site.partial' | sha256sum -c - &&" \
-  "mv /tmp/device-site.partial /tmp/device-site.tar.xz && bash bench/device_run.sh check20b"
+  "mv /tmp/device-site.partial /tmp/device-site.tar.xz && bash bench/device_run.sh recheck20b"
