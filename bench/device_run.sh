@@ -28,29 +28,29 @@ mkdir -p "$out"
   python3 -c "import onnxruntime as o; print(o.__version__, o.get_available_providers())"
   df -h /tmp | tail -1
 } 2>&1 | tee "$out/machine.txt"
+check() {  # name, seconds, engine_check arguments: $OUT/name/engine_check.json (at most 8 files come back)
+  local name=$1 seconds=$2
+  shift 2
+  timeout "$seconds" python3 bench/engine_check.py --device cuda --out "$out/$name" --work /tmp/engine-work "$@"
+  rm -f "$out/$name/engine_check.md"  # rendered from the JSON back here
+}
+gpu_tests() {  # seconds
+  timeout "$1" python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors tests/engine 2>&1 \
+    | tail -40
+}
 {
 case "$part" in
-  check20b) timeout 560 python3 bench/engine_check.py --device cuda --out "$out/20b" --work /tmp/engine-work --cuda-graph \
-      --steps parity,scale ;;
-  kernels) timeout 560 python3 bench/engine_check.py --device cuda --out "$out/kernels" --work /tmp/engine-work \
-      --steps kernel,sampler ;;
+  check20b) check 20b 560 --cuda-graph --steps parity,scale ;;
+  kernels) check kernels 560 --steps kernel,sampler ;;
   check120b)
     rm -rf /tmp/engine-work  # 20b's checkpoint and graphs: room for 120b's
-    timeout 560 python3 bench/engine_check.py --device cuda --out "$out/120b" --work /tmp/engine-work --model 120b \
-      --steps scale ;;
-  paged20b) timeout 560 python3 bench/engine_check.py --device cuda --out "$out/paged" --work /tmp/engine-work \
-      --steps paged ;;
-  tests) timeout 560 python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors tests/engine 2>&1 | tail -60 ;;
+    check 120b 560 --model 120b --steps scale ;;
+  paged20b) check paged 560 --steps paged ;;
+  tests) gpu_tests 560 ;;
   recheck20b)
-    check() {  # name, seconds, engine_check arguments: one engine_check.json under $OUT/name (8 files come back)
-      local name=$1 seconds=$2; shift 2
-      timeout "$seconds" python3 bench/engine_check.py --device cuda --out "$out/$name" --work /tmp/engine-work "$@"
-      rm -f "$out/$name/engine_check.md"
-    }
     check kernels 120 --steps kernel
     check 20b 200 --cuda-graph --no-qmoe-decode --steps scale
-    timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors tests/engine 2>&1 \
-      | tail -30
+    gpu_tests 90
     check parity 60 --cuda-graph --steps parity
     check paged 240 --steps paged ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;

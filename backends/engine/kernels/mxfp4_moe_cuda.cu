@@ -62,6 +62,13 @@ __device__ __forceinline__ float WarpSum(float value) {
   return value;
 }
 
+// gpt-oss's swiglu of one gate/linear pair's fc1 outputs (biases included), each clamped at the limit.
+__device__ __forceinline__ float Swiglu(const MoeArgs& a, float gate, float linear) {
+  const float g = fminf(gate, a.limit);
+  const float l = fmaxf(fminf(linear, a.limit), -a.limit);
+  return g / (1.0f + expf(-a.alpha * g)) * (l + 1.0f);
+}
+
 // A warp walks a row one MXFP4 block per lane at a time: 16 code bytes (one uint4, 32 values) and their E8M0
 // scale, so that each lane's loads are 16 bytes wide and the warp's 512 bytes contiguous. A lane loads its
 // kRound blocks of a row before it uses any of them, so that they are in flight together (gpt-oss's rows of
@@ -350,9 +357,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, kChunkMinBlocks) Fc1(M
     RowDots<2>(rows, row_scales, groups, inputs, n, lane, sums);
     if (lane == 0) {
       for (int t = 0; t < n; ++t) {
-        const float g = fminf(sums[0][t] + gate_bias, a.limit);
-        const float l = fmaxf(fminf(sums[1][t] + lin_bias, a.limit), -a.limit);
-        plan.activated[choices[t] * a.inter + pair] = g / (1.0f + expf(-a.alpha * g)) * (l + 1.0f);
+        plan.activated[choices[t] * a.inter + pair] = Swiglu(a, sums[0][t] + gate_bias, sums[1][t] + lin_bias);
       }
     }
   }
@@ -382,17 +387,30 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, kChunkMinBlocks) Fc2(M
   }
 }
 
-template <typename T>
-__global__ void Combine(MoeArgs a, Plan plan) {
+// y[t, column] for a thread per output value: the routing-weighted sum of its k choices' values there
+// (`value(choice, column)`: fc2's output plus its expert's bias), in choice order (deterministic).
+template <typename T, typename Value>
+__device__ __forceinline__ void CombineChoices(const MoeArgs& a, const Plan& plan, Value value) {
   const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (index >= a.tokens * a.hidden) return;
   const int64_t token = index / a.hidden, column = index % a.hidden;
   float sum = 0.0f;
   for (int64_t j = 0; j < a.k; ++j) {
     const int64_t choice = token * a.k + j;
-    sum += plan.weights[choice] * plan.partial[choice * a.hidden + column];
+    sum += plan.weights[choice] * value(choice, column);
   }
   static_cast<T*>(a.y)[index] = FromFloat<T>(sum);
+}
+
+// The expert's bias of `choice` at output row `column`.
+template <typename T>
+__device__ __forceinline__ float Fc2Bias(const MoeArgs& a, const Plan& plan, int64_t choice, int64_t column) {
+  return ToFloat(static_cast<const T*>(a.b2)[plan.chosen[choice] * a.hidden + column]);
+}
+
+template <typename T>
+__global__ void Combine(MoeArgs a, Plan plan) {
+  CombineChoices<T>(a, plan, [&](int64_t choice, int64_t column) { return plan.partial[choice * a.hidden + column]; });
 }
 
 // ---- One token (batch-1 decode): routing fused into fc1 and the combine into fc2, two kernels in all ----
@@ -429,9 +447,8 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, kTokenMinBlocks) Fc1To
   float sums[2][1];
   RowDots<2>(rows, row_scales, groups, inputs, 1, lane, sums);
   if (lane == 0) {
-    const float g = fminf(sums[0][0] + ToFloat(b1[gate_row]), a.limit);
-    const float l = fmaxf(fminf(sums[1][0] + ToFloat(b1[lin_row]), a.limit), -a.limit);
-    plan.activated[choice * a.inter + pair] = g / (1.0f + expf(-a.alpha * g)) * (l + 1.0f);
+    plan.activated[choice * a.inter + pair] =
+        Swiglu(a, sums[0][0] + ToFloat(b1[gate_row]), sums[1][0] + ToFloat(b1[lin_row]));
   }
 }
 
@@ -509,26 +526,16 @@ __global__ void Activate(MoeArgs a, Plan plan, GemmScratch s) {
   const int64_t expert = plan.chosen[plan.list[row]];
   const T* b1 = static_cast<const T*>(a.b1) + expert * 2 * a.inter;
   const float* sums = s.fc1 + row * 2 * a.inter;
-  const float g = fminf(sums[2 * pair] + ToFloat(b1[2 * pair]), a.limit);
-  const float l = fmaxf(fminf(sums[2 * pair + 1] + ToFloat(b1[2 * pair + 1]), a.limit), -a.limit);
-  static_cast<T*>(s.activated)[index] = FromFloat<T>(g / (1.0f + expf(-a.alpha * g)) * (l + 1.0f));
+  static_cast<T*>(s.activated)[index] =
+      FromFloat<T>(Swiglu(a, sums[2 * pair] + ToFloat(b1[2 * pair]), sums[2 * pair + 1] + ToFloat(b1[2 * pair + 1])));
 }
 
 // y[t] = the routing-weighted sum of its choices' fc2 rows plus their experts' biases, in choice order.
 template <typename T>
 __global__ void CombineRows(MoeArgs a, Plan plan, GemmScratch s) {
-  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (index >= a.tokens * a.hidden) return;
-  const int64_t token = index / a.hidden, column = index % a.hidden;
-  const T* b2 = static_cast<const T*>(a.b2);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < a.k; ++j) {
-    const int64_t choice = token * a.k + j;
-    const float bias = ToFloat(b2[plan.chosen[choice] * a.hidden + column]);
-    const float value = s.fc2[plan.position[choice] * a.hidden + column] + bias;
-    sum += plan.weights[choice] * value;
-  }
-  static_cast<T*>(a.y)[index] = FromFloat<T>(sum);
+  CombineChoices<T>(a, plan, [&](int64_t choice, int64_t column) {
+    return s.fc2[plan.position[choice] * a.hidden + column] + Fc2Bias<T>(a, plan, choice, column);
+  });
 }
 
 // cuBLAS, loaded at run time (no link-time dependency; the CUDA execution provider has it in the process).
@@ -819,7 +826,8 @@ __device__ __forceinline__ void TileInputs(const T* low, const T* high, int64_t 
 // over K's blocks [begin, end): n-tile n's codes read at its row g (`codes[n]`), its scales at this lane's C
 // columns' rows.
 template <typename T>
-__device__ __forceinline__ void TileSums(const T* const (&rows)[2][2], int tiles, const uint8_t* const (&codes)[kNTiles],
+__device__ __forceinline__ void TileSums(const T* const (&rows)[2][2], int tiles,
+                                         const uint8_t* const (&codes)[kNTiles],
                                          const uint8_t* const (&scale_rows)[kNTiles][2], int64_t begin, int64_t end,
                                          int t, const uint32_t* pairs, float (&c)[2][kNTiles][4]) {
 #pragma unroll
@@ -889,10 +897,10 @@ __device__ __forceinline__ void KPart(int64_t groups, int64_t* begin, int64_t* e
   *end = *begin + per < groups ? *begin + per : groups;
 }
 
-// Where a split step's part keeps its sum of `choice` at output row `row` (rows of the wider projection).
-__device__ __forceinline__ float* SplitSum(const MoeArgs& a, const Plan& plan, int64_t choice, int64_t row) {
+// A split step's sums of part `part` for `choice`, one per output row (as many as the wider projection has).
+__device__ __forceinline__ float* PartSums(const MoeArgs& a, const Plan& plan, int64_t part, int64_t choice) {
   const int64_t widest = 2 * a.inter > a.hidden ? 2 * a.inter : a.hidden;
-  return plan.split_sums + (blockIdx.z * a.tokens * a.k + choice) * widest + row;
+  return plan.split_sums + (part * a.tokens * a.k + choice) * widest;
 }
 
 // The codes (row g of each n-tile) and the scale rows (this lane's C columns 2t, 2t + 1 of each n-tile) of a
@@ -950,16 +958,14 @@ __global__ void __launch_bounds__(kWarp * kMmaWarps, kMmaMinBlocks) Fc1Mma(MoeAr
 #pragma unroll
         for (int n = 0; n < kNTiles; ++n) {
           if constexpr (kSplit) {  // a part of K: its raw sums, for FinishFc1
-            float* sums = SplitSum(a, plan, choices[tile][half], first_row + 8 * n + 2 * t);
+            float* sums = PartSums(a, plan, blockIdx.z, choices[tile][half]) + first_row + 8 * n + 2 * t;
             sums[0] = c[tile][n][2 * half];
             sums[1] = c[tile][n][2 * half + 1];
             continue;
           }
           const int64_t pair = (first_row + 8 * n + 2 * t) / 2;  // the gate/linear pair of this lane's C columns
-          const float gate = fminf(c[tile][n][2 * half] + gate_bias[n], a.limit);
-          const float linear = fmaxf(fminf(c[tile][n][2 * half + 1] + lin_bias[n], a.limit), -a.limit);
           activated[choices[tile][half] * a.inter + pair] =
-              FromFloat<T>(gate / (1.0f + expf(-a.alpha * gate)) * (linear + 1.0f));
+              FromFloat<T>(Swiglu(a, c[tile][n][2 * half] + gate_bias[n], c[tile][n][2 * half + 1] + lin_bias[n]));
         }
       }
     }
@@ -1005,7 +1011,7 @@ __global__ void __launch_bounds__(kWarp * kMmaWarps, kMmaMinBlocks) Fc2Mma(MoeAr
         for (int n = 0; n < kNTiles; ++n) {  // this lane's C columns: output rows 8n + 2t and 8n + 2t + 1
           const int64_t row = first_row + 8 * n + 2 * t;
           if constexpr (kSplit) {  // a part of K: its raw sums, for CombineSplits
-            float* sums = SplitSum(a, plan, choices[tile][half], row);
+            float* sums = PartSums(a, plan, blockIdx.z, choices[tile][half]) + row;
             sums[0] = c[tile][n][2 * half];
             sums[1] = c[tile][n][2 * half + 1];
           } else {
@@ -1027,36 +1033,26 @@ __global__ void FinishFc1(MoeArgs a, Plan plan, int splits) {
   const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (index >= a.tokens * a.k * a.inter) return;
   const int64_t choice = index / a.inter, pair = index % a.inter;
-  const int64_t widest = 2 * a.inter > a.hidden ? 2 * a.inter : a.hidden, choices = a.tokens * a.k;
   float gate = 0.0f, linear = 0.0f;
   for (int z = 0; z < splits; ++z) {
-    const float* sums = plan.split_sums + (z * choices + choice) * widest + 2 * pair;
+    const float* sums = PartSums(a, plan, z, choice) + 2 * pair;
     gate += sums[0];
     linear += sums[1];
   }
   const T* b1 = static_cast<const T*>(a.b1) + plan.chosen[choice] * 2 * a.inter;
-  gate = fminf(gate + ToFloat(b1[2 * pair]), a.limit);
-  linear = fmaxf(fminf(linear + ToFloat(b1[2 * pair + 1]), a.limit), -a.limit);
-  reinterpret_cast<T*>(plan.activated)[index] = FromFloat<T>(gate / (1.0f + expf(-a.alpha * gate)) * (linear + 1.0f));
+  reinterpret_cast<T*>(plan.activated)[index] =
+      FromFloat<T>(Swiglu(a, gate + ToFloat(b1[2 * pair]), linear + ToFloat(b1[2 * pair + 1])));
 }
 
 // A split step's combine: y[t] = the routing-weighted sum of its choices' fc2 sums over the parts (in part
 // order) plus their experts' biases, in choice order.
 template <typename T>
 __global__ void CombineSplits(MoeArgs a, Plan plan, int splits) {
-  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (index >= a.tokens * a.hidden) return;
-  const int64_t token = index / a.hidden, column = index % a.hidden;
-  const int64_t widest = 2 * a.inter > a.hidden ? 2 * a.inter : a.hidden, choices = a.tokens * a.k;
-  const T* b2 = static_cast<const T*>(a.b2);
-  float sum = 0.0f;
-  for (int64_t j = 0; j < a.k; ++j) {
-    const int64_t choice = token * a.k + j;
+  CombineChoices<T>(a, plan, [&](int64_t choice, int64_t column) {
     float value = 0.0f;
-    for (int z = 0; z < splits; ++z) value += plan.split_sums[(z * choices + choice) * widest + column];
-    sum += plan.weights[choice] * (value + ToFloat(b2[plan.chosen[choice] * a.hidden + column]));
-  }
-  static_cast<T*>(a.y)[index] = FromFloat<T>(sum);
+    for (int z = 0; z < splits; ++z) value += PartSums(a, plan, z, choice)[column];
+    return value + Fc2Bias<T>(a, plan, choice, column);
+  });
 }
 
 template <typename T>
