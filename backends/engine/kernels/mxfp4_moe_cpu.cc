@@ -52,9 +52,6 @@ struct Scratch {
   std::vector<const int8_t*> qs;  // the int8 path's quantized vectors and their block scales
   std::vector<const float*> ds;
   std::vector<float> dots, decoded, acc, permuted;
-#if defined(__AVX512F__)
-  std::vector<__m512> wide;  // the prefill tiles' sums
-#endif
 };
 // Dot products of one MXFP4 row (cols / 2 code bytes, cols / 32 scales) with `count` vectors:
 // out[t] = row . xs[t]. Each block of 32 codes is decoded once and used for every vector.
@@ -139,51 +136,41 @@ void Tile(const float* rows, int64_t cols, const float* const* xs, float* out, i
 }
 
 #if defined(__AVX512F__)
-// The same in 512-bit registers, kTileRows rows x Vectors vectors a pass over columns [c0, c1), the sums carried
-// in `acc` ([kTileRows][Vectors] vectors) from one pass to the next.
-constexpr int kWideVectors = 6;        // 24 sums, 4 rows and a vector in 32 registers
-constexpr int64_t kWideChunk = 512;    // columns a pass: the rows' and vectors' floats stay in L1
+// The same in 512-bit registers, kTileRows rows x Vectors vectors over the whole row: the sums stay in registers
+// from the first column to the last, and each vector load feeds four FMAs from a register. (Sums carried to
+// memory between 512-column chunks, and each x load folded into every FMA as GCC chose, took a 512-token
+// prefill of a 20b-width layer 1.04 s on 2 AMD EPYC cores; this takes 0.55 s, ~80% of their FMA peak.)
+constexpr int kWideVectors = 6;  // 24 sums, 4 rows and a vector in 32 registers
 
 template <int Vectors>
-void WideTile(const float* rows, int64_t cols, int64_t c0, int64_t c1, const float* const* xs, __m512* acc) {
+void WideTile(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride) {
   __m512 sums[kTileRows][Vectors];
-  for (int r = 0; r < kTileRows; ++r)
-    for (int v = 0; v < Vectors; ++v) sums[r][v] = acc[r * Vectors + v];
-  for (int64_t c = c0; c < c1; c += 16) {
+  for (auto& row : sums)
+    for (auto& sum : row) sum = _mm512_setzero_ps();
+  for (int64_t c = 0; c < cols; c += 16) {
     __m512 w[kTileRows];
     for (int r = 0; r < kTileRows; ++r) w[r] = _mm512_loadu_ps(rows + r * cols + c);
     for (int v = 0; v < Vectors; ++v) {
-      const __m512 x = _mm512_loadu_ps(xs[v] + c);
+      __m512 x = _mm512_loadu_ps(xs[v] + c);
+      __asm__("" : "+v"(x));  // one load feeds the four rows (left to itself, GCC folds it into each FMA)
       for (int r = 0; r < kTileRows; ++r) sums[r][v] = _mm512_fmadd_ps(w[r], x, sums[r][v]);
     }
   }
   for (int r = 0; r < kTileRows; ++r)
-    for (int v = 0; v < Vectors; ++v) acc[r * Vectors + v] = sums[r][v];
+    for (int v = 0; v < Vectors; ++v) out[r * stride + v] = _mm512_reduce_add_ps(sums[r][v]);
 }
 
 template <int Vectors>
-void WideTileAt(const float* rows, int64_t cols, int64_t c0, int64_t c1, const float* const* xs, __m512* acc,
-                int vectors) {
-  if (vectors == Vectors) return WideTile<Vectors>(rows, cols, c0, c1, xs, acc);
-  if constexpr (Vectors > 1) WideTileAt<Vectors - 1>(rows, cols, c0, c1, xs, acc, vectors);
+void WideTileAt(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride, int vectors) {
+  if (vectors == Vectors) return WideTile<Vectors>(rows, cols, xs, out, stride);
+  if constexpr (Vectors > 1) WideTileAt<Vectors - 1>(rows, cols, xs, out, stride, vectors);
 }
 
-// out[r * count + t] = rows[r] . xs[t] for the kTileRows decoded rows and every vector, in column chunks.
-void WideTiles(const float* rows, int64_t cols, const float* const* xs, int64_t count, float* out,
-               std::vector<__m512>& acc) {
-  acc.assign(static_cast<size_t>(kTileRows * count), _mm512_setzero_ps());
-  for (int64_t c0 = 0; c0 < cols; c0 += kWideChunk) {
-    const int64_t c1 = std::min(c0 + kWideChunk, cols);
-    for (int64_t t = 0; t < count; t += kWideVectors) {
-      const int vectors = static_cast<int>(std::min<int64_t>(kWideVectors, count - t));
-      WideTileAt<kWideVectors>(rows, cols, c0, c1, xs + t, acc.data() + kTileRows * t, vectors);
-    }
-  }
+// out[r * count + t] = rows[r] . xs[t] for the kTileRows decoded rows and every vector.
+void WideTiles(const float* rows, int64_t cols, const float* const* xs, int64_t count, float* out) {
   for (int64_t t = 0; t < count; t += kWideVectors) {
-    const int64_t vectors = std::min<int64_t>(kWideVectors, count - t);
-    for (int r = 0; r < kTileRows; ++r)
-      for (int64_t v = 0; v < vectors; ++v)
-        out[r * count + t + v] = _mm512_reduce_add_ps(acc[kTileRows * t + r * vectors + v]);
+    const int vectors = static_cast<int>(std::min<int64_t>(kWideVectors, count - t));
+    WideTileAt<kWideVectors>(rows, cols, xs + t, out + t, count, vectors);
   }
 }
 
@@ -260,7 +247,7 @@ void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t row
       DecodeRows(codes + row * cols / 2, scales + row * cols / kBlock, cols, decoded.data());
 #if defined(__AVX512F__)
       if (cols % 16 == 0) {
-        WideTiles(decoded.data(), cols, xs, count, out + row * count, scratch.wide);
+        WideTiles(decoded.data(), cols, xs, count, out + row * count);
         continue;
       }
 #endif
