@@ -46,7 +46,7 @@ from .opsets import ENGINE_DOMAIN, IR_VERSION, OPSET
 from .qmoe import MS_DOMAIN, MoeRealization, qmoe_node, qmoe_weights
 from .rope import cos_sin
 
-BUILDER_VERSION = "8"
+BUILDER_VERSION = "9"
 RMS_EPSILON = 1e-5
 INLINE_BYTES = 1024
 STREAM_BLOCK_BYTES = 32 * 1024 * 1024  # a large weight is converted and written in blocks of this size
@@ -314,7 +314,26 @@ class _Builder:
             codes, scales = int8_rows(array)
             inputs = [x, self.weight(name, codes), self.weight(name + ".scale", scales)]
             return self.node("DenseInt8", inputs, [out], domain=ENGINE_DOMAIN)
-        return self.node("DenseBF16", [x, self._as_stored(name, array, dtype=BF16)], [out], domain=ENGINE_DOMAIN)
+        return self.node("DenseBF16", [x, self._kept_bf16(name, array)], [out], domain=ENGINE_DOMAIN)
+
+    def embed(self, ids: str, out: str) -> str:
+        """The embedding's rows of `ids`. In a float32 graph a bf16 checkpoint table stays bf16 and only the rows
+        gathered are widened: a float32 copy would double its bytes in memory (2.3 GB at gpt-oss's vocabulary)."""
+        name = "embedding.weight"
+        array = self.checkpoint.tensor(name)
+        if self.options.dtype != "float32" or array.dtype != BF16 or not self.options.dense_bf16:
+            return self.node("Gather", [self.stored(name), ids], [out], axis=0)
+        rows = self.node("Gather", [self._kept_bf16(name, array), ids], [out + "_bf16"], axis=0)
+        return self.node("Cast", [rows], [out], to=TensorProto.FLOAT)
+
+    def _kept_bf16(self, name: str, array: np.ndarray) -> str:
+        """A bf16 checkpoint tensor as the checkpoint holds it: its own bytes where the file can be linked (no
+        copy), else written to the graph's data file."""
+        linked = self.writer.linked(name, TensorProto.BFLOAT16, list(array.shape), self.checkpoint.location(name))
+        if linked is None:
+            return self._as_stored(name, array, dtype=BF16)
+        self.initializers.append(linked)
+        return name
 
     def stored(self, name: str, transpose: bool = False) -> str:
         """A checkpoint tensor in the graph's dtype (bf16 → float32 and float16 exactly or rounded once);
@@ -435,7 +454,7 @@ class _Builder:
         if self.options.moe == "qmoe":  # shared by every layer's QMoE
             self.weight("qmoe_router_rows", np.array([-1, c.num_experts], np.int64))
             self.weight("qmoe_global_scale", np.ones(c.num_experts, np.float32))
-        x = self.node("Gather", [self.stored("embedding.weight"), "input_ids"], ["embedded"], axis=0)
+        x = self.embed("input_ids", "embedded")
         residual: str | None = None
         for n in range(layers):
             x, residual = self.layer(n, x, residual)
