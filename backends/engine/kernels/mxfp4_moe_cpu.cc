@@ -51,7 +51,7 @@ struct Scratch {
   std::vector<const float*> xs;
   std::vector<const int8_t*> qs;  // the int8 path's quantized vectors and their block scales
   std::vector<const float*> ds;
-  std::vector<float> dots, decoded, acc, permuted;
+  std::vector<float> dots, decoded, acc;
 };
 // Dot products of one MXFP4 row (cols / 2 code bytes, cols / 32 scales) with `count` vectors:
 // out[t] = row . xs[t]. Each block of 32 codes is decoded once and used for every vector.
@@ -189,33 +189,41 @@ void PermuteBlocks(const float* x, int64_t cols, float* out) {
 }
 
 template <int Count>
-void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* permuted, float* out) {
+void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* permuted,
+                     float* out) {
   const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
                                       -2.0f, -3.0f, -4.0f, -6.0f);
   const __m512i low_nibble = _mm512_set1_epi32(0x0F);
+  // even blocks' sums in acc[t][0], odd blocks' in acc[t][1]: two chains in flight, each named statically (an
+  // index computed per block kept them in memory, a store and a reload on every block's critical path)
   __m512 acc[Count][2];
   for (int t = 0; t < Count; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-  const int64_t blocks = cols / kBlock;
-  for (int64_t block = 0; block < blocks; ++block) {
+  auto step = [&](int64_t block, int parity) {
     if (block % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + block * 16 + kPrefetchBytes), _MM_HINT_T0);
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * 16)));
     const __m512 low = _mm512_permutexvar_ps(_mm512_and_si512(bytes, low_nibble), table);
     const __m512 high = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
     const __m512 scale = _mm512_set1_ps(kE8M0.values[scales[block]]);
     for (int t = 0; t < Count; ++t) {
-      const float* x = permuted + t * cols + block * kBlock;
+      const float* x = permuted[t] + block * kBlock;
       const __m512 sum = _mm512_fmadd_ps(high, _mm512_loadu_ps(x + 16), _mm512_mul_ps(low, _mm512_loadu_ps(x)));
-      acc[t][block & 1] = _mm512_fmadd_ps(sum, scale, acc[t][block & 1]);
+      acc[t][parity] = _mm512_fmadd_ps(sum, scale, acc[t][parity]);
     }
+  };
+  const int64_t blocks = cols / kBlock;
+  int64_t block = 0;
+  for (; block + 2 <= blocks; block += 2) {
+    step(block, 0);
+    step(block + 1, 1);
   }
+  if (block < blocks) step(block, 0);
   for (int t = 0; t < Count; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 
-void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, const float* const* xs,
-                   int64_t count, float* out, Scratch& scratch) {
-  scratch.permuted.resize(static_cast<size_t>(count * cols));
-  for (int64_t t = 0; t < count; ++t) PermuteBlocks(xs[t], cols, scratch.permuted.data() + t * cols);
-  const float* permuted = scratch.permuted.data();
+// out[r * count + t] = row r . vector t for `rows` consecutive rows and up to three vectors, each already reordered
+// by PermuteBlocks (once per phase: PermuteRows).
+void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
+                   const float* const* permuted, int64_t count, float* out) {
   for (int64_t row = 0; row < rows; ++row) {
     const uint8_t* row_codes = codes + row * cols / 2;
     const uint8_t* row_scales = scales + row * cols / kBlock;
@@ -233,13 +241,6 @@ void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, in
 void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                         const float* const* xs, int64_t count, float* out, Scratch& scratch) {
   int64_t row = 0;
-#if defined(__AVX512F__)
-  static_assert(kTiledFrom == 4, "FewVectorDots takes up to three vectors");
-  if (count < kTiledFrom && cols % kBlock == 0) {
-    FewVectorDots(codes, scales, rows, cols, xs, count, out, scratch);
-    return;
-  }
-#endif
   if (count >= kTiledFrom) {
     std::vector<float>& decoded = scratch.decoded;
     decoded.resize(static_cast<size_t>(kTileRows * cols));
@@ -476,6 +477,13 @@ struct Route {
   std::vector<int64_t> slots;  // token's position among its k choices, for a fixed summation order
 };
 
+// A phase's input rows prepared once for the experts with few tokens: quantized by pairs of blocks (the int8 path:
+// QuantizePairs), or reordered by blocks (the float path with AVX-512: PermuteBlocks); indexed as the inputs are.
+struct PreparedRows {
+  std::vector<int8_t> q;
+  std::vector<float> d, permuted;
+};
+
 // The layer's inputs, and how this step's tokens are spread over the experts.
 struct Problem : MoeArgs {
   const float* xf;  // x, router logits and biases as floats (the inputs themselves when float)
@@ -489,14 +497,21 @@ struct Problem : MoeArgs {
   std::vector<float> activated;  // [active index][its tokens][inter]
   std::vector<int64_t> offsets;  // start of each active expert's rows in `activated` / `expert_out`
   std::vector<float> expert_out;  // [active index][its tokens][hidden]
-  // int8 activations: x's rows and `activated`'s, quantized by pairs of blocks (QuantizePairs)
-  std::vector<int8_t> xq, activatedq;
-  std::vector<float> xd, activatedd;
+  PreparedRows x_rows, activated_rows;  // fc1's and fc2's input rows as the few-token experts read them
 };
 
 // Whether an expert with `count` tokens takes the int8 path for rows of `cols` columns.
 bool Int8Path(const Problem& p, int64_t count, int64_t cols) {
   return p.int8_activations && count < kInt8Below && Int8Fits(cols);
+}
+
+// Whether it takes the float path on reordered rows (FewVectorDots) instead.
+bool PermutedPath(const Problem& p, int64_t count, int64_t cols) {
+#if defined(__AVX512F__)
+  return !Int8Path(p, count, cols) && count < kTiledFrom && cols % kBlock == 0;
+#else
+  return false;
+#endif
 }
 
 // Which row of a phase's inputs is active expert a's i-th: fc1 reads x's row of the token, fc2 the expert's own
@@ -505,22 +520,31 @@ using RowOf = int64_t (*)(const Problem& p, size_t a, int64_t i);
 int64_t TokenRow(const Problem& p, size_t a, int64_t i) { return p.routes[p.active[a]].tokens[i]; }
 int64_t ActivatedRow(const Problem& p, size_t a, int64_t i) { return p.offsets[a] + i; }
 
-// The rows of `values` (`total` rows of `cols`) that int8-path experts read, quantized into q (codes `cols` apart)
-// and d (cols / kPair * kPairScales scales a row).
-void QuantizeRows(const Problem& p, const float* values, int64_t total, int64_t cols, RowOf row_of,
-                  std::vector<int8_t>& q, std::vector<float>& d) {
+// The rows of `values` (`total` rows of `cols`) that few-token experts read, prepared for their path, each once
+// however many such experts read it: into q (codes `cols` apart) and d (cols / kPair * kPairScales scales a row),
+// or into permuted (`cols` apart).
+void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t cols, RowOf row_of,
+                 PreparedRows& prepared) {
   const int64_t scales_per_row = cols / kPair * kPairScales;
-  q.resize(total * cols);
-  d.resize(total * scales_per_row);
-  std::vector<bool> done(total, false);  // a token routed to several such experts is quantized once
+  std::vector<bool> done(total, false);
   for (size_t a = 0; a < p.active.size(); ++a) {
     const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
-    if (!Int8Path(p, count, cols)) continue;
+    const bool int8 = Int8Path(p, count, cols);
+    if (!int8 && !PermutedPath(p, count, cols)) continue;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = row_of(p, a, i);
       if (done[row]) continue;
       done[row] = true;
-      QuantizePairs(values + row * cols, cols, q.data() + row * cols, d.data() + row * scales_per_row);
+      if (int8) {
+        prepared.q.resize(total * cols);
+        prepared.d.resize(total * scales_per_row);
+        QuantizePairs(values + row * cols, cols, prepared.q.data() + row * cols, prepared.d.data() + row * scales_per_row);
+      } else {
+#if defined(__AVX512F__)
+        prepared.permuted.resize(total * cols);
+        PermuteBlocks(values + row * cols, cols, prepared.permuted.data() + row * cols);
+#endif
+      }
     }
   }
 }
@@ -528,24 +552,30 @@ void QuantizeRows(const Problem& p, const float* values, int64_t total, int64_t 
 // scratch.dots[r * count + i] = weight row r (of `rows` consecutive ones) . active expert a's i-th input row (of
 // `values`, or of its int8 copy q/d where the expert takes the int8 path).
 void ExpertDots(const Problem& p, size_t a, const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
-                const float* values, const std::vector<int8_t>& q, const std::vector<float>& d, RowOf row_of,
-                Scratch& scratch) {
+                const float* values, const PreparedRows& prepared, RowOf row_of, Scratch& scratch) {
   const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
   scratch.dots.resize(rows * count);
+  scratch.xs.resize(count);
   if (Int8Path(p, count, cols)) {
     const int64_t scales_per_row = cols / kPair * kPairScales;
     scratch.qs.resize(count);
     scratch.ds.resize(count);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = row_of(p, a, i);
-      scratch.qs[i] = q.data() + row * cols;
-      scratch.ds[i] = d.data() + row * scales_per_row;
+      scratch.qs[i] = prepared.q.data() + row * cols;
+      scratch.ds[i] = prepared.d.data() + row * scales_per_row;
     }
     Int8ConsecutiveRowDots(codes, scales, rows, cols, scratch.qs.data(), scratch.ds.data(), count,
                            scratch.dots.data());
     return;
   }
-  scratch.xs.resize(count);
+#if defined(__AVX512F__)
+  if (PermutedPath(p, count, cols)) {
+    for (int64_t i = 0; i < count; ++i) scratch.xs[i] = prepared.permuted.data() + row_of(p, a, i) * cols;
+    FewVectorDots(codes, scales, rows, cols, scratch.xs.data(), count, scratch.dots.data());
+    return;
+  }
+#endif
   for (int64_t i = 0; i < count; ++i) scratch.xs[i] = values + row_of(p, a, i) * cols;
   ConsecutiveRowDots(codes, scales, rows, cols, scratch.xs.data(), count, scratch.dots.data(), scratch);
 }
@@ -587,8 +617,8 @@ void Fc1(Problem& p, size_t active_index, int64_t first_pair, int64_t pairs, Scr
   const int64_t e = p.active[active_index];
   const int64_t h = p.hidden, count = static_cast<int64_t>(p.routes[e].tokens.size());
   const int64_t first_row = e * 2 * p.inter + 2 * first_pair;
-  ExpertDots(p, active_index, p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h, p.xf, p.xq,
-             p.xd, TokenRow, scratch);
+  ExpertDots(p, active_index, p.w1 + first_row * (h / 2), p.s1 + first_row * (h / kBlock), 2 * pairs, h, p.xf,
+             p.x_rows, TokenRow, scratch);
   float* out = p.activated.data() + p.offsets[active_index] * p.inter;
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t gate_row = first_row + 2 * pair, lin_row = gate_row + 1;
@@ -608,7 +638,7 @@ void Fc2(Problem& p, size_t active_index, int64_t first_row, int64_t rows, Scrat
   const int64_t inter = p.inter, count = static_cast<int64_t>(p.routes[e].tokens.size());
   const int64_t flat = e * p.hidden + first_row;
   ExpertDots(p, active_index, p.w2 + flat * (inter / 2), p.s2 + flat * (inter / kBlock), rows, inter,
-             p.activated.data(), p.activatedq, p.activatedd, ActivatedRow, scratch);
+             p.activated.data(), p.activated_rows, ActivatedRow, scratch);
   float* out = p.expert_out.data() + p.offsets[active_index] * p.hidden;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < count; ++i) out[i * p.hidden + first_row + r] = scratch.dots[r * count + i] + p.b2f[flat + r];
@@ -709,13 +739,11 @@ void MoeKernel::Compute(OrtKernelContext* raw_context) {
     p.yf = p.narrow_out.data();
   }
   RouteTokens(p);
-  if (p.int8_activations) QuantizeRows(p, p.xf, p.tokens, p.hidden, TokenRow, p.xq, p.xd);
+  PrepareRows(p, p.xf, p.tokens, p.hidden, TokenRow, p.x_rows);
   Phase fc1{&p, (p.inter + kRowsPerTask - 1) / kRowsPerTask, p.inter, true};
   RunPhase(context, fc1, 2 * p.inter * MxRowBytes(p.hidden));
-  if (p.int8_activations) {
-    const int64_t rows = static_cast<int64_t>(p.activated.size()) / p.inter;
-    QuantizeRows(p, p.activated.data(), rows, p.inter, ActivatedRow, p.activatedq, p.activatedd);
-  }
+  PrepareRows(p, p.activated.data(), static_cast<int64_t>(p.activated.size()) / p.inter, p.inter, ActivatedRow,
+              p.activated_rows);
   Phase fc2{&p, (p.hidden + kRowsPerTask - 1) / kRowsPerTask, p.hidden, false};
   RunPhase(context, fc2, p.hidden * MxRowBytes(p.inter));
   Combine(p);
