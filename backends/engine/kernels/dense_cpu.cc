@@ -144,6 +144,9 @@ void ChunkedRows(const Problem<W>& p, int64_t first, int64_t last) {
         for (int r = 0; r < R; ++r) sums[q][r] = acc[j + q][r];
       }
       for (int64_t i = c0; i < c1; i += 16) {
+        if (i % (64 / sizeof *w) == 0) {  // the next P rows' line at this column: read right after these
+          for (int q = 0; q < P; ++q) _mm_prefetch(reinterpret_cast<const char*>(w + (P + q) * k + i), _MM_HINT_T0);
+        }
         __m512 wide[P];
         for (int q = 0; q < P; ++q) wide[q] = W::Widen16(w + q * k + i);
         for (int r = 0; r < R; ++r) {
