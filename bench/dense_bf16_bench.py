@@ -73,13 +73,14 @@ def step_bytes(config: ModelConfig, dense_bytes: int, batch: int, position: int)
     return dense * dense_bytes + experts + kv
 
 
-def rates(runtime: PagedRunner, batch: int, rng: np.random.Generator) -> float:
+def rates(runtime: PagedRunner, batch: int, rng: np.random.Generator, steps: int = STEPS) -> float:
+    """Decode tokens a second over `steps` steps of `batch` sequences, each after a PROMPT-token prefill."""
     for slot in range(batch):
         runtime.prefill(slot, rng.integers(0, 199_000, size=PROMPT).tolist())
     started = time.perf_counter()
-    for step in range(STEPS):
+    for step in range(steps):
         runtime.decode([(slot, 1000 + step, PROMPT + step) for slot in range(batch)])
-    return batch * STEPS / (time.perf_counter() - started)
+    return batch * steps / (time.perf_counter() - started)
 
 
 def prefill_rate(runtime: PagedRunner, rng: np.random.Generator) -> float:

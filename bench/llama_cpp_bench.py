@@ -61,9 +61,9 @@ from backends.engine.model_cache import compiled_model  # noqa: E402
 from backends.engine.paged_runner import PagedRunner  # noqa: E402
 
 NAME = "llama_cpp_bench"
-ROUNDS = 3
+ROUNDS = 5  # rounds of one run differed by up to 60% here (llama.cpp's 1-sequence decode: 15.1 to 24.6 tok/s)
 DEPTH = 64  # decode position (as dense_bf16_bench's PROMPT)
-DECODE_TOKENS = 16
+DECODE_TOKENS = 32  # steps a decode measure times, on both sides
 PREFILL = 512
 MAX_POSITIONS = 1024
 MEASURES = ("decode_1", "decode_4", "prefill")
@@ -119,8 +119,8 @@ def llama_rates(llama: Path, model: Path, threads: int) -> dict[str, float]:
 
 def engine_rates(runtime: PagedRunner, rng: np.random.Generator) -> dict[str, float]:
     return {
-        "decode_1": rates(runtime, 1, rng),
-        "decode_4": rates(runtime, 4, rng),
+        "decode_1": rates(runtime, 1, rng, DECODE_TOKENS),
+        "decode_4": rates(runtime, 4, rng, DECODE_TOKENS),
         "prefill": prefill_rate(runtime, rng),
     }
 
