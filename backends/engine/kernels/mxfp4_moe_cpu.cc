@@ -538,7 +538,8 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
       if (int8) {
         prepared.q.resize(total * cols);
         prepared.d.resize(total * scales_per_row);
-        QuantizePairs(values + row * cols, cols, prepared.q.data() + row * cols, prepared.d.data() + row * scales_per_row);
+        QuantizePairs(values + row * cols, cols, prepared.q.data() + row * cols,
+                      prepared.d.data() + row * scales_per_row);
       } else {
 #if defined(__AVX512F__)
         prepared.permuted.resize(total * cols);
