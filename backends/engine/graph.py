@@ -308,7 +308,7 @@ class _Builder:
         through DenseBF16 (widened exactly as read: half the bytes of a float32 copy per step); otherwise it is
         stored transposed in the graph's dtype for a MatMul."""
         array = self.checkpoint.tensor(name)
-        if self.options.dtype != "float32" or array.dtype != BF16 or not self.options.dense_bf16:
+        if not self._keeps_bf16(array):
             return self.node("MatMul", [x, self._as_stored(name, array, transpose=True)], [out])
         if self.options.dense_int8 and not name.endswith("mlp.gate.weight"):
             codes, scales = int8_rows(array)
@@ -321,10 +321,14 @@ class _Builder:
         gathered are widened: a float32 copy would double its bytes in memory (2.3 GB at gpt-oss's vocabulary)."""
         name = "embedding.weight"
         array = self.checkpoint.tensor(name)
-        if self.options.dtype != "float32" or array.dtype != BF16 or not self.options.dense_bf16:
+        if not self._keeps_bf16(array):
             return self.node("Gather", [self.stored(name), ids], [out], axis=0)
         rows = self.node("Gather", [self._kept_bf16(name, array), ids], [out + "_bf16"], axis=0)
         return self.node("Cast", [rows], [out], to=TensorProto.FLOAT)
+
+    def _keeps_bf16(self, array: np.ndarray) -> bool:
+        """Whether a checkpoint tensor stays bf16 in the graph: a bf16 one, in a float32 graph with dense_bf16."""
+        return self.options.dtype == "float32" and array.dtype == BF16 and self.options.dense_bf16
 
     def _kept_bf16(self, name: str, array: np.ndarray) -> str:
         """A bf16 checkpoint tensor as the checkpoint holds it: its own bytes where the file can be linked (no

@@ -26,7 +26,7 @@ SHAPES = [
     (ModelConfig(num_experts=16, experts_per_token=4, hidden_size=256, intermediate_size=256), 64),
     (GPT_OSS_20B, 1),
     (GPT_OSS_20B, 3),
-    (GPT_OSS_20B, 64),  # prefill at the real width: experts with 4 and more tokens, over several column chunks
+    (GPT_OSS_20B, 64),  # prefill at the real width: experts with 4 and more tokens, partial groups of six
 ]
 
 

@@ -95,9 +95,8 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
         layers,
         layers,
     )
-    dense = stored
-    assert dense["unembedding.weight"].data_type == onnx.TensorProto.BFLOAT16
-    assert list(dense["unembedding.weight"].dims) == [REAL_WIDTH.vocab_size, REAL_WIDTH.hidden_size]
+    assert stored["unembedding.weight"].data_type == onnx.TensorProto.BFLOAT16
+    assert list(stored["unembedding.weight"].dims) == [REAL_WIDTH.vocab_size, REAL_WIDTH.hidden_size]
     biased = [n for n in nodes if n.op_type == "SkipSimplifiedLayerNormalization" and len(n.input) == 4]
     assert len(biased) == layers and all(n.input[3].endswith("attn.out.bias") for n in biased)
     runtime = PagedRunner.create(str(model), REAL_WIDTH, 1, 64, PAGE, kernels=kernel_library())

@@ -33,8 +33,8 @@ constexpr int64_t kFewRows = 8;
 constexpr int64_t kBlockRows = 32;  // output rows per task (and per prefill tile: two 16-float vectors)
 constexpr int64_t kGroupRows = 8;   // input rows per register block of the prefill path
 // Weight bytes the decode path asks the cache for ahead of those it reads: the hardware prefetcher alone leaves
-// some of its loads waiting on memory. 4 KiB ahead streamed the unembedding at 35-45 GB/s on a 2-core AMD EPYC
-// where 1 KiB (tuned on an Intel Xeon) gave 32-37, alternated in one process; 2, 8 and 16 KiB did no better.
+// some of its loads waiting on memory. 4 KiB ahead beat 1 KiB (tuned on an Intel Xeon) and 2, 8 and 16 KiB on a
+// 2-core AMD EPYC, alternated in one process; bench/llama_cpp_bench.py reports the decode rates it gives.
 constexpr int64_t kPrefetchBytes = 4096;
 
 // How each kind of weight widens to float: one value, and (AVX-512) 16 consecutive ones.
@@ -144,7 +144,9 @@ void ChunkedRows(const Problem<W>& p, int64_t first, int64_t last) {
         for (int r = 0; r < R; ++r) sums[q][r] = acc[j + q][r];
       }
       for (int64_t i = c0; i < c1; i += 16) {
-        if (i % (64 / sizeof *w) == 0) {  // the next P rows' line at this column: read right after these
+        // the next P rows' line at this column, read right after these (past the matrix's end a prefetch is
+        // dropped, never a fault)
+        if (i % (64 / sizeof *w) == 0) {
           for (int q = 0; q < P; ++q) _mm_prefetch(reinterpret_cast<const char*>(w + (P + q) * k + i), _MM_HINT_T0);
         }
         __m512 wide[P];

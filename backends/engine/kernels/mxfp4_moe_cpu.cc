@@ -137,9 +137,9 @@ void Tile(const float* rows, int64_t cols, const float* const* xs, float* out, i
 
 #if defined(__AVX512F__)
 // The same in 512-bit registers, kTileRows rows x Vectors vectors over the whole row: the sums stay in registers
-// from the first column to the last, and each vector load feeds four FMAs from a register. (Sums carried to
-// memory between 512-column chunks, and each x load folded into every FMA as GCC chose, took a 512-token
-// prefill of a 20b-width layer 1.04 s on 2 AMD EPYC cores; this takes 0.55 s, ~80% of their FMA peak.)
+// from the first column to the last, and each vector load feeds four FMAs from a register (sums carried to
+// memory between column chunks, and each x load folded into every FMA as GCC chose, ran the prefill about half
+// as fast on 2 AMD EPYC cores; bench/moe_bench.py's prefill row shows the rate).
 constexpr int kWideVectors = 6;  // 24 sums, 4 rows and a vector in 32 registers
 
 template <int Vectors>
@@ -221,7 +221,7 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
 }
 
 // out[r * count + t] = row r . vector t for `rows` consecutive rows and up to three vectors, each already reordered
-// by PermuteBlocks (once per phase: PermuteRows).
+// by PermuteBlocks (once per phase: PrepareRows).
 void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                    const float* const* permuted, int64_t count, float* out) {
   for (int64_t row = 0; row < rows; ++row) {
@@ -508,6 +508,7 @@ bool Int8Path(const Problem& p, int64_t count, int64_t cols) {
 // Whether it takes the float path on reordered rows (FewVectorDots) instead.
 bool PermutedPath(const Problem& p, int64_t count, int64_t cols) {
 #if defined(__AVX512F__)
+  static_assert(kTiledFrom == 4, "FewVectorDots takes up to three vectors");
   return !Int8Path(p, count, cols) && count < kTiledFrom && cols % kBlock == 0;
 #else
   return false;
@@ -530,19 +531,23 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
   for (size_t a = 0; a < p.active.size(); ++a) {
     const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
     const bool int8 = Int8Path(p, count, cols);
-    if (!int8 && !PermutedPath(p, count, cols)) continue;
+    if (int8) {
+      prepared.q.resize(total * cols);
+      prepared.d.resize(total * scales_per_row);
+    } else if (PermutedPath(p, count, cols)) {
+      prepared.permuted.resize(total * cols);
+    } else {
+      continue;
+    }
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = row_of(p, a, i);
       if (done[row]) continue;
       done[row] = true;
       if (int8) {
-        prepared.q.resize(total * cols);
-        prepared.d.resize(total * scales_per_row);
         QuantizePairs(values + row * cols, cols, prepared.q.data() + row * cols,
                       prepared.d.data() + row * scales_per_row);
       } else {
-#if defined(__AVX512F__)
-        prepared.permuted.resize(total * cols);
+#if defined(__AVX512F__)  // PermutedPath is false without it
         PermuteBlocks(values + row * cols, cols, prepared.permuted.data() + row * cols);
 #endif
       }
@@ -551,7 +556,7 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
 }
 
 // scratch.dots[r * count + i] = weight row r (of `rows` consecutive ones) . active expert a's i-th input row (of
-// `values`, or of its int8 copy q/d where the expert takes the int8 path).
+// `values`, or of its prepared copy where the expert takes the int8 or the permuted path).
 void ExpertDots(const Problem& p, size_t a, const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                 const float* values, const PreparedRows& prepared, RowOf row_of, Scratch& scratch) {
   const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
