@@ -228,17 +228,15 @@ def kernel_name(signature: str) -> str:
     return name.split("(")[0][:90]
 
 
+def _profiled(key: str) -> str:
+    """What a `profile_batch_N` or `profile_prefill_N` entry timed."""
+    size = key.rsplit("_", 1)[-1]
+    return f"decode at batch {size}" if key.startswith("profile_batch_") else f"a {size}-token prefill"
+
+
 def profile_lines(scale: dict[str, Any]) -> list[str]:
     """The decode steps' device time by kernel (engine_check's profile of the 20b shape), the largest first."""
-    profiles = {
-        (
-            f"decode at batch {key.rsplit('_', 1)[-1]}"
-            if key.startswith("profile_batch_")
-            else f"a {key.rsplit('_', 1)[-1]}-token prefill"
-        ): value
-        for key, value in scale.items()
-        if key.startswith("profile_")
-    }
+    profiles = {_profiled(key): value for key, value in scale.items() if key.startswith("profile_")}
     lines: list[str] = []
     for what, profile in profiles.items():
         if "error" in profile:
