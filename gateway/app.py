@@ -77,17 +77,18 @@ async def observe_middleware(request: web.Request, handler):
     response: web.StreamResponse | None = None
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
-    with (
-        structlog.contextvars.bound_contextvars(request_id=given),
-        server_span(request.method, route, request.headers, traced=route not in UNTRACED_ROUTES) as span,
-    ):
+    # the request id in the log context until the request ends: the connection's next request runs in this task
+    bound = structlog.contextvars.bind_contextvars(request_id=given)
+    with server_span(request.method, route, request.headers, traced=route not in UNTRACED_ROUTES) as span:
         try:
             response = await handler(request)
             return response
         finally:
+            structlog.contextvars.reset_contextvars(**bound)
             seconds = time.perf_counter() - started
             status = response.status if response is not None else 500
-            span.set_attributes({"http.response.status_code": status, "gateway.tenant": request.get(TENANT) or ""})
+            if span.is_recording():
+                span.set_attributes({"http.response.status_code": status, "gateway.tenant": request.get(TENANT) or ""})
             request_id = request.get(REQUEST_ID) or given or new_id("req_")
             if response is not None and not response.prepared:
                 response.headers.setdefault("X-Request-ID", request_id)  # every route, errors included

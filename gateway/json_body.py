@@ -147,8 +147,17 @@ def parse_json(raw: bytes, stepwise: bool = True) -> Any:
         raise ApiError(400, f"The request body is not valid JSON: {exc}", code="invalid_json") from exc
     except RecursionError:
         raise invalid(None, f"The request body nests deeper than {MAX_DEPTH} levels.", "nested_too_deep") from None
-    check_tree(body)
+    if _may_break_bounds(raw):
+        check_tree(body)
     return body
+
+
+def _may_break_bounds(raw: bytes) -> bool:
+    """Whether check_tree could find anything in the parsed body: in UTF-8, a lone surrogate needs a `\\u`
+    escape or the bytes that would encode one (ED A0-BF), and nesting past MAX_DEPTH needs more brackets."""
+    if b"\\u" in raw or b"\xed" in raw or json.detect_encoding(raw) != "utf-8":
+        return True
+    return raw.count(b"[") + raw.count(b"{") > MAX_DEPTH
 
 
 def _stepwise_decoder() -> json.JSONDecoder:

@@ -41,6 +41,8 @@ _on = False  # set by configure_tracing: with tracing off, requests skip the pro
 P = ParamSpec("P")
 T = TypeVar("T")
 tracer = trace.get_tracer("gpt-oss-gateway")
+_NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)  # re-entrant: one for every request that is not traced
+_NOTHING = contextlib.nullcontext()
 
 
 def tracing_wanted(environ: dict[str, str] | None = None) -> bool:
@@ -137,6 +139,8 @@ def configure_tracing(on_drop: Callable[[int], None]) -> TracerProvider | None:
 
 def trace_id() -> str | None:
     """The current span's trace id (32 hex digits), for the access log; None outside a sampled trace."""
+    if not _on:
+        return None
     context = trace.get_current_span().get_span_context()
     return format(context.trace_id, "032x") if context.is_valid and context.trace_flags.sampled else None
 
@@ -145,10 +149,11 @@ def generation_span(model: str, request: GenerateRequest) -> Span:
     """A span for one generation on a backend (a child of the current one), its trace context put in the request
     for the backend to carry on (remote backends send it as headers). In a trace that is not kept, no span: the
     current context goes on as it is (its `traceparent` says not to keep it)."""
+    if not _on:
+        return trace.INVALID_SPAN
     if not trace.get_current_span().is_recording():
-        if _on:
-            request.trace_context.clear()
-            inject(request.trace_context)
+        request.trace_context.clear()
+        inject(request.trace_context)
         return trace.INVALID_SPAN
     span = tracer.start_span(
         f"chat {model}".strip(),
@@ -168,6 +173,8 @@ def generation_span(model: str, request: GenerateRequest) -> Span:
 
 def end_generation_span(span: Span, turn: Any) -> None:
     """The generation's token counts and how it ended, on its span, which ends."""
+    if not span.is_recording():
+        return
     outcome = turn.outcome
     span.set_attributes(
         {
@@ -182,13 +189,18 @@ def end_generation_span(span: Span, turn: Any) -> None:
     span.end()
 
 
-@contextlib.contextmanager
-def server_span(method: str, route: str, headers: Mapping[str, str], traced: bool = True) -> Iterator[Span]:
+def server_span(
+    method: str, route: str, headers: Mapping[str, str], traced: bool = True
+) -> contextlib.AbstractContextManager[Span]:
     """The request's span: a child of the caller's (a W3C `traceparent` in `headers`), else a new trace; none
     (a span that records nothing) with tracing off and for routes not `traced` (probes, scrapes)."""
     if not (traced and _on):
-        yield trace.INVALID_SPAN
-        return
+        return _NO_SPAN
+    return _server_span(method, route, headers)
+
+
+@contextlib.contextmanager
+def _server_span(method: str, route: str, headers: Mapping[str, str]) -> Iterator[Span]:
     span = tracer.start_span(
         f"{method} {route}",
         context=extract(headers),
@@ -205,6 +217,8 @@ def server_span(method: str, route: str, headers: Mapping[str, str], traced: boo
 
 def exemplar(span: Span) -> dict[str, str] | None:
     """A histogram observation's exemplar: the trace it was made in (OpenMetrics), when one is sampled."""
+    if not _on:
+        return None
     context = span.get_span_context()
     if not (context.is_valid and context.trace_flags.sampled):
         return None
@@ -216,18 +230,23 @@ def traced(name: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Await
 
     def wrap(function: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
         @functools.wraps(function)
-        async def inner(*args: P.args, **kwargs: P.kwargs) -> T:
-            with child_span(name):
-                return await function(*args, **kwargs)
+        def inner(*args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
+            call = function(*args, **kwargs)
+            return _in_span(name, call) if _on else call  # tracing off: the call itself, no layer between
 
         return inner
 
     return wrap
 
 
+async def _in_span(name: str, call: Awaitable[T]) -> T:
+    with child_span(name):
+        return await call
+
+
 def child_span(name: str, attributes: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
     """A span under the current one, or nothing outside a kept trace: no trace of its own for work no request
     asked for (a probe's store check, a background retry), and no cost for the requests the sampler leaves out."""
-    if not trace.get_current_span().is_recording():
-        return contextlib.nullcontext()
+    if not (_on and trace.get_current_span().is_recording()):
+        return _NOTHING
     return tracer.start_as_current_span(name, attributes=attributes)

@@ -197,38 +197,39 @@ class Turn:
         first_token = True
         try:
             try:
-                async with aclosing(self.backend.generate(self._request)) as chunks:
-                    while not self._cut:
+                if not self._cut:  # a cut before the start (a drain past its budget) asks nothing of the backend
+                    async with aclosing(self.backend.generate(self._request)) as chunks:
+                        # `_awaiting_backend` while the loop waits for a chunk, and only then (cut() cancels that wait)
                         self._awaiting_backend = True
                         asked = perf_counter()
-                        try:
-                            chunk = await anext(chunks, None)
-                        finally:
+                        async for chunk in chunks:
                             self._awaiting_backend = False
-                        got = perf_counter()
-                        if got - asked > BACKEND_WAITED_S:
-                            running_since = got  # the backend waited: other tasks ran meanwhile
-                        elif got - running_since > FAIR_SHARE_S:
-                            await _next_turn()
-                            running_since = perf_counter()
-                        if chunk is None:
-                            break
-                        if chunk.cached_tokens is not None:
-                            self.cached_tokens = min(chunk.cached_tokens, self.prompt_tokens)
-                        if ended:
-                            if chunk.tokens:
+                            got = perf_counter()
+                            if got - asked > BACKEND_WAITED_S:
+                                running_since = got  # the backend waited: other tasks ran meanwhile
+                            elif got - running_since > FAIR_SHARE_S:
+                                await _next_turn()
+                                running_since = perf_counter()
+                            if chunk.cached_tokens is not None:
+                                self.cached_tokens = min(chunk.cached_tokens, self.prompt_tokens)
+                            if not ended:
+                                tokens, ended = self._accept(chunk.tokens)
+                                if tokens and first_token:
+                                    first_token = False
+                                    span.add_event("gen_ai.first_token")
+                                events = assembler.feed(tokens, chunk.logprobs)
+                                if tokens and observer is not None:
+                                    content = not observer.content_seen and any(map(is_content, events))
+                                    observer.tokens(len(tokens), content)
+                                if events:
+                                    yield events
+                            elif chunk.tokens:
                                 break  # the backend runs past the end: closing it cancels the generation
-                            continue
-                        tokens, ended = self._accept(chunk.tokens)
-                        if tokens and first_token:
-                            first_token = False
-                            span.add_event("gen_ai.first_token")
-                        events = assembler.feed(tokens, chunk.logprobs)
-                        if tokens and observer is not None:
-                            content = not observer.content_seen and any(map(is_content, events))
-                            observer.tokens(len(tokens), content)
-                        if events:
-                            yield events
+                            if self._cut:
+                                break
+                            self._awaiting_backend = True
+                            asked = perf_counter()
+                        self._awaiting_backend = False
             except asyncio.CancelledError:
                 if not self._absorb_cut():
                     raise
@@ -236,6 +237,7 @@ class Turn:
                 log.warning("backend_failed", request_id=self._request.request_id, error=type(exc).__name__)
                 message = str(exc) if isinstance(exc, BackendError) else "The model backend failed."
                 self.outcome = Outcome("failed", error_code="server_error", error_message=message)
+            self._awaiting_backend = False  # also where the wait ended in an exception
             if self._cut and not ended:
                 self.outcome = Outcome("failed", error_code=SHUTTING_DOWN, error_message=CUT_MESSAGE)
             tail = assembler.finish()
@@ -244,6 +246,7 @@ class Turn:
             if self.outcome is None:
                 self.outcome = self._judge()
         finally:
+            self._awaiting_backend = False
             if self._lifecycle is not None:
                 self._lifecycle.generation_ended(self)
             self._report()
