@@ -232,7 +232,9 @@ def traced(name: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Await
         @functools.wraps(function)
         def inner(*args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
             call = function(*args, **kwargs)
-            return _in_span(name, call) if _on else call  # tracing off: the call itself, no layer between
+            if _on and trace.get_current_span().is_recording():
+                return _in_span(name, call)
+            return call  # no span to make (tracing off, or a trace not kept): the call itself, no layer between
 
         return inner
 
@@ -240,7 +242,7 @@ def traced(name: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Await
 
 
 async def _in_span(name: str, call: Awaitable[T]) -> T:
-    with child_span(name):
+    with tracer.start_as_current_span(name):
         return await call
 
 

@@ -205,6 +205,26 @@ def test_a_lone_surrogate_is_a_400_naming_where_it_is(served, body, param):
         assert status == 400 and payload["error"]["param"] == param, payload
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "gpt-oss-120b", "input": "\xed\xa0\x80"}',  # a surrogate's UTF-8 bytes, no escape
+        '{"model": "gpt-oss-120b", "input": "\ud800"}'.encode("utf-16-le", "surrogatepass"),  # a UTF-16 body
+    ],
+)
+def test_a_lone_surrogate_sent_as_raw_bytes_is_a_400(served, body):
+    """Small bodies skip the tree walk only where nothing can be found: these are still caught."""
+    status, payload = _post(served, body)
+    assert status == 400 and payload["error"]["param"] == "input", payload
+
+
+def test_a_small_body_nested_one_level_too_deep_is_a_400(served):
+    levels = 65  # the body's object and 65 lists: 66 brackets in under 200 bytes
+    body = b'{"model": "gpt-oss-120b", "input": "hi", "metadata": ' + b"[" * levels + b"]" * levels + b"}"
+    status, payload = _post(served, body)
+    assert status == 400 and payload["error"]["code"] == "nested_too_deep", payload
+
+
 def test_non_ascii_bytes_in_authorization_are_a_401(served):
     connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
     connection.putrequest("POST", "/v1/responses")
