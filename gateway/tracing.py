@@ -20,7 +20,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 import structlog
@@ -41,6 +42,9 @@ _on = False  # set by configure_tracing: with tracing off, requests skip the pro
 P = ParamSpec("P")
 T = TypeVar("T")
 tracer = trace.get_tracer("gpt-oss-gateway")
+# whether the request being served is in a kept trace: one context variable read tells the many requests the
+# sampler leaves out that they have no spans to make, without OpenTelemetry's context lookups
+_kept: ContextVar[bool] = ContextVar("gateway_trace_kept", default=False)
 _NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)  # re-entrant: one for every request that is not traced
 _NOTHING = contextlib.nullcontext()
 
@@ -131,15 +135,16 @@ def configure_tracing(on_drop: Callable[[int], None]) -> TracerProvider | None:
     )
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
-    global _on
+    global _on, tracer
     _on = True
+    tracer = provider.get_tracer("gpt-oss-gateway")  # the SDK's own: no proxy between on every span
     log.info("tracing_on", exporter="otlp")
     return provider
 
 
 def trace_id() -> str | None:
     """The current span's trace id (32 hex digits), for the access log; None outside a sampled trace."""
-    if not _on:
+    if not _kept.get():
         return None
     context = trace.get_current_span().get_span_context()
     return format(context.trace_id, "032x") if context.is_valid and context.trace_flags.sampled else None
@@ -151,7 +156,7 @@ def generation_span(model: str, request: GenerateRequest) -> Span:
     current context goes on as it is (its `traceparent` says not to keep it)."""
     if not _on:
         return trace.INVALID_SPAN
-    if not trace.get_current_span().is_recording():
+    if not (_kept.get() and trace.get_current_span().is_recording()):
         request.trace_context.clear()
         inject(request.trace_context)
         return trace.INVALID_SPAN
@@ -196,23 +201,33 @@ def server_span(
     (a span that records nothing) with tracing off and for routes not `traced` (probes, scrapes)."""
     if not (traced and _on):
         return _NO_SPAN
-    return _server_span(method, route, headers)
-
-
-@contextlib.contextmanager
-def _server_span(method: str, route: str, headers: Mapping[str, str]) -> Iterator[Span]:
+    caller = extract(headers) if "traceparent" in headers or "baggage" in headers else otel_context.Context()
     span = tracer.start_span(
         f"{method} {route}",
-        context=extract(headers),
+        context=caller,
         kind=trace.SpanKind.SERVER,
         attributes={"http.request.method": method, "http.route": route},
     )
-    token = otel_context.attach(trace.set_span_in_context(span))
-    try:
-        yield span
-    finally:
-        otel_context.detach(token)
-        span.end()
+    return _Current(span)
+
+
+class _Current:
+    """A span made current for a `with` block, then ended (a class, not a generator: every request enters one)."""
+
+    __slots__ = ("_kept", "_span", "_token")
+
+    def __init__(self, span: Span) -> None:
+        self._span = span
+
+    def __enter__(self) -> Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        self._kept = _kept.set(self._span.is_recording())
+        return self._span
+
+    def __exit__(self, *_: object) -> None:
+        _kept.reset(self._kept)
+        otel_context.detach(self._token)
+        self._span.end()
 
 
 def exemplar(span: Span) -> dict[str, str] | None:
@@ -232,7 +247,7 @@ def traced(name: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Await
         @functools.wraps(function)
         def inner(*args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
             call = function(*args, **kwargs)
-            if _on and trace.get_current_span().is_recording():
+            if _kept.get() and trace.get_current_span().is_recording():
                 return _in_span(name, call)
             return call  # no span to make (tracing off, or a trace not kept): the call itself, no layer between
 
@@ -249,6 +264,6 @@ async def _in_span(name: str, call: Awaitable[T]) -> T:
 def child_span(name: str, attributes: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
     """A span under the current one, or nothing outside a kept trace: no trace of its own for work no request
     asked for (a probe's store check, a background retry), and no cost for the requests the sampler leaves out."""
-    if not (_on and trace.get_current_span().is_recording()):
+    if not (_kept.get() and trace.get_current_span().is_recording()):
         return _NOTHING
     return tracer.start_as_current_span(name, attributes=attributes)

@@ -125,6 +125,43 @@ def test_a_streamed_tool_call_is_one_trace_nested_and_joined_by_the_model_server
     assert any(line.startswith("gateway_request_duration_seconds_bucket") for line in exemplars)
 
 
+def test_a_trace_the_caller_does_not_keep_makes_no_spans_and_tells_the_model_server_so(tmp_path, servers):
+    """A `traceparent` with the sampled flag off: no span of that trace is exported, nothing names it in the access
+    log, and the fake vLLM gets the same trace, still not sampled; a request with no `traceparent` starts its own
+    kept trace (the default sampler keeps every root)."""
+    upstream, mcp = servers
+    receiver = OtlpReceiver().start()
+    gateway = GatewayProcess(_env(tmp_path, upstream, mcp, receiver.url), tmp_path / "gateway.log").start()
+    try:
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="none", max_retries=0)
+        unkept = {"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"}
+        assert client.responses.create(model=MODEL, input="hello", extra_headers=unkept).status == "completed"
+        sent_unkept = upstream.calls[-1].headers.get("traceparent", "")
+        assert client.responses.create(model=MODEL, input="hello").status == "completed"
+        sent_own = upstream.calls[-1].headers.get("traceparent", "")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(s["name"].startswith("POST") for s in receiver.spans):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        log = gateway.log_text()
+    finally:
+        gateway.stop()
+        receiver.stop()
+
+    assert sent_unkept.split("-")[1] == CALLER_TRACE and not _sampled(sent_unkept)
+    assert not [s for s in receiver.spans if s["trace"] == CALLER_TRACE]
+    assert CALLER_TRACE not in log
+    own = sent_own.split("-")[1]
+    assert own != CALLER_TRACE and _sampled(sent_own)
+    roots = [s for s in receiver.spans if s["trace"] == own and s["name"] == "POST /v1/responses"]
+    assert len(roots) == 1 and not roots[0]["parent"]
+    assert f'"trace_id":"{own}"' in log.replace(" ", "")
+
+
+def _sampled(traceparent: str) -> bool:
+    return bool(int(traceparent.split("-")[3], 16) & 1)
+
+
 def _ancestors(span: dict, by_id: dict) -> list[str]:
     chain = []
     while span["parent"] in by_id:
