@@ -89,28 +89,32 @@ class MemoryLedger:
 
     def __init__(self, retention_s: int = DEFAULT_RETENTION_S, per_tenant: int = MEMORY_RECORDS_PER_TENANT) -> None:
         self._retention_s = retention_s
-        self._records: dict[str, deque[tuple[str, UsageRecord]]] = {}
+        self._records: dict[str, deque[tuple[tuple[int, int], UsageRecord]]] = {}  # (entry id, record), oldest first
         self._seen: dict[str, OrderedDict[str, None]] = {}
         self._per_tenant = per_tenant
         self._last = (0, 0)
 
-    def _next_id(self) -> str:
-        now = int(time.time() * 1000)
+    def _next_id(self, now_ms: int) -> tuple[int, int]:
         milliseconds, sequence = self._last
-        self._last = (now, 0) if now > milliseconds else (milliseconds, sequence + 1)
-        return f"{self._last[0]}-{self._last[1]}"
+        self._last = (now_ms, 0) if now_ms > milliseconds else (milliseconds, sequence + 1)
+        return self._last
 
     async def record(self, entry: UsageRecord) -> bool:
-        seen = self._seen.setdefault(entry.tenant, OrderedDict())
-        if entry.response_id in seen:
+        seen = self._seen.get(entry.tenant)
+        if seen is None:
+            seen = self._seen[entry.tenant] = OrderedDict()
+        elif entry.response_id in seen:
             return False
         seen[entry.response_id] = None
         if len(seen) > 2 * self._per_tenant:
             seen.popitem(last=False)
-        records = self._records.setdefault(entry.tenant, deque(maxlen=self._per_tenant))
-        records.append((self._next_id(), entry))
-        oldest = (int((time.time() - self._retention_s) * 1000), 0)
-        while records and _entry_id(records[0][0]) < oldest:
+        records = self._records.get(entry.tenant)
+        if records is None:
+            records = self._records[entry.tenant] = deque(maxlen=self._per_tenant)
+        now = time.time()
+        records.append((self._next_id(int(now * 1000)), entry))
+        oldest = (int((now - self._retention_s) * 1000), 0)
+        while records and records[0][0] < oldest:
             records.popleft()
         return True
 
@@ -119,9 +123,10 @@ class MemoryLedger:
         costs its own length and a logarithm, not the tenant's whole list."""
         start = _entry_id(after) if after else (int(since * 1000), -1)
         records = self._records.get(tenant, deque())
-        first = bisect.bisect_right(records, start, key=lambda kept: _entry_id(kept[0]))
+        first = bisect.bisect_right(records, start, key=lambda kept: kept[0])
         chosen = [records[index] for index in range(first, min(first + limit, len(records)))]
-        return UsagePage([r for _, r in chosen], [ident for ident, _ in chosen], first + limit < len(records))
+        cursors = [f"{milliseconds}-{sequence}" for (milliseconds, sequence), _ in chosen]
+        return UsagePage([r for _, r in chosen], cursors, first + limit < len(records))
 
     async def aclose(self) -> None:
         return None

@@ -96,15 +96,16 @@ class Entry:
     def to_data(self) -> dict[str, Any]:
         m = self.message
         data: dict[str, Any] = {"role": m.author.role.value, "text": m.text}
-        for key, value in (
-            ("name", m.author.name),
-            ("channel", m.channel),
-            ("recipient", m.recipient),
-            ("content_type", m.content_type),
-            ("call_id", self.call_id),
-        ):
-            if value is not None:
-                data[key] = value
+        if m.author.name is not None:
+            data["name"] = m.author.name
+        if m.channel is not None:
+            data["channel"] = m.channel
+        if m.recipient is not None:
+            data["recipient"] = m.recipient
+        if m.content_type is not None:
+            data["content_type"] = m.content_type
+        if self.call_id is not None:
+            data["call_id"] = self.call_id
         return data
 
     @classmethod

@@ -196,6 +196,8 @@ def with_hosted_tools(req: ResponsesRequest, constraint: Constraint, toolset: To
         names = (*(constraint.tool_names if constraint.tools == "required" else ()), *mcp, *builtin)
     elif choice == "required":
         raise invalid("tool_choice", "tool_choice 'required' needs at least one tool this gateway offers in tools.")
+    if names is None and not mcp and not builtin and not constraint.builtin_calls:
+        return constraint  # nothing server-side to add (most requests): the replace below would copy it as it is
     return dataclasses.replace(
         constraint,
         tools="required" if names else constraint.tools,
