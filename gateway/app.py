@@ -77,9 +77,9 @@ async def observe_middleware(request: web.Request, handler):
     response: web.StreamResponse | None = None
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
-    # the request id in the log context until the request ends: the connection's next request runs in this task
-    bound = structlog.contextvars.bind_contextvars(request_id=given)
     with server_span(request.method, route, request.headers, traced=route not in UNTRACED_ROUTES) as span:
+        # the request id in the log context until the request ends: the connection's next request runs in this task
+        bound = structlog.contextvars.bind_contextvars(request_id=given)
         try:
             response = await handler(request)
             return response

@@ -142,6 +142,11 @@ def configure_tracing(on_drop: Callable[[int], None]) -> TracerProvider | None:
     return provider
 
 
+def _in_kept_trace() -> bool:
+    """Whether the current span records: asked of OpenTelemetry only inside a request whose trace is kept."""
+    return _kept.get() and trace.get_current_span().is_recording()
+
+
 def trace_id() -> str | None:
     """The current span's trace id (32 hex digits), for the access log; None outside a sampled trace."""
     if not _kept.get():
@@ -156,7 +161,7 @@ def generation_span(model: str, request: GenerateRequest) -> Span:
     current context goes on as it is (its `traceparent` says not to keep it)."""
     if not _on:
         return trace.INVALID_SPAN
-    if not (_kept.get() and trace.get_current_span().is_recording()):
+    if not _in_kept_trace():
         request.trace_context.clear()
         inject(request.trace_context)
         return trace.INVALID_SPAN
@@ -247,7 +252,7 @@ def traced(name: str) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Await
         @functools.wraps(function)
         def inner(*args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
             call = function(*args, **kwargs)
-            if _kept.get() and trace.get_current_span().is_recording():
+            if _in_kept_trace():
                 return _in_span(name, call)
             return call  # no span to make (tracing off, or a trace not kept): the call itself, no layer between
 
@@ -264,6 +269,6 @@ async def _in_span(name: str, call: Awaitable[T]) -> T:
 def child_span(name: str, attributes: dict[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
     """A span under the current one, or nothing outside a kept trace: no trace of its own for work no request
     asked for (a probe's store check, a background retry), and no cost for the requests the sampler leaves out."""
-    if not (_kept.get() and trace.get_current_span().is_recording()):
+    if not _in_kept_trace():
         return _NOTHING
     return tracer.start_as_current_span(name, attributes=attributes)

@@ -202,34 +202,36 @@ class Turn:
                         # `_awaiting_backend` while the loop waits for a chunk, and only then (cut() cancels that wait)
                         self._awaiting_backend = True
                         asked = perf_counter()
-                        async for chunk in chunks:
+                        try:
+                            async for chunk in chunks:
+                                self._awaiting_backend = False
+                                got = perf_counter()
+                                if got - asked > BACKEND_WAITED_S:
+                                    running_since = got  # the backend waited: other tasks ran meanwhile
+                                elif got - running_since > FAIR_SHARE_S:
+                                    await _next_turn()
+                                    running_since = perf_counter()
+                                if chunk.cached_tokens is not None:
+                                    self.cached_tokens = min(chunk.cached_tokens, self.prompt_tokens)
+                                if not ended:
+                                    tokens, ended = self._accept(chunk.tokens)
+                                    if tokens and first_token:
+                                        first_token = False
+                                        span.add_event("gen_ai.first_token")
+                                    events = assembler.feed(tokens, chunk.logprobs)
+                                    if tokens and observer is not None:
+                                        content = not observer.content_seen and any(map(is_content, events))
+                                        observer.tokens(len(tokens), content)
+                                    if events:
+                                        yield events
+                                elif chunk.tokens:
+                                    break  # the backend runs past the end: closing it cancels the generation
+                                if self._cut:
+                                    break
+                                self._awaiting_backend = True
+                                asked = perf_counter()
+                        finally:
                             self._awaiting_backend = False
-                            got = perf_counter()
-                            if got - asked > BACKEND_WAITED_S:
-                                running_since = got  # the backend waited: other tasks ran meanwhile
-                            elif got - running_since > FAIR_SHARE_S:
-                                await _next_turn()
-                                running_since = perf_counter()
-                            if chunk.cached_tokens is not None:
-                                self.cached_tokens = min(chunk.cached_tokens, self.prompt_tokens)
-                            if not ended:
-                                tokens, ended = self._accept(chunk.tokens)
-                                if tokens and first_token:
-                                    first_token = False
-                                    span.add_event("gen_ai.first_token")
-                                events = assembler.feed(tokens, chunk.logprobs)
-                                if tokens and observer is not None:
-                                    content = not observer.content_seen and any(map(is_content, events))
-                                    observer.tokens(len(tokens), content)
-                                if events:
-                                    yield events
-                            elif chunk.tokens:
-                                break  # the backend runs past the end: closing it cancels the generation
-                            if self._cut:
-                                break
-                            self._awaiting_backend = True
-                            asked = perf_counter()
-                        self._awaiting_backend = False
             except asyncio.CancelledError:
                 if not self._absorb_cut():
                     raise
@@ -237,7 +239,6 @@ class Turn:
                 log.warning("backend_failed", request_id=self._request.request_id, error=type(exc).__name__)
                 message = str(exc) if isinstance(exc, BackendError) else "The model backend failed."
                 self.outcome = Outcome("failed", error_code="server_error", error_message=message)
-            self._awaiting_backend = False  # also where the wait ended in an exception
             if self._cut and not ended:
                 self.outcome = Outcome("failed", error_code=SHUTTING_DOWN, error_message=CUT_MESSAGE)
             tail = assembler.finish()
@@ -246,7 +247,6 @@ class Turn:
             if self.outcome is None:
                 self.outcome = self._judge()
         finally:
-            self._awaiting_backend = False
             if self._lifecycle is not None:
                 self._lifecycle.generation_ended(self)
             self._report()
