@@ -31,9 +31,20 @@ from opentelemetry.propagate import extract, inject
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
 from opentelemetry.trace import Span
 
 from backends.base import GenerateRequest
+
+from .trace_roots import (
+    DecidedTraceIds,
+    DroppedRoot,
+    dropped_root,
+    kept,
+    new_trace_id,
+    sampler_from_env,
+    w3c_only,
+)
 
 log = structlog.get_logger("gateway.tracing")
 
@@ -45,6 +56,7 @@ tracer = trace.get_tracer("gpt-oss-gateway")
 # whether the request being served is in a kept trace: one context variable read tells the many requests the
 # sampler leaves out that they have no spans to make, without OpenTelemetry's context lookups
 _kept: ContextVar[bool] = ContextVar("gateway_trace_kept", default=False)
+_NO_PARENT = otel_context.Context()
 _NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)  # re-entrant: one for every request that is not traced
 _NOTHING = contextlib.nullcontext()
 
@@ -59,6 +71,12 @@ def tracing_wanted(environ: dict[str, str] | None = None) -> bool:
     return exporter == "otlp" or any(
         env.get(name) for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     )
+
+
+_ids = DecidedTraceIds()
+_sampler: Sampler | None = None  # the provider's, set by configure_tracing
+_root_bound: int | None = None  # a new trace is kept when its id's low 64 bits are under it (a standard sampler)
+_direct_traceparent = True  # the default propagators: a dropped root's `traceparent` written directly
 
 
 class BoundedExport(SpanProcessor):
@@ -125,7 +143,8 @@ def configure_tracing(on_drop: Callable[[int], None]) -> TracerProvider | None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", SERVICE)})
-    provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER, as the SDK reads it
+    sampler, bound = sampler_from_env()
+    provider = TracerProvider(sampler=sampler, resource=resource, id_generator=_ids)
     processor = BoundedExport(
         OTLPSpanExporter(),
         on_drop,
@@ -135,8 +154,9 @@ def configure_tracing(on_drop: Callable[[int], None]) -> TracerProvider | None:
     )
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
-    global _on, tracer
+    global _on, tracer, _sampler, _root_bound, _direct_traceparent
     _on = True
+    _sampler, _root_bound, _direct_traceparent = provider.sampler, bound, w3c_only()
     tracer = provider.get_tracer("gpt-oss-gateway")  # the SDK's own: no proxy between on every span
     log.info("tracing_on", exporter="otlp")
     return provider
@@ -163,7 +183,10 @@ def generation_span(model: str, request: GenerateRequest) -> Span:
         return trace.INVALID_SPAN
     if not _in_kept_trace():
         request.trace_context.clear()
-        inject(request.trace_context)
+        if (dropped := dropped_root()) is not None:
+            dropped.carry(request.trace_context, _direct_traceparent)
+        else:
+            inject(request.trace_context)
         return trace.INVALID_SPAN
     span = tracer.start_span(
         f"chat {model}".strip(),
@@ -203,16 +226,27 @@ def server_span(
     method: str, route: str, headers: Mapping[str, str], traced: bool = True
 ) -> contextlib.AbstractContextManager[Span]:
     """The request's span: a child of the caller's (a W3C `traceparent` in `headers`), else a new trace; none
-    (a span that records nothing) with tracing off and for routes not `traced` (probes, scrapes)."""
+    (a span that records nothing) with tracing off and for routes not `traced` (probes, scrapes). A new trace
+    the sampler leaves out gets its ids and no SDK span: the decision is taken first, on the trace id the span
+    would get, so the requests it drops cost a random draw and a comparison (see trace_roots)."""
     if not (traced and _on):
         return _NO_SPAN
-    caller = extract(headers) if "traceparent" in headers or "baggage" in headers else otel_context.Context()
-    span = tracer.start_span(
-        f"{method} {route}",
-        context=caller,
-        kind=trace.SpanKind.SERVER,
-        attributes={"http.request.method": method, "http.route": route},
-    )
+    assert _sampler is not None
+    name = f"{method} {route}"
+    attributes = {"http.request.method": method, "http.route": route}
+    if "traceparent" in headers or "baggage" in headers:
+        caller = extract(headers)
+    else:
+        caller = _NO_PARENT
+        trace_id = new_trace_id()
+        if _root_bound is None:  # a sampler the SDK read: asked, as it would be
+            sampling = _sampler.should_sample(caller, trace_id, name, trace.SpanKind.SERVER, attributes)
+            if not sampling.decision.is_recording():
+                return DroppedRoot(trace_id, sampling.trace_state)
+        elif not kept(trace_id, _root_bound):
+            return DroppedRoot(trace_id)
+        _ids.decided(trace_id)
+    span = tracer.start_span(name, context=caller, kind=trace.SpanKind.SERVER, attributes=attributes)
     return _Current(span)
 
 

@@ -158,6 +158,44 @@ def test_a_trace_the_caller_does_not_keep_makes_no_spans_and_tells_the_model_ser
     assert f'"trace_id":"{own}"' in log.replace(" ", "")
 
 
+def test_new_traces_are_kept_as_the_sampler_decides_on_the_trace_id_the_model_server_gets(tmp_path, servers):
+    """Sampling half the new traces (`parentbased_traceidratio` 0.5): each request's trace id reaches the fake
+    vLLM, sampled exactly when the ratio rule keeps that id (its low 64 bits under half the range), and about half
+    are (70-130 of 200: a decision taken on one id and a span made on another would keep a quarter); a kept one
+    is exported with its one root span and named in the access log, a dropped one is neither; all ids differ."""
+    upstream, mcp = servers
+    receiver = OtlpReceiver().start()
+    half = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
+    gateway = GatewayProcess(_env(tmp_path, upstream, mcp, receiver.url, **half), tmp_path / "gateway.log").start()
+    sent = []
+    try:
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="none", max_retries=0)
+        for _ in range(200):
+            assert client.responses.create(model=MODEL, input="hello").status == "completed"
+            sent.append(upstream.calls[-1].headers.get("traceparent", ""))
+        kept = {parent.split("-")[1] for parent in sent if _sampled(parent)}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len({s["trace"] for s in receiver.spans}) < len(kept):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        log = gateway.log_text()
+    finally:
+        gateway.stop()
+        receiver.stop()
+
+    traces = [parent.split("-")[1] for parent in sent]
+    assert len(set(traces)) == 200 and all(int(trace, 16) for trace in traces)
+    for parent, trace in zip(sent, traces, strict=True):
+        assert _sampled(parent) == (int(trace[16:], 16) < 2**63), parent  # TraceIdRatioBased's rule at 0.5
+    dropped = set(traces) - kept
+    assert 70 <= len(kept) <= 130
+    roots = [s["trace"] for s in receiver.spans if s["name"] == "POST /v1/responses" and not s["parent"]]
+    assert sorted(roots) == sorted(kept)
+    assert not {s["trace"] for s in receiver.spans} & dropped
+    assert all(f'"trace_id":"{trace}"' in log.replace(" ", "") for trace in kept)
+    assert not any(trace in log for trace in dropped)
+
+
 def _sampled(traceparent: str) -> bool:
     return bool(int(traceparent.split("-")[3], 16) & 1)
 
