@@ -4,7 +4,7 @@ process that accepts and drops them, in alternating rounds of one run, each roun
 before it is idle (done exporting). With two CPUs or more, every gateway
 thread is pinned to the last CPU and the load client to the others, so no setting shares its core with the
 client; each setting's figure against off is the median of its per-round ratios (the order of the settings
-reversed every other round).
+rotated each round).
 
     python bench/tracing_bench.py [--clients 50] [--duration 24] [--rounds 12] [--write docs/benchmarks.md]
 """
@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> Figures:
             os.sched_setaffinity(0, own_cpus - {max(own_cpus)})
         load = Load(request_body(False), args.clients, args.duration / args.rounds)
         for round_index in range(args.rounds):
-            order = list(gateways.items()) if round_index % 2 == 0 else list(reversed(gateways.items()))
+            shift = round_index % len(gateways)
+            order = [*gateways.items()][shift:] + [*gateways.items()][:shift]
             for name, gateway in order:
                 assert gateway.process is not None
                 results[name].append(closed_loop(gateway.url + "/v1/responses", gateway.process.pid, load))
@@ -91,15 +92,15 @@ def run(args: argparse.Namespace) -> Figures:
     return Figures(rates, against_off, pinned)
 
 
-def _settle(pid: int, timeout_s: float = 10.0) -> None:
-    """Until the gateway is idle (under 5 ms of CPU in 100 ms): spans it still exports after its round would
-    otherwise take the next setting's CPU."""
+def _settle(pid: int, timeout_s: float = 15.0) -> None:
+    """Until the gateway is idle (under 10 ms of CPU in a window longer than the exporter's batch delay, 1 s):
+    spans it still exports after its round would otherwise take the next setting's CPU."""
     deadline = time.monotonic() + timeout_s
     before = cpu_seconds(pid)
     while time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(1.2)
         now = cpu_seconds(pid)
-        if now - before < 0.005:
+        if now - before < 0.01:
             return
         before = now
 
