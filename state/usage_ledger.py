@@ -31,7 +31,7 @@ return 1
 """
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made for every answer, and a frozen init costs 5x a plain one
 class UsageRecord:
     response_id: str  # resp_... or chatcmpl-...: at most one record each
     tenant: str
