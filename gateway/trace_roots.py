@@ -81,8 +81,9 @@ class DecidedTraceIds(RandomIdGenerator):
     def __init__(self) -> None:
         self._decided = threading.local()
 
-    def decided(self, trace_id: int) -> None:
-        """The next root span in this thread gets `trace_id` (the sampler is asked again on it, and agrees)."""
+    def decided(self, trace_id: int | None) -> None:
+        """The next root span in this thread gets `trace_id` (the sampler is asked again on it, and agrees);
+        None: a random one again."""
         self._decided.trace_id = trace_id
 
     def generate_trace_id(self) -> int:

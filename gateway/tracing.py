@@ -246,7 +246,10 @@ def server_span(
         elif not kept(trace_id, _root_bound):
             return DroppedRoot(trace_id)
         _ids.decided(trace_id)
-    span = tracer.start_span(name, context=caller, kind=trace.SpanKind.SERVER, attributes=attributes)
+    try:
+        span = tracer.start_span(name, context=caller, kind=trace.SpanKind.SERVER, attributes=attributes)
+    finally:
+        _ids.decided(None)  # taken by the span, or by nothing (a later root must not get it)
     return _Current(span)
 
 

@@ -75,3 +75,35 @@ def test_a_dropped_root_s_traceparent_is_what_the_default_propagators_write():
 )
 def test_only_the_w3c_propagators_are_written_directly(propagators, direct):
     assert w3c_only({} if propagators is None else {"OTEL_PROPAGATORS": propagators}) is direct
+
+
+def test_a_sampler_the_sdk_reads_is_asked_about_each_new_trace_on_the_id_its_span_gets(monkeypatch):
+    """A sampler this does not build (here one passed in, as for a name the SDK reads): `server_span` asks it
+    about each new trace; a kept request's span is exported under the trace id the decision was taken on, a
+    dropped one makes no span and tells the backend its trace id, not sampled; about half of each at 0.5."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from backends.base import GenerateRequest
+    from gateway import tracing
+
+    provider = TracerProvider(
+        sampler=ParentBased(TraceIdRatioBased(0.5)), id_generator=tracing._ids, shutdown_on_exit=False
+    )
+    exported = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    for name, value in (("_on", True), ("_sampler", provider.sampler), ("_root_bound", None)):
+        monkeypatch.setattr(tracing, name, value)
+    monkeypatch.setattr(tracing, "tracer", provider.get_tracer("test"))
+    dropped = []
+    for _ in range(200):
+        with tracing.server_span("POST", "/v1/responses", {}) as span:
+            if not span.is_recording():
+                request = GenerateRequest([1], 1, (), "req")
+                tracing.generation_span("m", request)
+                dropped.append(request.trace_context["traceparent"])
+    kept_ids = [span.context.trace_id for span in exported.get_finished_spans()]
+    assert 70 <= len(kept_ids) <= 130 and len(kept_ids) + len(dropped) == 200
+    assert all(kept(trace_id, 1 << 63) for trace_id in kept_ids)
+    assert all(not kept(int(parent.split("-")[1], 16), 1 << 63) and parent.endswith("-02") for parent in dropped)
