@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> Figures:
         for gateway in gateways.values():
             gateway.stop()
         sink.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
     if not sink.exports:
         raise RuntimeError("no spans reached the receiver: tracing was not on")
     rates, against_off = {}, {}
