@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 
 import structlog
-from opentelemetry import trace
+from opentelemetry import context, trace
 from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, Span, SpanContext, TraceFlags, TraceState
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags, TraceState
 
 log = structlog.get_logger("gateway.tracing")
 
@@ -95,33 +95,33 @@ class DecidedTraceIds(RandomIdGenerator):
 
 
 class DroppedRoot:
-    """A new trace the sampler left out, current for a `with` block (the request): its trace id, and a span id
-    drawn when a backend is first told it (one for all of the request's generations, as the span the SDK would
-    have made). Nothing is recorded and no span is current."""
+    """A new trace the sampler left out, current for a `with` block (the request) as a span that records nothing,
+    as the SDK would have made it: its trace id and a span id, not sampled. A library that traces on its own (the
+    MCP SDK's client) finds it current, so its spans join the request's trace, not sampled, rather than start
+    traces of their own, and what it propagates names the request's trace."""
 
-    __slots__ = ("_span_id", "_token", "_trace_id", "_trace_state")
+    __slots__ = ("_attached", "_span", "_token")
 
     def __init__(self, trace_id: int, trace_state: TraceState | None = None) -> None:
-        self._trace_id = trace_id
-        self._trace_state = trace_state
-        self._span_id = 0
+        span_id = random.getrandbits(64) or 1
+        self._span = NonRecordingSpan(SpanContext(trace_id, span_id, False, NOT_SAMPLED, trace_state))
 
     def carry(self, carrier: dict[str, str], direct: bool) -> None:
         """The trace context, not sampled, into `carrier`: written `direct`ly as `traceparent` (the default
         propagators), else by the configured propagators."""
-        if not self._span_id:
-            self._span_id = random.getrandbits(64) or 1
-        if direct and not self._trace_state:
-            carrier["traceparent"] = f"00-{self._trace_id:032x}-{self._span_id:016x}-{NOT_SAMPLED:02x}"
+        ids = self._span.get_span_context()
+        if direct and not ids.trace_state:
+            carrier["traceparent"] = f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{NOT_SAMPLED:02x}"
             return
-        ids = SpanContext(self._trace_id, self._span_id, False, NOT_SAMPLED, self._trace_state)
-        inject(carrier, context=trace.set_span_in_context(NonRecordingSpan(ids)))
+        inject(carrier, context=trace.set_span_in_context(self._span))
 
     def __enter__(self) -> Span:
         self._token = _current.set(self)
-        return INVALID_SPAN
+        self._attached = context.attach(trace.set_span_in_context(self._span))
+        return self._span
 
     def __exit__(self, *_: object) -> None:
+        context.detach(self._attached)
         _current.reset(self._token)
 
 

@@ -80,7 +80,8 @@ def test_only_the_w3c_propagators_are_written_directly(propagators, direct):
 def test_a_sampler_the_sdk_reads_is_asked_about_each_new_trace_on_the_id_its_span_gets(monkeypatch):
     """A sampler this does not build (here one passed in, as for a name the SDK reads): `server_span` asks it
     about each new trace; a kept request's span is exported under the trace id the decision was taken on, a
-    dropped one makes no span and tells the backend its trace id, not sampled; about half of each at 0.5."""
+    dropped one makes no span and tells the backend its trace id, not sampled, and a library's own span under
+    it joins that trace unsampled (no trace of its own); about half of each at 0.5."""
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
@@ -96,6 +97,7 @@ def test_a_sampler_the_sdk_reads_is_asked_about_each_new_trace_on_the_id_its_spa
     for name, value in (("_on", True), ("_sampler", provider.sampler), ("_root_bound", None)):
         monkeypatch.setattr(tracing, name, value)
     monkeypatch.setattr(tracing, "tracer", provider.get_tracer("test"))
+    library = provider.get_tracer("a library that traces on its own")  # as the MCP SDK's client does
     dropped = []
     for _ in range(200):
         with tracing.server_span("POST", "/v1/responses", {}) as span:
@@ -103,6 +105,9 @@ def test_a_sampler_the_sdk_reads_is_asked_about_each_new_trace_on_the_id_its_spa
                 request = GenerateRequest([1], 1, (), "req")
                 tracing.generation_span("m", request)
                 dropped.append(request.trace_context["traceparent"])
+                with library.start_as_current_span("its own") as inner:  # joins the request's trace, not kept
+                    assert not inner.is_recording()
+                    assert f"{inner.get_span_context().trace_id:032x}" == dropped[-1].split("-")[1]
     kept_ids = [span.context.trace_id for span in exported.get_finished_spans()]
     assert 70 <= len(kept_ids) <= 130 and len(kept_ids) + len(dropped) == 200
     assert all(kept(trace_id, 1 << 63) for trace_id in kept_ids)
