@@ -1,7 +1,7 @@
 """New traces, decided before any span is made: the sampler that `OTEL_TRACES_SAMPLER` / `_ARG` name (built here as
 the SDK builds it, so the decision rule of its root is known), and the trace context of a request the sampler
-leaves out, which carries on to the backends with no OpenTelemetry span behind it. Most requests of a sampled
-deployment are such requests: they cost a random draw and a comparison."""
+leaves out, which carries on to the backends with no SDK span behind it. Most requests of a sampled
+deployment are such requests: they cost a random draw, a comparison and a span that records nothing."""
 
 from __future__ import annotations
 
@@ -125,6 +125,8 @@ class DroppedRoot:
         _current.reset(self._token)
 
 
+# beside the span in OpenTelemetry's context: it says the context is one of ours with no baggage (an unsampled
+# caller's may carry some), so generation_span may write its `traceparent` without the propagators
 _current: ContextVar[DroppedRoot | None] = ContextVar("gateway_dropped_root", default=None)
 
 

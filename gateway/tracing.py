@@ -227,8 +227,8 @@ def server_span(
 ) -> contextlib.AbstractContextManager[Span]:
     """The request's span: a child of the caller's (a W3C `traceparent` in `headers`), else a new trace; none
     (a span that records nothing) with tracing off and for routes not `traced` (probes, scrapes). A new trace
-    the sampler leaves out gets its ids and no SDK span: the decision is taken first, on the trace id the span
-    would get, so the requests it drops cost a random draw and a comparison (see trace_roots)."""
+    the sampler leaves out gets its ids and a span that records nothing, no SDK span: the decision is taken
+    first, on the trace id the span would get (see trace_roots)."""
     if not (traced and _on):
         return _NO_SPAN
     assert _sampler is not None

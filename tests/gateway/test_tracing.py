@@ -13,6 +13,7 @@ import json
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import openai
@@ -81,10 +82,7 @@ def test_a_streamed_tool_call_is_one_trace_nested_and_joined_by_the_model_server
         )
         events = [event.type for event in stream]
         assert events[-1] == "response.completed"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(s["name"].startswith("POST") for s in receiver.spans):
-            time.sleep(0.05)
-        time.sleep(0.3)
+        _await_export(lambda: any(s["name"].startswith("POST") for s in receiver.spans))
         log = gateway.log_text()
         scrape = urllib.request.Request(gateway.url + "/metrics", headers={"Accept": "application/openmetrics-text"})
         with urllib.request.urlopen(scrape, timeout=5) as response:
@@ -139,10 +137,7 @@ def test_a_trace_the_caller_does_not_keep_makes_no_spans_and_tells_the_model_ser
         sent_unkept = upstream.calls[-1].headers.get("traceparent", "")
         assert client.responses.create(model=MODEL, input="hello").status == "completed"
         sent_own = upstream.calls[-1].headers.get("traceparent", "")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(s["name"].startswith("POST") for s in receiver.spans):
-            time.sleep(0.05)
-        time.sleep(0.3)
+        _await_export(lambda: any(s["name"].startswith("POST") for s in receiver.spans))
         log = gateway.log_text()
     finally:
         gateway.stop()
@@ -174,10 +169,7 @@ def test_new_traces_are_kept_as_the_sampler_decides_on_the_trace_id_the_model_se
             assert client.responses.create(model=MODEL, input="hello").status == "completed"
             sent.append(upstream.calls[-1].headers.get("traceparent", ""))
         kept = {parent.split("-")[1] for parent in sent if _sampled(parent)}
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and len({s["trace"] for s in receiver.spans}) < len(kept):
-            time.sleep(0.05)
-        time.sleep(0.3)
+        _await_export(lambda: len({s["trace"] for s in receiver.spans}) >= len(kept))
         log = gateway.log_text()
     finally:
         gateway.stop()
@@ -194,6 +186,14 @@ def test_new_traces_are_kept_as_the_sampler_decides_on_the_trace_id_the_model_se
     assert not {s["trace"] for s in receiver.spans} & dropped
     assert all(f'"trace_id":"{trace}"' in log.replace(" ", "") for trace in kept)
     assert not any(trace in log for trace in dropped)
+
+
+def _await_export(done: Callable[[], bool]) -> None:
+    """Until `done()` says the spans looked for reached the receiver (at most 10 s), then the batch's stragglers."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not done():
+        time.sleep(0.05)
+    time.sleep(0.3)
 
 
 def _sampled(traceparent: str) -> bool:
