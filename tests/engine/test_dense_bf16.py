@@ -21,6 +21,7 @@ SHAPES = [  # (N, K, rows)
     (201_088, 2880, 3),  # the unembedding
     (5120, 2880, 40),  # prefill: five full register groups
     (37, 100, 13),  # a partial block of outputs, K past whole vectors, a partial group of rows
+    (37, 100, 5),  # shared passes over weight rows: a partial block whose rows are not whole passes
 ]
 
 

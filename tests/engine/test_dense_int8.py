@@ -26,7 +26,7 @@ from backends.engine.model_cache import compiled_model
 from backends.engine.paged_runner import PagedRunner
 
 RELATIVE = 1e-5  # float sums in another order, against the magnitude of the row's products
-SHAPES = [  # (N, K, rows): the dot-product path, the chunked path, the tiled path, the unembedding
+SHAPES = [  # (N, K, rows): the dot-product path, the shared-rows path, the tiled path, the unembedding
     (5120, 2880, 1),
     (2880, 4096, 5),
     (201_088, 2880, 2),

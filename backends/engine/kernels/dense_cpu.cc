@@ -7,8 +7,8 @@
 // blocks at a time: weight_batches.h), and each block's weights are read from memory once whatever the number of
 // input rows:
 // - up to kFewRows input rows (decode): each weight row is widened as it is read and met by every input row
-//   (dot products: the step reads the weights' bytes at memory bandwidth); from 3 rows K is taken in
-//   chunks whose x rows stay in L1, several weight rows a pass sharing each x load;
+//   (dot products: the step reads the weights' bytes at memory bandwidth); from 3 rows several weight rows a
+//   pass share each x load;
 // - more (prefill): the block is widened once into a float tile laid out by k, and groups of input rows run
 //   against it as an outer product in registers (the arithmetic bound, not the memory).
 // The sums are float, in an order of their own: equal to a float32 MatMul's to float rounding.
@@ -120,65 +120,44 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
 }
 
 #if defined(__AVX512F__)
-// The same for R >= 3 rows, whose x rows would not stay in L1 whole (R x K floats, re-read for every weight
-// row): K is taken in chunks whose x stays in L1 across the block's weight rows, the sums kept as vectors,
-// and P weight rows at a time share each load of an x vector.
+// The same for R >= 3 rows: P weight rows at a time share each load of an x vector, over the whole of K (the
+// x rows come from L2: R x K floats). Taking K in chunks whose x rows stay in L1 was slower on a 2-core AMD
+// EPYC (4 rows of the unembedding: 1.15x with whole rows, alternated in one process): the chunks read every
+// block's weight rows as short runs, which stream slower than whole rows.
 template <typename W, int R>
-void ChunkedRows(const Problem<W>& p, int64_t first, int64_t last) {
-  constexpr int64_t kChunk = 512;
+void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
   constexpr int P = R <= 4 ? 4 : 2;  // weight rows per pass: P x R sums, P + R loads, in 32 registers
   const int64_t k = p.k;
   const int64_t whole = k / 16 * 16;
-  alignas(64) __m512 acc[kBlockRows][R];
-  for (int64_t j = 0; j < last - first; ++j) {
-    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
-  }
-  const int64_t width = last - first;
-  for (int64_t c0 = 0; c0 < whole; c0 += kChunk) {
-    const int64_t c1 = std::min(c0 + kChunk, whole);
-    int64_t j = 0;
-    for (; j + P <= width; j += P) {  // P weight rows share each load of the x rows
-      const typename W::Stored* w = p.w + (first + j) * k;
-      __m512 sums[P][R];
-      for (int q = 0; q < P; ++q) {
-        for (int r = 0; r < R; ++r) sums[q][r] = acc[j + q][r];
+  int64_t j = first;
+  for (; j + P <= last; j += P) {
+    const typename W::Stored* w = p.w + j * k;
+    __m512 sums[P][R];
+    for (int q = 0; q < P; ++q) {
+      for (int r = 0; r < R; ++r) sums[q][r] = _mm512_setzero_ps();
+    }
+    for (int64_t i = 0; i < whole; i += 16) {
+      // the next P rows' line at this column, read right after these (past the matrix's end a prefetch is
+      // dropped, never a fault)
+      if (i % (64 / sizeof *w) == 0) {
+        for (int q = 0; q < P; ++q) _mm_prefetch(reinterpret_cast<const char*>(w + (P + q) * k + i), _MM_HINT_T0);
       }
-      for (int64_t i = c0; i < c1; i += 16) {
-        // the next P rows' line at this column, read right after these (past the matrix's end a prefetch is
-        // dropped, never a fault)
-        if (i % (64 / sizeof *w) == 0) {
-          for (int q = 0; q < P; ++q) _mm_prefetch(reinterpret_cast<const char*>(w + (P + q) * k + i), _MM_HINT_T0);
-        }
-        __m512 wide[P];
-        for (int q = 0; q < P; ++q) wide[q] = W::Widen16(w + q * k + i);
-        for (int r = 0; r < R; ++r) {
-          const __m512 x = _mm512_loadu_ps(p.x + r * k + i);
-          for (int q = 0; q < P; ++q) sums[q][r] = _mm512_fmadd_ps(wide[q], x, sums[q][r]);
-        }
-      }
-      for (int q = 0; q < P; ++q) {
-        for (int r = 0; r < R; ++r) acc[j + q][r] = sums[q][r];
+      __m512 wide[P];
+      for (int q = 0; q < P; ++q) wide[q] = W::Widen16(w + q * k + i);
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_loadu_ps(p.x + r * k + i);
+        for (int q = 0; q < P; ++q) sums[q][r] = _mm512_fmadd_ps(wide[q], x, sums[q][r]);
       }
     }
-    for (; j < width; ++j) {
-      const typename W::Stored* w = p.w + (first + j) * k;
-      __m512 sums[R];
-      for (int r = 0; r < R; ++r) sums[r] = acc[j][r];
-      for (int64_t i = c0; i < c1; i += 16) {
-        const __m512 wide = W::Widen16(w + i);
-        for (int r = 0; r < R; ++r) sums[r] = _mm512_fmadd_ps(wide, _mm512_loadu_ps(p.x + r * k + i), sums[r]);
+    for (int q = 0; q < P; ++q) {
+      for (int r = 0; r < R; ++r) {
+        float sum = _mm512_reduce_add_ps(sums[q][r]);
+        for (int64_t i = whole; i < k; ++i) sum += W::Widen(w[q * k + i]) * p.x[r * k + i];
+        p.y[r * p.n + j + q] = sum * p.Scale(j + q);
       }
-      for (int r = 0; r < R; ++r) acc[j][r] = sums[r];
     }
   }
-  for (int64_t j = 0; j < last - first; ++j) {
-    const typename W::Stored* w = p.w + (first + j) * k;
-    for (int r = 0; r < R; ++r) {
-      float sum = _mm512_reduce_add_ps(acc[j][r]);
-      for (int64_t i = whole; i < k; ++i) sum += W::Widen(w[i]) * p.x[r * k + i];
-      p.y[r * p.n + first + j] = sum * p.Scale(first + j);
-    }
-  }
+  if (j < last) FewRows<W, R>(p, j, last, 0);
 }
 #endif
 
@@ -188,12 +167,12 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last) {
     case 1: return FewRows<W, 1>(p, first, last, 0);
     case 2: return FewRows<W, 2>(p, first, last, 0);
 #if defined(__AVX512F__)
-    case 3: return ChunkedRows<W, 3>(p, first, last);
-    case 4: return ChunkedRows<W, 4>(p, first, last);
-    case 5: return ChunkedRows<W, 5>(p, first, last);
-    case 6: return ChunkedRows<W, 6>(p, first, last);
-    case 7: return ChunkedRows<W, 7>(p, first, last);
-    default: return ChunkedRows<W, 8>(p, first, last);
+    case 3: return SharedRows<W, 3>(p, first, last);
+    case 4: return SharedRows<W, 4>(p, first, last);
+    case 5: return SharedRows<W, 5>(p, first, last);
+    case 6: return SharedRows<W, 6>(p, first, last);
+    case 7: return SharedRows<W, 7>(p, first, last);
+    default: return SharedRows<W, 8>(p, first, last);
 #else
     case 3: return FewRows<W, 3>(p, first, last, 0);
     case 4: return FewRows<W, 4>(p, first, last, 0);
