@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,7 @@ class Server:
     url: str
     pid: int
     stop: Callable[[], None]
+    event_loop: str = ""  # the gateway's, as its `listening on` line names it
 
 
 def _spawn(name: str, command: list[str], env: dict[str, str], url: str, log: Path, timeout_s: float = 60) -> Server:
@@ -122,7 +124,9 @@ def start_gateway(marked: str, scratch: Path, first_delay_ms: int = 0) -> Server
     env = {"GATEWAY_BACKEND": "mock", "GATEWAY_MOCK_SCRIPT": str(script)}
     gateway = GatewayProcess(env, scratch / f"gateway-{first_delay_ms}.log").start()
     assert gateway.process is not None
-    return Server("gpt-oss-gateway", gateway.url, gateway.process.pid, gateway.stop)
+    named = re.search(r"\(event loop: (\w+)\)", gateway.log_text())
+    loop = named.group(1) if named else "an unnamed event loop"
+    return Server("gpt-oss-gateway", gateway.url, gateway.process.pid, gateway.stop, loop)
 
 
 def output_text(server: Server) -> str:
@@ -191,7 +195,7 @@ def throughput(args: argparse.Namespace, scratch: Path, short_tokens: list[int],
     finally:
         for server in servers.values():
             server.stop()
-    figures = {}
+    figures: dict = {"gateway_loop": servers["gateway", "short"].event_loop}
     for side in starters:
         short, stream = merged(rounds[side, "short"]), merged(rounds[side, "stream"])
         _check(short, f"{side} short requests")
@@ -323,7 +327,8 @@ def report(figures: dict, args: argparse.Namespace) -> str:
             "## Gateway against the reference Responses server (`bench/gateway_bench.py`)",
             "",
             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs. Gateway: Python {platform.python_version()}, "
-            f"aiohttp on asyncio, in-memory store, one process. Reference: {_versions(args.reference_python)}, "
+            f"aiohttp on {figures['gateway_loop']}, in-memory store, one process. "
+            f"Reference: {_versions(args.reference_python)}, "
             "in-memory store, one process, its per-request prompt print sent to /dev/null. Both answer from an "
             "instant backend emitting the same Harmony tokens; the client (aiohttp, this process, same machine) "
             f"runs {args.clients} closed loops on keep-alive connections, timed for {args.duration:g} s per row in "

@@ -14,6 +14,7 @@ from harmony import VocabularyError
 from state import StoreUnavailable
 from state.keys import FileKeys, KeyAdminError, RedisKeys, new_record
 
+from . import event_loop
 from .app import create_app
 from .config import Settings, load_settings
 from .lifecycle import Listening, bind, serve
@@ -38,6 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging()
     try:
         settings = load_settings(**overrides)
+        event_loop.loop_factory(settings.event_loop)  # a loop asked for and missing fails before anything loads
         sock = bind(settings.host, settings.port)  # before the models load: a busy port fails at once
     except (ValueError, OSError) as exc:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
@@ -59,7 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
     def announce(line: str) -> None:
         print(line, flush=True)
 
-    asyncio.run(serve(app, listening, settings.drain_s, services.lifecycle, announce, ready))
+    event_loop.run(serve(app, listening, settings.drain_s, services.lifecycle, announce, ready), settings.event_loop)
     return 0
 
 

@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 
 from state.store import DEFAULT_LEASE_S, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TTL_S
 
+from .event_loop import EventLoopSetting
 from .hosted.settings import HostedToolsSettings
 from .limits import MAX_BODY_BYTES
 from .tenants.limits import LimitsConfig
@@ -51,6 +52,8 @@ class Settings(BaseSettings):
     # large bodies parsed and checked in idle-priority processes first (checker_pool.py); off: in paced threads
     request_checkers: bool = True
     keepalive_s: float = Field(default=15.0, gt=0)
+    # the event loop: uvloop where installed (auto), or asyncio's own; `uvloop`: an error where it is missing
+    event_loop: EventLoopSetting = "auto"
     drain_s: float = Field(default=30.0, ge=0)  # on SIGTERM: how long work in flight may finish before it is cut
     header_timeout_s: float = Field(default=10.0, gt=0)  # a request's head must arrive within this (slowloris)
     idle_timeout_s: float = Field(default=75.0, gt=0)  # a kept-alive connection with no request is closed after

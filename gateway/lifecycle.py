@@ -14,6 +14,7 @@ from typing import Protocol
 import structlog
 from aiohttp import web
 
+from .event_loop import loop_name
 from .http_guard import GuardedAppRunner
 
 log = structlog.get_logger("gateway.lifecycle")
@@ -140,11 +141,14 @@ async def serve(
     )
     await runner.setup()
     await web.SockSite(runner, listening.sock).start()
-    announce(f"gpt-oss-gateway listening on {listening.url}; it reports ready once its models have loaded")
+    loop = asyncio.get_running_loop()
+    announce(
+        f"gpt-oss-gateway listening on {listening.url} (event loop: {loop_name(loop)});"
+        " it reports ready once its models have loaded"
+    )
     ready_line = f"gpt-oss-gateway ready on {listening.url} (SIGTERM drains for up to {drain_s:g} s)"
     announcer = asyncio.ensure_future(_announce_ready(ready, announce, ready_line))
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
         if stop.is_set():

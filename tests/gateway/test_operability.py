@@ -57,6 +57,7 @@ def test_a_busy_port_is_one_line_even_with_the_engine_backend():
         ({"GATEWAY_REDIS_URL": "redis://127.0.0.1:notaport/0"}, "GATEWAY_REDIS_URL"),
         ({"GATEWAY_REDIS_URL": "memcached://127.0.0.1"}, "GATEWAY_REDIS_URL"),
         ({"GATEWAY_VOCAB_PATH": "/nonexistent/o200k_base.tiktoken"}, "GATEWAY_VOCAB_PATH"),
+        ({"GATEWAY_EVENT_LOOP": "trio"}, "GATEWAY_EVENT_LOOP"),
     ],
 )
 def test_config_errors_name_the_variable(env, names):
@@ -142,6 +143,20 @@ def test_every_answer_carries_a_request_id_and_the_log_has_it(served):
 def test_ready_is_announced_after_listening(served):
     log = served.log_text()
     assert log.index("listening on") < log.index("ready on")
+
+
+def test_it_serves_on_uvloop_unless_told_asyncio(served, tmp_path):
+    assert "(event loop: uvloop)" in served.log_text()  # the running loop's own module, as announced
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    plain = GatewayProcess({"GATEWAY_MOCK_SCRIPT": str(script), "GATEWAY_EVENT_LOOP": "asyncio"}, tmp_path / "g.log")
+    plain.start()
+    try:
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        assert _call(plain.url + "/v1/chat/completions", "POST", chat)[0] == 200
+    finally:
+        plain.stop()
+    assert "(event loop: asyncio)" in plain.log_text() and "Traceback" not in plain.log_text()
 
 
 def test_a_client_that_trickles_its_headers_is_disconnected(served):
