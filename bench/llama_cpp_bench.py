@@ -8,7 +8,7 @@ position 64, and a 512-token prefill; reported as medians of the ratios within a
 beside each side's median rate. llama.cpp's side is `llama-bench` (1 sequence, prefill) and
 `llama-batched-bench` (4 sequences); the engine's is its paged runtime with DenseBF16, as serving runs it.
 Also reported: the engine's decode bytes a second (dense weights, routed experts, KV) against the machine's
-copy bandwidth measured in the same run.
+copy bandwidth measured in each round (the host's load drifts within a run).
 
 llama.cpp, built from the source its Python binding ships on the package registry (no network at run time):
 
@@ -67,6 +67,8 @@ DECODE_TOKENS = 32  # steps a decode measure times, on both sides
 PREFILL = 512
 MAX_POSITIONS = 1024
 MEASURES = ("decode_1", "decode_4", "prefill")
+COPY = "copy"  # a round's copy-bandwidth entry
+COPY_MIB = 256  # MiB each thread copies (beside the loaded models)
 
 CONVERT = """
 import sys
@@ -183,8 +185,11 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
             base = VARIANTS[name].base
             if base in ggufs and base not in taken:
                 taken[base] = llama_rates(llama, ggufs[base], threads)  # type: ignore[arg-type]
+        # the host's load drifts: each round's decode bytes/s are set against that round's copy bandwidth
+        taken[COPY] = {"bandwidth": copy_bandwidth(threads, COPY_MIB)}
         rounds.append(taken)
     figures: dict = {"layers": layers, "rounds": rounds, "variants": names}
+    figures["bandwidth"] = statistics.median(r[COPY]["bandwidth"] for r in rounds)
     for name in [*engines, *ggufs]:
         for measure_name in MEASURES:
             figures[f"{name}_{measure_name}"] = statistics.median(r[name][measure_name] for r in rounds)
@@ -195,8 +200,9 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
                     r[name][measure_name] / r[base][measure_name] for r in rounds
                 )
         for batch in (1, 4):
-            figures[f"{name}_bytes_{batch}"] = step_bytes(
-                config, VARIANTS[name].dense_size, batch, DEPTH + DECODE_TOKENS // 2
+            step = step_bytes(config, VARIANTS[name].dense_size, batch, DEPTH + DECODE_TOKENS // 2)
+            figures[f"{name}_share_{batch}"] = statistics.median(
+                r[name][f"decode_{batch}"] / batch * step / r[COPY]["bandwidth"] for r in rounds
             )
     return figures
 
@@ -234,9 +240,8 @@ def main() -> None:
         names = [n for n in args.engines if layers <= args.int8_max_layers or VARIANTS[n].base == "f16"]
         with tempfile.TemporaryDirectory() as scratch:  # each shape's checkpoint, graphs and GGUFs, then gone
             shapes.append(measure(layers, args.threads, Path(scratch), args.llama_cpp, args.convert_python, names))
-    bandwidth = copy_bandwidth(args.threads)
-    print(json.dumps({"shapes": shapes, "bandwidth": bandwidth}, indent=1))
-    section = report(shapes, bandwidth, args.threads, args.llama_cpp is not None)
+    print(json.dumps({"shapes": shapes}, indent=1))
+    section = report(shapes, args.threads, args.llama_cpp is not None)
     print(section)
     if args.write:
         write_section(args.write, NAME, section)
@@ -251,10 +256,11 @@ def _ratio(figures: dict, key: str) -> str:
     return f"{figures[key]:.2f}x" if key in figures else ""
 
 
-def report(shapes: list[dict], bandwidth: float, threads: int, with_llama: bool) -> str:
+def report(shapes: list[dict], threads: int, with_llama: bool) -> str:
     start, end = markers(NAME)
     labels = {"decode_1": "decode, 1 sequence", "decode_4": "decode, 4 sequences"}
     labels["prefill"] = f"prefill, {PREFILL} tokens"
+    copies = ", ".join(f"{f['bandwidth'] / 1e9:.1f} GB/s" for f in shapes if "bandwidth" in f)
     lines = [
         start,
         "## The engine against llama.cpp on the CPU (`bench/llama_cpp_bench.py`)",
@@ -267,7 +273,9 @@ def report(shapes: list[dict], bandwidth: float, threads: int, with_llama: bool)
         " activations (`moe_int8_activations`). Each engine against llama.cpp at its dense width and against f16.",
         f"Alternated in one run, {ROUNDS} rounds; rates are medians, ratios medians of the ratios within a round."
         f" Decode at position {DEPTH}. Bytes/s: a decode step's dense weights, routed experts and KV, over the",
-        f"copy bandwidth ({bandwidth / 1e9:.1f} GB/s, {threads} threads' NumPy copies, read + write).",
+        f"copy bandwidth measured in the same round ({threads} threads' NumPy copies, read + write; median of the"
+        f" rounds: {copies}), the median"
+        " of the rounds' ratios.",
         "",
     ]
     if not with_llama:
@@ -289,7 +297,7 @@ def report(shapes: list[dict], bandwidth: float, threads: int, with_llama: bool)
                 share = ""
                 if m.startswith("decode"):
                     batch = int(m[-1])
-                    share = f"{f[f'{name}_{m}'] / batch * f[f'{name}_bytes_{batch}'] / bandwidth:.2f}"
+                    share = f"{f[f'{name}_share_{batch}']:.2f}"
                 to_f16 = _ratio(f, f"{name}/f16_{m}")
                 lines.append(
                     f"| {f['layers']} | {labels[m]} | {name} | {_rate(f, m, name)} | {base}: {_rate(f, m, base)} |"
