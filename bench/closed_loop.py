@@ -55,6 +55,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_idle(pid: int, timeout_s: float = 15.0) -> None:
+    """Until the process is idle (under 10 ms of CPU in a 1.2 s window, longer than an OTLP exporter's batch
+    delay of 1 s), at most `timeout_s`: work it still does after a round would otherwise take the next one's CPU."""
+    deadline = time.monotonic() + timeout_s
+    before = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(1.2)
+        now = cpu_seconds(pid)
+        if now - before < 0.01:
+            return
+        before = now
+
+
+def pin_threads(pid: int, cpu: int) -> None:
+    """Every thread of the process (its exporters' and pools' too) on `cpu`."""
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(thread), {cpu})
+
+
 def _count(marker: bytes, tail: bytes, chunk: bytes) -> tuple[int, bytes]:
     """Occurrences of `marker` in tail+chunk that end inside chunk, and the new tail."""
     window = tail + chunk

@@ -19,7 +19,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from closed_loop import Load, LoopResult, closed_loop, cpu_seconds  # noqa: E402
+from closed_loop import Load, LoopResult, closed_loop, pin_threads, wait_idle  # noqa: E402
 from gateway_bench import SHORT, request_body  # noqa: E402
 from live_gateway import GatewayProcess  # noqa: E402
 from otlp_receiver import OtlpReceiver  # noqa: E402
@@ -64,7 +63,8 @@ def run(args: argparse.Namespace) -> Figures:
                 env["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.url
             gateways[name] = GatewayProcess(env, scratch / f"{name[:6].strip(',')}.log").start()
             if pinned:
-                _pin_threads(gateways[name], max(own_cpus))
+                assert gateways[name].process is not None
+                pin_threads(gateways[name].process.pid, max(own_cpus))
         if pinned:
             os.sched_setaffinity(0, own_cpus - {max(own_cpus)})
         load = Load(request_body(False), args.clients, args.duration / args.rounds)
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> Figures:
             for name, gateway in order:
                 assert gateway.process is not None
                 results[name].append(closed_loop(gateway.url + "/v1/responses", gateway.process.pid, load))
-                _settle(gateway.process.pid)
+                wait_idle(gateway.process.pid)
     finally:
         os.sched_setaffinity(0, own_cpus)
         for gateway in gateways.values():
@@ -92,26 +92,6 @@ def run(args: argparse.Namespace) -> Figures:
         ratios = [r.request_rate / off.request_rate for r, off in zip(rounds, results["off"], strict=True)]
         against_off[name] = statistics.median(ratios)
     return Figures(rates, against_off, pinned)
-
-
-def _settle(pid: int, timeout_s: float = 15.0) -> None:
-    """Until the gateway is idle (under 10 ms of CPU in a window longer than the exporter's batch delay, 1 s):
-    spans it still exports after its round would otherwise take the next setting's CPU."""
-    deadline = time.monotonic() + timeout_s
-    before = cpu_seconds(pid)
-    while time.monotonic() < deadline:
-        time.sleep(1.2)
-        now = cpu_seconds(pid)
-        if now - before < 0.01:
-            return
-        before = now
-
-
-def _pin_threads(gateway: GatewayProcess, cpu: int) -> None:
-    """Every thread of the gateway (its span exporter's too) on `cpu`."""
-    assert gateway.process is not None
-    for thread in os.listdir(f"/proc/{gateway.process.pid}/task"):
-        os.sched_setaffinity(int(thread), {cpu})
 
 
 def report(figures: Figures, args: argparse.Namespace) -> str:
