@@ -12,24 +12,17 @@ rotated each round).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import shutil
-import statistics
 import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from closed_loop import Load, LoopResult, closed_loop, pin_threads, wait_idle  # noqa: E402
-from gateway_bench import SHORT, request_body  # noqa: E402
-from live_gateway import GatewayProcess  # noqa: E402
 from otlp_receiver import OtlpReceiver  # noqa: E402
+from pinned_rounds import Rounds, pinned_rounds  # noqa: E402
 from report import markers, write_section  # noqa: E402
 
 NAME = "tracing_bench"
@@ -40,61 +33,22 @@ SETTINGS = {
 }
 
 
-@dataclass
-class Figures:
-    rates: dict[str, float]  # requests/s over all rounds
-    against_off: dict[str, float]  # median of the per-round ratios to off
-    pinned: bool
-
-
-def run(args: argparse.Namespace) -> Figures:
+def run(args: argparse.Namespace) -> Rounds:
     sink = OtlpReceiver(keep_spans=False).start()
-    scratch = Path(tempfile.mkdtemp(prefix="tracing-bench-"))
-    script = scratch / "script.json"
-    script.write_text(json.dumps({"rules": [{"emit": [{"raw": SHORT}]}]}))
-    gateways: dict[str, GatewayProcess] = {}
-    results: dict[str, list[LoopResult]] = {name: [] for name in SETTINGS}
-    own_cpus = os.sched_getaffinity(0)
-    pinned = len(own_cpus) >= 2
+    settings = {
+        name: {**extra, "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url} if name != "off" else extra
+        for name, extra in SETTINGS.items()
+    }
     try:
-        for name, extra in SETTINGS.items():
-            env = {"GATEWAY_BACKEND": "mock", "GATEWAY_MOCK_SCRIPT": str(script), **extra}
-            if name != "off":
-                env["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.url
-            gateways[name] = GatewayProcess(env, scratch / f"{name[:6].strip(',')}.log").start()
-            if pinned:
-                assert gateways[name].process is not None
-                pin_threads(gateways[name].process.pid, max(own_cpus))
-        if pinned:
-            os.sched_setaffinity(0, own_cpus - {max(own_cpus)})
-        load = Load(request_body(False), args.clients, args.duration / args.rounds)
-        for round_index in range(args.rounds):
-            shift = round_index % len(gateways)
-            order = [*gateways.items()][shift:] + [*gateways.items()][:shift]
-            for name, gateway in order:
-                assert gateway.process is not None
-                results[name].append(closed_loop(gateway.url + "/v1/responses", gateway.process.pid, load))
-                wait_idle(gateway.process.pid)
+        figures = pinned_rounds(settings, "off", args.clients, args.duration, args.rounds)
     finally:
-        os.sched_setaffinity(0, own_cpus)
-        for gateway in gateways.values():
-            gateway.stop()
         sink.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
     if not sink.exports:
         raise RuntimeError("no spans reached the receiver: tracing was not on")
-    rates, against_off = {}, {}
-    for name, rounds in results.items():
-        errors = [error for result in rounds for error in result.errors]
-        if errors:
-            raise RuntimeError(f"{name}: {errors[:3]}")
-        rates[name] = sum(len(r.latencies_s) for r in rounds) / sum(r.wall_s for r in rounds)
-        ratios = [r.request_rate / off.request_rate for r, off in zip(rounds, results["off"], strict=True)]
-        against_off[name] = statistics.median(ratios)
-    return Figures(rates, against_off, pinned)
+    return figures
 
 
-def report(figures: Figures, args: argparse.Namespace) -> str:
+def report(figures: Rounds, args: argparse.Namespace) -> str:
     start, end = markers(NAME)
     placement = (
         "every gateway thread pinned to one CPU and the load client to the other(s)"
@@ -112,7 +66,7 @@ def report(figures: Figures, args: argparse.Namespace) -> str:
         "",
         "| tracing | requests/s | against off |",
         "|---|---|---|",
-        *(f"| {name} | {rate:,.0f} | {figures.against_off[name]:.3f}x |" for name, rate in figures.rates.items()),
+        *(f"| {name} | {rate:,.0f} | {figures.against[name]:.3f}x |" for name, rate in figures.rates.items()),
         end,
     ]
     return "\n".join(lines)

@@ -121,9 +121,9 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
 
 #if defined(__AVX512F__)
 // The same for R >= 3 rows: P weight rows at a time share each load of an x vector, over the whole of K (the
-// x rows come from L2: R x K floats). Taking K in chunks whose x rows stay in L1 was slower on a 2-core AMD
-// EPYC (4 rows of the unembedding: 1.15x with whole rows, alternated in one process): the chunks read every
-// block's weight rows as short runs, which stream slower than whole rows.
+// x rows come from L2: R x K floats). K taken in chunks whose x rows stay in L1 read each block's weight rows as
+// short runs, which streamed slower on a 2-core AMD EPYC (bench/llama_cpp_bench.py, 4 sequences with
+// moe_int8_activations: 1.09x llama.cpp f16 with the chunks; 1.22-1.33x in three runs with whole rows).
 template <typename W, int R>
 void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
   constexpr int P = R <= 4 ? 4 : 2;  // weight rows per pass: P x R sums, P + R loads, in 32 registers
