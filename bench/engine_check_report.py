@@ -228,23 +228,25 @@ def kernel_name(signature: str) -> str:
     return name.split("(")[0][:90]
 
 
-def _profiled(key: str) -> str:
-    """What a `profile_batch_N` or `profile_prefill_N` entry timed."""
+def _profiled(key: str) -> tuple[str, str]:
+    """What a `profile_batch_N` or `profile_prefill_N` entry timed, and over what its µs are counted."""
     size = key.rsplit("_", 1)[-1]
-    return f"decode at batch {size}" if key.startswith("profile_batch_") else f"a {size}-token prefill"
+    if key.startswith("profile_batch_"):
+        return f"decode at batch {size}", "a decode step's: the mean of 8"
+    return f"a {size}-token prefill", "one prefill call, after a warm-up one"
 
 
 def profile_lines(scale: dict[str, Any]) -> list[str]:
-    """The decode steps' device time by kernel (engine_check's profile of the 20b shape), the largest first."""
+    """The device time by kernel (engine_check's profile of the 20b shape), the largest first."""
     profiles = {_profiled(key): value for key, value in scale.items() if key.startswith("profile_")}
     lines: list[str] = []
-    for what, profile in profiles.items():
+    for (what, per), profile in profiles.items():
         if "error" in profile:
             lines += [f"Device time by kernel, {what}: failed: {profile['error'][:300]}", ""]
             continue
         lines += [
-            f"Device time by kernel, {what}: {profile['gpu_us_per_step']} µs in all (a decode step's: the mean of "
-            "8; torch's profiler), the largest ten:",
+            f"Device time by kernel, {what}: {profile['gpu_us_per_step']} µs in all ({per}; torch's profiler), the"
+            " largest ten:",
             "",
             "| kernel | µs | launches |",
             "|---|---|---|",
