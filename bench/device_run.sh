@@ -10,12 +10,15 @@
 #   bash bench/device_run.sh paged20b    512 x 2k sequences; a 131k prompt beside 64           ($OUT/paged)
 #   bash bench/device_run.sh recheck20b  after a kernel change, in one command: the kernel step, the 20b
 #                                        shape (no QMoE model), pytest -m gpu, parity, then paged20b
+#   bash bench/device_run.sh attention20b  after an attention change, in about 5 minutes: the attention step
+#                                        (tensor cores against the CUDA-core tiles), the 20b shape, paged20b,
+#                                        pytest -m gpu
 #
 # Back here: python bench/engine_check.py --render OUT/20b/engine_check.json OUT/kernels/engine_check.json \
 #            OUT/120b/engine_check.json OUT/paged/engine_check.json
 #            --docs docs/benchmarks.md, and commit the JSON files as docs/engine_check*.json.
 set -uo pipefail
-part=${1:?usage: device_run.sh check20b|tests|kernels|check120b|paged20b}
+part=${1:?usage: device_run.sh check20b|tests|kernels|check120b|paged20b|recheck20b|attention20b}
 out=${OUT:?the device tool sets OUT}
 site=/tmp/gateway-site
 if [ ! -f "$site/.installed" ]; then
@@ -53,6 +56,11 @@ case "$part" in
     gpu_tests 90
     check parity 60 --cuda-graph --steps parity
     check paged 240 --steps paged ;;
+  attention20b)
+    check attention 50 --steps attention
+    check 20b 140 --cuda-graph --no-qmoe-decode --steps scale
+    check paged 100 --steps paged
+    gpu_tests 40 ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac
 } 2>&1 | tee "$out/$part.log"

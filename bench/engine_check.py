@@ -13,6 +13,9 @@ Steps (each reported, a failure recorded and the next step run):
    each path alone (to choose the threshold), and on CUDA ONNX Runtime's contrib
    QMoE (fp4) on the same layer in both weight layouts it may read (bench/qmoe_layer.py): its outputs against
    our kernel's, and its timing;
+   attention (its own step: `--steps attention`, on a GPU): one PagedAttention node at gpt-oss's heads
+   (bench/attention_layer.py): an 8k prompt's prefill (full and window layers) and a 2,048-token chunk at
+   position 129k on the tensor cores against the CUDA-core tiles, and a decode step of 64 rows;
 3. sampler: the SampleTokens kernel on the device beside the NumPy sampler (bench/sampler_bench.py), 1 to 256
    rows at the real vocabulary;
 4. scale (`--model 20b`, or 120b in its own run): a random checkpoint of the model's shape (its experts zero,
@@ -50,6 +53,7 @@ except ImportError:
     torch = None
 
 import numpy as np
+from attention_layer import attention_timing
 from engine_check_report import GEMM_ENV, MMA_ENV, SECTION, markdown
 from qmoe_layer import qmoe_layer_model
 from report import write_section
@@ -412,10 +416,10 @@ def timed_decode(runner: PagedRunner, batch: int, steps: int, context: int = 128
     return batch * steps / (time.perf_counter() - started)
 
 
-def kernel_profile(runner: PagedRunner, batch: int, steps: int = 8) -> dict[str, Any]:
-    """The device kernels of `steps` decode steps (torch's profiler: CUPTI sees every kernel in the process,
-    ONNX Runtime's and ours): GPU µs per step in all and by kernel, the 25 largest."""
-    advance = decoder(runner, batch)
+def kernel_profile(runner: PagedRunner, batch: int, steps: int = 8, context: int = 128) -> dict[str, Any]:
+    """The device kernels of `steps` decode steps at `context` positions (torch's profiler: CUPTI sees every
+    kernel in the process, ONNX Runtime's and ours): GPU µs per step in all and by kernel, the 25 largest."""
+    advance = decoder(runner, batch, context)
     advance(0)
     advance(1)
     return profiled(lambda: [advance(2 + i) for i in range(steps)], steps)
@@ -468,6 +472,8 @@ def many_sequences(directory: Path, work: Path, device: str, kernels: Path | Non
         tok_s = timed_decode(runtime, MANY, 16, MANY_CONTEXT)
         report[f"decode_tok_s_{MANY}_sequences_{MANY_CONTEXT}_context"] = round(tok_s, 1)
         log(f"{MANY} sequences at {MANY_CONTEXT}: {tok_s:.1f} tok/s")
+        if device == "cuda":  # where such a step's device time goes
+            report[f"profile_batch_{MANY}_at_{MANY_CONTEXT}"] = kernel_profile(runtime, MANY, 4, MANY_CONTEXT)
     except Exception as exc:
         report["many_error"] = f"{type(exc).__name__}: {exc}"[:600]
     return report
@@ -663,6 +669,8 @@ def long_beside_short(
         sample()
         position += 1
         steps += 1
+        if steps % 8 == 0:  # the rate so far, in the log, should the step be cut off
+            log(f"paged: {start + LONG_CHUNK} of the long prompt's tokens in {time.perf_counter() - started:.1f} s")
     elapsed = time.perf_counter() - started
     report["long_prompt_tokens"] = LONG_PROMPT
     report["long_prefill_s_beside_64_decoding"] = round(elapsed, 1)
@@ -737,7 +745,7 @@ def merged(paths: list[str]) -> dict[str, Any]:
             if key == "run":
                 results["runs"].append(value)
                 continue
-            later_wins = key in ("parity", "kernel", "sampler", "scale", "scale_120b", "paged")
+            later_wins = key in ("parity", "kernel", "attention", "sampler", "scale", "scale_120b", "paged")
             if value is not None and (key not in results or later_wins):
                 results[key] = value
     return results
@@ -782,6 +790,8 @@ def main() -> int:
         step(results, "parity", lambda: parity(work, args.device, kernels, args.cuda_graph))
     if "kernel" in steps and kernels is not None:
         step(results, "kernel", lambda: kernel_vs_cpu(work, args.device, kernels))
+    if "attention" in steps and kernels is not None:
+        step(results, "attention", lambda: attention_timing(GPT_OSS_20B, work / "attention", kernels, args.device))
     if "sampler" in steps and kernels is not None:
         step(results, "sampler", lambda: sampler_figures(args.device))
     if "graph_parity" in steps:

@@ -103,6 +103,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"the output's magnitude (1, 3, 64, 256 tokens); per layer: {times}.",
                 "",
             ]
+    lines += attention_lines(results.get("attention", {}))
     sampler = results.get("sampler", {})
     if sampler and "error" not in sampler:
         lines += [
@@ -222,6 +223,29 @@ def paged_lines(paged: dict[str, Any]) -> list[str]:
     return [text + (f" Failed parts: {problems}." if problems else ""), ""]
 
 
+def attention_lines(attention: dict[str, Any]) -> list[str]:
+    """bench/attention_layer.py's cases: one PagedAttention node, tensor cores against the CUDA-core tiles."""
+    if not attention:
+        return []
+    if "error" in attention:
+        return [f"**PagedAttention alone**: failed: {attention['error'][:300]}", ""]
+    return [
+        "**PagedAttention alone** (bench/attention_layer.py: one node at gpt-oss's heads, bf16, caches in device "
+        "memory; prefill chunks on the tensor cores against the CUDA-core tiles, GATEWAY_ATTENTION_MMA=0, in the "
+        "same run; a decode step takes neither, for scale):",
+        "",
+        "| step | µs, tensor cores | µs, CUDA-core tiles | speed-up | TFLOP/s on the tensor cores "
+        "| largest difference (of the largest output) |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {name.replace('_', ' ')} | {row['us_tensor_cores']} | {row['us_cuda_core_tiles']} | {row['speedup']}x "
+            f"| {row['tflops_tensor_cores']} | {row['max_diff_relative']:.1e} |"
+            for name, row in attention.items()
+        ),
+        "",
+    ]
+
+
 def kernel_name(signature: str) -> str:
     """A profiled kernel's name without its return type, anonymous namespace and arguments."""
     name = signature.replace("(anonymous namespace)::", "").removeprefix("void ")
@@ -231,6 +255,9 @@ def kernel_name(signature: str) -> str:
 def _profiled(key: str) -> tuple[str, str]:
     """What a `profile_batch_N` or `profile_prefill_N` entry timed, and over what its µs are counted."""
     size = key.rsplit("_", 1)[-1]
+    if key.startswith("profile_batch_") and "_at_" in key:  # profile_batch_B_at_C
+        batch, context = key.removeprefix("profile_batch_").split("_at_")
+        return f"decode at batch {batch} at {context} positions", "a decode step's: the mean of 4"
     if key.startswith("profile_batch_"):
         return f"decode at batch {size}", "a decode step's: the mean of 8"
     return f"a {size}-token prefill", "one prefill call, after a warm-up one"

@@ -6,12 +6,14 @@ emulation, over ragged steps (a prefill chunk beside decode rows), pages scatter
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 from emulated_kernels import compile_emulated
 from onnx import TensorProto, helper
+from paths import ROOT
 
 from backends.engine.attention import INPUTS, attention_attributes, paged_attention_function
 from backends.engine.config import ModelConfig
@@ -108,6 +110,22 @@ def _steps() -> list[tuple[list[int], list[int]]]:
     return steps
 
 
+def _representable(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 `values` rounded to `dtype` (bfloat16: held as the float32 values it can represent)."""
+    if dtype == "bfloat16":
+        return _from_bfloat16(_bfloat16_bits(values))
+    return values.astype(NUMPY_TYPES[dtype])
+
+
+def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+
+
+def _from_bfloat16(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
 def _run_all(runner, dtype: str, window: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The outputs of each step from `runner` and the reference's, on the same random inputs."""
     rng = np.random.default_rng(5)
@@ -121,7 +139,7 @@ def _run_all(runner, dtype: str, window: int) -> tuple[list[np.ndarray], list[np
     reference = Reference(rows)
     got, expected = [], []
     for step_rows, positions in _steps():
-        qkv = rng.standard_normal((len(step_rows), width)).astype(NUMPY_TYPES[dtype])
+        qkv = _representable(rng.standard_normal((len(step_rows), width)).astype(np.float32), dtype)
         got.append(runner(qkv, np.array(positions, np.int32), np.array(step_rows, np.int32), table, sinks))
         expected.append(reference.step(qkv, positions, step_rows, sinks.astype(np.float64), window))
     return got, expected
@@ -165,7 +183,7 @@ class Session:
         return binding.get_outputs()[0].numpy().astype(np.float64)
 
 
-TOLERANCE = {"float32": 2e-5, "float16": 4e-3}
+TOLERANCE = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 2e-2}
 
 
 @pytest.mark.parametrize("window_layer", [True, False], ids=["window", "full"])
@@ -195,34 +213,85 @@ def emulated(tmp_path_factory) -> ctypes.CDLL:
     )
 
 
+EMULATED_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}  # gptoss::Dtype
+
+
+def _storage(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float `values` as the kernel reads `dtype`: float32, float16, or bfloat16's bits."""
+    if dtype == "bfloat16":
+        return _bfloat16_bits(values)
+    return np.ascontiguousarray(values, NUMPY_TYPES[dtype])
+
+
+def _emulated_runner(emulated: ctypes.CDLL, dtype: str, window: int, split_keys: int, tensor_cores: bool):
+    """A `_run_all` runner over the emulated CUDA kernel in `dtype`, its caches kept across steps."""
+    c = CONFIG
+    slots = (3 * POSITIONS // PAGE + 1) * PAGE
+    caches = [_storage(np.zeros((slots, c.num_key_value_heads, c.head_dim), np.float32), dtype) for _ in range(2)]
+    cos, sin = (_storage(table, dtype) for table in cos_sin(c, POSITIONS))
+
+    def run(qkv, positions, rows, table, sinks) -> np.ndarray:
+        out = _storage(np.zeros((len(rows), c.num_attention_heads * c.head_dim), np.float32), dtype)
+        arrays = [_storage(qkv, dtype), *caches, positions, rows, table, cos, sin, _storage(sinks, dtype), out]
+        pointers = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+        sizes = [len(rows), table.shape[0], table.shape[1], slots, POSITIONS, window, PAGE, split_keys]
+        error = emulated.gptoss_emulated_attention(
+            *pointers,
+            *(ctypes.c_int64(v) for v in sizes),
+            ctypes.c_int(EMULATED_DTYPES[dtype]),
+            ctypes.c_int(tensor_cores),
+        )
+        assert error is None, error.decode()
+        return (_from_bfloat16(out) if dtype == "bfloat16" else out).astype(np.float64)
+
+    return run
+
+
+def _errors(got: list[np.ndarray], expected: list[np.ndarray]) -> list[float]:
+    """Each step's largest difference relative to its largest output (at least 1)."""
+    return [float(np.abs(a - b).max() / max(1.0, np.abs(b).max())) for a, b in zip(got, expected, strict=True)]
+
+
 @pytest.mark.parametrize("split_keys", [0, 64], ids=["whole", "split"])
 @pytest.mark.parametrize("window_layer", [True, False], ids=["window", "full"])
 def test_cuda_kernel_under_emulation(emulated: ctypes.CDLL, window_layer: bool, split_keys: int) -> None:
     """Decode steps read each token's keys in one block, or (split) in parts of about 64 merged after, as long
     contexts are on a GPU; prefill steps in tiles of 8 tokens."""
-    c = CONFIG
-    window = c.sliding_window if window_layer else 0
-    slots = (3 * POSITIONS // PAGE + 1) * PAGE
-    caches = [np.zeros((slots, c.num_key_value_heads, c.head_dim), np.float32) for _ in range(2)]
-    cos, sin = cos_sin(c, POSITIONS)
-
-    def run(qkv, positions, rows, table, sinks) -> np.ndarray:
-        out = np.zeros((len(rows), c.num_attention_heads * c.head_dim), np.float32)
-        sinks = sinks.astype(np.float32)
-        arrays = [qkv, caches[0], caches[1], positions, rows, table, cos, sin, sinks, out]
-        pointers = [ctypes.c_void_p(np.ascontiguousarray(a).ctypes.data) for a in arrays]
-        sizes = [len(rows), table.shape[0], table.shape[1], slots, POSITIONS]
-        error = emulated.gptoss_emulated_attention(
-            *pointers,
-            *(ctypes.c_int64(v) for v in sizes),
-            ctypes.c_int64(window),
-            ctypes.c_int64(PAGE),
-            ctypes.c_int64(split_keys),
-        )
-        assert error is None, error.decode()
-        return out.astype(np.float64)
-
-    got, expected = _run_all(run, "float32", window)
-    for step, (a, b) in enumerate(zip(got, expected, strict=True)):
-        error = np.abs(a - b).max() / max(1.0, np.abs(b).max())
+    window = CONFIG.sliding_window if window_layer else 0
+    got, expected = _run_all(_emulated_runner(emulated, "float32", window, split_keys, True), "float32", window)
+    for step, error in enumerate(_errors(got, expected)):
         assert error < TOLERANCE["float32"], f"step {step}: relative error {error}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("window_layer", [True, False], ids=["window", "full"])
+def test_tensor_core_prefill_under_emulation(emulated: ctypes.CDLL, window_layer: bool, dtype: str) -> None:
+    """In 16-bit dtypes, rows running several tokens (a 40-token prefill, a 100-token chunk beside a decode row,
+    a ragged step of three rows) attend on the tensor cores (AttendMma's tiles of 16 tokens and 64 keys) as
+    close to the float64 reference as the CUDA-core tiles do, within the dtype's tolerance."""
+    window = CONFIG.sliding_window if window_layer else 0
+    errors = {}
+    for tensor_cores in (True, False):
+        runner = _emulated_runner(emulated, dtype, window, 0, tensor_cores)
+        errors[tensor_cores] = _errors(*_run_all(runner, dtype, window))
+    for step, (mma, tiles) in enumerate(zip(errors[True], errors[False], strict=True)):
+        assert mma < TOLERANCE[dtype], f"step {step}: relative error {mma} on the tensor cores ({tiles} without)"
+        assert mma < 2 * tiles + TOLERANCE[dtype] / 4, f"step {step}: {mma} on the tensor cores, {tiles} without"
+
+
+def test_the_attention_bench_times_both_prefill_paths_and_reports_them(tmp_path) -> None:
+    """bench/attention_layer.py end to end on the CPU kernel (where both settings run the same code): every case
+    timed both ways with equal outputs, and engine_check's docs section renders a row per case."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from attention_layer import Case, attention_timing
+    from engine_check_report import attention_lines
+
+    cases = (Case("prefill_40", 40, 0, 0), Case("chunk_24_at_150_window", 24, 150, 128), Case("decode", 3, 70, 0, 3))
+    report = attention_timing(CONFIG, tmp_path, build.build_library(), "cpu", cases)
+    assert list(report) == [case.name for case in cases]
+    for row in report.values():
+        assert row["us_tensor_cores"] > 0 and row["us_cuda_core_tiles"] > 0
+        assert row["max_diff_relative"] == 0.0  # the CPU kernel has one path
+    assert cases[1].keys_seen() == 24 * 128 and cases[0].keys_seen() == 40 * 41 // 2
+    lines = attention_lines(report)
+    assert sum(line.startswith("| prefill 40 |") for line in lines) == 1

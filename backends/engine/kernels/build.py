@@ -63,6 +63,7 @@ HEADERS = (
     "kernel_dtype.h",
     "ort_dtype.h",
     "cuda_numbers.h",
+    "cuda_mma.h",
     "paged_attention_op.h",
     "paged_attention_launch.h",
 )

@@ -30,6 +30,7 @@
 #endif
 
 #include "cuda_launch.h"
+#include "cuda_mma.h"
 #include "cuda_numbers.h"
 #include "mxfp4_moe_launch.h"
 
@@ -724,10 +725,8 @@ const char* LaunchGemms(const MoeArgs& a, const Plan& plan, const GemmScratch& s
 //
 // The same plan and combine as the CUDA-core path, so a step replays as a CUDA graph (nothing read back): a block
 // per (routed expert, kMmaRows output rows), a warp per kWarpRows of them (kNTiles tiles of 8 output rows that
-// share each input fragment), the expert's choices taken kMmaTokens at a time as the tiles' rows. Fragment
-// layouts are PTX's for m16n8k16 (.row.col): lane l is group g = l / 4 and thread t = l % 4 of it; A holds rows
-// {g, g + 8} at K {2t, 2t + 1} and {2t + 8, 2t + 9}; B column (output row) g at the same K; C rows {g, g + 8},
-// columns {2t, 2t + 1}.
+// share each input fragment), the expert's choices taken kMmaTokens at a time as the tiles' rows (fragment
+// layouts: cuda_mma.h; B's columns are output rows).
 //
 // Two tile steps cover one MXFP4 block of 32 columns, and the order of K within a block is ours to choose (the
 // same for A and B): lane t takes the block's columns 8t to 8t + 7, so that its codes are one 32-bit word of the
@@ -743,31 +742,6 @@ constexpr int kMmaRows = kMmaWarps * kWarpRows;
 constexpr int kMmaTokens = 32;  // two tiles of 16 rows: each weight read once for up to 32 choices
 constexpr int kMmaAhead = 4;
 constexpr int kMmaMinBlocks = 4;  // resident per SM: at most 128 registers a thread (the split kernels asked for 144)
-
-template <typename T>
-__device__ __forceinline__ uint32_t Pack(float low, float high) {
-  return static_cast<uint32_t>(FromFloat<T>(low).bits) | (static_cast<uint32_t>(FromFloat<T>(high).bits) << 16);
-}
-
-// c += a b for one m16n8k16 tile.
-template <typename T>
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#ifdef GPTOSS_HOST_EMULATION
-  emulation::Mma16816(std::is_same<T, BFloat>::value, c, a, b);
-#else
-  if constexpr (std::is_same<T, BFloat>::value) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-#endif
-}
 
 // The block's table of a code byte (two E2M1 codes, low nibble first) as two T values, low half first. Every
 // thread of the block must call it (a barrier).

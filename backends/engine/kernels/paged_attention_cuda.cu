@@ -6,8 +6,9 @@
 //    token's keys in tiles of 32 positions, each tile's keys and values read once into shared memory for the
 //    group; lane l scores key l of the tile for its warp's head, and the softmax runs online (a running maximum
 //    and sum per head, started from the head's sink logit), each lane accumulating the weighted values of the
-//    dimensions it holds. Where rows run several tokens (prefill chunks), AttendTiles instead takes 8 tokens a
-//    block and reads each tile once for all of a row's tokens among them.
+//    dimensions it holds. Where rows run several tokens (prefill chunks), AttendMma instead takes 16 tokens a
+//    block on the tensor cores (16-bit, gpt-oss's heads), AttendTiles 8 on the CUDA cores (float32 and other
+//    shapes, or GATEWAY_ATTENTION_MMA=0), each reading a tile of keys once for all of a row's tokens among them.
 // Both run on ONNX Runtime's stream, in order, with nothing read back: a step replays as a CUDA graph whatever
 // its page tables hold (they are device buffers).
 //
@@ -16,8 +17,11 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "cuda_launch.h"
+#include "cuda_mma.h"
 #include "cuda_numbers.h"
 #include "paged_attention_launch.h"
 
@@ -302,6 +306,240 @@ __global__ void AttendTiles(AttentionArgs a) {
   }
 }
 
+// ---- Prefill chunks on tensor cores: 16-bit activations, gpt-oss's heads (a group of 8 query heads, 64 wide) ----
+//
+// A block per (kMmaTokens consecutive tokens, KV head), a warp per two of them: the warp's 16 query rows are its
+// two tokens' heads of the group (row g: the first token's head g, row g + 8: the second's), so one
+// mma.sync m16n8k16 tile (cuda_mma.h) scores all of them against 8 keys. As in AttendTiles, the block takes its
+// tokens in runs of one row, and walks the run's keys in tiles of kMmaKeys: each tile's keys ([key][dim]) and
+// values (transposed, [dim][key]) go to shared memory once for every warp, the next tile's loads in registers
+// while this one's products run. Per tile a warp computes S = Q K^T (its queries rotated, scaled and rounded to
+// T once per run), drops keys outside each token's window or past its position, moves each row's running
+// maximum and sum (the head's sink logit starts them, as everywhere here), and adds P V, P rounded to T (the S
+// fragments are P's A fragments as they lie), in float sums. A warp skips the tiles none of its tokens sees.
+constexpr int kMmaTokens = 16;
+constexpr int kMmaWarps = kMmaTokens / 2;
+constexpr int kMmaThreads = kMmaWarps * kWarp;
+constexpr int kMmaKeys = 64;
+constexpr int kMmaGroup = 8;
+constexpr int kMmaDim = 64;
+constexpr int kMmaStride = kMmaDim + 8;  // padded: a B fragment's 8 rows x 4 words fall in 32 banks
+constexpr int kMmaChunks = kMmaKeys * kMmaDim / 8 / kMmaThreads;  // 16-byte loads per thread per tile, each cache
+
+__device__ __forceinline__ int64_t Earliest(const AttentionArgs& a, int64_t position) {
+  return a.window > 0 && position - a.window + 1 > 0 ? position - a.window + 1 : 0;
+}
+
+__device__ __forceinline__ uint32_t PairAt(const uint16_t* p) {  // two T at a 4-byte-aligned address
+#ifdef GPTOSS_HOST_EMULATION
+  uint32_t word;
+  std::memcpy(&word, p, sizeof word);
+  return word;
+#else
+  return *reinterpret_cast<const uint32_t*>(p);
+#endif
+}
+
+// A tile's keys as the cache holds them and its values transposed, in shared memory.
+struct alignas(16) MmaTile {
+  uint16_t keys[kMmaKeys][kMmaStride];
+  uint16_t values[kMmaDim][kMmaStride];
+};
+
+// This thread's 16-byte pieces of a tile's keys and values (zeros past `highest`): keys by (key, 8 dims) with the
+// dims fastest, so a warp reads whole key rows; values with the keys fastest, so that their transposed stores
+// fall in distinct banks.
+template <typename T>
+struct MmaTileLoads {
+  uint4 keys[kMmaChunks], values[kMmaChunks];
+
+  __device__ __forceinline__ void Fetch(const AttentionArgs& a, int64_t row, int64_t h, int64_t base,
+                                        int64_t highest) {
+    const uint4 zero = {0, 0, 0, 0};
+#pragma unroll
+    for (int c = 0; c < kMmaChunks; ++c) {
+      const int e = static_cast<int>(threadIdx.x) + c * kMmaThreads;
+      const int64_t key = base + e / (kMmaDim / 8), value = base + e % kMmaKeys;
+      keys[c] = key <= highest ? Piece(a.key_cache, a, row, h, key, e % (kMmaDim / 8)) : zero;
+      values[c] = value <= highest ? Piece(a.value_cache, a, row, h, value, e / kMmaKeys) : zero;
+    }
+  }
+
+  __device__ __forceinline__ void Store(MmaTile& tile) const {
+#pragma unroll
+    for (int c = 0; c < kMmaChunks; ++c) {
+      const int e = static_cast<int>(threadIdx.x) + c * kMmaThreads;
+      const int key = e / (kMmaDim / 8), piece = e % (kMmaDim / 8);
+#ifdef GPTOSS_HOST_EMULATION
+      std::memcpy(&tile.keys[key][piece * 8], &keys[c], sizeof keys[c]);
+#else
+      *reinterpret_cast<uint4*>(&tile.keys[key][piece * 8]) = keys[c];
+#endif
+      const int value = e % kMmaKeys, dims = e / kMmaKeys * 8;
+      const uint32_t words[4] = {values[c].x, values[c].y, values[c].z, values[c].w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        tile.values[dims + i][value] = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
+      }
+    }
+  }
+
+  static __device__ __forceinline__ uint4 Piece(const void* cache, const AttentionArgs& a, int64_t row, int64_t h,
+                                                int64_t position, int piece) {
+    const T* at = static_cast<const T*>(cache) + (SlotOf(a, row, position) * a.kv_heads + h) * kMmaDim + piece * 8;
+    return *reinterpret_cast<const uint4*>(at);
+  }
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kMmaThreads) AttendMma(AttentionArgs a) {
+  __shared__ MmaTile tile;
+  const int64_t h = blockIdx.y;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t head = h * kMmaGroup + g;
+  const int64_t block_first = static_cast<int64_t>(blockIdx.x) * kMmaTokens;
+  const int64_t block_end = block_first + kMmaTokens < a.tokens ? block_first + kMmaTokens : a.tokens;
+  const float sink = ToFloat(static_cast<const T*>(a.sinks)[head]);
+  for (int64_t run = block_first; run < block_end;) {
+    const int64_t row = a.token_rows[run];
+    int64_t run_end = run + 1;
+    while (run_end < block_end && a.token_rows[run_end] == row) ++run_end;
+    int64_t lowest = 0, highest = -1;  // the keys any of the run's tokens sees
+    for (int64_t n = run; n < run_end; ++n) {
+      const int64_t position = a.positions[n];
+      if (!TokenInRange(a, row, position)) continue;
+      lowest = highest < 0 || Earliest(a, position) < lowest ? Earliest(a, position) : lowest;
+      highest = position > highest ? position : highest;
+    }
+    // this warp's tokens (r = 0: rows g, r = 1: rows g + 8) where they are in the run, and what they see
+    int64_t token[2], first[2], last[2];
+    bool mine[2], live[2];
+    int64_t warp_low = 0, warp_high = -1;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      token[r] = block_first + 2 * warp + r;
+      mine[r] = token[r] >= run && token[r] < run_end;
+      const int64_t position = mine[r] ? a.positions[token[r]] : -1;
+      live[r] = mine[r] && TokenInRange(a, row, position);
+      first[r] = live[r] ? Earliest(a, position) : 0;
+      last[r] = live[r] ? position : -1;
+      if (live[r]) {
+        warp_low = warp_high < 0 || first[r] < warp_low ? first[r] : warp_low;
+        warp_high = last[r] > warp_high ? last[r] : warp_high;
+      }
+    }
+    uint32_t queries[4][4];  // A fragments of Q (16 rows x 64 dims) for the 4 K steps of 16 dims
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const T* q = static_cast<const T*>(a.qkv) + (live[r] ? token[r] : 0) * (a.heads + 2 * a.kv_heads) * kMmaDim +
+                   head * kMmaDim;
+      const int64_t position = live[r] ? last[r] : 0;
+      const T* cos = static_cast<const T*>(a.cos) + position * (kMmaDim / 2);
+      const T* sin = static_cast<const T*>(a.sin) + position * (kMmaDim / 2);
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {  // dims below 32 (steps 0, 1) pair with those 32 above (2, 3)
+#pragma unroll
+        for (int upper = 0; upper < 2; ++upper) {  // K 2t, 2t + 1 (registers r) or 2t + 8, 2t + 9 (r + 2)
+          float low[2], high[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 16 * step + 8 * upper + 2 * t + e;
+            const float x1 = ToFloat(q[i]), x2 = ToFloat(q[i + kMmaDim / 2]), c = ToFloat(cos[i]),
+                        s = ToFloat(sin[i]);
+            low[e] = live[r] ? (x1 * c - x2 * s) * a.scale : 0.0f;
+            high[e] = live[r] ? (x2 * c + x1 * s) * a.scale : 0.0f;
+          }
+          queries[step][r + 2 * upper] = Pack<T>(low[0], low[1]);
+          queries[step + 2][r + 2 * upper] = Pack<T>(high[0], high[1]);
+        }
+      }
+    }
+    float top[2] = {sink, sink}, total[2] = {t == 0 ? 1.0f : 0.0f, t == 0 ? 1.0f : 0.0f};  // lane partial sums
+    float sums[kMmaDim / 8][4] = {};  // C fragments of the output (16 rows x 64 dims)
+    MmaTileLoads<T> loads;
+    if (lowest <= highest) loads.Fetch(a, row, h, lowest, highest);
+    for (int64_t base = lowest; base <= highest; base += kMmaKeys) {
+      __syncthreads();  // the last tile's readers are done
+      loads.Store(tile);
+      __syncthreads();
+      if (base + kMmaKeys <= highest) loads.Fetch(a, row, h, base + kMmaKeys, highest);
+      if (warp_high < base || warp_low > base + kMmaKeys - 1) continue;  // warp-uniform: no token sees the tile
+      float scores[kMmaKeys / 8][4] = {};
+#pragma unroll
+      for (int step = 0; step < kMmaDim / 16; ++step) {
+#pragma unroll
+        for (int n = 0; n < kMmaKeys / 8; ++n) {
+          const uint32_t b[2] = {PairAt(&tile.keys[8 * n + g][16 * step + 2 * t]),
+                                 PairAt(&tile.keys[8 * n + g][16 * step + 2 * t + 8])};
+          Mma<T>(scores[n], queries[step], b);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float tile_top = top[r];
+#pragma unroll
+        for (int n = 0; n < kMmaKeys / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t j = base + 8 * n + 2 * t + e;
+            float& score = scores[n][2 * r + e];
+            score = j >= first[r] && j <= last[r] ? score : -FLT_MAX;
+            tile_top = fmaxf(tile_top, score);
+          }
+        }
+        tile_top = fmaxf(tile_top, __shfl_xor_sync(0xFFFFFFFFu, tile_top, 1));
+        tile_top = fmaxf(tile_top, __shfl_xor_sync(0xFFFFFFFFu, tile_top, 2));
+        const float rescale = expf(top[r] - tile_top);
+        total[r] *= rescale;
+#pragma unroll
+        for (int n = 0; n < kMmaDim / 8; ++n) sums[n][2 * r] *= rescale, sums[n][2 * r + 1] *= rescale;
+        top[r] = tile_top;
+#pragma unroll
+        for (int n = 0; n < kMmaKeys / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& score = scores[n][2 * r + e];
+            score = score == -FLT_MAX ? 0.0f : expf(score - tile_top);
+            total[r] += score;
+          }
+        }
+      }
+#pragma unroll
+      for (int step = 0; step < kMmaKeys / 16; ++step) {  // keys 16 step .. 16 step + 15: S tiles 2 step, 2 step + 1
+        const uint32_t p[4] = {Pack<T>(scores[2 * step][0], scores[2 * step][1]),
+                               Pack<T>(scores[2 * step][2], scores[2 * step][3]),
+                               Pack<T>(scores[2 * step + 1][0], scores[2 * step + 1][1]),
+                               Pack<T>(scores[2 * step + 1][2], scores[2 * step + 1][3])};
+#pragma unroll
+        for (int n = 0; n < kMmaDim / 8; ++n) {
+          const uint32_t b[2] = {PairAt(&tile.values[8 * n + g][16 * step + 2 * t]),
+                                 PairAt(&tile.values[8 * n + g][16 * step + 2 * t + 8])};
+          Mma<T>(sums[n], p, b);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      total[r] += __shfl_xor_sync(0xFFFFFFFFu, total[r], 1);
+      total[r] += __shfl_xor_sync(0xFFFFFFFFu, total[r], 2);
+      if (!mine[r]) continue;
+      T* out = static_cast<T*>(a.out) + token[r] * a.heads * kMmaDim + head * kMmaDim;
+#pragma unroll
+      for (int n = 0; n < kMmaDim / 8; ++n) {
+        out[8 * n + 2 * t] = FromFloat<T>(live[r] ? sums[n][2 * r] / total[r] : 0.0f);
+        out[8 * n + 2 * t + 1] = FromFloat<T>(live[r] ? sums[n][2 * r + 1] / total[r] : 0.0f);
+      }
+    }
+    run = run_end;
+  }
+}
+
+// Whether a step's several-token rows run on the tensor cores (else AttendTiles).
+bool UsesMma(const AttentionArgs& a) {
+  return a.tensor_cores && a.dtype != Dtype::kFloat32 && a.heads / a.kv_heads == kMmaGroup && a.head_dim == kMmaDim;
+}
+
 // Key splits of a decode step's tokens (1: none): from the page tables' width (the longest context a row may
 // have; a CUDA graph's tables are of full width), so the launch shape never depends on the device's data.
 int64_t Splits(const AttentionArgs& a) {
@@ -315,6 +553,13 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
   GPTOSS_LAUNCH(WriteKv<T>, dim3(static_cast<unsigned>(a.tokens)), dim3(kWriteThreads), stream, a);
   const unsigned threads = static_cast<unsigned>(a.heads / a.kv_heads * kWarp);
   const bool runs = a.tokens > a.rows;  // some row runs several tokens: known from the shapes, nothing read back
+  if constexpr (!std::is_same<T, float>::value) {  // 16-bit only
+    if (runs && UsesMma(a)) {
+      const unsigned blocks = static_cast<unsigned>((a.tokens + kMmaTokens - 1) / kMmaTokens);
+      GPTOSS_LAUNCH(AttendMma<T>, dim3(blocks, static_cast<unsigned>(a.kv_heads)), dim3(kMmaThreads), stream, a);
+      return;
+    }
+  }
   if (runs && a.heads / a.kv_heads <= kTileGroup && a.head_dim <= kTileDim) {
     const unsigned blocks = static_cast<unsigned>((a.tokens + kTileTokens - 1) / kTileTokens);
     GPTOSS_LAUNCH(AttendTiles<T>, dim3(blocks, static_cast<unsigned>(a.kv_heads)), dim3(threads), stream, a);

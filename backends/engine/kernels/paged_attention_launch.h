@@ -40,6 +40,9 @@ struct AttentionArgs {
   // CUDA decode steps (a token per row): each token's keys split among blocks of about this many, at most
   // kMaxSplits (flash-decoding: a long context is read by many blocks at once), the parts merged after
   int64_t split_keys;
+  // CUDA steps where rows run several tokens: on the tensor cores where the shapes allow (16-bit, 8 query heads
+  // per KV head, 64 wide); false (GATEWAY_ATTENTION_MMA=0): on the CUDA cores
+  bool tensor_cores;
   float* parts;  // set by the launcher: the workspace of the split parts
 };
 

@@ -1,6 +1,7 @@
 // What both PagedAttention kernels share: attributes, and reading the inputs.
 #include "paged_attention_op.h"
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,8 @@ AttentionAttributes::AttentionAttributes(const OrtKernelInfo* info) {
   page_size = kernel_info.GetAttribute<int64_t>("page_size");
   window = kernel_info.GetAttribute<int64_t>("window");
   scale = kernel_info.GetAttribute<float>("scale");
+  const char* mma = std::getenv("GATEWAY_ATTENTION_MMA");
+  tensor_cores = !(mma && std::string(mma) == "0");
 }
 
 namespace {
@@ -77,6 +80,7 @@ AttentionArgs ReadAttentionArgs(Ort::KernelContext& context, const AttentionAttr
   a.key_cache = context.GetOutput(1, cache_shape).GetTensorMutableRawData();
   a.value_cache = context.GetOutput(2, cache_shape).GetTensorMutableRawData();
   a.split_keys = kDefaultSplitKeys;
+  a.tensor_cores = attributes.tensor_cores;
   return a;
 }
 

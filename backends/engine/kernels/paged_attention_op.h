@@ -18,6 +18,7 @@ struct AttentionAttributes {
   explicit AttentionAttributes(const OrtKernelInfo* info);
   int64_t heads, kv_heads, page_size, window;
   float scale;
+  bool tensor_cores;  // GATEWAY_ATTENTION_MMA (read when the kernel is made): "0" keeps prefills on CUDA cores
 };
 
 // The inputs as pointers and sizes (shapes and types checked), with the outputs allocated.

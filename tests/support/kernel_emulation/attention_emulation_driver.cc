@@ -1,7 +1,8 @@
 // A C entry point over the PagedAttention CUDA kernel file compiled for the host (cuda_shim.h is included first):
-// one float32 step at gpt-oss's attention heads (64 query, 8 KV, 64 wide) on caches in host memory, updated in
-// place, decode steps' keys split among blocks of about `split_keys` (0: none), for the tests to compare with
-// the reference.
+// one step at gpt-oss's attention heads (64 query, 8 KV, 64 wide) in `dtype` (gptoss::Dtype: 0 float32, 1 fp16,
+// 2 bf16; every array but the int32 ones in it) on caches in host memory, updated in place, decode steps' keys
+// split among blocks of about `split_keys` (0: none), several-token rows on the tensor cores where
+// `tensor_cores` and the dtype allow, for the tests to compare with the reference.
 #include <cmath>
 #include <vector>
 
@@ -12,7 +13,7 @@ extern "C" const char* gptoss_emulated_attention(const void* qkv, void* keys, vo
                                                  const void* sin, const void* sinks, void* out, int64_t tokens,
                                                  int64_t table_rows, int64_t table_width, int64_t slots,
                                                  int64_t max_positions, int64_t window, int64_t page_size,
-                                                 int64_t split_keys) {
+                                                 int64_t split_keys, int dtype, int tensor_cores) {
   gptoss::AttentionArgs a{};
   a.tokens = tokens;
   a.rows = table_rows;
@@ -25,7 +26,8 @@ extern "C" const char* gptoss_emulated_attention(const void* qkv, void* keys, vo
   a.max_positions = max_positions;
   a.window = window;
   a.scale = 1.0f / std::sqrt(64.0f);
-  a.dtype = gptoss::Dtype::kFloat32;
+  a.dtype = static_cast<gptoss::Dtype>(dtype);
+  a.tensor_cores = tensor_cores != 0;
   a.qkv = qkv;
   a.key_cache_in = keys;
   a.value_cache_in = values;

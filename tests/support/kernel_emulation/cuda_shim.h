@@ -131,16 +131,17 @@ inline void SyncThreads() { Yield(Wait::kBlock, block_barrier); }
 
 inline void SyncWarp() { Yield(Wait::kWarp, warps[current->linear / kWarp].barrier); }
 
-// The value of lane + delta (down) or lane - delta (up); a lane past the warp's edge keeps its own.
+// The value of lane + delta (down), lane - delta (up) or, `butterfly`, lane ^ delta; a lane past the warp's edge
+// keeps its own.
 template <typename T>
-T Shuffle(T value, int delta) {
+T Shuffle(T value, int delta, bool butterfly = false) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "shuffled values are at most 8 bytes");
   const int lane = static_cast<int>(current->linear % kWarp);
   Warp& warp = warps[current->linear / kWarp];
   uint64_t* slots = warp.slots[current->shuffles++ % 2];
   std::memcpy(&slots[lane], &value, sizeof value);
   Yield(Wait::kWarp, warp.barrier);
-  const int source = lane + delta;
+  const int source = butterfly ? lane ^ delta : lane + delta;
   if (source < 0 || source >= kWarp) return value;
   T other;
   std::memcpy(&other, &slots[source], sizeof other);
@@ -306,4 +307,5 @@ inline int CublasGemmEx(void*, int transa, int transb, int m, int n, int k, cons
 #define __syncwarp(...) emulation::SyncWarp()
 #define __shfl_down_sync(mask, value, offset) emulation::Shuffle(value, offset)
 #define __shfl_up_sync(mask, value, offset) emulation::Shuffle(value, -(offset))
+#define __shfl_xor_sync(mask, value, lanes) emulation::Shuffle(value, lanes, true)
 #define GPTOSS_LAUNCH(kernel, grid, block, stream, ...) emulation::Launch(kernel, grid, block, __VA_ARGS__)
