@@ -58,8 +58,8 @@ case "$part" in
     check paged 240 --steps paged ;;
   attention20b)
     check attention 50 --steps attention
-    check 20b 140 --cuda-graph --no-qmoe-decode --steps scale
-    check paged 100 --steps paged
+    check 20b 135 --cuda-graph --no-qmoe-decode --steps scale
+    check paged 90 --steps paged
     gpu_tests 40 ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac
