@@ -159,7 +159,13 @@ def markdown(results: dict[str, Any]) -> str:
             f"(weights and ONNX Runtime's arena after an 8k prefill: {scale.get('weights_and_workspace_gb')} GB "
             "beside the KV).",
             f"- CUDA-graph decode logits against the plain runs': largest difference "
-            f"{scale.get('cuda_graph_max_abs_logit_diff')}).",
+            f"{scale.get('cuda_graph_max_abs_logit_diff')} ("
+            + (
+                "the graphs fed the plain run's tokens)."
+                if scale.get("cuda_graph_fed_plain_tokens")
+                else "each run fed its own greedy tokens, so a token flipped at a near tie would move every later "
+                "logit: such a run cannot tell that from an error)."
+            ),
             "",
         ]
     big = results.get("scale_120b", {})
