@@ -1,7 +1,8 @@
 """One PagedAttention node at gpt-oss's heads on a device, timed alone (bench/engine_check.py's `attention` step):
-prefill chunks on the tensor cores (AttendMma) against the CUDA-core tiles (AttendTiles, GATEWAY_ATTENTION_MMA=0)
-in the same run, their outputs against each other, and a decode step for scale. The caches hold random keys and
-values at every position a case reads (attention's work does not depend on how they got there)."""
+prefill chunks and decode steps on the tensor cores (AttendMma, DecodeMma) against the CUDA-core kernels
+(AttendTiles, Attend: GATEWAY_ATTENTION_MMA=0) in the same run, and their outputs against each other. The caches
+hold random keys and values at every position a case reads (attention's work does not depend on how they got
+there)."""
 
 from __future__ import annotations
 
@@ -20,38 +21,45 @@ from backends.engine.config import ModelConfig
 from backends.engine.opsets import ENGINE_DOMAIN, IR_VERSION, OPSET
 from backends.engine.rope import cos_sin
 
-ATTENTION_MMA_ENV = "GATEWAY_ATTENTION_MMA"  # read when a session makes its kernel: "0", the CUDA-core tiles
+ATTENTION_MMA_ENV = "GATEWAY_ATTENTION_MMA"  # read when a session makes its kernel: "0", the CUDA cores
 PAGE = 16
 PRESENT = {"key_cache": "present_key", "value_cache": "present_value"}  # the caches' outputs, bound in place
 
 
 @dataclass(frozen=True)
 class Case:
-    """A step of one row's `tokens` consecutive tokens from `start` (prefill), or of `rows` rows' one token each
-    at `start` (decode); `window`: the layer's (0: a full layer)."""
+    """A prefill step (one row's `tokens` consecutive tokens from position `start`) or a decode step (`tokens`
+    rows' one token each at `start`); `window`: the layer's (0: a full layer)."""
 
     name: str
     tokens: int
     start: int
     window: int
-    rows: int = 1
+    decode: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.tokens if self.decode else 1
 
     @property
     def positions(self) -> int:
-        return self.start + (self.tokens if self.rows == 1 else 1)
+        """Positions a row reaches."""
+        return self.start + (1 if self.decode else self.tokens)
 
     def keys_seen(self) -> int:
         """Query-key pairs the step weighs, per query head."""
-        if self.rows > 1:
-            return self.rows * min(self.positions, self.window or self.positions)
-        return sum(min(p + 1, self.window or p + 1) for p in range(self.start, self.start + self.tokens))
+        last = self.start + (0 if self.decode else self.tokens - 1)
+        seen = sum(min(p + 1, self.window or p + 1) for p in range(self.start, last + 1))
+        return seen * (self.tokens if self.decode else 1)
 
 
 CASES = (
     Case("prefill_8192_full", 8192, 0, 0),
     Case("prefill_8192_window", 8192, 0, 128),
     Case("chunk_2048_at_129024_full", 2048, 129_024, 0),
-    Case("decode_64_rows_at_2048_full", 64, 2048, 0, rows=64),
+    Case("decode_64_rows_at_2048_full", 64, 2048, 0, decode=True),
+    Case("decode_256_rows_at_2048_full", 256, 2048, 0, decode=True),
+    Case("decode_1_row_at_8192_full", 1, 8192, 0, decode=True),
 )
 
 
@@ -95,7 +103,7 @@ def attention_model(config: ModelConfig, window: int, onnx_type: int, max_positi
 
 
 def attention_session(model: Path, kernels: Path, device: str, tensor_cores: bool):
-    """A session of `model` with our kernels; `tensor_cores` False: prefill chunks on the CUDA-core tiles."""
+    """A session of `model` with our kernels; `tensor_cores` False: attention on the CUDA cores."""
     import onnxruntime as ort
 
     before = os.environ.get(ATTENTION_MMA_ENV)
@@ -116,7 +124,7 @@ def case_arrays(config: ModelConfig, case: Case, numpy_type: type) -> dict[str, 
     """The inputs of `case` (16-bit values as raw bits) and a zero output, on the host."""
     rng = np.random.default_rng(case.tokens + case.start)
     heads, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    step_tokens = case.tokens if case.rows == 1 else case.rows
+    step_tokens = case.tokens
     pages = (case.positions + PAGE - 1) // PAGE
     slots = (case.rows * pages + 1) * PAGE  # page 0: scratch
 
@@ -124,7 +132,7 @@ def case_arrays(config: ModelConfig, case: Case, numpy_type: type) -> dict[str, 
         return (rng.standard_normal(shape, np.float32) * spread).astype(numpy_type).view(np.uint16)
 
     cos, sin = cos_sin(config, case.positions)
-    if case.rows == 1:
+    if not case.decode:
         positions = np.arange(case.start, case.start + case.tokens, dtype=np.int32)
         token_rows = np.zeros(step_tokens, np.int32)
     else:
@@ -170,8 +178,9 @@ def run_case(session, arrays: dict[str, np.ndarray], device: str, onnx_type: int
 def attention_timing(
     config: ModelConfig, work: Path, kernels: Path, device: str, cases: tuple[Case, ...] = CASES
 ) -> dict[str, Any]:
-    """Each case on the tensor cores and on the CUDA-core tiles (bf16): µs per step, the multiply-adds' rate on the
-    tensor cores, and their outputs' largest difference relative to the largest output."""
+    """Each case on the tensor cores and on the CUDA cores (bf16): µs per step, the multiply-adds' rate on the
+    tensor cores, the KV bytes a decode step reads per µs there, and the outputs' largest difference relative to
+    the largest output."""
     onnx_type, numpy_type = TensorProto.BFLOAT16, ml_dtypes.bfloat16
     report: dict[str, Any] = {}
     for case in cases:
@@ -180,17 +189,19 @@ def attention_timing(
         results = {}
         for tensor_cores in (True, False):
             session = attention_session(model, kernels, device, tensor_cores)
-            repeats = 3 if not tensor_cores and case.rows == 1 else 10
+            repeats = 3 if not tensor_cores and not case.decode else 10
             results[tensor_cores] = run_case(session, arrays, device, onnx_type, repeats)
             del session
-        (mma_us, mma_out), (tiles_us, tiles_out) = results[True], results[False]
-        as_float = [out.view(numpy_type).astype(np.float32) for out in (mma_out, tiles_out)]
+        (mma_us, mma_out), (cuda_us, cuda_out) = results[True], results[False]
+        as_float = [out.view(numpy_type).astype(np.float32) for out in (mma_out, cuda_out)]
         flops = 4 * config.num_attention_heads * config.head_dim * case.keys_seen()
+        kv_bytes = case.keys_seen() * config.num_key_value_heads * config.head_dim * 2 * 2  # keys and values, bf16
         report[case.name] = {
             "us_tensor_cores": round(mma_us, 1),
-            "us_cuda_core_tiles": round(tiles_us, 1),
-            "speedup": round(tiles_us / mma_us, 2),
+            "us_cuda_cores": round(cuda_us, 1),
+            "speedup": round(cuda_us / mma_us, 2),
             "tflops_tensor_cores": round(flops / mma_us / 1e6, 1),
+            "kv_gb_per_s_tensor_cores": round(kv_bytes / mma_us / 1e3, 1),
             "max_diff_relative": float(np.abs(as_float[0] - as_float[1]).max() / max(np.abs(as_float[1]).max(), 1e-6)),
         }
     return report

@@ -55,15 +55,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_idle(pid: int, timeout_s: float = 15.0) -> None:
-    """Until the process is idle (under 10 ms of CPU in a 1.2 s window, longer than an OTLP exporter's batch
-    delay of 1 s), at most `timeout_s`: work it still does after a round would otherwise take the next one's CPU."""
+def idle_rate(pid: int, window_s: float = 2.4) -> float:
+    """CPU seconds a second the process spends unloaded (its own timers: the gateway's loop-lag watcher wakes
+    every 10 ms), measured over `window_s`."""
+    before = cpu_seconds(pid)
+    time.sleep(window_s)
+    return (cpu_seconds(pid) - before) / window_s
+
+
+def wait_idle(pid: int, timeout_s: float = 15.0, idle_s_per_s: float = 0.0) -> None:
+    """Until the process is idle: in a 1.2 s window (longer than an OTLP exporter's batch delay of 1 s), under
+    10 ms of CPU beyond what it spends unloaded (`idle_s_per_s`, from idle_rate, with half as much again for
+    noise); at most `timeout_s`: work it still does after a round would otherwise take the next one's CPU."""
+    window_s = 1.2
+    allowed = 0.01 + 1.5 * idle_s_per_s * window_s
     deadline = time.monotonic() + timeout_s
     before = cpu_seconds(pid)
     while time.monotonic() < deadline:
-        time.sleep(1.2)
+        time.sleep(window_s)
         now = cpu_seconds(pid)
-        if now - before < 0.01:
+        if now - before < allowed:
             return
         before = now
 

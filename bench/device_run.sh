@@ -10,9 +10,9 @@
 #   bash bench/device_run.sh paged20b    512 x 2k sequences; a 131k prompt beside 64           ($OUT/paged)
 #   bash bench/device_run.sh recheck20b  after a kernel change, in one command: the kernel step, the 20b
 #                                        shape (no QMoE model), pytest -m gpu, parity, then paged20b
-#   bash bench/device_run.sh attention20b  after an attention change, in about 5 minutes: the attention step
-#                                        (tensor cores against the CUDA-core tiles), the 20b shape, paged20b,
-#                                        pytest -m gpu
+#   bash bench/device_run.sh attention20b  after an attention change, in about 4 minutes: the attention step
+#                                        (prefill and decode on the tensor cores against the CUDA cores), the 20b
+#                                        shape, paged20b, pytest -m gpu
 #
 # Back here: python bench/engine_check.py --render OUT/20b/engine_check.json OUT/kernels/engine_check.json \
 #            OUT/120b/engine_check.json OUT/paged/engine_check.json

@@ -146,7 +146,13 @@ def markdown(results: dict[str, Any]) -> str:
                 else []
             ),
             f"- Time to first token (one prefill call): 1k prompt {scale.get('ttft_1024_s')} s, 8k prompt "
-            f"{scale.get('ttft_8192_s')} s.",
+            f"{scale.get('ttft_8192_s')} s"
+            + (
+                f" (the process's first prompt of each length, as ONNX Runtime's arena grows for it: "
+                f"{scale['ttft_1024_first_s']} s and {scale.get('ttft_8192_first_s')} s)."
+                if "ttft_1024_first_s" in scale
+                else " (each the process's first prompt of its length)."
+            ),
             f"- Bytes a batch-1 step must read: {scale.get('weights_read_per_token_gb')} GB (the bf16 unembedding "
             f"alone {scale.get('unembedding_gb')} GB); at the measured bandwidth the bound is "
             f"{scale.get('hbm_bound_tok_s')} tok/s, so batch-1 decode runs at "
@@ -230,22 +236,23 @@ def paged_lines(paged: dict[str, Any]) -> list[str]:
 
 
 def attention_lines(attention: dict[str, Any]) -> list[str]:
-    """bench/attention_layer.py's cases: one PagedAttention node, tensor cores against the CUDA-core tiles."""
+    """bench/attention_layer.py's cases: one PagedAttention node, tensor cores against the CUDA cores."""
     if not attention:
         return []
     if "error" in attention:
         return [f"**PagedAttention alone**: failed: {attention['error'][:300]}", ""]
     return [
         "**PagedAttention alone** (bench/attention_layer.py: one node at gpt-oss's heads, bf16, caches in device "
-        "memory; prefill chunks on the tensor cores against the CUDA-core tiles, GATEWAY_ATTENTION_MMA=0, in the "
-        "same run; a decode step takes neither, for scale):",
+        "memory; each step on the tensor cores against the CUDA-core kernels, GATEWAY_ATTENTION_MMA=0, in the same "
+        "run; KV GB/s: the keys and values a step must read, per second):",
         "",
-        "| step | µs, tensor cores | µs, CUDA-core tiles | speed-up | TFLOP/s on the tensor cores "
+        "| step | µs, tensor cores | µs, CUDA cores | speed-up | TFLOP/s on the tensor cores | KV GB/s there "
         "| largest difference (of the largest output) |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
         *(
-            f"| {name.replace('_', ' ')} | {row['us_tensor_cores']} | {row['us_cuda_core_tiles']} | {row['speedup']}x "
-            f"| {row['tflops_tensor_cores']} | {row['max_diff_relative']:.1e} |"
+            f"| {name.replace('_', ' ')} | {row['us_tensor_cores']} | {row['us_cuda_cores']} | {row['speedup']}x "
+            f"| {row['tflops_tensor_cores']} | {row.get('kv_gb_per_s_tensor_cores', '-')} "
+            f"| {row['max_diff_relative']:.1e}" + (f"; {row['note']}" if "note" in row else "") + " |"
             for name, row in attention.items()
         ),
         "",

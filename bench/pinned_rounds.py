@@ -1,7 +1,8 @@
 """Gateways with different settings loaded in alternating rounds of one run: short non-streamed Responses
 requests through the mock backend from closed-loop clients, the order of the settings rotated each round and
-each round started once the gateway before it is idle. With two CPUs or more, every gateway thread is pinned to
-the last CPU and the load client to the others. Used by bench/tracing_bench.py and bench/event_loop_bench.py."""
+each round started once the gateway before it is back to its unloaded CPU use. With two CPUs or more, every
+gateway thread is pinned to the last CPU and the load client to the others. Used by bench/tracing_bench.py and
+bench/event_loop_bench.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from closed_loop import Load, LoopResult, closed_loop, pin_threads, wait_idle
+from closed_loop import Load, LoopResult, closed_loop, idle_rate, pin_threads, wait_idle
 from gateway_bench import SHORT, request_body
 from live_gateway import GatewayProcess
 
@@ -52,13 +53,14 @@ def pinned_rounds(
                 pin_threads(gateway.process.pid, max(own_cpus))
         if pinned:
             os.sched_setaffinity(0, own_cpus - {max(own_cpus)})
+        unloaded = {name: idle_rate(gateway.process.pid) for name, gateway in gateways.items() if gateway.process}
         load = Load(request_body(False), clients, duration_s / rounds)
         for round_index in range(rounds):
             shift = round_index % len(gateways)
             for name, gateway in [*gateways.items()][shift:] + [*gateways.items()][:shift]:
                 assert gateway.process is not None
                 results[name].append(closed_loop(gateway.url + "/v1/responses", gateway.process.pid, load))
-                wait_idle(gateway.process.pid)
+                wait_idle(gateway.process.pid, idle_s_per_s=unloaded[name])
     finally:
         os.sched_setaffinity(0, own_cpus)
         for gateway in gateways.values():

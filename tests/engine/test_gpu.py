@@ -137,9 +137,10 @@ def test_the_cuda_sampler_chooses_what_the_cpu_kernel_does(kernels):
     assert cuda.top_ids.tolist() == cpu.top_ids.tolist()
 
 
-def test_prefill_attention_on_the_tensor_cores_matches_the_cuda_core_tiles(kernels, tmp_path):
-    """AttendMma against AttendTiles on the device (bf16, gpt-oss's heads): a prompt from position 0, a chunk deep
-    in a long context, both in a window layer too, and a ragged block end (tokens not a multiple of 16)."""
+def test_attention_on_the_tensor_cores_matches_the_cuda_core_kernels(kernels, tmp_path):
+    """AttendMma against AttendTiles and DecodeMma against Attend on the device (bf16, gpt-oss's heads): a prompt
+    from position 0, a chunk deep in a long context, decode rows whose keys are split in parts, each in a window
+    layer too, and a ragged block end (tokens not a multiple of 16)."""
     from attention_layer import Case, attention_timing
 
     from backends.engine.config import GPT_OSS_20B
@@ -149,6 +150,8 @@ def test_prefill_attention_on_the_tensor_cores_matches_the_cuda_core_tiles(kerne
         Case("prompt_300_window", 300, 0, 128),
         Case("chunk_77_at_5000", 77, 5000, 0),
         Case("chunk_77_at_5000_window", 77, 5000, 128),
+        Case("decode_5_at_5000", 5, 5000, 0, decode=True),
+        Case("decode_5_at_5000_window", 5, 5000, 128, decode=True),
     )
     report = attention_timing(GPT_OSS_20B, tmp_path, kernels, DEVICE, cases)
     for name, row in report.items():

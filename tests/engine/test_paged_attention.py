@@ -263,16 +263,18 @@ def test_cuda_kernel_under_emulation(emulated: ctypes.CDLL, window_layer: bool, 
         assert error < TOLERANCE["float32"], f"step {step}: relative error {error}"
 
 
+@pytest.mark.parametrize("split_keys", [0, 64], ids=["whole", "split"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("window_layer", [True, False], ids=["window", "full"])
-def test_tensor_core_prefill_under_emulation(emulated: ctypes.CDLL, window_layer: bool, dtype: str) -> None:
+def test_tensor_cores_under_emulation(emulated: ctypes.CDLL, window_layer: bool, dtype: str, split_keys: int) -> None:
     """In 16-bit dtypes, rows running several tokens (a 40-token prefill, a 100-token chunk beside a decode row,
-    a ragged step of three rows) attend on the tensor cores (AttendMma's tiles of 16 tokens and 64 keys) as
-    close to the float64 reference as the CUDA-core tiles do, within the dtype's tolerance."""
+    a ragged step of three rows) attend on the tensor cores (AttendMma's tiles of 16 tokens and 64 keys), and
+    decode steps too (DecodeMma: a token's keys whole, or split in parts merged after), as close to the float64
+    reference as the CUDA-core kernels are, within the dtype's tolerance."""
     window = CONFIG.sliding_window if window_layer else 0
     errors = {}
     for tensor_cores in (True, False):
-        runner = _emulated_runner(emulated, dtype, window, 0, tensor_cores)
+        runner = _emulated_runner(emulated, dtype, window, split_keys, tensor_cores)
         errors[tensor_cores] = _errors(*_run_all(runner, dtype, window))
     for step, (mma, tiles) in enumerate(zip(errors[True], errors[False], strict=True)):
         assert mma < TOLERANCE[dtype], f"step {step}: relative error {mma} on the tensor cores ({tiles} without)"
@@ -286,12 +288,16 @@ def test_the_attention_bench_times_both_prefill_paths_and_reports_them(tmp_path)
     from attention_layer import Case, attention_timing
     from engine_check_report import attention_lines
 
-    cases = (Case("prefill_40", 40, 0, 0), Case("chunk_24_at_150_window", 24, 150, 128), Case("decode", 3, 70, 0, 3))
+    cases = (
+        Case("prefill_40", 40, 0, 0),
+        Case("chunk_24_at_150_window", 24, 150, 128),
+        Case("decode_3_at_70", 3, 70, 0, decode=True),
+    )
     report = attention_timing(CONFIG, tmp_path, build.build_library(), "cpu", cases)
     assert list(report) == [case.name for case in cases]
     for row in report.values():
-        assert row["us_tensor_cores"] > 0 and row["us_cuda_core_tiles"] > 0
+        assert row["us_tensor_cores"] > 0 and row["us_cuda_cores"] > 0
         assert row["max_diff_relative"] == 0.0  # the CPU kernel has one path
-    assert cases[1].keys_seen() == 24 * 128 and cases[0].keys_seen() == 40 * 41 // 2
+    assert cases[1].keys_seen() == 24 * 128 and cases[0].keys_seen() == 40 * 41 // 2 and cases[2].keys_seen() == 3 * 71
     lines = attention_lines(report)
     assert sum(line.startswith("| prefill 40 |") for line in lines) == 1

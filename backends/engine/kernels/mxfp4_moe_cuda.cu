@@ -1,7 +1,8 @@
 // gptoss.engine::MXFP4MoE on the CUDA execution provider, in the activation dtype (float, fp16, bf16):
 //
-// 1. Route (one block): each token's top-k experts, softmax over those k logits, and the step's tokens
-//    grouped by expert (per-expert offsets into one list of (token, choice) indices).
+// 1. Route (one block; a step of more than 32 tokens across the GPU in three kernels): each token's top-k
+//    experts, softmax over those k logits, and the step's tokens grouped by expert (per-expert offsets into one
+//    list of (token, choice) indices).
 // 2. Fc1 / Fc2: a block per (routed expert, 8 output rows), a warp per row (a gate/linear pair for fc1).
 //    Each lane loads whole MXFP4 blocks (16 code bytes, one scale), several before it uses any, decodes
 //    them in registers and uses them for up to kChunk of the expert's tokens, so an expert's weights are
@@ -147,6 +148,7 @@ struct Plan {
   float* activated;  // [T*k, I] swiglu(fc1) per choice (CUDA-core path; the tiles keep it in T)
   float* partial;    // [T*k, H] fc2 + bias per choice (CUDA-core path and unsplit tiles)
   float* split_sums; // [S, T*k, max(2I, H)] the tiles' sums of each part of K, when a step splits K in S > 1
+  int* cursor;       // [E] the wide routing's counts, then each expert's next place in `list`
 };
 
 // The GEMM path's scratch; rows in `list` order (grouped by expert).
@@ -264,6 +266,71 @@ __global__ void __launch_bounds__(kRouteThreads) Route(MoeArgs a, Plan plan) {
     plan.list[slot] = static_cast<int>(c);
     plan.position[c] = slot;
   }
+}
+
+// A step of more tokens than Route's block takes at once, routed across the GPU in three kernels: RouteTokens (a
+// warp per token, as Route's) picks each token's top k and counts them per expert in `cursor` (zeroed first), one
+// thread of RoutePlan turns the counts into the experts' offsets, and RoutePlace puts each choice in its expert's
+// range of the list (in no particular order within it, as Route's shared counters do).
+constexpr int kRouteWideWarps = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(kRouteWideWarps * kWarp) RouteTokens(MoeArgs a, Plan plan) {
+  __shared__ int picks[kRouteWideWarps][kMaxTopK];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWideWarps + warp;
+  if (t >= a.tokens) return;  // the whole warp: WarpTopK's barriers are the warp's
+  int picked[kMaxTopK];
+  float weights[kMaxTopK];
+  WarpTopK(static_cast<const T*>(a.logits) + t * a.experts, a.experts, a.k, lane, picks[warp], picked, weights);
+  if (lane == 0) {
+    for (int64_t j = 0; j < a.k; ++j) {
+      plan.chosen[t * a.k + j] = picked[j];
+      plan.weights[t * a.k + j] = weights[j];
+      atomicAdd(&plan.cursor[picked[j]], 1);
+    }
+  }
+}
+
+__global__ void RoutePlan(MoeArgs a, Plan plan) {
+  if (threadIdx.x != 0) return;
+  int running = 0, active = 0;
+  for (int64_t e = 0; e < a.experts; ++e) {
+    const int count = plan.cursor[e];
+    plan.offsets[e] = running;
+    plan.cursor[e] = running;
+    if (count) plan.active[active++] = static_cast<int>(e);
+    running += count;
+  }
+  plan.offsets[a.experts] = running;
+  *plan.active_count = active;
+}
+
+__global__ void RoutePlace(MoeArgs a, Plan plan) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= a.tokens * a.k) return;
+  const int slot = atomicAdd(&plan.cursor[plan.chosen[c]], 1);
+  plan.list[slot] = static_cast<int>(c);
+  plan.position[c] = slot;
+}
+
+// The step's routing: in Route's one block while its warps take every token at once, else across the GPU.
+template <typename T>
+void LaunchRoute(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
+  if (a.tokens <= kRouteThreads / kWarp) {
+    auto* route = &Route<T>;
+    GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
+    return;
+  }
+  cudaMemsetAsync(plan.cursor, 0, static_cast<size_t>(a.experts) * sizeof(int), stream);
+  auto* tokens = &RouteTokens<T>;
+  auto* counts = &RoutePlan;
+  auto* place = &RoutePlace;
+  const unsigned blocks = static_cast<unsigned>((a.tokens + kRouteWideWarps - 1) / kRouteWideWarps);
+  GPTOSS_LAUNCH(tokens, dim3(blocks), dim3(kRouteWideWarps * kWarp), stream, a, plan);
+  GPTOSS_LAUNCH(counts, dim3(1), dim3(kWarp), stream, a, plan);
+  const unsigned place_blocks = static_cast<unsigned>((a.tokens * a.k + 255) / 256);
+  GPTOSS_LAUNCH(place, dim3(place_blocks), dim3(256), stream, a, plan);
 }
 
 // The block's routed expert and its range [first, last) in the plan's list; false when the block has none.
@@ -639,6 +706,7 @@ size_t Layout(const MoeArgs& a, bool gemms, char* base, Plan* plan, GemmScratch*
     sizes.insert(sizes.end(), {choices * inter * sizeof(float), choices * hidden * sizeof(float),
                                splits > 1 ? static_cast<size_t>(splits) * choices * widest * sizeof(float) : 0});
   }
+  sizes.push_back(experts * sizeof(int));  // the cursor, last
   size_t offset = 0;
   std::vector<char*> parts;
   for (const size_t size : sizes) {
@@ -652,7 +720,8 @@ size_t Layout(const MoeArgs& a, bool gemms, char* base, Plan* plan, GemmScratch*
                  reinterpret_cast<int*>(parts[6]),
                  gemms ? nullptr : reinterpret_cast<float*>(parts[7]),
                  gemms ? nullptr : reinterpret_cast<float*>(parts[8]),
-                 gemms ? nullptr : reinterpret_cast<float*>(parts[9])};
+                 gemms ? nullptr : reinterpret_cast<float*>(parts[9]),
+                 reinterpret_cast<int*>(parts.back())};
   }
   if (scratch && gemms) {
     *scratch = GemmScratch{parts[7], reinterpret_cast<float*>(parts[8]), parts[9],
@@ -1033,7 +1102,6 @@ template <typename T>
 void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
   const int threads = kWarp * kWarpsPerBlock;
   const int64_t slots = a.experts < a.tokens * a.k ? a.experts : a.tokens * a.k;
-  auto* route = &Route<T>;
   auto* combine = &Combine<T>;
   if constexpr (sizeof(T) == 2) {
     if (UsesMma(a)) {
@@ -1042,7 +1110,7 @@ void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
       auto* fc2_mma = splits > 1 ? &Fc2Mma<T, true> : &Fc2Mma<T, false>;
       const dim3 mma_threads(kWarp * kMmaWarps);
       const unsigned parts = static_cast<unsigned>(splits);
-      GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
+      LaunchRoute<T>(a, plan, stream);
       GPTOSS_LAUNCH(fc1_mma, dim3(slots, (2 * a.inter + kMmaRows - 1) / kMmaRows, parts), mma_threads, stream, a,
                     plan);
       if (splits > 1) {
@@ -1069,7 +1137,7 @@ void Launch(const MoeArgs& a, const Plan& plan, cudaStream_t stream) {
   }
   auto* fc1 = &Fc1<T>;
   auto* fc2 = &Fc2<T>;
-  GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
+  LaunchRoute<T>(a, plan, stream);
   GPTOSS_LAUNCH(fc1, dim3(slots, (a.inter + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
   GPTOSS_LAUNCH(fc2, dim3(slots, (a.hidden + kWarpsPerBlock - 1) / kWarpsPerBlock), dim3(threads), stream, a, plan);
   GPTOSS_LAUNCH(combine, dim3((a.tokens * a.hidden + 255) / 256), dim3(256), stream, a, plan);
@@ -1100,8 +1168,11 @@ const char* LaunchMoe(const MoeArgs& a, void* workspace, void* raw_stream) {
   const bool gemms = UsesGemms(a);
   Layout(a, gemms, static_cast<char*>(workspace), &plan, &scratch);
   if (gemms) {
-    auto* route = a.dtype == Dtype::kBFloat16 ? &Route<BFloat> : &Route<Half>;
-    GPTOSS_LAUNCH(route, dim3(1), dim3(kRouteThreads), stream, a, plan);
+    if (a.dtype == Dtype::kBFloat16) {
+      LaunchRoute<BFloat>(a, plan, stream);
+    } else {
+      LaunchRoute<Half>(a, plan, stream);
+    }
     const char* error = a.dtype == Dtype::kBFloat16 ? LaunchGemms<BFloat>(a, plan, scratch, stream)
                                                      : LaunchGemms<Half>(a, plan, scratch, stream);
     if (error) return error;

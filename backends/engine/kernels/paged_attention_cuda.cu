@@ -6,9 +6,10 @@
 //    token's keys in tiles of 32 positions, each tile's keys and values read once into shared memory for the
 //    group; lane l scores key l of the tile for its warp's head, and the softmax runs online (a running maximum
 //    and sum per head, started from the head's sink logit), each lane accumulating the weighted values of the
-//    dimensions it holds. Where rows run several tokens (prefill chunks), AttendMma instead takes 16 tokens a
-//    block on the tensor cores (16-bit, gpt-oss's heads), AttendTiles 8 on the CUDA cores (float32 and other
-//    shapes, or GATEWAY_ATTENTION_MMA=0), each reading a tile of keys once for all of a row's tokens among them.
+//    dimensions it holds. Where rows run several tokens (prefill chunks), AttendTiles instead takes 8 tokens a
+//    block and reads each tile once for all of a row's tokens among them.
+//    In 16-bit dtypes at gpt-oss's heads (unless GATEWAY_ATTENTION_MMA=0), both run on the tensor cores instead:
+//    DecodeMma in Attend's blocks, AttendMma with 16 tokens a block (below).
 // Both run on ONNX Runtime's stream, in order, with nothing read back: a step replays as a CUDA graph whatever
 // its page tables hold (they are device buffers).
 //
@@ -306,25 +307,32 @@ __global__ void AttendTiles(AttentionArgs a) {
   }
 }
 
-// ---- Prefill chunks on tensor cores: 16-bit activations, gpt-oss's heads (a group of 8 query heads, 64 wide) ----
+// ---- Tensor cores: 16-bit activations, gpt-oss's heads (a group of 8 query heads, 64 wide) ----
 //
-// A block per (kMmaTokens consecutive tokens, KV head), a warp per two of them: the warp's 16 query rows are its
-// two tokens' heads of the group (row g: the first token's head g, row g + 8: the second's), so one
-// mma.sync m16n8k16 tile (cuda_mma.h) scores all of them against 8 keys. As in AttendTiles, the block takes its
-// tokens in runs of one row, and walks the run's keys in tiles of kMmaKeys: each tile's keys ([key][dim]) and
-// values (transposed, [dim][key]) go to shared memory once for every warp, the next tile's loads in registers
-// while this one's products run. Per tile a warp computes S = Q K^T (its queries rotated, scaled and rounded to
-// T once per run), drops keys outside each token's window or past its position, moves each row's running
-// maximum and sum (the head's sink logit starts them, as everywhere here), and adds P V, P rounded to T (the S
-// fragments are P's A fragments as they lie), in float sums. A warp skips the tiles none of its tokens sees.
+// A warp's 16 mma rows (cuda_mma.h's m16n8k16) are the group's 8 heads of up to two tokens (row g: the first
+// token's head g, row g + 8: the second's), so one tile scores all of a KV head's queries against 8 keys. Keys are
+// walked in tiles of kMmaKeys: each tile's keys ([key][dim]) and values (transposed, [dim][key]) go to shared
+// memory once for every warp of the block, the next tile's loads in registers while this one's products run. A
+// warp computes S = Q K^T over its keys of the tile (its queries rotated, scaled and rounded to T once), drops
+// keys outside each token's window or past its position, moves each row's running maximum and sum (from the
+// head's sink logit, as everywhere here), and adds P V, P rounded to T (the S fragments are P's A fragments as
+// they lie), in float sums.
+//
+// AttendMma (rows running several tokens: prefill chunks): a block per (kMmaTokens consecutive tokens, KV head),
+// a warp per two of them, every warp over the whole tile; it takes the block's tokens in runs of one row, as
+// AttendTiles does, and a warp skips the tiles none of its tokens sees.
+// DecodeMma (a token per row): a block per (token, KV head, key part), as Attend; its kDecodeWarps warps each
+// take 16 keys of every tile (their own running maxima and sums, merged through shared memory at the end).
 constexpr int kMmaTokens = 16;
 constexpr int kMmaWarps = kMmaTokens / 2;
 constexpr int kMmaThreads = kMmaWarps * kWarp;
 constexpr int kMmaKeys = 64;
 constexpr int kMmaGroup = 8;
 constexpr int kMmaDim = 64;
+constexpr int kMmaDimTiles = kMmaDim / 8;
 constexpr int kMmaStride = kMmaDim + 8;  // padded: a B fragment's 8 rows x 4 words fall in 32 banks
-constexpr int kMmaChunks = kMmaKeys * kMmaDim / 8 / kMmaThreads;  // 16-byte loads per thread per tile, each cache
+constexpr int kDecodeWarps = kMmaKeys / 16;
+constexpr int kDecodeThreads = kDecodeWarps * kWarp;
 
 __device__ __forceinline__ int64_t Earliest(const AttentionArgs& a, int64_t position) {
   return a.window > 0 && position - a.window + 1 > 0 ? position - a.window + 1 : 0;
@@ -346,19 +354,20 @@ struct alignas(16) MmaTile {
   uint16_t values[kMmaDim][kMmaStride];
 };
 
-// This thread's 16-byte pieces of a tile's keys and values (zeros past `highest`): keys by (key, 8 dims) with the
-// dims fastest, so a warp reads whole key rows; values with the keys fastest, so that their transposed stores
-// fall in distinct banks.
-template <typename T>
+// This thread's 16-byte pieces of a tile's keys and values (zeros past `highest`), the block's kThreads threads
+// sharing them: keys by (key, 8 dims) with the dims fastest, so a warp reads whole key rows; values with the keys
+// fastest, so that their transposed stores fall in distinct banks.
+template <typename T, int kThreads>
 struct MmaTileLoads {
-  uint4 keys[kMmaChunks], values[kMmaChunks];
+  static constexpr int kPieces = kMmaKeys * kMmaDim / 8 / kThreads;  // each cache's, per thread
+  uint4 keys[kPieces], values[kPieces];
 
   __device__ __forceinline__ void Fetch(const AttentionArgs& a, int64_t row, int64_t h, int64_t base,
                                         int64_t highest) {
     const uint4 zero = {0, 0, 0, 0};
 #pragma unroll
-    for (int c = 0; c < kMmaChunks; ++c) {
-      const int e = static_cast<int>(threadIdx.x) + c * kMmaThreads;
+    for (int c = 0; c < kPieces; ++c) {
+      const int e = static_cast<int>(threadIdx.x) + c * kThreads;
       const int64_t key = base + e / (kMmaDim / 8), value = base + e % kMmaKeys;
       keys[c] = key <= highest ? Piece(a.key_cache, a, row, h, key, e % (kMmaDim / 8)) : zero;
       values[c] = value <= highest ? Piece(a.value_cache, a, row, h, value, e / kMmaKeys) : zero;
@@ -367,8 +376,8 @@ struct MmaTileLoads {
 
   __device__ __forceinline__ void Store(MmaTile& tile) const {
 #pragma unroll
-    for (int c = 0; c < kMmaChunks; ++c) {
-      const int e = static_cast<int>(threadIdx.x) + c * kMmaThreads;
+    for (int c = 0; c < kPieces; ++c) {
+      const int e = static_cast<int>(threadIdx.x) + c * kThreads;
       const int key = e / (kMmaDim / 8), piece = e % (kMmaDim / 8);
 #ifdef GPTOSS_HOST_EMULATION
       std::memcpy(&tile.keys[key][piece * 8], &keys[c], sizeof keys[c]);
@@ -390,6 +399,113 @@ struct MmaTileLoads {
     return *reinterpret_cast<const uint4*>(at);
   }
 };
+
+// A fragments of the warp's queries (16 rows x 64 dims, 4 K steps of 16 dims): row group r (0: rows g, 1: rows
+// g + 8) is head `head` of token[r] at position[r], rotated and scaled; zeros where not live[r].
+template <typename T>
+__device__ __forceinline__ void QueryFragments(const AttentionArgs& a, const int64_t (&token)[2],
+                                               const int64_t (&position)[2], const bool (&live)[2], int64_t head,
+                                               int t, uint32_t (&queries)[4][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const T* q = static_cast<const T*>(a.qkv) + (live[r] ? token[r] : 0) * (a.heads + 2 * a.kv_heads) * kMmaDim +
+                 head * kMmaDim;
+    const int64_t at = live[r] ? position[r] : 0;
+    const T* cos = static_cast<const T*>(a.cos) + at * (kMmaDim / 2);
+    const T* sin = static_cast<const T*>(a.sin) + at * (kMmaDim / 2);
+#pragma unroll
+    for (int step = 0; step < 2; ++step) {  // dims below 32 (steps 0, 1) pair with those 32 above (2, 3)
+#pragma unroll
+      for (int upper = 0; upper < 2; ++upper) {  // K 2t, 2t + 1 (registers r) or 2t + 8, 2t + 9 (r + 2)
+        float low[2], high[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 16 * step + 8 * upper + 2 * t + e;
+          const float x1 = ToFloat(q[i]), x2 = ToFloat(q[i + kMmaDim / 2]), c = ToFloat(cos[i]), s = ToFloat(sin[i]);
+          low[e] = live[r] ? (x1 * c - x2 * s) * a.scale : 0.0f;
+          high[e] = live[r] ? (x2 * c + x1 * s) * a.scale : 0.0f;
+        }
+        queries[step][r + 2 * upper] = Pack<T>(low[0], low[1]);
+        queries[step + 2][r + 2 * upper] = Pack<T>(high[0], high[1]);
+      }
+    }
+  }
+}
+
+// S for the tile's keys from `key` (kKeyTiles tiles of 8).
+template <typename T, int kKeyTiles>
+__device__ __forceinline__ void TileScores(const uint32_t (&queries)[4][4], const MmaTile& tile, int key, int g,
+                                           int t, float (&scores)[kKeyTiles][4]) {
+#pragma unroll
+  for (int n = 0; n < kKeyTiles; ++n) scores[n][0] = scores[n][1] = scores[n][2] = scores[n][3] = 0.0f;
+#pragma unroll
+  for (int step = 0; step < kMmaDim / 16; ++step) {
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+      const uint32_t b[2] = {PairAt(&tile.keys[key + 8 * n + g][16 * step + 2 * t]),
+                             PairAt(&tile.keys[key + 8 * n + g][16 * step + 2 * t + 8])};
+      Mma<T>(scores[n], queries[step], b);
+    }
+  }
+}
+
+// The online softmax over one tile's scores (position of S column c of tile n: first_key + 8 n + c): keys outside
+// [first[r], last[r]] dropped, each row's running maximum `top` and this lane's part of its sum `total` moved
+// (the sums rescaled), the scores turned into the weights P.
+template <int kKeyTiles>
+__device__ __forceinline__ void SoftmaxTile(int64_t first_key, const int64_t (&first)[2], const int64_t (&last)[2],
+                                            int t, float (&scores)[kKeyTiles][4], float (&top)[2], float (&total)[2],
+                                            float (&sums)[kMmaDimTiles][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float tile_top = top[r];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t j = first_key + 8 * n + 2 * t + e;
+        float& score = scores[n][2 * r + e];
+        score = j >= first[r] && j <= last[r] ? score : -FLT_MAX;
+        tile_top = fmaxf(tile_top, score);
+      }
+    }
+    tile_top = fmaxf(tile_top, __shfl_xor_sync(0xFFFFFFFFu, tile_top, 1));
+    tile_top = fmaxf(tile_top, __shfl_xor_sync(0xFFFFFFFFu, tile_top, 2));
+    const float rescale = expf(top[r] - tile_top);
+    total[r] *= rescale;
+#pragma unroll
+    for (int n = 0; n < kMmaDimTiles; ++n) sums[n][2 * r] *= rescale, sums[n][2 * r + 1] *= rescale;
+    top[r] = tile_top;
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& score = scores[n][2 * r + e];
+        score = score == -FLT_MAX ? 0.0f : expf(score - tile_top);
+        total[r] += score;
+      }
+    }
+  }
+}
+
+// sums += P V over the tile's keys from `key` (P: the weights of kKeyTiles S tiles; 16 keys a K step).
+template <typename T, int kKeyTiles>
+__device__ __forceinline__ void AddValues(const float (&weights)[kKeyTiles][4], const MmaTile& tile, int key, int g,
+                                          int t, float (&sums)[kMmaDimTiles][4]) {
+#pragma unroll
+  for (int step = 0; step < kKeyTiles / 2; ++step) {  // S tiles 2 step and 2 step + 1
+    const uint32_t p[4] = {Pack<T>(weights[2 * step][0], weights[2 * step][1]),
+                           Pack<T>(weights[2 * step][2], weights[2 * step][3]),
+                           Pack<T>(weights[2 * step + 1][0], weights[2 * step + 1][1]),
+                           Pack<T>(weights[2 * step + 1][2], weights[2 * step + 1][3])};
+#pragma unroll
+    for (int n = 0; n < kMmaDimTiles; ++n) {
+      const uint32_t b[2] = {PairAt(&tile.values[8 * n + g][key + 16 * step + 2 * t]),
+                             PairAt(&tile.values[8 * n + g][key + 16 * step + 2 * t + 8])};
+      Mma<T>(sums[n], p, b);
+    }
+  }
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kMmaThreads) AttendMma(AttentionArgs a) {
@@ -429,35 +545,11 @@ __global__ void __launch_bounds__(kMmaThreads) AttendMma(AttentionArgs a) {
         warp_high = last[r] > warp_high ? last[r] : warp_high;
       }
     }
-    uint32_t queries[4][4];  // A fragments of Q (16 rows x 64 dims) for the 4 K steps of 16 dims
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const T* q = static_cast<const T*>(a.qkv) + (live[r] ? token[r] : 0) * (a.heads + 2 * a.kv_heads) * kMmaDim +
-                   head * kMmaDim;
-      const int64_t position = live[r] ? last[r] : 0;
-      const T* cos = static_cast<const T*>(a.cos) + position * (kMmaDim / 2);
-      const T* sin = static_cast<const T*>(a.sin) + position * (kMmaDim / 2);
-#pragma unroll
-      for (int step = 0; step < 2; ++step) {  // dims below 32 (steps 0, 1) pair with those 32 above (2, 3)
-#pragma unroll
-        for (int upper = 0; upper < 2; ++upper) {  // K 2t, 2t + 1 (registers r) or 2t + 8, 2t + 9 (r + 2)
-          float low[2], high[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = 16 * step + 8 * upper + 2 * t + e;
-            const float x1 = ToFloat(q[i]), x2 = ToFloat(q[i + kMmaDim / 2]), c = ToFloat(cos[i]),
-                        s = ToFloat(sin[i]);
-            low[e] = live[r] ? (x1 * c - x2 * s) * a.scale : 0.0f;
-            high[e] = live[r] ? (x2 * c + x1 * s) * a.scale : 0.0f;
-          }
-          queries[step][r + 2 * upper] = Pack<T>(low[0], low[1]);
-          queries[step + 2][r + 2 * upper] = Pack<T>(high[0], high[1]);
-        }
-      }
-    }
+    uint32_t queries[4][4];
+    QueryFragments<T>(a, token, last, live, head, t, queries);
     float top[2] = {sink, sink}, total[2] = {t == 0 ? 1.0f : 0.0f, t == 0 ? 1.0f : 0.0f};  // lane partial sums
-    float sums[kMmaDim / 8][4] = {};  // C fragments of the output (16 rows x 64 dims)
-    MmaTileLoads<T> loads;
+    float sums[kMmaDimTiles][4] = {};  // C fragments of the output (16 rows x 64 dims)
+    MmaTileLoads<T, kMmaThreads> loads;
     if (lowest <= highest) loads.Fetch(a, row, h, lowest, highest);
     for (int64_t base = lowest; base <= highest; base += kMmaKeys) {
       __syncthreads();  // the last tile's readers are done
@@ -465,59 +557,10 @@ __global__ void __launch_bounds__(kMmaThreads) AttendMma(AttentionArgs a) {
       __syncthreads();
       if (base + kMmaKeys <= highest) loads.Fetch(a, row, h, base + kMmaKeys, highest);
       if (warp_high < base || warp_low > base + kMmaKeys - 1) continue;  // warp-uniform: no token sees the tile
-      float scores[kMmaKeys / 8][4] = {};
-#pragma unroll
-      for (int step = 0; step < kMmaDim / 16; ++step) {
-#pragma unroll
-        for (int n = 0; n < kMmaKeys / 8; ++n) {
-          const uint32_t b[2] = {PairAt(&tile.keys[8 * n + g][16 * step + 2 * t]),
-                                 PairAt(&tile.keys[8 * n + g][16 * step + 2 * t + 8])};
-          Mma<T>(scores[n], queries[step], b);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float tile_top = top[r];
-#pragma unroll
-        for (int n = 0; n < kMmaKeys / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int64_t j = base + 8 * n + 2 * t + e;
-            float& score = scores[n][2 * r + e];
-            score = j >= first[r] && j <= last[r] ? score : -FLT_MAX;
-            tile_top = fmaxf(tile_top, score);
-          }
-        }
-        tile_top = fmaxf(tile_top, __shfl_xor_sync(0xFFFFFFFFu, tile_top, 1));
-        tile_top = fmaxf(tile_top, __shfl_xor_sync(0xFFFFFFFFu, tile_top, 2));
-        const float rescale = expf(top[r] - tile_top);
-        total[r] *= rescale;
-#pragma unroll
-        for (int n = 0; n < kMmaDim / 8; ++n) sums[n][2 * r] *= rescale, sums[n][2 * r + 1] *= rescale;
-        top[r] = tile_top;
-#pragma unroll
-        for (int n = 0; n < kMmaKeys / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& score = scores[n][2 * r + e];
-            score = score == -FLT_MAX ? 0.0f : expf(score - tile_top);
-            total[r] += score;
-          }
-        }
-      }
-#pragma unroll
-      for (int step = 0; step < kMmaKeys / 16; ++step) {  // keys 16 step .. 16 step + 15: S tiles 2 step, 2 step + 1
-        const uint32_t p[4] = {Pack<T>(scores[2 * step][0], scores[2 * step][1]),
-                               Pack<T>(scores[2 * step][2], scores[2 * step][3]),
-                               Pack<T>(scores[2 * step + 1][0], scores[2 * step + 1][1]),
-                               Pack<T>(scores[2 * step + 1][2], scores[2 * step + 1][3])};
-#pragma unroll
-        for (int n = 0; n < kMmaDim / 8; ++n) {
-          const uint32_t b[2] = {PairAt(&tile.values[8 * n + g][16 * step + 2 * t]),
-                                 PairAt(&tile.values[8 * n + g][16 * step + 2 * t + 8])};
-          Mma<T>(sums[n], p, b);
-        }
-      }
+      float scores[kMmaKeys / 8][4];
+      TileScores<T, kMmaKeys / 8>(queries, tile, 0, g, t, scores);
+      SoftmaxTile<kMmaKeys / 8>(base, first, last, t, scores, top, total, sums);
+      AddValues<T, kMmaKeys / 8>(scores, tile, 0, g, t, sums);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -526,7 +569,7 @@ __global__ void __launch_bounds__(kMmaThreads) AttendMma(AttentionArgs a) {
       if (!mine[r]) continue;
       T* out = static_cast<T*>(a.out) + token[r] * a.heads * kMmaDim + head * kMmaDim;
 #pragma unroll
-      for (int n = 0; n < kMmaDim / 8; ++n) {
+      for (int n = 0; n < kMmaDimTiles; ++n) {
         out[8 * n + 2 * t] = FromFloat<T>(live[r] ? sums[n][2 * r] / total[r] : 0.0f);
         out[8 * n + 2 * t + 1] = FromFloat<T>(live[r] ? sums[n][2 * r + 1] / total[r] : 0.0f);
       }
@@ -535,7 +578,85 @@ __global__ void __launch_bounds__(kMmaThreads) AttendMma(AttentionArgs a) {
   }
 }
 
-// Whether a step's several-token rows run on the tensor cores (else AttendTiles).
+template <typename T>
+__global__ void __launch_bounds__(kDecodeThreads) DecodeMma(AttentionArgs a) {
+  __shared__ MmaTile tile;
+  __shared__ float merge_top[kDecodeWarps][kMmaGroup], merge_total[kDecodeWarps][kMmaGroup];
+  __shared__ float merge_sums[kDecodeWarps][kMmaGroup][kMmaDim];
+  const int64_t token = blockIdx.x, h = blockIdx.y;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t row = a.token_rows[token], position = a.positions[token];
+  const int64_t splits = gridDim.z;
+  if (!TokenInRange(a, row, position)) {  // nothing to attend to: zeros (MergeSplits leaves such a token alone)
+    T* out = static_cast<T*>(a.out) + token * a.heads * kMmaDim + h * kMmaGroup * kMmaDim;
+    for (int e = static_cast<int>(threadIdx.x); e < kMmaGroup * kMmaDim; e += kDecodeThreads) {
+      out[e] = FromFloat<T>(0.0f);
+    }
+    return;
+  }
+  // this block's keys: as Attend's part (all of them when the token is not split)
+  const int64_t earliest = Earliest(a, position);
+  const int64_t even = (position - earliest + splits) / splits, least = SplitSpan(a);
+  const int64_t span = even > least ? even : least;
+  const int64_t first_key = earliest + static_cast<int64_t>(blockIdx.z) * span;
+  const int64_t last_key = first_key + span - 1 < position ? first_key + span - 1 : position;
+  const int64_t tokens[2] = {token, token}, positions[2] = {position, 0};
+  const bool live[2] = {true, false};
+  const int64_t first[2] = {first_key, 0}, last[2] = {last_key, -1};
+  uint32_t queries[4][4];
+  QueryFragments<T>(a, tokens, positions, live, h * kMmaGroup + g, t, queries);
+  // the sink counted once: by the first warp's first lanes of an unsplit token (MergeSplits adds it to parts)
+  const float sink = ToFloat(static_cast<const T*>(a.sinks)[h * kMmaGroup + g]);
+  const float counted = splits == 1 && warp == 0 && t == 0 ? 1.0f : 0.0f;
+  float top[2] = {sink, sink}, total[2] = {counted, 0.0f};
+  float sums[kMmaDimTiles][4] = {};
+  MmaTileLoads<T, kDecodeThreads> loads;
+  if (first_key <= last_key) loads.Fetch(a, row, h, first_key, last_key);
+  for (int64_t base = first_key; base <= last_key; base += kMmaKeys) {
+    __syncthreads();  // the last tile's readers are done
+    loads.Store(tile);
+    __syncthreads();
+    if (base + kMmaKeys <= last_key) loads.Fetch(a, row, h, base + kMmaKeys, last_key);
+    const int key = 16 * warp;
+    if (base + key > last_key) continue;  // warp-uniform
+    float scores[2][4];
+    TileScores<T, 2>(queries, tile, key, g, t, scores);
+    SoftmaxTile<2>(base + key, first, last, t, scores, top, total, sums);
+    AddValues<T, 2>(scores, tile, key, g, t, sums);
+  }
+  total[0] += __shfl_xor_sync(0xFFFFFFFFu, total[0], 1);
+  total[0] += __shfl_xor_sync(0xFFFFFFFFu, total[0], 2);
+  if (t == 0) merge_top[warp][g] = top[0], merge_total[warp][g] = total[0];
+#pragma unroll
+  for (int n = 0; n < kMmaDimTiles; ++n) {  // row g's C entries: its head's dims 8n + 2t, 8n + 2t + 1
+    merge_sums[warp][g][8 * n + 2 * t] = sums[n][0];
+    merge_sums[warp][g][8 * n + 2 * t + 1] = sums[n][1];
+  }
+  __syncthreads();
+  for (int e = static_cast<int>(threadIdx.x); e < kMmaGroup * kMmaDim; e += kDecodeThreads) {
+    const int member = e / kMmaDim, dim = e % kMmaDim;
+    float most = merge_top[0][member];
+    for (int w = 1; w < kDecodeWarps; ++w) most = fmaxf(most, merge_top[w][member]);
+    float sum = 0.0f, weight = 0.0f;
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float scale = expf(merge_top[w][member] - most);
+      sum += merge_sums[w][member][dim] * scale;
+      weight += merge_total[w][member] * scale;
+    }
+    const int64_t head = h * kMmaGroup + member;
+    if (splits == 1) {
+      static_cast<T*>(a.out)[token * a.heads * kMmaDim + head * kMmaDim + dim] = FromFloat<T>(sum / weight);
+      continue;
+    }
+    // this part's maximum, sum and weighted values, for MergeSplits (an empty part: its sink-started maximum, 0)
+    float* part = a.parts + ((token * a.heads + head) * splits + blockIdx.z) * (kMmaDim + 2);
+    part[dim] = sum;
+    if (dim == 0) part[kMmaDim] = most, part[kMmaDim + 1] = weight;
+  }
+}
+
+// Whether a step runs on the tensor cores (else AttendTiles for rows running several tokens, Attend for one).
 bool UsesMma(const AttentionArgs& a) {
   return a.tensor_cores && a.dtype != Dtype::kFloat32 && a.heads / a.kv_heads == kMmaGroup && a.head_dim == kMmaDim;
 }
@@ -567,7 +688,14 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
   }
   const int64_t splits = Splits(a);
   const dim3 grid(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(splits));
-  GPTOSS_LAUNCH(Attend<T>, grid, dim3(threads), stream, a);
+  bool launched = false;
+  if constexpr (!std::is_same<T, float>::value) {
+    if (UsesMma(a)) {
+      GPTOSS_LAUNCH(DecodeMma<T>, grid, dim3(kDecodeThreads), stream, a);
+      launched = true;
+    }
+  }
+  if (!launched) GPTOSS_LAUNCH(Attend<T>, grid, dim3(threads), stream, a);
   if (splits > 1) {
     GPTOSS_LAUNCH(MergeSplits<T>, dim3(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.heads)),
                   dim3(kWarp), stream, a, static_cast<int>(splits));

@@ -60,6 +60,10 @@ inline cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cud
   std::memcpy(to, from, bytes);  // "device" memory is host memory here
   return cudaSuccess;
 }
+inline cudaError_t cudaMemsetAsync(void* to, int value, size_t bytes, cudaStream_t) {
+  std::memset(to, value, bytes);
+  return cudaSuccess;
+}
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1 };
 inline cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
