@@ -8,8 +8,9 @@
 #   bash bench/device_run.sh kernels     the MoE kernel against the CPU's and QMoE; sampler  ($OUT/kernels)
 #   bash bench/device_run.sh check120b   gpt-oss-120b's shape                                 ($OUT/120b)
 #   bash bench/device_run.sh paged20b    512 x 2k sequences; a 131k prompt beside 64           ($OUT/paged)
-#   bash bench/device_run.sh recheck20b  after a kernel change, in one command: the kernel step, the 20b
-#                                        shape (no QMoE model), pytest -m gpu, parity, then paged20b
+#   bash bench/device_run.sh recheck20b  after a kernel change, in one command (about 8 minutes): the kernel
+#                                        step, the attention step, the 20b shape (no QMoE model), pytest -m gpu,
+#                                        parity, then paged20b
 #   bash bench/device_run.sh attention20b  after an attention change, in about 4 minutes: the attention step
 #                                        (prefill and decode on the tensor cores against the CUDA cores), the 20b
 #                                        shape, paged20b, pytest -m gpu
@@ -51,11 +52,12 @@ case "$part" in
   paged20b) check paged 560 --steps paged ;;
   tests) gpu_tests 560 ;;
   recheck20b)
-    check kernels 120 --steps kernel
-    check 20b 200 --cuda-graph --no-qmoe-decode --steps scale
-    gpu_tests 90
+    check kernels 110 --steps kernel
+    check attention 60 --steps attention
+    check 20b 150 --cuda-graph --no-qmoe-decode --steps scale
+    gpu_tests 60
     check parity 60 --cuda-graph --steps parity
-    check paged 240 --steps paged ;;
+    check paged 120 --steps paged ;;
   attention20b)
     check attention 50 --steps attention
     check 20b 135 --cuda-graph --no-qmoe-decode --steps scale

@@ -54,7 +54,7 @@ except ImportError:
 
 import numpy as np
 from attention_layer import attention_timing
-from engine_check_report import GEMM_ENV, MMA_ENV, SECTION, markdown
+from engine_check_report import GEMM_ENV, MMA_ENV, PREFETCH_ENV, SECTION, markdown
 from qmoe_layer import qmoe_layer_model
 from report import write_section
 from sampler_bench import measure
@@ -232,24 +232,33 @@ def kernel_vs_cpu(work: Path, device: str, kernels: Path) -> dict[str, Any]:
         if dtype == "bfloat16":
             report["timing"] = kernel_timing(sessions[device], device, config, options)
             if device == "cuda":
-                for name, gemm, mma in (  # each path alone: CUDA cores, tensor-core tiles, cuBLAS GEMMs
-                    ("timing_cuda_cores", 0, 0), ("timing_mma", 0, 1), ("timing_gemms", 1, 0),
+                for name, gemm, mma, prefetch in (  # each path alone: CUDA cores, tensor-core tiles (without
+                    # their L2 prefetch too), cuBLAS GEMMs
+                    ("timing_cuda_cores", 0, 0, 1), ("timing_mma", 0, 1, 1), ("timing_mma_no_l2_prefetch", 0, 1, 0),
+                    ("timing_gemms", 1, 0, 1),
                 ):  # fmt: skip
-                    session = layer_session(model, kernels, device, gemm_min_tokens=gemm, mma_min_tokens=mma)
+                    session = layer_session(
+                        model, kernels, device, gemm_min_tokens=gemm, mma_min_tokens=mma, l2_prefetch=prefetch
+                    )
                     report[name] = kernel_timing(session, device, config, options)
                 report["qmoe"] = qmoe_vs_kernel(work, config, layer, sessions[device], options)
     return report
 
 
 def layer_session(
-    model: Path, kernels: Path, device: str, gemm_min_tokens: int | None = None, mma_min_tokens: int | None = None
+    model: Path,
+    kernels: Path,
+    device: str,
+    gemm_min_tokens: int | None = None,
+    mma_min_tokens: int | None = None,
+    l2_prefetch: int | None = None,
 ):
     """A session of a one-layer model on the device with our kernels; with `gemm_min_tokens` (`mma_min_tokens`),
     its CUDA kernel takes the GEMM (tensor-core tile) path from that many tokens (0: never) instead of the
-    default."""
+    default; `l2_prefetch` 0: the tiles without their L2 prefetch."""
     import onnxruntime as ort
 
-    chosen = {GEMM_ENV: gemm_min_tokens, MMA_ENV: mma_min_tokens}
+    chosen = {GEMM_ENV: gemm_min_tokens, MMA_ENV: mma_min_tokens, PREFETCH_ENV: l2_prefetch}
     before = {name: os.environ.get(name) for name in chosen}
     for name, value in chosen.items():
         if value is not None:

@@ -8,6 +8,7 @@ from typing import Any
 SECTION = "engine_check"
 GEMM_ENV = "GATEWAY_MOE_GEMM_MIN_TOKENS"  # read when a session makes its kernel
 MMA_ENV = "GATEWAY_MOE_MMA_MIN_TOKENS"
+PREFETCH_ENV = "GATEWAY_MOE_L2_PREFETCH"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -88,6 +89,8 @@ def markdown(results: dict[str, Any]) -> str:
             ]
         for name, path in (("timing_cuda_cores", f"CUDA cores only ({GEMM_ENV}=0, {MMA_ENV}=0)"),
                            ("timing_mma", f"the tensor-core tiles at every size ({MMA_ENV}=1)"),
+                           ("timing_mma_no_l2_prefetch",
+                            f"the tensor-core tiles at every size without their L2 prefetch ({PREFETCH_ENV}=0)"),
                            ("timing_gemms", f"the GEMM path at every size ({GEMM_ENV}=1)")):  # fmt: skip
             if kernel.get(name):
                 times = ", ".join(f"{key.split('_')[1]} tokens {t['us']} µs" for key, t in kernel[name].items())

@@ -852,6 +852,22 @@ struct MmaRound {
   }
 };
 
+// Asks L2 for the codes of blocks [begin, end) of this lane's n-tile rows (the lanes of thread 0 of each group,
+// a row each: one bulk prefetch per row, Hopper's; a no-op elsewhere), so that the warp's rounds of loads find
+// them in L2 rather than each waiting on memory with only a round in flight.
+__device__ __forceinline__ void PrefetchRows(const MoeArgs& a, const uint8_t* const (&codes)[kNTiles],
+                                             int64_t begin, int64_t end, int t) {
+#if !defined(GPTOSS_HOST_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (!a.l2_prefetch || t != 0 || end <= begin) return;
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+    const uint8_t* first = codes[n] + begin * kBlockBytes;
+    const uint32_t bytes = static_cast<uint32_t>((end - begin) * kBlockBytes);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(first), "r"(bytes) : "memory");
+  }
+#endif
+}
+
 // One tile's A fragments for a block's two steps: the tile rows' (`low`, `high`: their inputs, or null for a
 // row past the choices) columns 8t to 8t + 7 of the block, one 16-byte load each.
 template <typename T>
@@ -987,6 +1003,7 @@ __global__ void __launch_bounds__(kWarp * kMmaWarps, kMmaMinBlocks) Fc1Mma(MoeAr
   const auto input = [&](int choice) { return x + choice / k * a.hidden; };
   int64_t begin = 0, end = groups;
   if constexpr (kSplit) KPart(groups, &begin, &end);
+  PrefetchRows(a, codes, begin, end, t);
   for (int start = first; start < last; start += kMmaTokens) {
     int choices[2][2];
     const T* rows[2][2];
@@ -1039,6 +1056,7 @@ __global__ void __launch_bounds__(kWarp * kMmaWarps, kMmaMinBlocks) Fc2Mma(MoeAr
   const auto input = [&](int choice) { return activated + static_cast<int64_t>(choice) * a.inter; };
   int64_t begin = 0, end = groups;
   if constexpr (kSplit) KPart(groups, &begin, &end);
+  PrefetchRows(a, codes, begin, end, t);
   for (int start = first; start < last; start += kMmaTokens) {
     int choices[2][2];
     const T* rows[2][2];

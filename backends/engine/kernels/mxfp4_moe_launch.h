@@ -33,6 +33,9 @@ struct MoeArgs {
   // CPU: experts with fewer than four tokens in a step (decode) take int8 dot products of the activations
   // quantized per block of 32 (mxfp4_moe_cpu.cc); else float. The CUDA kernels ignore it.
   bool int8_activations;
+  // CUDA tensor-core tiles on Hopper: each warp first asks L2 for all of its rows' codes it will read (bulk
+  // prefetch), so its rounds of loads find them there; GATEWAY_MOE_L2_PREFETCH=0: off. Other kernels ignore it.
+  bool l2_prefetch;
 };
 
 constexpr int64_t kDefaultGemmMinTokens = 128;  // above the largest decode batch a CUDA graph captures

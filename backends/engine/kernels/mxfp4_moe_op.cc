@@ -2,6 +2,7 @@
 #include "mxfp4_moe_op.h"
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "ort_dtype.h"
@@ -22,6 +23,8 @@ MoeAttributes::MoeAttributes(const OrtKernelInfo* info) {
   gemm_min_tokens = gemm && *gemm ? std::strtoll(gemm, nullptr, 10) : kDefaultGemmMinTokens;
   const char* mma = std::getenv("GATEWAY_MOE_MMA_MIN_TOKENS");
   mma_min_tokens = mma && *mma ? std::strtoll(mma, nullptr, 10) : kDefaultMmaMinTokens;
+  const char* prefetch = std::getenv("GATEWAY_MOE_L2_PREFETCH");
+  l2_prefetch = !(prefetch && std::string(prefetch) == "0");
 }
 
 ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType activation) {
@@ -62,6 +65,7 @@ MoeArgs ReadMoeArgs(Ort::KernelContext& context, const MoeAttributes& attributes
   a.gemm_min_tokens = attributes.gemm_min_tokens;
   a.mma_min_tokens = attributes.mma_min_tokens;
   a.int8_activations = attributes.int8_activations;
+  a.l2_prefetch = attributes.l2_prefetch;
   if (w1_shape[1] != 2 * a.inter || w1_shape[2] != a.hidden || w2_shape[0] != a.experts || w2_shape[1] != a.hidden ||
       a.hidden % kBlock || a.inter % kBlock || a.k < 1 || a.k > a.experts || a.k > kMaxTopK ||
       a.experts > kMaxExperts) {

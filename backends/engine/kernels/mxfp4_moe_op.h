@@ -21,6 +21,7 @@ struct MoeAttributes {
   int64_t gemm_min_tokens;  // GATEWAY_MOE_GEMM_MIN_TOKENS, else kDefaultGemmMinTokens
   int64_t mma_min_tokens;   // GATEWAY_MOE_MMA_MIN_TOKENS, else kDefaultMmaMinTokens
   bool int8_activations;    // the node's int8_activations (0 when absent)
+  bool l2_prefetch;         // GATEWAY_MOE_L2_PREFETCH: "0" off, else on
 };
 
 ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType activation);
