@@ -254,7 +254,7 @@ def attention_lines(attention: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|",
         *(
             f"| {name.replace('_', ' ')} | {row['us_tensor_cores']} | {row['us_cuda_cores']} | {row['speedup']}x "
-            f"| {row['tflops_tensor_cores']} | {row.get('kv_gb_per_s_tensor_cores', '-')} "
+            f"| {row['tflops_tensor_cores']} | {row.get('kv_gb_per_s_tensor_cores') or '-'} "
             f"| {row['max_diff_relative']:.1e}" + (f"; {row['note']}" if "note" in row else "") + " |"
             for name, row in attention.items()
         ),
