@@ -24,6 +24,7 @@ from backends.engine.rope import cos_sin
 ATTENTION_MMA_ENV = "GATEWAY_ATTENTION_MMA"  # read when a session makes its kernel: "0", the CUDA cores
 PAGE = 16
 PRESENT = {"key_cache": "present_key", "value_cache": "present_value"}  # the caches' outputs, bound in place
+CACHE_PATTERN = 8192  # random slots repeated through a larger cache (drawing 256 rows' 2k positions takes seconds)
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,8 @@ def case_arrays(config: ModelConfig, case: Case, numpy_type: type) -> dict[str, 
         token_rows = np.arange(step_tokens, dtype=np.int32)
     return {
         "qkv": values((step_tokens, (heads + 2 * kv) * d)),
-        "key_cache": values((slots, kv, d)),
-        "value_cache": values((slots, kv, d)),
+        "key_cache": np.resize(values((min(slots, CACHE_PATTERN), kv, d)), (slots, kv, d)),
+        "value_cache": np.resize(values((min(slots, CACHE_PATTERN), kv, d)), (slots, kv, d)),
         "positions": positions,
         "token_rows": token_rows,
         "page_table": np.arange(1, case.rows * pages + 1, dtype=np.int32).reshape(case.rows, pages),

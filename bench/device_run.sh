@@ -53,13 +53,13 @@ case "$part" in
   tests) gpu_tests 560 ;;
   recheck20b)
     check kernels 110 --steps kernel
-    check attention 60 --steps attention
+    check attention 90 --steps attention
     check 20b 150 --cuda-graph --no-qmoe-decode --steps scale
     gpu_tests 60
     check parity 60 --cuda-graph --steps parity
-    check paged 120 --steps paged ;;
+    check paged 100 --steps paged ;;
   attention20b)
-    check attention 50 --steps attention
+    check attention 90 --steps attention
     check 20b 135 --cuda-graph --no-qmoe-decode --steps scale
     check paged 90 --steps paged
     gpu_tests 40 ;;
