@@ -104,8 +104,8 @@ def test_scripted_requests_then_a_scrape_and_a_clean_log(served):
     assert _value(samples, "gateway_store_operation_duration_seconds_count", operation="save") >= 4
     assert _value(samples, "gateway_store_errors_total", operation="save") == 0
 
+    lines = process.json_lines_until(lambda lines: sum(line.get("event") == "request" for line in lines) >= 7)
     log = process.log_text()
-    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     access = [line for line in lines if line.get("event") == "request"]
     assert len(access) == 7  # six API calls and the refused /metrics on the API port
     assert {line["status"] for line in access} == {200, 429, 401, 404}
@@ -137,9 +137,12 @@ def test_request_ids_are_bound_to_every_log_line_of_the_request(served):
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.headers["X-Request-ID"] == "trace-42"
-    lines = [json.loads(line) for line in process.log_text().splitlines() if line.startswith("{")]
-    access = [line for line in lines if line.get("event") == "request"]
-    assert access[-1]["request_id"] == "trace-42" and access[-1]["tenant"] == "acme"
+
+    def traced(lines: list[dict]) -> list[dict]:
+        return [line for line in lines if line.get("event") == "request" and line.get("request_id") == "trace-42"]
+
+    access = traced(process.json_lines_until(lambda lines: bool(traced(lines))))
+    assert len(access) == 1 and access[0]["tenant"] == "acme"
 
 
 def test_the_tenant_label_is_bounded():

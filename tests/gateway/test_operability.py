@@ -135,9 +135,9 @@ def test_every_answer_carries_a_request_id_and_the_log_has_it(served):
     for path, method, body, expected in calls:
         status, headers = _call(served.url + path, method, body)
         assert status == expected and headers.get("X-Request-ID"), (path, status, headers)
-    lines = [json.loads(line) for line in served.log_text().splitlines() if line.startswith("{")]
+    lines = served.json_lines_until(lambda lines: sum(line.get("event") == "request" for line in lines) >= len(calls))
     access = [line for line in lines if line.get("event") == "request"]
-    assert access and all(line["request_id"] for line in access)
+    assert len(access) >= len(calls) and all(line["request_id"] for line in access)
 
 
 def test_ready_is_announced_after_listening(served):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +125,16 @@ class GatewayProcess:
 
     def log_text(self) -> str:
         return self._log_path.read_text(errors="replace")
+
+    def json_lines_until(self, found: Callable[[list[dict]], bool], timeout_s: float = 10) -> list[dict]:
+        """The log's JSON lines once `found(lines)` holds (the access log writes a request's line in an event-loop
+        iteration after it, so it can follow the response the client already has), or at `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lines = [json.loads(line) for line in self.log_text().splitlines() if line.startswith("{")]
+            if found(lines) or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.02)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
