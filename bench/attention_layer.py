@@ -6,7 +6,6 @@ there)."""
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+from kernel_session import kernel_session
 from onnx import TensorProto, helper
 
 from backends.engine.attention import INPUTS, attention_attributes, paged_attention_function
@@ -64,8 +64,9 @@ CASES = (
 )
 
 
-def attention_model(config: ModelConfig, window: int, onnx_type: int, max_positions: int, path: Path) -> Path:
-    """A model of one PagedAttention node (the inputs and outputs its op names; present_* bound in place)."""
+def attention_model(config: ModelConfig, window: int, onnx_type: int, max_positions: int) -> bytes:
+    """A model of one PagedAttention node (the inputs and outputs its op names; present_* bound in place), on a
+    window layer of `config` (`window` > 0) or a full one."""
     layer = next(i for i in range(config.num_hidden_layers) if config.is_sliding(i) == (window > 0))
     node = helper.make_node(
         "PagedAttention",
@@ -98,27 +99,12 @@ def attention_model(config: ModelConfig, window: int, onnx_type: int, max_positi
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(ENGINE_DOMAIN, 1)]
     model = helper.make_model(graph, opset_imports=opsets, functions=[paged_attention_function()])
     model.ir_version = IR_VERSION
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(model.SerializeToString())
-    return path
+    return model.SerializeToString()
 
 
 def attention_session(model: Path, kernels: Path, device: str, tensor_cores: bool):
     """A session of `model` with our kernels; `tensor_cores` False: attention on the CUDA cores."""
-    import onnxruntime as ort
-
-    before = os.environ.get(ATTENTION_MMA_ENV)
-    os.environ[ATTENTION_MMA_ENV] = "1" if tensor_cores else "0"
-    try:
-        options = ort.SessionOptions()
-        options.register_custom_ops_library(str(kernels))
-        providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-        return ort.InferenceSession(str(model), options, providers=providers)
-    finally:
-        if before is None:
-            os.environ.pop(ATTENTION_MMA_ENV, None)
-        else:
-            os.environ[ATTENTION_MMA_ENV] = before
+    return kernel_session(model, kernels, device, {ATTENTION_MMA_ENV: 1 if tensor_cores else 0})
 
 
 def case_arrays(config: ModelConfig, case: Case, numpy_type: type) -> dict[str, np.ndarray]:
@@ -185,7 +171,9 @@ def attention_timing(
     onnx_type, numpy_type = TensorProto.BFLOAT16, ml_dtypes.bfloat16
     report: dict[str, Any] = {}
     for case in cases:
-        model = attention_model(config, case.window, onnx_type, case.positions, work / f"attention-{case.name}.onnx")
+        model = work / f"attention-{case.name}.onnx"
+        model.parent.mkdir(parents=True, exist_ok=True)
+        model.write_bytes(attention_model(config, case.window, onnx_type, case.positions))
         arrays = case_arrays(config, case, numpy_type)
         results = {}
         for tensor_cores in (True, False):

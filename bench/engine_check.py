@@ -55,6 +55,7 @@ except ImportError:
 import numpy as np
 from attention_layer import attention_timing
 from engine_check_report import GEMM_ENV, MMA_ENV, PREFETCH_ENV, SECTION, markdown
+from kernel_session import kernel_session
 from qmoe_layer import qmoe_layer_model
 from report import write_section
 from sampler_bench import measure
@@ -256,24 +257,8 @@ def layer_session(
     """A session of a one-layer model on the device with our kernels; with `gemm_min_tokens` (`mma_min_tokens`),
     its CUDA kernel takes the GEMM (tensor-core tile) path from that many tokens (0: never) instead of the
     default; `l2_prefetch` 0: the tiles without their L2 prefetch."""
-    import onnxruntime as ort
-
-    chosen = {GEMM_ENV: gemm_min_tokens, MMA_ENV: mma_min_tokens, PREFETCH_ENV: l2_prefetch}
-    before = {name: os.environ.get(name) for name in chosen}
-    for name, value in chosen.items():
-        if value is not None:
-            os.environ[name] = str(value)  # read when the session makes its kernel
-    try:
-        session_options = ort.SessionOptions()
-        session_options.register_custom_ops_library(str(kernels))
-        providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-        return ort.InferenceSession(str(model), session_options, providers=providers)
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    env = {GEMM_ENV: gemm_min_tokens, MMA_ENV: mma_min_tokens, PREFETCH_ENV: l2_prefetch}
+    return kernel_session(model, kernels, device, env)
 
 
 def qmoe_vs_kernel(work: Path, config: ModelConfig, layer: dict[str, np.ndarray], kernel, options: GraphOptions):

@@ -6,6 +6,7 @@ bench/event_loop_bench.py."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 from closed_loop import Load, LoopResult, closed_loop, idle_rate, pin_threads, wait_idle
 from gateway_bench import SHORT, request_body
 from live_gateway import GatewayProcess
+from report import write_section
 
 
 @dataclass
@@ -75,3 +77,25 @@ def pinned_rounds(
         pairs = zip(taken, results[baseline], strict=True)
         against[name] = statistics.median(r.request_rate / base.request_rate for r, base in pairs)
     return Rounds(rates, against, pinned)
+
+
+def main(
+    doc: str,
+    name: str,
+    run: Callable[[argparse.Namespace], Rounds],
+    report: Callable[[Rounds, argparse.Namespace], str],
+    duration_s: float,
+    rounds: int,
+) -> None:
+    """The command line of a pinned-rounds bench (its docstring's first line, its default load): the section
+    printed, and written into --write's file."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--duration", type=float, default=duration_s)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--write", type=Path)
+    args = parser.parse_args()
+    section = report(run(args), args)
+    print(section)
+    if args.write:
+        write_section(args.write, name, section)

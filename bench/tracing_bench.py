@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from otlp_receiver import OtlpReceiver  # noqa: E402
 from pinned_rounds import Rounds, pinned_rounds  # noqa: E402
-from report import markers, write_section  # noqa: E402
+from pinned_rounds import main as rounds_main  # noqa: E402
+from report import markers  # noqa: E402
 
 NAME = "tracing_bench"
 SETTINGS = {
@@ -72,18 +73,5 @@ def report(figures: Rounds, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--duration", type=float, default=24.0)
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--write", type=Path)
-    args = parser.parse_args()
-    section = report(run(args), args)
-    print(section)
-    if args.write:
-        write_section(args.write, NAME, section)
-
-
 if __name__ == "__main__":
-    main()
+    rounds_main(__doc__, NAME, run, report, 24.0, 12)

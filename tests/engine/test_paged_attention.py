@@ -12,14 +12,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from emulated_kernels import compile_emulated
-from onnx import TensorProto, helper
+from onnx import TensorProto
 from paths import ROOT
 
-from backends.engine.attention import INPUTS, attention_attributes, paged_attention_function
 from backends.engine.config import ModelConfig
 from backends.engine.kernels import build
-from backends.engine.opsets import ENGINE_DOMAIN, IR_VERSION, OPSET
 from backends.engine.rope import cos_sin
+
+sys.path.insert(0, str(ROOT / "bench"))
+from attention_layer import Case, attention_model, attention_timing
+from engine_check_report import attention_lines
 
 CONFIG = ModelConfig(num_hidden_layers=2)  # gpt-oss's heads: 64 query, 8 KV, 64 wide; window 128
 PAGE = 16
@@ -29,35 +31,7 @@ NUMPY_TYPES = {"float32": np.float32, "float16": np.float16}
 
 
 def _model(window_layer: bool, dtype: str) -> bytes:
-    c = CONFIG
-    act = ONNX_TYPES[dtype]
-    attributes = attention_attributes(c, 0 if window_layer else 1, PAGE)
-    node = helper.make_node(
-        "PagedAttention", INPUTS, ["out", "present_key", "present_value"], domain=ENGINE_DOMAIN, **attributes
-    )
-    width = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
-    cache = ["slots", c.num_key_value_heads, c.head_dim]
-    inputs = [
-        helper.make_tensor_value_info("qkv", act, ["tokens", width]),
-        helper.make_tensor_value_info("key_cache", act, cache),
-        helper.make_tensor_value_info("value_cache", act, cache),
-        helper.make_tensor_value_info("positions", TensorProto.INT32, ["tokens"]),
-        helper.make_tensor_value_info("token_rows", TensorProto.INT32, ["tokens"]),
-        helper.make_tensor_value_info("page_table", TensorProto.INT32, ["rows", "pages"]),
-        helper.make_tensor_value_info("cos_cache", act, [POSITIONS, c.head_dim // 2]),
-        helper.make_tensor_value_info("sin_cache", act, [POSITIONS, c.head_dim // 2]),
-        helper.make_tensor_value_info("sinks", act, [c.num_attention_heads]),
-    ]
-    outputs = [
-        helper.make_tensor_value_info("out", act, ["tokens", c.num_attention_heads * c.head_dim]),
-        helper.make_tensor_value_info("present_key", act, cache),
-        helper.make_tensor_value_info("present_value", act, cache),
-    ]
-    graph = helper.make_graph([node], "paged_attention", inputs, outputs)
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(ENGINE_DOMAIN, 1)]
-    model = helper.make_model(graph, opset_imports=opsets, functions=[paged_attention_function()])
-    model.ir_version = IR_VERSION
-    return model.SerializeToString()
+    return attention_model(CONFIG, CONFIG.sliding_window if window_layer else 0, ONNX_TYPES[dtype], POSITIONS)
 
 
 class Reference:
@@ -284,10 +258,6 @@ def test_tensor_cores_under_emulation(emulated: ctypes.CDLL, window_layer: bool,
 def test_the_attention_bench_times_both_prefill_paths_and_reports_them(tmp_path) -> None:
     """bench/attention_layer.py end to end on the CPU kernel (where both settings run the same code): every case
     timed both ways with equal outputs, and engine_check's docs section renders a row per case."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    from attention_layer import Case, attention_timing
-    from engine_check_report import attention_lines
-
     cases = (
         Case("prefill_40", 40, 0, 0),
         Case("chunk_24_at_150_window", 24, 150, 128),

@@ -393,6 +393,16 @@ struct MmaTileLoads {
     }
   }
 
+  // The tile from `base` into shared memory once every thread is done with the last one, then the next tile's
+  // loads (if any up to `highest`) in flight while the block works on this one. Every thread calls it.
+  __device__ __forceinline__ void Advance(MmaTile& tile, const AttentionArgs& a, int64_t row, int64_t h,
+                                          int64_t base, int64_t highest) {
+    __syncthreads();  // the last tile's readers are done
+    Store(tile);
+    __syncthreads();
+    if (base + kMmaKeys <= highest) Fetch(a, row, h, base + kMmaKeys, highest);
+  }
+
   static __device__ __forceinline__ uint4 Piece(const void* cache, const AttentionArgs& a, int64_t row, int64_t h,
                                                 int64_t position, int piece) {
     const T* at = static_cast<const T*>(cache) + (SlotOf(a, row, position) * a.kv_heads + h) * kMmaDim + piece * 8;
@@ -552,10 +562,7 @@ __global__ void __launch_bounds__(kMmaThreads) AttendMma(AttentionArgs a) {
     MmaTileLoads<T, kMmaThreads> loads;
     if (lowest <= highest) loads.Fetch(a, row, h, lowest, highest);
     for (int64_t base = lowest; base <= highest; base += kMmaKeys) {
-      __syncthreads();  // the last tile's readers are done
-      loads.Store(tile);
-      __syncthreads();
-      if (base + kMmaKeys <= highest) loads.Fetch(a, row, h, base + kMmaKeys, highest);
+      loads.Advance(tile, a, row, h, base, highest);
       if (warp_high < base || warp_low > base + kMmaKeys - 1) continue;  // warp-uniform: no token sees the tile
       float scores[kMmaKeys / 8][4];
       TileScores<T, kMmaKeys / 8>(queries, tile, 0, g, t, scores);
@@ -614,10 +621,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeMma(AttentionArgs a) {
   MmaTileLoads<T, kDecodeThreads> loads;
   if (first_key <= last_key) loads.Fetch(a, row, h, first_key, last_key);
   for (int64_t base = first_key; base <= last_key; base += kMmaKeys) {
-    __syncthreads();  // the last tile's readers are done
-    loads.Store(tile);
-    __syncthreads();
-    if (base + kMmaKeys <= last_key) loads.Fetch(a, row, h, base + kMmaKeys, last_key);
+    loads.Advance(tile, a, row, h, base, last_key);
     const int key = 16 * warp;
     if (base + key > last_key) continue;  // warp-uniform
     float scores[2][4];
