@@ -61,7 +61,7 @@ def copy_bandwidth(threads: int, mib: int = 512) -> float:
     return best
 
 
-def step_bytes(config: ModelConfig, dense_bytes: int, batch: int, position: int) -> float:
+def step_bytes(config: ModelConfig, dense_bytes: float, batch: int, position: int) -> float:
     """Bytes one decode step reads: dense weights once, the experts the batch routes to (at most all), the KV."""
     c = config
     expert = (2 * c.intermediate_size * c.hidden_size + c.hidden_size * c.intermediate_size) * 17 / 32  # MXFP4

@@ -25,16 +25,19 @@ llama.cpp, built from the source its Python binding ships on the package registr
         --convert-python /tmp/llama-convert/bin/python [--layers 6 24] [--threads 2] [--write docs/benchmarks.md]
 
 The random checkpoint has no tokenizer; the GGUF gets a placeholder vocabulary of the same size (both sides
-read token ids, never text). Both models must fit in memory together (alternating them would otherwise measure
-the disk): a shape whose checkpoint and GGUFs exceed MemAvailable is reported as not measured. 24 layers (a
-13 GiB checkpoint and a 13 GiB f16 GGUF) need a machine with more than this project's 23 GiB.
-Without --llama-cpp, only the engine's figures and the bandwidth ratio are taken.
+read token ids, never text). Where the checkpoint and the GGUFs fit in MemAvailable together, every side stays
+loaded and the sides alternate measure by measure; where they do not (24 layers: a 13 GiB checkpoint and a
+13 GiB f16 GGUF on this project's 23 GiB), each round loads each side in its turn, pages it in and times it
+(SEQUENTIAL_ROUNDS rounds); a shape of which one side alone exceeds MemAvailable is reported as not measured.
+Without --llama-cpp, only the engine's figures and the bandwidth ratio are taken. A run prints its figures as
+JSON; `--render RUN.json ... [--write docs/benchmarks.md]` makes the table of several runs (one per depth).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import platform
@@ -69,6 +72,8 @@ MAX_POSITIONS = 1024
 MEASURES = ("decode_1", "decode_4", "prefill")
 COPY = "copy"  # a round's copy-bandwidth entry
 COPY_MIB = 256  # MiB each thread copies (beside the loaded models)
+SEQUENTIAL_ROUNDS = 3  # rounds of a shape whose sides are loaded in turn (each load reads the model from disk)
+SEQUENTIAL_WARMUP = 4  # decode steps that page in an engine just loaded, before it is timed
 
 CONVERT = """
 import sys
@@ -145,6 +150,9 @@ class Variant:
         return 1 if self.dense_int8 else 2
 
 
+# bytes a dense weight takes in each GGUF (q8_0: 32 int8 values and an f16 scale a block)
+GGUF_DENSE_SIZE = {"f16": 2.0, "q8_0": 34 / 32}
+
 VARIANTS = {
     "bf16": Variant(False, False),
     "bf16+act8": Variant(False, True),  # the MoE's decode on int8 activations, as llama.cpp's is
@@ -157,40 +165,54 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
     config = dataclasses.replace(GPT_OSS_20B, num_hidden_layers=layers)
     directory = write_random_checkpoint(work / f"ckpt{layers}", config, layout="hf")
     kernels = kernel_library()
-    engines, ggufs = {}, {}
+    models, ggufs = {}, {}
     for name in names:
         variant = VARIANTS[name]
         options = GraphOptions(
             MAX_POSITIONS, dense_bf16=True, dense_int8=variant.dense_int8, moe_int8_activations=variant.int8_activations
         )
-        model = compiled_model(Checkpoint(directory), options, work / "graphs")
-        engines[name] = PagedRunner.create(str(model), config, 4, MAX_POSITIONS, threads=threads, kernels=kernels)
+        models[name] = compiled_model(Checkpoint(directory), options, work / "graphs")
         if llama is not None and variant.base not in ggufs:
             ggufs[variant.base] = to_gguf(
                 llama, python, directory, work / f"model{layers}-{variant.base}.gguf", variant.base
             )
-    held = _bytes(directory) + sum(path.stat().st_size for path in ggufs.values())
-    if held > _available_memory():  # alternating them would measure the disk, not the engines
-        return {"layers": layers, "past_memory": held}
+
+    def engine(name: str) -> PagedRunner:
+        return PagedRunner.create(str(models[name]), config, 4, MAX_POSITIONS, threads=threads, kernels=kernels)
+
+    largest = max([_bytes(directory), *(path.stat().st_size for path in ggufs.values())])
+    if largest > _available_memory():
+        return {"layers": layers, "past_memory": largest}
+    # both sides held at once, alternated request by request; or, when they do not fit together, each side
+    # loaded in its turn of every round (alternating held models would measure the disk, not the engines)
+    together = _bytes(directory) + sum(path.stat().st_size for path in ggufs.values()) <= _available_memory()
+    engines = {name: engine(name) for name in names} if together else {}
     rng = np.random.default_rng(0)
-    for name in names:  # warm-up
-        engine_rates(engines[name], rng)
+    for runtime in engines.values():  # warm-up
+        engine_rates(runtime, rng)
     for gguf in ggufs.values():
         llama_rates(llama, gguf, threads)  # type: ignore[arg-type]
     rounds: list[dict] = []
-    for _ in range(ROUNDS):  # each engine, each followed by its GGUF the first time the round meets it
+    for _ in range(ROUNDS if together else SEQUENTIAL_ROUNDS):
         taken: dict[str, dict[str, float]] = {}
-        for name in names:
-            taken[name] = engine_rates(engines[name], rng)
+        for name in names:  # each engine, each followed by its GGUF the first time the round meets it
+            if together:
+                taken[name] = engine_rates(engines[name], rng)
+            else:
+                runtime = engine(name)
+                rates(runtime, 1, rng, SEQUENTIAL_WARMUP)  # its weights paged in
+                taken[name] = engine_rates(runtime, rng)
+                del runtime
+                gc.collect()
             base = VARIANTS[name].base
             if base in ggufs and base not in taken:
                 taken[base] = llama_rates(llama, ggufs[base], threads)  # type: ignore[arg-type]
         # the host's load drifts: each round's decode bytes/s are set against that round's copy bandwidth
         taken[COPY] = {"bandwidth": copy_bandwidth(threads, COPY_MIB)}
         rounds.append(taken)
-    figures: dict = {"layers": layers, "rounds": rounds, "variants": names}
+    figures: dict = {"layers": layers, "rounds": rounds, "variants": names, "together": together}
     figures["bandwidth"] = statistics.median(r[COPY]["bandwidth"] for r in rounds)
-    for name in [*engines, *ggufs]:
+    for name in [*names, *ggufs]:
         for measure_name in MEASURES:
             figures[f"{name}_{measure_name}"] = statistics.median(r[name][measure_name] for r in rounds)
     for name in names:  # paired ratios: each engine against llama.cpp at its width and f16, in the same round
@@ -203,6 +225,12 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
             step = step_bytes(config, VARIANTS[name].dense_size, batch, DEPTH + DECODE_TOKENS // 2)
             figures[f"{name}_share_{batch}"] = statistics.median(
                 r[name][f"decode_{batch}"] / batch * step / r[COPY]["bandwidth"] for r in rounds
+            )
+    for base in ggufs:  # llama.cpp's own distance from the bound, by the same count of bytes
+        for batch in (1, 4):
+            step = step_bytes(config, GGUF_DENSE_SIZE[base], batch, DEPTH + DECODE_TOKENS // 2)
+            figures[f"{base}_share_{batch}"] = statistics.median(
+                r[base][f"decode_{batch}"] / batch * step / r[COPY]["bandwidth"] for r in rounds
             )
     return figures
 
@@ -233,18 +261,32 @@ def main() -> None:
         help="engine variants, each loaded at once (the memory of several 6-layer engines and two GGUFs)",
     )
     parser.add_argument("--int8-max-layers", type=int, default=6, help="deeper shapes: 16-bit variants only (disk)")
+    parser.add_argument(
+        "--render", type=Path, nargs="+", help="measure nothing: the table of these runs' printed JSON (shapes)"
+    )
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
+    if args.render:
+        shapes = sorted((f for path in args.render for f in json.loads(path.read_text())["shapes"]), key=_depth)
+        _publish(report(shapes, args.threads, any("f16_decode_1" in f for f in shapes)), args.write)
+        return
     shapes = []
     for layers in args.layers:
         names = [n for n in args.engines if layers <= args.int8_max_layers or VARIANTS[n].base == "f16"]
         with tempfile.TemporaryDirectory() as scratch:  # each shape's checkpoint, graphs and GGUFs, then gone
             shapes.append(measure(layers, args.threads, Path(scratch), args.llama_cpp, args.convert_python, names))
     print(json.dumps({"shapes": shapes}, indent=1))
-    section = report(shapes, args.threads, args.llama_cpp is not None)
+    _publish(report(shapes, args.threads, args.llama_cpp is not None), args.write)
+
+
+def _depth(figures: dict) -> int:
+    return figures["layers"]
+
+
+def _publish(section: str, docs: Path | None) -> None:
     print(section)
-    if args.write:
-        write_section(args.write, NAME, section)
+    if docs:
+        write_section(docs, NAME, section)
 
 
 def _rate(figures: dict, measure_name: str, name: str) -> str:
@@ -254,6 +296,17 @@ def _rate(figures: dict, measure_name: str, name: str) -> str:
 
 def _ratio(figures: dict, key: str) -> str:
     return f"{figures[key]:.2f}x" if key in figures else ""
+
+
+def _sequential_note(shapes: list[dict]) -> str:
+    """Which shapes were measured with each side loaded in its turn of a round."""
+    apart = [str(f["layers"]) for f in shapes if f.get("together") is False]
+    if not apart:
+        return ""
+    return (
+        f" ({' and '.join(apart)} layers: the sides do not fit in memory together; {SEQUENTIAL_ROUNDS} rounds, each"
+        " loading each side in its turn, paging it in and timing it)"
+    )
 
 
 def report(shapes: list[dict], threads: int, with_llama: bool) -> str:
@@ -271,7 +324,8 @@ def report(shapes: list[dict], threads: int, with_llama: bool) -> str:
         " the same checkpoint: its dense weights in bf16 (DenseBF16) or, `int8`, in int8 with a scale a row",
         "(`dense_int8`; the router stays bf16); its MXFP4 experts in float or, `+act8`, with the decode path on int8"
         " activations (`moe_int8_activations`). Each engine against llama.cpp at its dense width and against f16.",
-        f"Alternated in one run, {ROUNDS} rounds; rates are medians, ratios medians of the ratios within a round."
+        f"Each shape's sides alternated in one run, {ROUNDS} rounds with every side loaded"
+        f"{_sequential_note(shapes)}; rates are medians, ratios medians of the ratios within a round."
         f" Decode at position {DEPTH}. Bytes/s: a decode step's dense weights, routed experts and KV, over the",
         f"copy bandwidth measured in the same round ({threads} threads' NumPy copies, read + write; median of the"
         f" rounds: {copies}), the median"
@@ -282,26 +336,28 @@ def report(shapes: list[dict], threads: int, with_llama: bool) -> str:
         lines += ["llama.cpp was not given to this run: the engine's figures only.", ""]
     lines += [
         "| layers | measure | engine | engine rate | llama.cpp at its width | engine ÷ that "
-        "| **engine ÷ llama.cpp f16** | bytes/s ÷ copy bw |",
-        "|---|---|---|---|---|---|---|---|",
+        "| **engine ÷ llama.cpp f16** | bytes/s ÷ copy bw | llama.cpp's bytes/s ÷ copy bw |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for f in shapes:
         if "past_memory" in f:
             held = f["past_memory"] / 2**30
-            note = f"not measured: the checkpoint and the GGUFs ({held:.0f} GiB) do not fit in memory together"
-            lines.append(f"| {f['layers']} | {note} | | | | | | |")
+            note = f"not measured: one side ({held:.0f} GiB) does not fit in memory"
+            lines.append(f"| {f['layers']} | {note} | | | | | | | |")
             continue
         for m in MEASURES:
             for name in f["variants"]:
                 base = VARIANTS[name].base
-                share = ""
+                share = base_share = ""
                 if m.startswith("decode"):
                     batch = int(m[-1])
                     share = f"{f[f'{name}_share_{batch}']:.2f}"
+                    base_share = f"{f[key]:.2f}" if (key := f"{base}_share_{batch}") in f else ""
                 to_f16 = _ratio(f, f"{name}/f16_{m}")
                 lines.append(
                     f"| {f['layers']} | {labels[m]} | {name} | {_rate(f, m, name)} | {base}: {_rate(f, m, base)} |"
                     f" {_ratio(f, f'{name}/{base}_{m}')} | {f'**{to_f16}**' if to_f16 else ''} | {share} |"
+                    f" {base_share} |"
                 )
     lines.append(end)
     return "\n".join(lines)
