@@ -14,7 +14,7 @@ from harmony import Renderer, load_harmony_encoding
 from .chat.api import add_routes as add_chat_routes
 from .config import Settings
 from .conversations.api import add_routes as add_conversation_routes
-from .errors import ApiError, error_middleware
+from .errors import ApiError, error_response
 from .ids import new_id
 from .json_out import json_response
 from .lifecycle import SHUTTING_DOWN
@@ -67,8 +67,10 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 @web.middleware
-async def observe_middleware(request: web.Request, handler):
-    """Per request: the metrics, one access log line (metadata only), and the request id in the log context."""
+async def gateway_middleware(request: web.Request, handler):
+    """Every request, in one layer (it runs for each): metrics, one access log line (metadata only) and the
+    request id in the log context; an error out of the route answered in the API's shape; an API call (/v1/)
+    counted as work in flight, refused with a 503 while the gateway drains, and given its tenant by its key."""
     services = request.app[SERVICES]
     metrics = services.metrics
     started = time.perf_counter()
@@ -81,7 +83,13 @@ async def observe_middleware(request: web.Request, handler):
         # the request id in the log context until the request ends: the connection's next request runs in this task
         bound = structlog.contextvars.bind_contextvars(request_id=given)
         try:
-            response = await handler(request)
+            try:
+                if request.path.startswith("/v1/"):
+                    response = await _api_call(request, handler, services)
+                else:
+                    response = await handler(request)
+            except Exception as exc:
+                response = error_response(request, exc)
             return response
         finally:
             structlog.contextvars.reset_contextvars(**bound)
@@ -101,6 +109,32 @@ async def observe_middleware(request: web.Request, handler):
                 metrics.active_streams.dec()
             if route not in QUIET_ROUTES:
                 _log_access(request, route, status, seconds, request_id, stats)
+
+
+async def _api_call(request: web.Request, handler, services: Services) -> web.StreamResponse:
+    """An API request: work in flight while it runs (refused while draining), its tenant from its API key (or a
+    401) and its body within the key's limit before the route runs."""
+    lifecycle = services.lifecycle
+    if lifecycle.draining:
+        raise ApiError(
+            503,
+            "The gateway is shutting down; retry the request.",
+            code=SHUTTING_DOWN,
+            kind="server_error",
+            headers={"Retry-After": "1"},
+        )
+    lifecycle.enter()
+    try:
+        tenant, key_id = await services.auth.caller(request.headers.get("Authorization"))
+        request[TENANT] = tenant
+        request[KEY_ID] = key_id
+        structlog.contextvars.bind_contextvars(tenant=tenant)
+        cap = services.settings.limits.for_tenant(tenant).max_body_bytes
+        if cap is not None and (request.content_length or 0) > cap:
+            raise ApiError(413, f"The request body is over this API key's limit of {cap} bytes.", code="body_too_large")
+        return await handler(request)
+    finally:
+        lifecycle.leave()
 
 
 def _log_access(
@@ -152,48 +186,13 @@ def _metrics_listener(settings: Settings, services: Services):
     return start, stop
 
 
-@web.middleware
-async def drain_middleware(request: web.Request, handler):
-    """API requests count as work in flight; while the gateway drains, new ones are refused with a 503."""
-    if not request.path.startswith("/v1/"):
-        return await handler(request)
-    lifecycle = request.app[SERVICES].lifecycle
-    if lifecycle.draining:
-        raise ApiError(
-            503,
-            "The gateway is shutting down; retry the request.",
-            code=SHUTTING_DOWN,
-            kind="server_error",
-            headers={"Retry-After": "1"},
-        )
-    lifecycle.enter()
-    try:
-        return await handler(request)
-    finally:
-        lifecycle.leave()
-
-
-@web.middleware
-async def tenant_middleware(request: web.Request, handler):
-    """Every /v1/ request gets its tenant from its API key (or a 401) before the route runs."""
-    if request.path.startswith("/v1/"):
-        services = request.app[SERVICES]
-        tenant, key_id = await services.auth.caller(request.headers.get("Authorization"))
-        request[TENANT] = tenant
-        request[KEY_ID] = key_id
-        structlog.contextvars.bind_contextvars(tenant=tenant)
-        cap = services.settings.limits.for_tenant(tenant).max_body_bytes
-        if cap is not None and (request.content_length or 0) > cap:
-            raise ApiError(413, f"The request body is over this API key's limit of {cap} bytes.", code="body_too_large")
-    return await handler(request)
-
-
 def create_app(settings: Settings, services: Services | None = None) -> web.Application:
     """`services` lets tests inject a backend or store; by default they come from the settings."""
-    middlewares = [observe_middleware, error_middleware, drain_middleware, tenant_middleware]
     # bodies are inflated by read_json, bounded and off the loop (aiohttp would inflate them on it, unbounded in time)
     app = web.Application(
-        client_max_size=settings.max_body_bytes, middlewares=middlewares, handler_args={"auto_decompress": False}
+        client_max_size=settings.max_body_bytes,
+        middlewares=[gateway_middleware],
+        handler_args={"auto_decompress": False},
     )
     if services is None:  # the model's own header layout in the history: prompts repeat its tokens
         services = build_services(

@@ -101,16 +101,14 @@ def from_validation(exc: ValidationError, tags: frozenset[str] = frozenset(), pr
 _STATUS_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
+def error_response(request: web.Request, exc: Exception) -> web.StreamResponse:
+    """An exception out of a route, in an `except` block, as the API's error response (an HTTP redirect or other
+    status below 400 is raised again); an unexpected one is logged, with its traceback, and answered as a 500."""
+    if isinstance(exc, ApiError):
         return exc.response()
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         return ApiError(exc.status, exc.reason, code=_STATUS_CODES.get(exc.status)).response()
-    except Exception:
-        log.exception("unhandled_error", path=request.path, method=request.method)
-        return ApiError(500, "The server had an error processing the request.", kind="server_error").response()
+    log.exception("unhandled_error", path=request.path, method=request.method)
+    return ApiError(500, "The server had an error processing the request.", kind="server_error").response()

@@ -61,6 +61,19 @@ class StreamParser:
                 self._parts.append(text)
                 return (ContentDelta(text),)
             return _NOTHING
+        return self._feed_other(token)
+
+    def feed_text(self, token: int) -> str | Sequence[ParseEvent]:
+        """`feed`, except that a token of a message's text gives the text itself (maybe "", a partial character)
+        rather than a ContentDelta of it: the path most tokens of an answer take, with nothing made for them."""
+        if self._state == CONTENT and 0 <= token < FIRST_SPECIAL:
+            text = self._decode(self._table[token])
+            if text:
+                self._parts.append(text)
+            return text
+        return self._feed_other(token)
+
+    def _feed_other(self, token: int) -> Sequence[ParseEvent]:
         events: list[ParseEvent] = []
         if not 0 <= token < self._vocab_size:
             self._repair(events, RepairKind.UNKNOWN_TOKEN, f"skipped token id {token} outside the vocabulary")

@@ -152,13 +152,6 @@ class Settled:
 ItemEvent = Opened | Delta | Closed | Executing | Settled
 
 
-def is_content(event: ItemEvent) -> bool:
-    """Answer text or a call, as opposed to reasoning: what the time to first content token measures."""
-    if isinstance(event, Delta):
-        return event.item.kind != "reasoning"
-    return isinstance(event, Opened) and (event.item.is_call or event.item.is_hosted)
-
-
 def _kind_of(start: MessageStart, routing: CallRouting) -> ItemKind:
     if start.role is not Role.ASSISTANT:
         return "reasoning"
@@ -171,12 +164,18 @@ def _kind_of(start: MessageStart, routing: CallRouting) -> ItemKind:
 
 
 class OutputAssembler:
-    """Feed generated token ids; read `items`, token counts and the dialog entries to store."""
+    """Feed generated token ids; read `items`, token counts and the dialog entries to store. `deltas`: text
+    comes as Delta events too (for a stream, or a stop matcher); without them it only joins its item."""
 
     def __init__(
-        self, encoding: HarmonyEncoding, routing: CallRouting | None = None, top_logprobs: int | None = None
+        self,
+        encoding: HarmonyEncoding,
+        routing: CallRouting | None = None,
+        top_logprobs: int | None = None,
+        deltas: bool = True,
     ) -> None:
         self._encoding = encoding
+        self._deltas = deltas
         self._logprobs = None if top_logprobs is None else LogprobWriter(encoding, top_logprobs)
         self._scored: list[dict[str, Any]] = []  # tokens of the open answer not yet in a delta (partial UTF-8)
         self._header = None if self._logprobs is None else HeaderTokens(encoding, self._logprobs)
@@ -186,6 +185,9 @@ class OutputAssembler:
         self.entries: list[Entry] = []
         self.output_tokens = 0
         self.reasoning_tokens = 0
+        # answer text or calls produced so far (reasoning is not content): what the time to first content
+        # token watches for
+        self.content_events = 0
         self._open: OutputItem | None = None
         self._tokens_in_message = 0
 
@@ -217,19 +219,31 @@ class OutputAssembler:
             for position, token in enumerate(tokens):
                 self._feed_scored(token, logprobs[position] if position < len(logprobs) else None, events)
             return events
-        parse = self._parser.feed
+        parse = self._parser.feed_text
         for token in tokens:
             self.output_tokens += 1
             self._tokens_in_message += 1
-            for event in parse(token):
-                if type(event) is ContentDelta:  # most tokens: text of the open item, handled here
-                    item = self._open
-                    if item is not None and event.text:
-                        item.parts.append(event.text)
-                        events.append(Delta(item, event.text))
+            produced = parse(token)
+            if type(produced) is str:  # most tokens: text of the open item
+                if produced:
+                    self._text(produced, events)
+                continue
+            for event in produced:
+                if type(event) is ContentDelta:
+                    if event.text:
+                        self._text(event.text, events)
                 else:
                     self._on(event, events)
         return events
+
+    def _text(self, text: str, events: list[ItemEvent]) -> None:
+        item = self._open
+        if item is not None:
+            item.parts.append(text)
+            if item.kind != "reasoning":
+                self.content_events += 1
+            if self._deltas:
+                events.append(Delta(item, text))
 
     def _feed_scored(self, token: int, entry: TokenLogprob | None, events: list[ItemEvent]) -> None:
         """One token with its logprob: kept when it is text of an answer that carries them, or held while a
@@ -264,6 +278,8 @@ class OutputAssembler:
             if item is None or not event.text:
                 continue
             item.parts.append(event.text)
+            if item.kind != "reasoning":
+                self.content_events += 1
             scored = None
             if item.logprobs is not None and self._header is not None:
                 if after_start:
@@ -271,7 +287,8 @@ class OutputAssembler:
                 else:
                     scored, self._scored = self._scored, []
                 item.logprobs.extend(scored)
-            events.append(Delta(item, event.text, scored))
+            if self._deltas:
+                events.append(Delta(item, event.text, scored))
         if opened and self._header is not None:
             self._header.clear()  # what is left of a header is not text
 
@@ -282,9 +299,11 @@ class OutputAssembler:
             if item.is_call:
                 item.namespace, item.name = self._routing.split(event.recipient or "")
                 item.call_id = new_id("call_")
+                self.content_events += 1
             elif item.is_hosted:
                 item.namespace, item.name = self._routing.split(event.recipient or "")
                 item.call_id = item.id  # a stored call's key: an approval names it
+                self.content_events += 1
             item.preamble = kind == "message" and event.channel == "commentary"
             if self._logprobs is not None and kind == "message" and not item.preamble:
                 item.logprobs = []

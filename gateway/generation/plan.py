@@ -135,7 +135,9 @@ def start_turn(
     cache_key: str | None = None,
     assembler: OutputAssembler | None = None,
     top_logprobs: int | None = None,
+    deltas: bool = True,
 ) -> Turn:
+    """`deltas`: the answer's text as Delta events too (a stream's listener or a stop matcher reads them)."""
     tokens = plan.built.tokens
     return Turn(
         plan.backend,
@@ -152,4 +154,5 @@ def start_turn(
         assembler,
         tenant,
         top_logprobs,
+        deltas,
     )

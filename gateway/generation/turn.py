@@ -20,7 +20,7 @@ from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReas
 from ..lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
 from ..metrics import TurnObserver
 from ..tracing import end_generation_span, generation_span
-from .assembler import CallRouting, ItemEvent, OutputAssembler, is_content
+from .assembler import CallRouting, ItemEvent, OutputAssembler
 from .constraints import NOT_ENFORCED, violation
 
 log = structlog.get_logger("gateway.generation.turn")
@@ -108,6 +108,7 @@ class Turn:
         assembler: OutputAssembler | None = None,
         tenant: str = "",
         top_logprobs: int | None = None,
+        deltas: bool = True,
     ) -> None:
         self.backend = backend
         self._observer = observer
@@ -116,7 +117,8 @@ class Turn:
         self._task: asyncio.Task[object] | None = None  # the task generating, found once when it starts
         self._awaiting_backend = False  # that task is waiting for the backend's next chunk
         self._cancelled_by_cut = False
-        self.assembler = assembler or OutputAssembler(encoding, routing, top_logprobs)  # a tool loop's share one
+        # a tool loop's turns share one; `deltas`: text as Delta events too (for a listener)
+        self.assembler = assembler or OutputAssembler(encoding, routing, top_logprobs, deltas)
         self._base_output = self.assembler.output_tokens  # what earlier turns of the loop generated
         self._base_reasoning = self.assembler.reasoning_tokens
         self.prompt_tokens = len(prompt)
@@ -218,9 +220,10 @@ class Turn:
                                     if tokens and first_token:
                                         first_token = False
                                         span.add_event("gen_ai.first_token")
+                                    content_before = assembler.content_events
                                     events = assembler.feed(tokens, chunk.logprobs)
                                     if tokens and observer is not None:
-                                        content = not observer.content_seen and any(map(is_content, events))
+                                        content = assembler.content_events != content_before
                                         observer.tokens(len(tokens), content)
                                     if events:
                                         yield events

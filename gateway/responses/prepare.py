@@ -110,6 +110,9 @@ async def prepare(
     if toolset is not None:
         routing = dataclasses.replace(routing, hosted=toolset.kinds, approvals=toolset.approvals)
 
+    # text deltas for a stream's events: a streamed or background response (streamed again later) or a WebSocket's
+    listened = req.stream or req.background or body is not None
+
     def start(plan: Plan, assembler: OutputAssembler | None = None) -> Turn:
         """The first turn, or (with the shared assembler) one after a server-side tool answered: a required
         or named tool choice holds for the first sampling only, as the call it forced has been made."""
@@ -127,6 +130,7 @@ async def prepare(
             req.prompt_cache_key,
             assembler,
             (req.top_logprobs or 0) if wants_logprobs(req) else None,
+            deltas=listened,
         )
 
     max_calls = min(

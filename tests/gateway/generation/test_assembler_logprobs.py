@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from strategies import special_heavy_tokens, texts
 
 from backends.base import TokenLogprob
-from gateway.generation.assembler import CallRouting, Delta, OutputAssembler
+from gateway.generation.assembler import CallRouting, Delta, Opened, OutputAssembler
 from harmony import load_harmony_encoding
 from harmony.tokens import CALL, CHANNEL, CONSTRAIN, END, MESSAGE, RETURN, START
 
@@ -41,8 +41,8 @@ def _scored(token: int) -> TokenLogprob:
     return TokenLogprob(-(token % 97) / 10, ((token, -(token % 97) / 10), (7, -9.5)))
 
 
-def _assemble(tokens: list[int], chunks: list[int], top: int | None):
-    assembler = OutputAssembler(ENCODING, CallRouting(), top)
+def _assemble(tokens: list[int], chunks: list[int], top: int | None, deltas: bool = True):
+    assembler = OutputAssembler(ENCODING, CallRouting(), top, deltas)
     events, start = [], 0
     for size in [*chunks, len(tokens)]:
         part = tokens[start : start + size]
@@ -94,3 +94,27 @@ def test_a_header_past_the_limit_keeps_every_word_with_logprobs():
     scored, _ = _assemble(tokens, [5], 1)
     assert scored.items[0].text == plain.items[0].text == "word" + " word" * 79
     assert "".join(entry["token"] for entry in scored.items[0].logprobs) == scored.items[0].text
+
+
+def _content(event) -> bool:
+    """Answer text or a call: what the time to first content token waits for."""
+    if isinstance(event, Delta):
+        return event.item.kind != "reasoning"
+    return isinstance(event, Opened) and (event.item.is_call or event.item.is_hosted)
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams, st.lists(st.integers(min_value=1, max_value=9), max_size=30), st.sampled_from([None, 2]))
+def test_without_deltas_the_output_is_the_same_and_content_is_still_counted(tokens, chunks, top):
+    """A response nobody streams is assembled without Delta events (its text joins its items alone): the same
+    items, logprobs, counts and other events, and the same count of content events."""
+    streamed, streamed_events = _assemble(tokens, chunks, top)
+    quiet, quiet_events = _assemble(tokens, chunks, top, deltas=False)
+    assert _shape(quiet) == _shape(streamed)
+    assert [item.logprobs for item in quiet.items] == [item.logprobs for item in streamed.items]
+    assert [entry.message for entry in quiet.entries] == [entry.message for entry in streamed.entries]
+    assert (quiet.output_tokens, quiet.reasoning_tokens) == (streamed.output_tokens, streamed.reasoning_tokens)
+    assert not any(isinstance(event, Delta) for event in quiet_events)
+    others = [event for event in streamed_events if not isinstance(event, Delta)]
+    assert [(type(e), e.item.index) for e in quiet_events] == [(type(e), e.item.index) for e in others]
+    assert quiet.content_events == streamed.content_events == sum(map(_content, streamed_events))
