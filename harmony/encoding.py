@@ -48,6 +48,9 @@ class HarmonyEncoding:
             table[token] = text.encode()
         self.token_bytes: list[bytes] = table  # index = token id; specials hold their text
         self.headers = HeaderCache(table)  # message headers the parsers read, parsed once each
+        # the text of each token met whose bytes are whole UTF-8 on their own (most are), filled by the parsers:
+        # at most one entry a token of the vocabulary
+        self.whole_texts: dict[int, str] = {}
         self.mergeable_ranks = mergeable_ranks
         self.pattern = O200K_PATTERN
         self.encode_ordinary = self._tiktoken.encode_ordinary

@@ -52,11 +52,12 @@ class StreamParser:
         self._state = HEADER if role is not None else EXPECT_START
         self._fields: HeaderFields | None = None
         self._parts: list[str] = []
-        self._decode = _Utf8Decoder(errors="replace").decode
+        self._whole = encoding.whole_texts
+        self._decoder = _Utf8Decoder(errors="replace")
 
     def feed(self, token: int) -> Sequence[ParseEvent]:
         if self._state == CONTENT and 0 <= token < FIRST_SPECIAL:
-            text = self._decode(self._table[token])
+            text = self._text(token)
             if text:
                 self._parts.append(text)
                 return (ContentDelta(text),)
@@ -67,11 +68,24 @@ class StreamParser:
         """`feed`, except that a token of a message's text gives the text itself (maybe "", a partial character)
         rather than a ContentDelta of it: the path most tokens of an answer take, with nothing made for them."""
         if self._state == CONTENT and 0 <= token < FIRST_SPECIAL:
-            text = self._decode(self._table[token])
+            text = self._text(token)
             if text:
                 self._parts.append(text)
             return text
         return self._feed_other(token)
+
+    def _text(self, token: int) -> str:
+        """The characters a text token completes: with no partial character held, a token whose bytes are whole
+        UTF-8 decodes as it did before (the encoding's cache); else through the incremental decoder."""
+        decoder = self._decoder
+        if decoder.buffer:
+            return decoder.decode(self._table[token])
+        text = self._whole.get(token)
+        if text is None:
+            text = decoder.decode(self._table[token])
+            if not decoder.buffer:  # nothing held back: the bytes were whole (or replaced whole)
+                self._whole[token] = text
+        return text
 
     def _feed_other(self, token: int) -> Sequence[ParseEvent]:
         events: list[ParseEvent] = []
@@ -202,7 +216,7 @@ class StreamParser:
         self._state = CONTENT
         self._header = []
         self._parts = []
-        self._decode = _Utf8Decoder(errors="replace").decode
+        self._decoder = _Utf8Decoder(errors="replace")
         author = fields.author
         events.append(MessageStart(author.role, author.name, fields.channel, fields.recipient, fields.content_type))
         if fields.fallback_content:
@@ -210,7 +224,7 @@ class StreamParser:
             events.append(ContentDelta(fields.fallback_content))
 
     def _end_message(self, stop: StopReason, events: list[ParseEvent]) -> None:
-        tail = self._decode(b"", True)
+        tail = self._decoder.decode(b"", True)
         if tail:
             self._parts.append(tail)
             events.append(ContentDelta(tail))

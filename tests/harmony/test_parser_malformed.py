@@ -272,3 +272,16 @@ def test_a_role_word_in_continued_output_does_not_change_the_author(tok):
     assert [r.kind for r in parsed.repairs] == [K.ROLE_IN_OUTPUT_HEADER]
     same = parse_completion(tok("assistant<|channel|>final<|message|>fine<|return|>"))
     assert same.messages[0].author.role is Role.ASSISTANT and same.repairs == []
+
+
+def test_a_byte_cached_as_a_whole_token_still_completes_a_character(encoding, tok):
+    """Text tokens whose bytes are whole UTF-8 are decoded once per encoding; a byte met alone (a replacement
+    character) is still a character's continuation when a lead byte is held."""
+    heart = "💖".encode()
+    pieces = [_byte_token(encoding, b) for b in heart]
+    head = tok("<|channel|>final<|message|>")
+    alone = parse_completion([*head, pieces[1], *tok("<|end|>")])
+    assert alone.messages[0].text == "\ufffd" and encoding.whole_texts[pieces[1]] == "\ufffd"
+    after_lead = parse_completion([*head, *pieces, pieces[1], *tok(" ok<|end|>")])
+    assert after_lead.messages[0].text == "💖\ufffd ok"
+    assert pieces[0] not in encoding.whole_texts  # a lead byte alone is held back, never cached
