@@ -280,8 +280,8 @@ def test_a_byte_cached_as_a_whole_token_still_completes_a_character(encoding, to
     heart = "💖".encode()
     pieces = [_byte_token(encoding, b) for b in heart]
     head = tok("<|channel|>final<|message|>")
-    alone = parse_completion([*head, pieces[1], *tok("<|end|>")])
+    alone = parse_completion([*head, pieces[1], *tok("<|end|>")], encoding=encoding)
     assert alone.messages[0].text == "\ufffd" and encoding.whole_texts[pieces[1]] == "\ufffd"
-    after_lead = parse_completion([*head, *pieces, pieces[1], *tok(" ok<|end|>")])
+    after_lead = parse_completion([*head, *pieces, pieces[1], *tok(" ok<|end|>")], encoding=encoding)
     assert after_lead.messages[0].text == "💖\ufffd ok"
     assert pieces[0] not in encoding.whole_texts  # a lead byte alone is held back, never cached
