@@ -180,12 +180,12 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
     def engine(name: str) -> PagedRunner:
         return PagedRunner.create(str(models[name]), config, 4, MAX_POSITIONS, threads=threads, kernels=kernels)
 
-    largest = max([_bytes(directory), *(path.stat().st_size for path in ggufs.values())])
-    if largest > _available_memory():
-        return {"layers": layers, "past_memory": largest}
-    # both sides held at once, alternated request by request; or, when they do not fit together, each side
+    sizes, available = [_bytes(directory), *(path.stat().st_size for path in ggufs.values())], _available_memory()
+    if max(sizes) > available:
+        return {"layers": layers, "past_memory": max(sizes)}
+    # both sides held at once, alternated measure by measure; or, when they do not fit together, each side
     # loaded in its turn of every round (alternating held models would measure the disk, not the engines)
-    together = _bytes(directory) + sum(path.stat().st_size for path in ggufs.values()) <= _available_memory()
+    together = sum(sizes) <= available
     engines = {name: engine(name) for name in names} if together else {}
     rng = np.random.default_rng(0)
     for runtime in engines.values():  # warm-up
@@ -267,7 +267,8 @@ def main() -> None:
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     if args.render:
-        shapes = sorted((f for path in args.render for f in json.loads(path.read_text())["shapes"]), key=_depth)
+        runs = [f for path in args.render for f in json.loads(path.read_text())["shapes"]]
+        shapes = sorted(runs, key=lambda f: f["layers"])
         _publish(report(shapes, args.threads, any("f16_decode_1" in f for f in shapes)), args.write)
         return
     shapes = []
@@ -277,10 +278,6 @@ def main() -> None:
             shapes.append(measure(layers, args.threads, Path(scratch), args.llama_cpp, args.convert_python, names))
     print(json.dumps({"shapes": shapes}, indent=1))
     _publish(report(shapes, args.threads, args.llama_cpp is not None), args.write)
-
-
-def _depth(figures: dict) -> int:
-    return figures["layers"]
 
 
 def _publish(section: str, docs: Path | None) -> None:

@@ -56,13 +56,10 @@ class StreamParser:
         self._decoder = _Utf8Decoder(errors="replace")
 
     def feed(self, token: int) -> Sequence[ParseEvent]:
-        if self._state == CONTENT and 0 <= token < FIRST_SPECIAL:
-            text = self._text(token)
-            if text:
-                self._parts.append(text)
-                return (ContentDelta(text),)
-            return _NOTHING
-        return self._feed_other(token)
+        produced = self.feed_text(token)
+        if type(produced) is str:
+            return (ContentDelta(produced),) if produced else _NOTHING
+        return produced
 
     def feed_text(self, token: int) -> str | Sequence[ParseEvent]:
         """`feed`, except that a token of a message's text gives the text itself (maybe "", a partial character)
