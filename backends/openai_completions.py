@@ -24,6 +24,8 @@ class OpenAICompletions:
     name = "openai_completions"
     path = "/v1/completions"
     logprobs = True
+    constraints = False  # the gateway checks the output instead
+    prefix_cache = False  # no prewarm for `generate: false`
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         sampling = request.sampling

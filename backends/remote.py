@@ -104,7 +104,12 @@ class RemoteBackend:
     def __init__(self, dialect: Dialect, options: RemoteOptions) -> None:
         self.dialect = dialect
         self.options = options
-        self.capabilities = Capabilities(context_length=options.context_length, logprobs=dialect.logprobs)
+        self.capabilities = Capabilities(
+            context_length=options.context_length,
+            constraints=dialect.constraints,
+            logprobs=dialect.logprobs,
+            prefix_cache=dialect.prefix_cache,
+        )
         self.pool = UpstreamPool(options.urls, options.eject_after, options.probe_interval_s, self._probe)
         self._session: aiohttp.ClientSession | None = None
 

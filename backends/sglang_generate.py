@@ -21,6 +21,8 @@ class SGLangGenerate:
     name = "sglang_generate"
     path = "/generate"
     logprobs = False  # not asked for: requests that want them are refused with a 400
+    constraints = False  # the gateway checks the output instead
+    prefix_cache = False  # no prewarm for `generate: false`
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         sampling = request.sampling

@@ -31,6 +31,8 @@ class Dialect(Protocol):
     name: str
     path: str
     logprobs: bool  # whether it asks the server for logprobs when the request wants them
+    constraints: bool  # whether the server enforces GenerateRequest.constraint while it samples
+    prefix_cache: bool  # whether a prompt sent ahead (a prewarm) is kept for the request that continues it
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]: ...
 

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import sys
 
+from prometheus_client import CollectorRegistry, Counter
+
 from backends.mock import ScriptError
 from backends.registry import missing_runtime_message
-from harmony import VocabularyError
+from harmony import VocabularyError, load_harmony_encoding
 from state import StoreUnavailable
 from state.keys import FileKeys, KeyAdminError, RedisKeys, new_record
 
 from . import event_loop
 from .app import create_app
-from .config import Settings, load_settings
-from .lifecycle import Listening, bind, serve
+from .config import Settings, load_engine_server_settings, load_settings
+from .lifecycle import Lifecycle, Listening, bind, serve
 from .logs import configure_logging
+from .metrics import EngineCollector
 from .services import MIN_KEY_SECRET_CHARS, SERVICES, ConfigError
+from .tracing import configure_tracing
 from .usage.export import add_command as add_usage_command
 
 YOUNG_PASS_OBJECTS = 20_000  # the collector's first threshold while serving
@@ -66,6 +71,49 @@ def _serve(args: argparse.Namespace) -> int:
         print(line, flush=True)
 
     event_loop.run(serve(app, listening, settings.drain_s, services.lifecycle, announce, ready), settings.event_loop)
+    return 0
+
+
+def _serve_engine(args: argparse.Namespace) -> int:
+    """The built-in engine alone, behind the token protocol, for API replicas' `engine` backends."""
+    overrides = {dest: getattr(args, dest) for dest in ("host", "port", "options") if getattr(args, dest) is not None}
+    configure_logging()
+    try:
+        settings = load_engine_server_settings(**overrides)
+        event_loop.loop_factory(settings.event_loop)
+        sock = bind(settings.host, settings.port)
+    except (ValueError, OSError) as exc:
+        return _refuse(str(exc))
+    try:
+        from backends.engine.backend import from_options
+        from backends.engine.server import EngineServer
+    except ModuleNotFoundError as exc:
+        sock.close()
+        return _refuse(missing_runtime_message("onnx", exc.name or str(exc)))
+    try:
+        engine = from_options(settings.options, load_harmony_encoding(settings.vocab_path))
+    except (VocabularyError, ValueError) as exc:
+        sock.close()
+        return _refuse(str(exc))
+    registry = CollectorRegistry()
+    registry.register(EngineCollector({"engine": engine}))
+    dropped = Counter("gateway_trace_spans_dropped", "Spans dropped: the export queue was full", registry=registry)
+    configure_tracing(dropped.inc)
+    lifecycle = Lifecycle()
+    api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+    app = EngineServer(engine, api_key, lifecycle, settings.max_body_bytes).app(registry)
+
+    async def close_engine(_: object) -> None:
+        await engine.aclose()
+
+    app.on_cleanup.append(close_engine)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    listening = Listening(sock, f"http://{host}:{settings.port}", settings.header_timeout_s, settings.idle_timeout_s)
+    announce = functools.partial(print, flush=True)
+    event_loop.run(
+        serve(app, listening, settings.drain_s, lifecycle, announce, engine.ready, handler_cancellation=True),
+        settings.event_loop,
+    )
     return 0
 
 
@@ -161,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         action.add_argument("--file", help="a keys file (GATEWAY_KEYS_FILE) instead of Redis")
     keys.set_defaults(run=_run_keys)
     add_usage_command(commands)
+    engine = commands.add_parser("serve-engine", help="run the built-in engine alone (for engine backends)")
+    engine.add_argument("--host", help="bind address (GATEWAY_ENGINE_HOST, default 127.0.0.1)")
+    engine.add_argument("--port", type=int, help="port (GATEWAY_ENGINE_PORT, default 8100)")
+    engine.add_argument("--options", type=json.loads, help="the engine's options, JSON (GATEWAY_ENGINE_OPTIONS)")
+    engine.set_defaults(run=_serve_engine)
     _add_engine_commands(commands)
     args = parser.parse_args(argv)
     return args.run(args)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
@@ -96,23 +96,50 @@ class Settings(BaseSettings):
         return {"default": BackendConfig(kind=kind, options=options, models=self.models)}
 
 
-def _variable(field: str) -> str:
-    return f"GATEWAY_{field.upper()}"
+class EngineServerSettings(BaseSettings):
+    """`gpt-oss-gateway serve-engine`: the built-in engine alone, for API replicas' `engine` backends."""
+
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_ENGINE_")
+
+    host: str = "127.0.0.1"
+    port: int = 8100
+    vocab_path: str | None = None  # a local o200k_base.tiktoken, as for the gateway (constraints compile with it)
+    options: dict[str, Any] = Field(default_factory=dict)  # JSON: the engine's options, as the `onnx` backend's
+    api_key: SecretStr | None = None  # asked of clients as a Bearer token (the API replicas' backend `api_key`)
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)  # a generation request: prompt ids and schemas
+    event_loop: EventLoopSetting = "auto"
+    drain_s: float = Field(default=30.0, ge=0)  # on SIGTERM: how long generations in flight may finish
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    idle_timeout_s: float = Field(default=75.0, gt=0)
+
+
+def _variable(field: str, prefix: str = "GATEWAY_") -> str:
+    return f"{prefix}{field.upper()}"
 
 
 def load_settings(**overrides: Any) -> Settings:
     """Settings from the environment and `overrides`, or a ValueError that names the variable at fault."""
+    return _load(Settings, "GATEWAY_", overrides)
+
+
+def load_engine_server_settings(**overrides: Any) -> EngineServerSettings:
+    return _load(EngineServerSettings, "GATEWAY_ENGINE_", overrides)
+
+
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+
+def _load(kind: type[SettingsT], prefix: str, overrides: dict[str, Any]) -> SettingsT:
     try:
-        settings = Settings(**overrides)
+        return kind(**overrides)
     except SettingsError as exc:  # a JSON-valued variable that is not JSON
         field = str(exc).split('"')[1] if '"' in str(exc) else "?"
-        raise ValueError(f"{_variable(field)} is not valid JSON") from None
+        raise ValueError(f"{_variable(field, prefix)} is not valid JSON") from None
     except ValidationError as exc:
         problems = []
         for error in exc.errors(include_url=False):
             where = ".".join(str(part) for part in error["loc"])
             field, _, inner = where.partition(".")
-            name = _variable(field) + (f" ({inner})" if inner else "")
+            name = _variable(field, prefix) + (f" ({inner})" if inner else "")
             problems.append(f"{name}: {error['msg']} (got {str(error.get('input'))[:80]!r})")
         raise ValueError("; ".join(problems)) from None
-    return settings

@@ -129,11 +129,14 @@ async def serve(
     lifecycle: Lifecycle,
     announce: Callable[[str], None],
     ready: Callable[[], Awaitable[bool]],
+    handler_cancellation: bool = False,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then drain and shut down; a second signal cuts the drain short."""
+    """Serve until SIGTERM or SIGINT, then drain and shut down; a second signal cuts the drain short.
+    `handler_cancellation`: a client that disconnects cancels its handler (the engine server's generations)."""
     runner = GuardedAppRunner(
         app,
         access_log=None,
+        handler_cancellation=handler_cancellation,
         handle_signals=False,
         shutdown_timeout=AFTER_CUT_S,
         keepalive_timeout=listening.idle_timeout_s,

@@ -33,6 +33,7 @@ from opentelemetry import propagate, trace
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backends.base import BackendError, Capabilities, Chunk, EngineStats, GenerateRequest, parse_options
+from backends.page_names import namespace_of
 from harmony import HarmonyEncoding
 from harmony.tokens import LAST_SPECIAL
 
@@ -44,8 +45,8 @@ from .graph import Dtype, GraphOptions
 from .kernels.build import kernel_library
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
+from .page_events import PageEvents
 from .page_pool import KvPools
-from .prefix_cache import namespace_of
 from .qmoe import MoeRealization, qmoe_unsupported_reason
 from .runtime import DecoderRuntime, Device, EngineDeviceError, cuda_unavailable_reason, resolve_device
 
@@ -139,6 +140,7 @@ class EngineBackend:
             prefix_cache=options.prefix_budget() > 0,
         )
         self._encoding = encoding
+        self.page_events = PageEvents()  # the pages its prefix cache names (an engine server publishes them)
         self._batcher: Batcher | None = None
         self._grammars: GrammarCompiler | None = None
         self._failure: str | None = None
@@ -206,7 +208,9 @@ class EngineBackend:
                 cuda_graph=options.cuda_graph,
             )
             self._placement["sampler"] = "kernel" if runtime.samples_on_device else "numpy"
-            self._batcher = Batcher(runtime, pools, options.max_batch, options.prefill_chunk, options.prefix_budget())
+            self._batcher = Batcher(
+                runtime, pools, options.max_batch, options.prefill_chunk, options.prefix_budget(), self.page_events
+            )
             log.info(
                 "engine_ready",
                 layout=checkpoint.layout,

@@ -29,6 +29,7 @@ from backends.base import Chunk, EngineStats, GenerateRequest, TokenLogprob
 from harmony.tokens import FIRST_SPECIAL
 
 from .grammar import TokenGuide
+from .page_events import PageEvents
 from .page_pool import KvPools, PageTable
 from .prefix_cache import PrefixCache, Written
 from .runtime import DecoderRuntime, StepRows
@@ -74,14 +75,15 @@ class Batcher:
         max_batch: int,
         prefill_chunk: int = 512,
         prefix_budget: int = 0,
+        page_events: PageEvents | None = None,
     ) -> None:
         """`max_batch`: sequences running at once; `prefix_budget`: tokens of pages no sequence holds that the
-        prefix cache may keep (0: no reuse)."""
+        prefix cache may keep (0: no reuse); `page_events`: where the prefix cache reports the pages it names."""
         self.runtime = runtime
         self.pools = pools
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
-        self.prefix = PrefixCache(pools, prefix_budget)
+        self.prefix = PrefixCache(pools, prefix_budget, events=page_events)
         self._prefix_stats = self.prefix.stats()
         self._pool_stats = (pools.full.stats(), pools.window.stats())
         self._incoming: queue.Queue[Sequence | None] = queue.Queue()

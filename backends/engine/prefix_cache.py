@@ -15,31 +15,14 @@ Pages nobody holds stay cached while the pools have room, least recently used ou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from hashlib import blake2b
 
 import numpy as np
 
+from backends.page_names import chain
+
+from .page_events import PageEvents
 from .page_pool import SCRATCH, KvPools, PageTable
-
-ROOT = b"gpt-oss-gateway prefix v1"
-
-
-def namespace_of(tenant: str, cache_key: str | None, shared: bool) -> bytes:
-    """The cache namespace of a request: its tenant's (unless the operator shares one), split by its cache key."""
-    scope = "" if shared else tenant
-    return blake2b(f"{scope}\x1f{cache_key or ''}".encode(), digest_size=16, key=ROOT).digest()
-
-
-def chain(namespace: bytes, tokens: list[int], block: int, previous: bytes | None = None) -> Iterator[bytes]:
-    """The chain names of the full blocks of `tokens`, lazily (`previous`: the name of the block before them)."""
-    name = namespace if previous is None else previous
-    ids = np.asarray(tokens[: len(tokens) // block * block], dtype=np.int32).tobytes()
-    width = block * 4
-    for start in range(0, len(ids), width):
-        name = blake2b(name + ids[start : start + width], digest_size=16).digest()
-        yield name
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +59,10 @@ class Written:
 class PrefixCache:
     """Bookkeeping only, on the engine thread: the batcher copies KV as a lookup says."""
 
-    def __init__(self, pools: KvPools, budget: int, enabled: bool = True) -> None:
+    def __init__(self, pools: KvPools, budget: int, enabled: bool = True, events: PageEvents | None = None) -> None:
+        """`events`: where the names given and dropped are reported (for routers), if anywhere."""
         self.pools = pools
+        self.events = events
         self.block = pools.page_size
         self.enabled = enabled and budget > 0
         self.budget_pages = budget // self.block
@@ -196,6 +181,8 @@ class PrefixCache:
             self._parents[full] = parent
             if window != SCRATCH:
                 self._window_names[window] = name
+            if self.events is not None:
+                self.events.stored(name, parent)
         elif block.window == SCRATCH and window != SCRATCH and window not in self._window_names:
             block.window = window  # the same tokens at the same positions: the same KV
             self._window_names[window] = name
@@ -236,7 +223,10 @@ class PrefixCache:
 
     def _unname(self, page: int) -> Block:
         """Page `page` is named no more (nor is its window page); the block it was."""
-        block = self._blocks.pop(self._full_names.pop(page))
+        name = self._full_names.pop(page)
+        block = self._blocks.pop(name)
+        if self.events is not None:
+            self.events.removed(name)
         self._window_names.pop(block.window, None)
         parent = self._parents.pop(page)
         children = self._children[parent]

@@ -13,7 +13,8 @@ from engine_fixtures import loaded, make_checkpoint, tiny_config
 from backends.base import EngineStats, GenerateRequest, Sampling
 from backends.engine.backend import EngineBackend, EngineOptions
 from backends.engine.page_pool import KvPools, PageTable
-from backends.engine.prefix_cache import PrefixCache, Written, namespace_of
+from backends.engine.prefix_cache import PrefixCache, Written
+from backends.page_names import namespace_of
 from harmony import load_harmony_encoding
 
 ENCODING = load_harmony_encoding()

@@ -1,0 +1,335 @@
+"""The built-in engine as a model server: API replicas (`GATEWAY_BACKEND=engine`) in front of real
+`serve-engine` processes, through the `openai` SDK, against the same engine in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import aiohttp
+import openai
+import pytest
+from engine_fixtures import make_checkpoint, tiny_config
+from engine_servers import EngineServer
+from live_gateway import GatewayProcess
+from otlp_receiver import OtlpReceiver
+
+from backends.base import GenerateRequest, Sampling
+from backends.engine_wire import EVENTS_PATH
+from backends.page_names import chain, namespace_of
+from backends.registry import create_backend
+from harmony import load_harmony_encoding
+
+MODEL = "gpt-oss-20b"
+ENGINE_KEY = "engine-key-for-tests"
+PAGE = 16
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}, "sure": {"type": "boolean"}},
+    "required": ["answer", "sure"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Two engine servers, an API replica in front of them and a gateway with the same engine in-process."""
+    root = tmp_path_factory.mktemp("engine-server")
+    checkpoint = make_checkpoint(root / "model", tiny_config(), "original")
+    options = {
+        "checkpoint": str(checkpoint),
+        "max_batch": 4,
+        "max_positions": 2048,
+        "page_size": PAGE,
+        "cache_dir": str(root / "cache"),
+    }
+    servers = [EngineServer(options, root / f"engine{i}.log", api_key=ENGINE_KEY) for i in range(2)]
+    for server in servers:
+        server.start()  # one after the other: the first builds the graph the second reads
+    remote_options = {"api_key": ENGINE_KEY, "context_length": 2048, "probe_interval_s": 0.5, "eject_after": 1}
+    common = {"GATEWAY_MODELS": MODEL, "GATEWAY_AUTH": "off"}
+    remote = GatewayProcess(
+        {
+            **common,
+            "GATEWAY_BACKEND": "engine",
+            "GATEWAY_BACKEND_URLS": ",".join(s.url for s in servers),
+            "GATEWAY_BACKEND_OPTIONS": json.dumps(remote_options),
+        },
+        root / "remote.log",
+    ).start()
+    local = GatewayProcess(
+        {**common, "GATEWAY_BACKEND": "onnx", "GATEWAY_BACKEND_OPTIONS": json.dumps(options)}, root / "local.log"
+    ).start(timeout_s=300)
+    yield {"servers": servers, "remote": remote, "local": local, "options": options, "root": root}
+    for process in (remote, local, *servers):
+        process.stop()
+
+
+def _client(gateway: GatewayProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def _comparable(response) -> list:
+    """A response's output without its ids: what must be equal token for token."""
+    return [{k: v for k, v in item.model_dump().items() if k not in ("id", "call_id")} for item in response.output] + [
+        response.status,
+        response.usage.output_tokens,
+    ]
+
+
+REQUESTS = [
+    {"input": "Say hello", "max_output_tokens": 40},
+    {"input": "Weather in Paris?", "max_output_tokens": 120, "tools": [WEATHER], "tool_choice": "required"},
+    {
+        "input": "How many?",
+        "max_output_tokens": 120,
+        "text": {"format": {"type": "json_schema", "name": "count", "schema": ANSWER_SCHEMA, "strict": True}},
+    },
+    {"input": "Penalised and seeded", "max_output_tokens": 30, "temperature": 1, "top_p": 0.9},
+]
+
+
+@pytest.mark.parametrize("request_index", range(len(REQUESTS)))
+def test_answers_through_the_wire_equal_the_in_process_engine_s_token_for_token(fleet, request_index):
+    asked = {"model": MODEL, "temperature": 0, **REQUESTS[request_index]}
+    if asked["temperature"]:  # sampled: the same seed draws the same tokens on both sides
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": asked["input"]}], "seed": 5}
+        chat |= {"temperature": 1, "top_p": 0.9, "presence_penalty": 0.5, "frequency_penalty": 0.5}
+        chat |= {"max_tokens": 30, "logprobs": True, "top_logprobs": 3}
+        remote = _client(fleet["remote"]).chat.completions.create(**chat)
+        local = _client(fleet["local"]).chat.completions.create(**chat)
+        assert remote.choices[0].message.model_dump() == local.choices[0].message.model_dump()
+        pairs = zip(remote.choices[0].logprobs.content, local.choices[0].logprobs.content, strict=True)
+        for theirs, ours in pairs:
+            assert theirs.token == ours.token and abs(theirs.logprob - ours.logprob) < 1e-4
+            assert [t.token for t in theirs.top_logprobs] == [t.token for t in ours.top_logprobs]
+        return
+    remote = _client(fleet["remote"]).responses.create(**asked)
+    local = _client(fleet["local"]).responses.create(**asked)
+    assert _comparable(remote) == _comparable(local)
+    if "tools" in asked:  # the engine held the call to its schema on the far side of the wire too
+        call = next(item for item in remote.output if item.type == "function_call")
+        assert call.name == "get_weather" and call.arguments.startswith('{"city"')
+    if "text" in asked and remote.status == "completed":
+        assert set(json.loads(remote.output_text)) == {"answer", "sure"}
+
+
+async def _generate(url: str, prompt: list[int], tenant: str, **fields) -> tuple[list[int], int | None]:
+    """Greedy tokens for `prompt` from the engine server at `url`, through the `engine` backend kind, and the
+    prompt tokens it reports cached."""
+    options = {"urls": [url], "api_key": ENGINE_KEY, "context_length": 2048}
+    backend = create_backend("engine", options, load_harmony_encoding())
+    request = GenerateRequest(prompt, 4, (), f"req-{tenant}", sampling=Sampling(temperature=0), tenant=tenant, **fields)
+    tokens, cached = [], None
+    try:
+        async for chunk in backend.generate(request):
+            tokens += chunk.tokens
+            cached = chunk.cached_tokens if cached is None else cached
+    finally:
+        await backend.aclose()
+    return tokens, cached
+
+
+def test_the_prefix_cache_is_the_tenant_s_own_on_the_server_and_cached_tokens_come_back(fleet):
+    url = fleet["servers"][0].url
+    prompt = [200006, 17360, 200008, *range(1000, 1077)]
+
+    async def scenario() -> list[tuple[list[int], int | None]]:
+        return [
+            await _generate(url, prompt, "tenant-a"),
+            await _generate(url, prompt, "tenant-a"),
+            await _generate(url, prompt, "tenant-b"),
+            await _generate(url, prompt, "tenant-a", cache_key="session-1"),
+        ]
+
+    (first, cached_first), (again, cached_again), (other, cached_other), (keyed, cached_keyed) = asyncio.run(scenario())
+    assert first == again == other == keyed  # greedy: the same tokens, cached or not
+    assert cached_first == 0 and cached_again == len(prompt) - 1  # all but the last (its logits are needed)
+    assert cached_other == 0 and cached_keyed == 0  # another tenant, another cache key: nothing reused
+
+
+def _read_events(url: str, until, timeout_s: float = 10) -> list[tuple[str, dict]]:
+    """The kv_events stream's (event, payload) pairs until `until(pairs)` holds."""
+
+    async def run() -> list[tuple[str, dict]]:
+        pairs: list[tuple[str, dict]] = []
+        headers = {"Authorization": f"Bearer {ENGINE_KEY}"}
+        async with aiohttp.ClientSession() as session, session.get(url + EVENTS_PATH, headers=headers) as response:
+            assert response.status == 200
+            name = ""
+            async with asyncio.timeout(timeout_s):
+                async for line in response.content:
+                    text = line.decode().strip()
+                    if text.startswith("event: "):
+                        name = text[7:]
+                    elif text.startswith("data: "):
+                        pairs.append((name, json.loads(text[6:])))
+                        if until(pairs):
+                            return pairs
+        return pairs
+
+    return asyncio.run(run())
+
+
+def test_the_pages_a_server_stores_are_published_under_the_names_a_router_computes(fleet):
+    server = fleet["servers"][1]
+    first = _read_events(server.url, lambda pairs: True)
+    ((kind, snapshot),) = first
+    assert kind == "snapshot" and snapshot["page_size"] == PAGE and snapshot["prefix_cache_scope"] == "tenant"
+    prompt = [200006, 17360, 200008, *range(2000, 2070)]
+    asyncio.run(_generate(server.url, prompt, "tenant-events"))
+    expected = [name.hex() for name in chain(namespace_of("tenant-events", None, False), prompt, PAGE)]
+    listed = _read_events(server.url, lambda pairs: True)[0][1]
+    assert listed["instance"] == snapshot["instance"] and listed["seq"] > snapshot["seq"]
+    held = {name: parent for name, parent in listed["pages"]}
+    assert set(expected) <= set(held)
+    assert held[expected[0]] == namespace_of("tenant-events", None, False).hex() and held[expected[1]] == expected[0]
+
+    # live: a new prompt's pages arrive as `pages` events, in order, continuing the snapshot's numbering
+    fresh = [200006, 17360, 200008, *range(3000, 3050)]
+    fresh_names = {name.hex() for name in chain(namespace_of("tenant-events", None, False), fresh, PAGE)}
+
+    def stored_all(pairs) -> bool:
+        if len(pairs) == 1:  # the snapshot is in: now the prompt
+            threading.Thread(target=asyncio.run, args=(_generate(server.url, fresh, "tenant-events"),)).start()
+        stored = {event[1] for _, payload in pairs[1:] for event in payload.get("events", []) if event[0] == "s"}
+        return fresh_names <= stored
+
+    pairs = _read_events(server.url, stored_all)
+    batches = [payload for kind, payload in pairs[1:] if kind == "pages"]
+    assert batches and batches[0]["first"] == pairs[0][1]["seq"] + 1
+    assert all(b["first"] == a["seq"] + 1 for a, b in itertools.pairwise(batches))
+
+
+def test_metrics_say_load_and_kv_use_under_the_inference_gateway_s_names(fleet):
+    server = fleet["servers"][0]
+    before = server.metrics()
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        assert name in before
+    stream = _client(fleet["remote"]).responses.create(
+        model=MODEL, input="stream a while", max_output_tokens=1500, temperature=0, stream=True, prompt_cache_key="m"
+    )
+    busy = None
+    for event in stream:
+        if event.type == "response.output_text.delta" or "delta" in event.type:
+            busy = [s.metrics() for s in fleet["servers"]]
+            break
+    stream.close()
+    assert busy is not None
+    assert sum(m["vllm:num_requests_running"] for m in busy) == 1
+    assert max(m["vllm:kv_cache_usage_perc"] for m in busy) > 0
+
+
+def test_a_client_that_goes_away_frees_its_sequence_on_the_engine_server(fleet):
+    servers = fleet["servers"]
+    stream = _client(fleet["remote"]).responses.create(
+        model=MODEL, input="a long answer", max_output_tokens=1800, temperature=0, stream=True
+    )
+    for event in stream:
+        if "delta" in event.type:
+            break
+    assert sum(s.metrics()["vllm:num_requests_running"] for s in servers) == 1
+    stream.close()
+    started = time.monotonic()
+    while sum(s.metrics()["vllm:num_requests_running"] for s in servers) and time.monotonic() - started < 5:
+        time.sleep(0.02)
+    freed_after = time.monotonic() - started
+    assert sum(s.metrics()["vllm:num_requests_running"] for s in servers) == 0
+    assert freed_after < 2, freed_after
+
+
+def test_the_engine_server_asks_for_its_key_and_names_what_is_wrong_with_a_request(fleet):
+    server = fleet["servers"][0]
+    body = json.dumps({"prompt": [1, 2, 3], "max_new_tokens": 2}).encode()
+
+    def post(payload: bytes, key: str | None) -> tuple[int, dict]:
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        request = urllib.request.Request(server.url + "/v1/engine/generate", payload, headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, {}
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    assert post(body, None)[0] == 401 and post(body, "wrong")[0] == 401
+    status, error = post(json.dumps({"prompt": [], "max_new_tokens": 0}).encode(), ENGINE_KEY)
+    assert status == 400 and "prompt" in error["error"]["message"] and "max_new_tokens" in error["error"]["message"]
+    status, error = post(json.dumps({"prompt": [1] * 3000, "max_new_tokens": 2}).encode(), ENGINE_KEY)
+    assert status == 400 and "exceeds the model's context" in error["error"]["message"]
+    assert post(body, ENGINE_KEY)[0] == 200
+
+
+def test_engine_spans_join_the_request_s_trace(fleet, tmp_path):
+    receiver = OtlpReceiver().start()
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    server = EngineServer(fleet["options"], tmp_path / "traced.log", api_key=ENGINE_KEY, **otel).start()
+    gateway = GatewayProcess(
+        {
+            "GATEWAY_MODELS": MODEL,
+            "GATEWAY_AUTH": "off",
+            "GATEWAY_BACKEND": "engine",
+            "GATEWAY_BACKEND_URLS": server.url,
+            "GATEWAY_BACKEND_OPTIONS": json.dumps({"api_key": ENGINE_KEY, "context_length": 2048}),
+            **otel,
+        },
+        tmp_path / "gateway.log",
+    ).start()
+    try:
+        _client(gateway).responses.create(model=MODEL, input="traced", max_output_tokens=16)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(s["name"] == "engine.decode" for s in receiver.spans):
+            time.sleep(0.05)
+    finally:
+        gateway.stop()
+        server.stop()
+        receiver.stop()
+    by_id = {s["id"]: s for s in receiver.spans}
+    phases = [s for s in receiver.spans if s["name"].startswith("engine.")]
+    assert sorted(s["name"] for s in phases) == ["engine.decode", "engine.prefill", "engine.queue"]
+    parents = {by_id[s["parent"]]["name"] for s in phases if s["parent"] in by_id}
+    assert parents == {f"chat {MODEL}"}  # the gateway's generation span, in the other process
+    assert len({s["trace"] for s in receiver.spans}) == 1
+
+
+def test_a_killed_engine_server_s_requests_go_to_the_other_and_none_fails(fleet, tmp_path):
+    servers = [EngineServer(fleet["options"], tmp_path / f"k{i}.log", api_key=ENGINE_KEY).start() for i in range(2)]
+    options = {"api_key": ENGINE_KEY, "context_length": 2048, "probe_interval_s": 0.5}
+    gateway = GatewayProcess(
+        {
+            "GATEWAY_MODELS": MODEL,
+            "GATEWAY_AUTH": "off",
+            "GATEWAY_BACKEND": "engine",
+            "GATEWAY_BACKEND_URLS": ",".join(s.url for s in servers),
+            "GATEWAY_BACKEND_OPTIONS": json.dumps(options),
+        },
+        tmp_path / "gateway.log",
+    ).start()
+    try:
+        client = _client(gateway)
+        warm = [client.responses.create(model=MODEL, input=f"warm {i}", max_output_tokens=16) for i in range(4)]
+        assert all(r.status in ("completed", "incomplete") for r in warm)
+        servers[0].kill()
+        answers = [client.responses.create(model=MODEL, input=f"after {i}", max_output_tokens=16) for i in range(8)]
+        assert all(r.status in ("completed", "incomplete") for r in answers)
+        served = servers[1].metrics()["vllm:prefix_cache_queries_total"]
+        assert served > 0
+        assert "upstream_ejected" in gateway.log_text()
+    finally:
+        gateway.stop()
+        for server in servers:
+            server.stop()
