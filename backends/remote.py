@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -20,7 +21,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from .base import BackendError, Capabilities, Chunk, GenerateRequest, parse_options
 from .sse_reader import EventTooLarge, sse_events
@@ -40,6 +41,7 @@ class RemoteOptions(BaseModel):
     urls: list[str] = Field(min_length=1)  # base URLs of the upstream servers, e.g. http://vllm-0:8000
     model: str | None = None  # the model name the server expects (OpenAI-compatible servers)
     api_key: SecretStr | None = None  # sent as a Bearer token
+    api_key_env: str | None = None  # or the name of an environment variable that holds it (e.g. from a Secret)
     context_length: int = Field(default=131_072, gt=0)  # the server's context (vLLM --max-model-len)
     connect_timeout_s: float = Field(default=5.0, gt=0)
     first_token_timeout_s: float = Field(default=300.0, gt=0)  # queueing and prefill included
@@ -61,6 +63,15 @@ class RemoteOptions(BaseModel):
         if len(set(urls)) != len(urls):
             raise ValueError("the same URL is listed twice")
         return urls
+
+    @model_validator(mode="after")
+    def _key_from_the_environment(self) -> RemoteOptions:
+        if self.api_key_env is not None and self.api_key is None:
+            value = os.environ.get(self.api_key_env)
+            if not value:
+                raise ValueError(f"api_key_env names {self.api_key_env}, which is not set")
+            self.api_key = SecretStr(value)
+        return self
 
 
 class _Failure(Exception):

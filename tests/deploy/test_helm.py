@@ -281,3 +281,99 @@ def test_the_rendered_python_sandbox_runs_isolated_as_the_pods_uid(helm, shared_
         assert ast.literal_eval(call.outputs[0].logs.strip()) == (1000, [1, 2], False, "2")
     finally:
         gateway.stop()
+
+
+ENGINE_VALUES = (
+    "--set", "engine.enabled=true", "--set", "gpu.enabled=true", "--set", "metrics.serviceMonitor.enabled=true",
+    "--set", "modelVolume.enabled=true", "--set", "modelVolume.existingClaim=weights",
+    "--set-json", 'engine.options={"checkpoint": "/models/gpt-oss-20b", "max_positions": 32768, "max_batch": 64}',
+)  # fmt: skip
+
+
+def _selected(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def test_the_engine_tier_renders_gpu_engine_pods_by_name_and_a_cpu_api_tier_that_lists_them(helm):
+    manifests = _render(helm, *ENGINE_VALUES)
+    engine = manifests["StatefulSet/gw-gpt-oss-gateway-engine"]
+    service = manifests["Service/gw-gpt-oss-gateway-engine"]
+    assert service["spec"]["clusterIP"] == "None" and engine["spec"]["serviceName"] == service["metadata"]["name"]
+    pod = engine["spec"]["template"]
+    assert _selected(service["spec"]["selector"], pod["metadata"]["labels"])
+    api = manifests["Deployment/gw-gpt-oss-gateway"]
+    for selector in (
+        api["spec"]["selector"]["matchLabels"],
+        manifests["Service/gw-gpt-oss-gateway"]["spec"]["selector"],
+        manifests["PodDisruptionBudget/gw-gpt-oss-gateway"]["spec"]["selector"]["matchLabels"],
+    ):
+        assert not _selected(selector, pod["metadata"]["labels"])  # the API tier never takes engine pods in
+    container = pod["spec"]["containers"][0]
+    assert container["args"] == ["serve-engine"] and container["image"].endswith("-cuda")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["spec"]["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"  # ready once the model is loaded
+    assert container["startupProbe"]["httpGet"]["path"] == "/health"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/models", "/var/cache/gpt-oss-gateway"}
+    env = {e["name"]: e for e in container["env"]}
+    options = json.loads(env["GATEWAY_ENGINE_OPTIONS"]["value"])
+    assert options["device"] == "cuda" and options["max_batch"] == 64 and options["cache_dir"]
+    assert env["GATEWAY_ENGINE_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "engine-key"
+
+    api_pod = api["spec"]["template"]["spec"]
+    api_container = api_pod["containers"][0]
+    assert "nvidia.com/gpu" not in api_container["resources"].get("limits", {}) and "nodeSelector" not in api_pod
+    assert not api_container["image"].endswith("-cuda")
+    config = manifests["ConfigMap/gw-gpt-oss-gateway"]["data"]
+    assert config["GATEWAY_BACKEND"] == "engine"
+    assert config["GATEWAY_BACKEND_URLS"].split(",") == [
+        f"http://gw-gpt-oss-gateway-engine-{i}.gw-gpt-oss-gateway-engine.ai.svc:8100" for i in range(2)
+    ]
+    assert json.loads(config["GATEWAY_BACKEND_OPTIONS"]) == {"context_length": 32768, "api_key_env": "ENGINE_API_KEY"}
+    api_env = {e["name"]: e for e in api_container["env"]}
+    assert api_env["ENGINE_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "engine-key"
+    assert len(base64.b64decode(manifests["Secret/gw-gpt-oss-gateway"]["data"]["engine-key"])) >= 32
+    monitor = manifests["ServiceMonitor/gw-gpt-oss-gateway-engine"]
+    assert _selected(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    for version in KUBERNETES_VERSIONS:
+        for document in manifests.values():
+            if document["kind"] not in CRDS:
+                kubernetes_validate.validate(document, version, strict=True)
+    refused = _helm(helm, "template", "gw", str(CHART), *ENGINE_VALUES, "--set", "gateway.backend.kind=vllm")
+    assert refused.returncode != 0 and "leave gateway.backend and gateway.backends unset" in refused.stderr
+
+
+def test_the_rendered_engine_tier_serves_the_api_tier(helm, tmp_path):
+    """An engine server started with the environment the chart gives engine pods, and a gateway with the API
+    pods' configuration (the pod's name mapped onto this machine's address) answer through the SDK."""
+    from engine_fixtures import make_checkpoint, tiny_config
+    from engine_servers import EngineServer
+
+    checkpoint = make_checkpoint(tmp_path / "model", tiny_config(), "original")
+    options = {"checkpoint": str(checkpoint), "max_positions": 1024, "cache_dir": str(tmp_path / "cache")}
+    tier = ("--set", "engine.enabled=true", "--set", "engine.replicas=1")
+    manifests = _render(helm, *tier, "--set-json", f"engine.options={json.dumps(options)}")
+    pod = manifests["StatefulSet/gw-gpt-oss-gateway-engine"]["spec"]["template"]["spec"]
+    secret = manifests["Secret/gw-gpt-oss-gateway"]["data"]
+    engine_env = {}
+    for entry in pod["containers"][0]["env"]:
+        value = entry.get("value")
+        if value is None:
+            value = base64.b64decode(secret[entry["valueFrom"]["secretKeyRef"]["key"]]).decode()
+        engine_env[entry["name"]] = value
+    for name in ("HOME", "GATEWAY_ENGINE_HOST", "GATEWAY_ENGINE_PORT"):
+        engine_env.pop(name)
+    server = EngineServer(json.loads(engine_env.pop("GATEWAY_ENGINE_OPTIONS")), tmp_path / "engine.log", **engine_env)
+    server.start()
+    env = _gateway_env(manifests, tmp_path, None)
+    env.update(GATEWAY_BACKEND_URLS=server.url, GATEWAY_AUTH="off", GATEWAY_MOCK_SCRIPT="")
+    gateway = GatewayProcess(env, tmp_path / "gateway.log").start()
+    try:
+        api = openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        answer = api.responses.create(model="gpt-oss-20b", input="hello", max_output_tokens=16, temperature=0)
+        assert answer.status in ("completed", "incomplete") and answer.usage.output_tokens > 0
+        assert server.metrics()["vllm:prefix_cache_queries_total"] > 0  # it ran on the engine server
+    finally:
+        gateway.stop()
+        server.stop()
