@@ -127,6 +127,33 @@ class EngineStats:
     preemptions: int = 0  # sequences preempted for pages and run again later, since start
 
 
+@dataclass(frozen=True, slots=True)
+class ServerReport:
+    """What a remote backend's router knows of one server."""
+
+    load: float  # requests running and waiting there (its own count when it reports one, else this replica's)
+    routed_pages: int  # pages of what was routed there, still remembered
+    published_pages: int  # pages it says it holds (servers that publish their pages)
+    events_in_sync: bool | None  # whether its page events are followed now (None: it publishes none)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingReport:
+    """How a remote backend routed its generations, since start, and its servers now."""
+
+    routed: dict[str, int]  # generations by how their server was chosen: prefix, load, key
+    prompt_tokens: int  # prompt tokens of the routed generations
+    matched_tokens: int  # of those, tokens the chosen server held (by its events, or by what was routed there)
+    servers: dict[str, ServerReport]  # by URL
+
+
+@runtime_checkable
+class ReportsRouting(Protocol):
+    """Optional for backends: those that choose among several servers say how."""
+
+    def routing_stats(self) -> RoutingReport | None: ...
+
+
 @runtime_checkable
 class ReportsEngineStats(Protocol):
     """Optional for backends: those that run the model in-process say how loaded they are."""

@@ -142,6 +142,7 @@ class EngineDialect:
     logprobs = True
     constraints = True  # the engine enforces them while it samples
     prefix_cache = True
+    publishes_pages = True  # GET /v1/engine/kv_events: routing by prefix knows what each server holds
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         return request_body(request)

@@ -24,6 +24,7 @@ class LlamaCppCompletion:
     logprobs = False  # not asked for: requests that want them are refused with a 400
     constraints = False  # the gateway checks the output instead
     prefix_cache = False  # no prewarm for `generate: false`
+    publishes_pages = False  # routing by prefix is approximate: by what was sent there
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         sampling = request.sampling

@@ -15,8 +15,9 @@ from typing import Any
 
 from harmony import HarmonyEncoding
 
-from .base import GenerateRequest, TokenLogprob
-from .remote import RemoteBackend
+from .base import GenerateRequest, TokenLogprob, parse_options
+from .cache_salt import TenantSalt
+from .remote import RemoteBackend, RemoteOptions
 from .wire import Step, UpstreamProtocolError, count, raise_reported, token_ids
 
 
@@ -26,6 +27,10 @@ class OpenAICompletions:
     logprobs = True
     constraints = False  # the gateway checks the output instead
     prefix_cache = False  # no prewarm for `generate: false`
+    publishes_pages = False  # routing by prefix is approximate: by what was sent there
+
+    def __init__(self, salt: TenantSalt | None = None) -> None:
+        self.salt = salt  # the tenant's `cache_salt` for the server's prefix cache (vLLM), when set
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         sampling = request.sampling
@@ -42,6 +47,8 @@ class OpenAICompletions:
         }
         if model is not None:
             body["model"] = model
+        if self.salt is not None:
+            body["cache_salt"] = self.salt(request.tenant)
         if sampling.seed is not None:
             body["seed"] = sampling.seed
         if sampling.presence_penalty:
@@ -106,8 +113,15 @@ def _token_id(name: Any) -> int:
     return int(text)
 
 
-DIALECT = OpenAICompletions()
+def vllm_from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> RemoteBackend:
+    """vLLM: every request carries its tenant's `cache_salt` unless the options turn it off."""
+    parsed = parse_options(RemoteOptions, options, "vllm")
+    salt = TenantSalt(parsed.cache_salt_secret_env) if parsed.cache_salt is not False else None
+    return RemoteBackend(OpenAICompletions(salt), parsed)
 
 
-def from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> RemoteBackend:
-    return RemoteBackend.from_options(DIALECT, options)
+def sglang_from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> RemoteBackend:
+    """SGLang's OpenAI-compatible server: a `cache_salt` only where the options ask (recent releases take it)."""
+    parsed = parse_options(RemoteOptions, options, "sglang")
+    salt = TenantSalt(parsed.cache_salt_secret_env) if parsed.cache_salt else None
+    return RemoteBackend(OpenAICompletions(salt), parsed)

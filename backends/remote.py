@@ -23,7 +23,9 @@ import aiohttp
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from .base import BackendError, Capabilities, Chunk, GenerateRequest, parse_options
+from .base import BackendError, Capabilities, Chunk, GenerateRequest, RoutingReport, parse_options
+from .routing import kv_events, load_metrics
+from .routing.router import PrefixRouter, RoutingSettings
 from .sse_reader import EventTooLarge, sse_events
 from .upstreams import Upstream, UpstreamPool
 from .wire import Dialect, UpstreamProtocolError, UpstreamReported, error_text
@@ -52,6 +54,16 @@ class RemoteOptions(BaseModel):
     probe_interval_s: float = Field(default=5.0, gt=0)
     health_path: str = "/health"
     max_event_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # the tenant's `cache_salt` on every request (None: on for vllm, off for sglang; other kinds have none)
+    cache_salt: bool | None = None
+    cache_salt_secret_env: str = "GATEWAY_KEY_SECRET"  # the secret salts are made with, shared by every replica
+    # prefix-aware routing (backends/routing/router.py): off, the fewest requests in flight wins
+    prefix_routing: bool = True
+    load_slack: float = Field(default=2, ge=0)  # a server this much more loaded than the least gets no request
+    routing_page_tokens: int = Field(default=32, ge=1, le=4096)  # page size of the index of what was routed
+    routing_ttl_s: float = Field(default=600.0, gt=0)  # a routed page unused this long counts as evicted
+    routing_capacity_pages: int = Field(default=65_536, ge=1)  # routed pages remembered per server
+    load_metrics_interval_s: float = Field(default=1.0, ge=0)  # how often servers' /metrics are read (0: never)
 
     @field_validator("urls")
     @classmethod
@@ -122,6 +134,16 @@ class RemoteBackend:
             prefix_cache=dialect.prefix_cache,
         )
         self.pool = UpstreamPool(options.urls, options.eject_after, options.probe_interval_s, self._probe)
+        self.router: PrefixRouter | None = None
+        if options.prefix_routing:
+            settings = RoutingSettings(
+                options.routing_page_tokens,
+                options.load_slack,
+                options.routing_ttl_s,
+                options.routing_capacity_pages,
+            )
+            self.router = PrefixRouter([u.url for u in self.pool.upstreams], settings, dialect.publishes_pages)
+        self._watchers: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
@@ -150,9 +172,31 @@ class RemoteBackend:
 
     async def ready(self) -> bool:
         """Ready while some upstream is not ejected (ejected ones are probed back in the background)."""
+        self._watch()
         return any(upstream.healthy for upstream in self.pool.upstreams)
 
+    def _watch(self) -> None:
+        """Start following each server's page events and load, once, on the running loop."""
+        if self._watchers or self.router is None:
+            return
+        session = self._client()
+        for url, view in self.router.servers.items():
+            if view.published is not None:
+                self._watchers.append(asyncio.ensure_future(kv_events.follow(session, url, view.published)))
+            if self.options.load_metrics_interval_s:
+                interval = self.options.load_metrics_interval_s
+                self._watchers.append(asyncio.ensure_future(load_metrics.poll(session, url, view, interval)))
+
+    def routing_stats(self) -> RoutingReport | None:
+        """How generations were routed and what the router knows of each server (None: routing is off)."""
+        if self.router is None:
+            return None
+        return self.router.report({u.url: u.outstanding for u in self.pool.upstreams})
+
     async def aclose(self) -> None:
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
         await self.pool.aclose()
         if self._session is not None:
             await self._session.close()
@@ -160,18 +204,24 @@ class RemoteBackend:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
         body = json.dumps(self.dialect.body(request, self.options.model), separators=(",", ":")).encode()
         tried: list[Upstream] = []
+        router = self.router
+        if router is not None:
+            self._watch()
         for attempt in range(self.options.retries + 1):
-            upstream = self.pool.pick(tried, request.cache_key)
+            upstream = self.pool.pick(tried, request.cache_key, None if router is None else router.chooser(request))
             tried.append(upstream)
-            delivered = False
+            generated: list[int] = []
             try:
                 async with aclosing(self._attempt(upstream, request, body)) as chunks:
                     async for chunk in chunks:
-                        delivered = delivered or bool(chunk.tokens)
+                        generated += chunk.tokens
                         yield chunk
             except _Failure as failure:
+                delivered = bool(generated)
                 if failure.upstream_fault:
                     self.pool.failed(upstream, failure.reason)
+                    if router is not None and not upstream.healthy:
+                        router.forget(upstream.url)
                 last = delivered or not failure.retryable or attempt == self.options.retries
                 log.warning(
                     "upstream_failed",
@@ -186,6 +236,8 @@ class RemoteBackend:
                     raise BackendError(failure.message) from None
                 continue
             self.pool.succeeded(upstream)
+            if router is not None:
+                router.record(upstream.url, request, generated)
             return
 
     async def _attempt(self, upstream: Upstream, request: GenerateRequest, body: bytes) -> AsyncIterator[Chunk]:

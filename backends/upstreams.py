@@ -25,6 +25,7 @@ import structlog
 log = structlog.get_logger("backends.upstreams")
 
 Probe = Callable[[str], Awaitable[bool]]
+Choose = Callable[[list["Upstream"]], "Upstream"]
 AFFINITY_SLACK = 4
 
 
@@ -53,12 +54,15 @@ class UpstreamPool:
         self._probe = probe
         self._prober: asyncio.Task[None] | None = None
 
-    def pick(self, avoid: list[Upstream], cache_key: str | None = None) -> Upstream:
-        """The healthy upstream with the fewest requests in flight, preferring ones not in `avoid`; with a
-        cache key, the key's own upstream while it is not overloaded."""
+    def pick(self, avoid: list[Upstream], cache_key: str | None = None, choose: Choose | None = None) -> Upstream:
+        """A healthy upstream, preferring ones not in `avoid`: `choose`'s pick among them when given (a prefix
+        router), else the one with the fewest requests in flight; with a cache key, the key's own upstream while
+        it is not overloaded."""
         fresh = [u for u in self.upstreams if u not in avoid] or self.upstreams
         healthy = [u for u in fresh if u.healthy]
-        if healthy:
+        if healthy and choose is not None:
+            chosen = choose(healthy)
+        elif healthy:
             chosen = min(healthy, key=lambda u: (u.outstanding, u.picks))
             if cache_key:
                 owner = max(healthy, key=lambda u: _weight(cache_key, u.url))

@@ -33,6 +33,7 @@ class Dialect(Protocol):
     logprobs: bool  # whether it asks the server for logprobs when the request wants them
     constraints: bool  # whether the server enforces GenerateRequest.constraint while it samples
     prefix_cache: bool  # whether a prompt sent ahead (a prewarm) is kept for the request that continues it
+    publishes_pages: bool  # whether its servers stream the page names they hold (the built-in engine's)
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]: ...
 

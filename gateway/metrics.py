@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from backends.base import Backend, ReportsEngineStats
+from backends.base import Backend, ReportsEngineStats, ReportsRouting
 
 MAX_TENANT_LABELS = 20
 OTHER = "other"
@@ -125,10 +125,14 @@ class Metrics:
             self.store_errors.labels(operation)
 
     def watch_engines(self, backends: dict[str, Backend]) -> None:
-        """Export `gateway_engine_*` for the named backends that run a model in-process."""
+        """Export `gateway_engine_*` for the named backends that run a model in-process, and
+        `gateway_routing_*` / `gateway_upstream_*` for those that route among servers."""
         engines = {name: b for name, b in backends.items() if isinstance(b, ReportsEngineStats)}
         if engines:
             self.registry.register(EngineCollector(engines))
+        routers = {name: b for name, b in backends.items() if isinstance(b, ReportsRouting)}
+        if routers:
+            self.registry.register(RoutingCollector(routers))
 
     def child(self, metric: Any, *values: str) -> Any:
         """`metric.labels(*values)`, looked up in a dict after the first time (several per request; the
@@ -280,3 +284,51 @@ class EngineCollector(Collector):
             blocks.add_metric([name], stats.prefix_blocks)
             evicted.add_metric([name], stats.prefix_evicted_blocks)
         yield from (sequences, batch, kv, pages, preemptions, steps, tokens, prompt, blocks, evicted)
+
+
+class RoutingCollector(Collector):
+    """How remote backends chose their servers, and what they know of each (the `upstream` label: its URL)."""
+
+    def __init__(self, routers: dict[str, ReportsRouting]) -> None:
+        self._routers = routers
+
+    def collect(self) -> Iterator[Metric]:
+        routed = CounterMetricFamily(
+            "gateway_routing_decisions",
+            "Generations by how their server was chosen: the prefix it held, its load, the prompt_cache_key",
+            labels=["backend", "how"],
+        )
+        tokens = CounterMetricFamily(
+            "gateway_routing_prompt_tokens",
+            "Prompt tokens routed, and those the chosen server held (its events, or what was routed there)",
+            labels=["backend", "outcome"],
+        )
+        load = GaugeMetricFamily(
+            "gateway_upstream_load", "Requests running and waiting on a server, as the router sees them",
+            labels=["backend", "upstream"],
+        )  # fmt: skip
+        pages = GaugeMetricFamily(
+            "gateway_upstream_prefix_pages",
+            "Pages a server holds: as it publishes them, and as remembered from what was routed there",
+            labels=["backend", "upstream", "source"],
+        )
+        in_sync = GaugeMetricFamily(
+            "gateway_upstream_page_events_in_sync",
+            "1 while a server's page events are followed (0: routing to it falls back to what was routed there)",
+            labels=["backend", "upstream"],
+        )
+        for name, backend in self._routers.items():
+            report = backend.routing_stats()
+            if report is None:
+                continue
+            for how, count in report.routed.items():
+                routed.add_metric([name, how], count)
+            tokens.add_metric([name, "all"], report.prompt_tokens)
+            tokens.add_metric([name, "matched"], report.matched_tokens)
+            for url, server in report.servers.items():
+                load.add_metric([name, url], server.load)
+                pages.add_metric([name, url, "routed"], server.routed_pages)
+                if server.events_in_sync is not None:
+                    pages.add_metric([name, url, "published"], server.published_pages)
+                    in_sync.add_metric([name, url], 1 if server.events_in_sync else 0)
+        yield from (routed, tokens, load, pages, in_sync)

@@ -6,6 +6,7 @@ record what they were sent and whether the gateway aborted them.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import re
@@ -18,11 +19,13 @@ from typing import Any
 
 import openai
 import pytest
-from fake_upstreams import FakeUpstream, fake_logprob
+from fake_upstreams import STOPS, FakeUpstream, fake_logprob
 from gateway_fixtures import SCRIPT, WEATHER_TOOL
 from live_gateway import GatewayProcess, LiveGateway
 from redis_servers import free_port
 
+from backends.base import GenerateRequest
+from backends.registry import create_backend
 from gateway.config import Settings
 from gateway.services import ConfigError, build_services
 from harmony import Renderer, load_harmony_encoding
@@ -187,7 +190,8 @@ def test_failover_to_the_live_upstream_then_probe_back():
     live = _fake("vllm")
     revived = _fake("vllm", port=dead_port)
     urls = [f"http://127.0.0.1:{dead_port}", live.url]
-    with _serving("vllm", [live], urls=urls, eject_after=2, probe_interval_s=0.1, connect_timeout_s=1) as (gw, client):
+    options = {"eject_after": 2, "probe_interval_s": 0.1, "connect_timeout_s": 1, "prefix_routing": False}
+    with _serving("vllm", [live], urls=urls, **options) as (gw, client):  # least loaded: the dead one is tried
         for _ in range(6):
             response = client.responses.create(model=MODEL, input="thanks")
             assert response.output_text == "You are welcome."
@@ -205,28 +209,62 @@ def test_failover_to_the_live_upstream_then_probe_back():
     assert len(live.calls) >= 6
 
 
-def test_a_prompt_cache_key_sends_a_session_to_one_upstream():
-    """Codex sends its session id as prompt_cache_key: each session's turns reach the same vLLM (its prefix
-    cache), while sessions spread over both."""
+def test_a_session_s_turns_reach_one_upstream_by_the_prefix_it_holds():
+    """Without a server that says what it holds (vLLM), the router remembers what it sent where: each session's
+    later turns go to the upstream that has its earlier ones (Codex's sessions, with or without its
+    prompt_cache_key)."""
     upstreams = [_fake("vllm"), _fake("vllm")]
     encoding = load_harmony_encoding()
-    with _serving("vllm", upstreams) as (_, client):
+    with _serving("vllm", upstreams) as (gateway, client):
         for session in range(16):
+            key = {"prompt_cache_key": f"s{session}"} if session % 2 else {}
             for _ in range(3):
-                client.responses.create(model=MODEL, input=f"thanks {session}", prompt_cache_key=f"s{session}")
+                client.responses.create(model=MODEL, input=f"thanks {session}", **key)
+        report = gateway.services.backends[MODEL].routing_stats()
     where: dict[str, set[int]] = {}
     for index, upstream in enumerate(upstreams):
         for call in upstream.calls:
             session = re.search(r"thanks (\d+)", encoding.decode(call.body["prompt"])).group(1)
             where.setdefault(session, set()).add(index)
     assert len(where) == 16 and all(len(places) == 1 for places in where.values()), where
-    assert {place for places in where.values() for place in places} == {0, 1}  # 16 sessions: 2^-15 to miss
+    assert report.routed["prefix"] >= 32 and report.matched_tokens > 0
+
+
+def test_vllm_requests_carry_their_tenant_s_cache_salt_and_sglang_s_do_not(monkeypatch):
+    """vLLM reuses a prompt's KV only for requests with the same `cache_salt`: each tenant gets its own, the same
+    on every replica (an HMAC under the shared secret), unguessable without it."""
+    monkeypatch.setenv("GATEWAY_KEY_SECRET", "a-shared-secret-of-the-replicas")
+    vllm, sglang = _fake("vllm").start(), _fake("sglang").start()
+    encoding = load_harmony_encoding()
+
+    async def run(kind: str, url: str, tenants: list[str]) -> None:
+        backend = create_backend(kind, {"urls": [url]}, encoding)
+        try:
+            for tenant in tenants:
+                prompt = encoding.encode_marked("<|start|>user<|message|>thanks<|end|>")
+                request = GenerateRequest(prompt, 8, tuple(STOPS), "r")
+                request.tenant = tenant
+                async for _ in backend.generate(request):
+                    pass
+        finally:
+            await backend.aclose()
+
+    try:
+        asyncio.run(run("vllm", vllm.url, ["acme", "acme", "globex"]))
+        again = create_backend("vllm", {"urls": [vllm.url]}, encoding).dialect.salt("acme")  # another replica's
+        asyncio.run(run("sglang", sglang.url, ["acme"]))
+    finally:
+        vllm.stop()
+        sglang.stop()
+    salts = [call.body["cache_salt"] for call in vllm.calls]
+    assert salts[0] == salts[1] == again != salts[2] and len(salts[0]) == 43
+    assert "acme" not in salts[0] and "cache_salt" not in sglang.calls[0].body
 
 
 def test_5xx_before_the_first_token_moves_to_another_upstream():
     failing = _fake("vllm", status=503)
     healthy = _fake("vllm")
-    with _serving("vllm", [failing, healthy]) as (_, client):
+    with _serving("vllm", [failing, healthy], prefix_routing=False) as (_, client):
         for _ in range(3):
             assert client.responses.create(model=MODEL, input="thanks").status == "completed"
     assert len(failing.calls) >= 1 and len(healthy.calls) == 3
@@ -235,7 +273,7 @@ def test_5xx_before_the_first_token_moves_to_another_upstream():
 def test_silence_before_the_first_token_moves_to_another_upstream():
     stalled = _fake("llamacpp", stall_after=0)
     healthy = _fake("llamacpp")
-    with _serving("llamacpp", [stalled, healthy], first_token_timeout_s=0.3) as (_, client):
+    with _serving("llamacpp", [stalled, healthy], first_token_timeout_s=0.3, prefix_routing=False) as (_, client):
         for _ in range(2):
             assert client.responses.create(model=MODEL, input="thanks").output_text == "You are welcome."
     assert stalled.calls and all(call.aborted_at is not None for call in stalled.calls)
@@ -309,7 +347,7 @@ def test_bad_remote_options_are_configuration_errors(options, named):
     settings = Settings(backends={"edge": {"kind": "vllm", "options": options, "models": [MODEL]}})
     with pytest.raises(ConfigError) as error:
         build_services(settings, Renderer(load_harmony_encoding()))
-    assert str(error.value).startswith("backends.edge: openai_completions backend:") and named in str(error.value)
+    assert str(error.value).startswith("backends.edge: vllm backend:") and named in str(error.value)
 
 
 def test_serve_in_front_of_a_vllm_server_from_the_environment(tmp_path):

@@ -20,9 +20,12 @@ from harmony import vocab
 
 
 class EngineServer:
-    def __init__(self, options: dict[str, Any], log_path: Path, api_key: str | None = None, **env: str) -> None:
+    def __init__(
+        self, options: dict[str, Any], log_path: Path, api_key: str | None = None, port: int | None = None, **env: str
+    ) -> None:
+        """`port`: a given one (a server restarted on its address), else a free one."""
         self.options = options
-        self.port = free_port()
+        self.port = port or free_port()
         self.api_key = api_key
         self._log_path = log_path
         self._env = {

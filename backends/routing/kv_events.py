@@ -1,0 +1,63 @@
+"""Following an engine server's page events (`GET /v1/engine/kv_events`, see backends/engine_wire.py) into a
+PublishedPages: a snapshot, then each batch in order. A stream that ends, stalls past three heartbeats, skips a
+sequence number or sends what cannot be read leaves the pages out of sync (routing falls back to what was routed
+there) until a new connection brings a new snapshot; a restarted server (another `instance`) starts from its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import structlog
+
+from backends.engine_wire import EVENTS_PATH
+from backends.sse_reader import sse_events
+
+from .held_pages import PublishedPages
+
+log = structlog.get_logger("backends.routing")
+
+STALL_S = 15.0  # three heartbeats: a stream silent this long is given up
+RECONNECT_S = 1.0
+MAX_EVENT_BYTES = 256 * 1024 * 1024  # a snapshot of a large cache: ~70 bytes a page
+
+
+class OutOfOrder(ValueError):
+    """The stream skipped events or sent something it should not."""
+
+
+async def follow(session: aiohttp.ClientSession, url: str, pages: PublishedPages) -> None:
+    """Keep `pages` in step with the server at `url` until cancelled."""
+    while True:
+        try:
+            async with session.get(
+                url + EVENTS_PATH, timeout=aiohttp.ClientTimeout(total=None, sock_read=STALL_S)
+            ) as response:
+                if response.status == 200:
+                    async for event in sse_events(response.content.iter_any(), MAX_EVENT_BYTES):
+                        _apply(pages, json.loads(event.value))
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            if pages.in_sync:
+                log.warning("kv_events_lost", upstream=url, reason=type(exc).__name__)
+        pages.lose()
+        await asyncio.sleep(RECONNECT_S)
+
+
+def _apply(pages: PublishedPages, payload: Any) -> None:
+    if not isinstance(payload, dict):
+        raise OutOfOrder("an event is not an object")
+    if "pages" in payload:
+        names = (bytes.fromhex(name) for name, _ in payload["pages"])
+        shared = payload["prefix_cache_scope"] == "shared"
+        pages.reset(payload["instance"], int(payload["page_size"]), shared, int(payload["seq"]), names)
+    elif "events" in payload:
+        if payload["instance"] != pages.instance:
+            raise OutOfOrder("events of another instance")
+        events = ((event[0], bytes.fromhex(event[1])) for event in payload["events"])
+        if not pages.apply(int(payload["first"]), int(payload["seq"]), events):
+            raise OutOfOrder("a gap in the events")
+    elif payload.get("instance") != pages.instance:
+        raise OutOfOrder("a heartbeat of another instance")
