@@ -117,7 +117,7 @@ def vllm_from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> Rem
     """vLLM: every request carries its tenant's `cache_salt` unless the options turn it off."""
     parsed = parse_options(RemoteOptions, options, "vllm")
     salt = TenantSalt(parsed.cache_salt_secret_env) if parsed.cache_salt is not False else None
-    return RemoteBackend(OpenAICompletions(salt), parsed)
+    return RemoteBackend(OpenAICompletions(salt), parsed, salt)
 
 
 def sglang_from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> RemoteBackend:

@@ -24,7 +24,8 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from .base import BackendError, Capabilities, Chunk, GenerateRequest, RoutingReport, parse_options
-from .routing import kv_events, load_metrics
+from .cache_salt import TenantSalt
+from .routing import kv_events, load_metrics, vllm_events
 from .routing.router import PrefixRouter, RoutingSettings
 from .sse_reader import EventTooLarge, sse_events
 from .upstreams import Upstream, UpstreamPool
@@ -64,6 +65,8 @@ class RemoteOptions(BaseModel):
     routing_ttl_s: float = Field(default=600.0, gt=0)  # a routed page unused this long counts as evicted
     routing_capacity_pages: int = Field(default=65_536, ge=1)  # routed pages remembered per server
     load_metrics_interval_s: float = Field(default=1.0, ge=0)  # how often servers' /metrics are read (0: never)
+    # vLLM: each server's KV-cache events (its --kv-events-config ZMQ PUB endpoint, e.g. tcp://vllm-0:5557), one a URL
+    kv_events_endpoints: list[str] | None = None
 
     @field_validator("urls")
     @classmethod
@@ -75,6 +78,18 @@ class RemoteOptions(BaseModel):
         if len(set(urls)) != len(urls):
             raise ValueError("the same URL is listed twice")
         return urls
+
+    @model_validator(mode="after")
+    def _events_endpoint_per_url(self) -> RemoteOptions:
+        endpoints = self.kv_events_endpoints
+        if endpoints is not None:
+            if len(endpoints) != len(self.urls):
+                raise ValueError("kv_events_endpoints lists one endpoint for each of urls, in their order")
+            for endpoint in endpoints:
+                parts = urlsplit(endpoint)
+                if parts.scheme != "tcp" or not parts.hostname or not parts.port:
+                    raise ValueError(f"'{endpoint}' is not a tcp://host:port endpoint")
+        return self
 
     @model_validator(mode="after")
     def _key_from_the_environment(self) -> RemoteOptions:
@@ -124,7 +139,12 @@ CUT = _Failure(
 
 
 class RemoteBackend:
-    def __init__(self, dialect: Dialect, options: RemoteOptions) -> None:
+    def __init__(self, dialect: Dialect, options: RemoteOptions, salt: TenantSalt | None = None) -> None:
+        """`salt`: the tenants' `cache_salt` the dialect sends (vLLM), in whose namespace its KV events name pages."""
+        if options.kv_events_endpoints is not None and salt is None:
+            raise ValueError(
+                f"{dialect.name} backend: options.kv_events_endpoints: only vllm reads KV events (with its cache_salt)"
+            )
         self.dialect = dialect
         self.options = options
         self.capabilities = Capabilities(
@@ -142,7 +162,8 @@ class RemoteBackend:
                 options.routing_ttl_s,
                 options.routing_capacity_pages,
             )
-            self.router = PrefixRouter([u.url for u in self.pool.upstreams], settings, dialect.publishes_pages)
+            published = dialect.publishes_pages or options.kv_events_endpoints is not None
+            self.router = PrefixRouter([u.url for u in self.pool.upstreams], settings, published, salt)
         self._watchers: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -180,8 +201,11 @@ class RemoteBackend:
         if self._watchers or self.router is None:
             return
         session = self._client()
+        endpoints = dict(zip(self.router.servers, self.options.kv_events_endpoints or [], strict=False))
         for url, view in self.router.servers.items():
-            if view.published is not None:
+            if view.published is not None and url in endpoints:
+                self._watchers.append(asyncio.ensure_future(vllm_events.follow(endpoints[url], view.published)))
+            elif view.published is not None:
                 self._watchers.append(asyncio.ensure_future(kv_events.follow(session, url, view.published)))
             if self.options.load_metrics_interval_s:
                 interval = self.options.load_metrics_interval_s

@@ -54,12 +54,13 @@ class PublishedPages:
         self.instance: str | None = None
         self.page_size = 0
         self.shared_scope = False
+        self.by_salt = False  # pages named in their `cache_salt`'s namespace (vLLM's), not their tenant's
         self.seq = 0
         self.names: set[bytes] | None = None
 
     @property
     def in_sync(self) -> bool:
-        return self.names is not None
+        return self.names is not None and self.page_size > 0
 
     def reset(self, instance: str, page_size: int, shared_scope: bool, seq: int, names: Iterable[bytes]) -> None:
         self.instance, self.page_size, self.shared_scope, self.seq = instance, page_size, shared_scope, seq

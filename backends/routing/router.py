@@ -26,10 +26,12 @@ from typing import Literal
 from opentelemetry import trace
 
 from backends.base import GenerateRequest, RoutingReport, ServerReport
+from backends.cache_salt import TenantSalt
 from backends.page_names import chain, namespace_of
 from backends.upstreams import Upstream
 
 from .held_pages import PublishedPages, RoutedPages
+from .vllm_events import salt_namespace
 
 How = Literal["prefix", "load", "key"]
 LOAD_FRESH_S = 5.0  # a server's reported load older than this is not used
@@ -101,9 +103,13 @@ class _Names:
 
 
 class PrefixRouter:
-    def __init__(self, urls: list[str], settings: RoutingSettings, published: bool) -> None:
-        """`published`: the servers publish their pages (the built-in engine's servers)."""
+    def __init__(
+        self, urls: list[str], settings: RoutingSettings, published: bool, salt: TenantSalt | None = None
+    ) -> None:
+        """`published`: the servers publish their pages (the built-in engine's servers, vLLM's KV events);
+        `salt`: each tenant's `cache_salt`, in whose namespace vLLM's pages are named."""
         self.settings = settings
+        self.salt = salt
         self.stats = RoutingStats()
         self.servers = {
             url: ServerView(
@@ -120,7 +126,12 @@ class PrefixRouter:
         """Prompt tokens the server holds at the start of the request's prompt."""
         published = view.published
         if published is not None and published.in_sync:
-            namespace = namespace_of(request.tenant, request.cache_key, published.shared_scope)
+            if not published.by_salt:
+                namespace = namespace_of(request.tenant, request.cache_key, published.shared_scope)
+            elif self.salt is not None:
+                namespace = salt_namespace(self.salt(request.tenant))
+            else:
+                return 0
             return published.held(names.of(published.page_size, namespace)) * published.page_size
         page = self.settings.page_tokens
         return view.routed.held(names.of(page, self._tenant_namespace(request))) * page
@@ -192,6 +203,8 @@ class PrefixRouter:
         view = self.servers[url]
         view.routed.clear()
         view.reported_at = -1e9
+        if view.published is not None:
+            view.published.lose()  # its follower takes it up again when the server is back
 
 
 def _rendezvous(key: str, url: str) -> bytes:

@@ -11,6 +11,7 @@ import urllib.request
 import openai
 import pytest
 from engine_fixtures import make_checkpoint, tiny_config
+from engine_servers import EngineServer
 from gateway_fixtures import KEY_SECRET, write_keys, write_script
 from live_gateway import FailingBackend, LiveGateway
 from paths import CHART
@@ -23,6 +24,7 @@ DASHBOARD = CHART / "dashboards" / "gpt-oss-gateway.json"
 MODEL = "gpt-oss-120b"
 BROKEN_MODEL = "gpt-oss-broken"
 ENGINE_MODEL = "gpt-oss-20b"
+REMOTE_MODEL = "gpt-oss-remote"  # served by an engine server: the routing series
 KEYS = {"sk-dash-acme": "acme", "sk-dash-beta": "beta"}
 TARGET_LABELS = {"pod", "instance", "job", "namespace"}  # added by Prometheus when it scrapes
 METRIC = re.compile(r"\b(gateway_[a-z0-9_]+)(\{[^}]*\})?")
@@ -44,11 +46,13 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
     directory = tmp_path_factory.mktemp("dashboard")
     redis = RedisServer(directory / "redis").start()
     engine = {"checkpoint": str(make_checkpoint(directory / "model", tiny_config(), "original"))}
+    server = EngineServer({**engine, "cache_dir": str(directory)}, directory / "engine-server.log").start()
     settings = Settings(
         backends={
             "scripted": {"kind": "mock", "options": {"script": str(write_script(directory))}, "models": [MODEL]},
             "broken": {"kind": "mock", "models": [BROKEN_MODEL]},
             "engine": {"kind": "onnx", "options": {**engine, "cache_dir": str(directory)}, "models": [ENGINE_MODEL]},
+            "remote": {"kind": "engine", "options": {"urls": [server.url]}, "models": [REMOTE_MODEL]},
         },
         key_secret=KEY_SECRET,
         keys_file=str(write_keys(directory, KEYS)),
@@ -66,6 +70,7 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
         acme.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "thanks"}])
         acme.responses.create(model=BROKEN_MODEL, input="thanks")
         acme.responses.create(model=ENGINE_MODEL, input="thanks", max_output_tokens=16)
+        acme.responses.create(model=REMOTE_MODEL, input="thanks", max_output_tokens=16)
         with acme.responses.connect() as socket:
             socket.response.create(model=MODEL, input="thanks")
             assert any(event.type == "response.completed" for event in socket)
@@ -80,6 +85,7 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
     finally:
         live.stop()
         redis.stop()
+        server.stop()
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -112,6 +118,6 @@ def test_every_exported_series_has_a_panel(exported):
     text = json.dumps(_queries(json.loads(DASHBOARD.read_text())))
     families = {re.sub(r"_(bucket|count|sum|created|total)$", "", name) for name in exported}
     families = {name for name in families if name.startswith("gateway_")}
-    assert len(families) == 27
+    assert len(families) == 31
     unused = [name for name in sorted(families) if name not in text]
     assert not unused, f"exported but on no panel: {unused}"

@@ -333,3 +333,33 @@ def test_a_killed_engine_server_s_requests_go_to_the_other_and_none_fails(fleet,
         gateway.stop()
         for server in servers:
             server.stop()
+
+
+def test_every_field_of_a_generation_request_crosses_the_wire_unchanged():
+    """The token protocol carries all the in-process engine is given: sampling, the tenant and cache key, logprobs
+    and every kind of output constraint (function schemas, freeform grammars, the hosted tools' headers)."""
+    from backends.base import Constraint
+    from backends.engine_wire import WireRequest, request_body
+
+    request = GenerateRequest(
+        prompt=[200006, 17360, 200008, 5, 6],
+        max_new_tokens=77,
+        stop_ids=(200002, 200012),
+        request_id="resp_1",
+        sampling=Sampling(temperature=0.7, top_p=0.9, seed=11, presence_penalty=0.5, frequency_penalty=-0.25),
+        constraint=Constraint(
+            tools="required",
+            tool_names=("get_weather", "functions.apply_patch"),
+            final_json_schema={"type": "object"},
+            tool_parameters={"get_weather": WEATHER["parameters"], "other": None},
+            tool_grammars={"apply_patch": ("lark", "start: /[a-z]+/"), "note": ("", "")},
+            builtin_calls={"python": ("python", None), "browser.search": ("browser.search", {"type": "object"})},
+        ),
+        cache_key="session-9",
+        tenant="acme",
+        top_logprobs=3,
+        trace_context={"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"},
+    )
+    body = json.loads(json.dumps(request_body(request)))  # as it travels
+    assert "trace_context" not in body and "traceparent" not in json.dumps(body)  # headers carry it
+    assert WireRequest.model_validate(body).generate_request(request.trace_context) == request

@@ -130,6 +130,25 @@ def test_every_turn_of_a_conversation_reaches_the_server_holding_it_through_eith
     assert _metric(fleet["replicas"][1], "gateway_routing_decisions_total", how="prefix") > 0
 
 
+def test_a_replica_started_later_routes_by_what_the_servers_hold_within_seconds(fleet, tmp_path):
+    """A new (or restarted) replica has routed nothing: it takes each server's snapshot and sends a conversation
+    that an older replica began to the server that holds it."""
+    messages = [{"role": "user", "content": "Begun elsewhere " + " ".join(f"early{i}" for i in range(200))}]
+    ask = {"model": MODEL, "max_tokens": 16, "temperature": 0}
+    first = _chat(fleet["replicas"][0]).chat.completions.create(messages=messages, **ask)
+    started = time.monotonic()
+    late = GatewayProcess(fleet["env"], tmp_path / "late.log").start()
+    try:
+        _wait_for(lambda: _metric(late, "gateway_upstream_page_events_in_sync") == 3, timeout_s=10)
+        ready_s = time.monotonic() - started
+        messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and then?"}]
+        answer = _chat(late).chat.completions.create(messages=messages, **ask)
+    finally:
+        late.stop()
+    assert answer.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 2 * PAGE
+    assert ready_s < 10
+
+
 def test_a_system_prompt_shared_by_many_sessions_spreads_over_the_servers_under_load(fleet):
     before = _served(fleet["servers"])
 

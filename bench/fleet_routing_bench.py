@@ -1,0 +1,381 @@
+"""Routing by prefix over a fleet of model servers, against least-loaded routing, in one run.
+
+    python bench/fleet_routing_bench.py [--layers 1] [--write docs/benchmarks.md]
+
+Three engine servers (`serve-engine`: a random checkpoint of gpt-oss-20b's width, hidden 2880, vocabulary 201,088,
+and few layers, on the CPU) and two gateway replicas (`GATEWAY_BACKEND=engine`, one Redis) behind a round-robin
+HAProxy, so that a conversation's turns alternate between the replicas. Each workload runs three times on fresh
+servers: with prefix routing (the default), with least-loaded routing (`prefix_routing: false`, the servers'
+`prompt_cache_key` affinity kept), and on one server alone, which holds everything (the reference for what can
+be served from cache). Workloads, each with its own prompts, conversations run side by side:
+
+- `previous_response_id`: Responses conversations continued by id (tool-free turns);
+- Chat Completions resend: the whole history sent again each turn;
+- shared system prompt: a tenant's users, each one request, sharing one long system prompt;
+- Codex-like: Responses conversations with `prompt_cache_key`, every turn resending the input.
+
+Per workload: prompt tokens served from cache as a fraction of the one-server reference, time to first token
+(the first streamed event of a JSON-schema answer, whose grammar makes the model open its message at once) p50 and
+p90, and the busiest server's prompt tokens over the mean. Then the previous_response_id workload again with one
+server killed halfway: requests failed, and the cache fraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import openai
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+from engine_server_bench import cpu_name  # noqa: E402
+from engine_servers import EngineServer  # noqa: E402
+from live_gateway import GatewayProcess  # noqa: E402
+from redis_servers import RedisServer, free_port  # noqa: E402
+from report import markers, write_section  # noqa: E402
+
+from backends.engine.config import GPT_OSS_20B  # noqa: E402
+from backends.engine.kernels.build import KERNELS_ENV, build_library  # noqa: E402
+from backends.engine.make_checkpoint import write_random_checkpoint  # noqa: E402
+
+NAME = "fleet_routing_bench"
+MODEL = "gpt-oss-20b"
+KEY = "bench-fleet-key"
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+FORMAT = {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}}
+CONVERSATIONS, TURNS, USERS = 4, 4, 9
+
+
+@dataclass
+class Sample:
+    prompt: int
+    cached: int
+    first_token_s: float
+    ok: bool = True
+
+
+@dataclass
+class Result:
+    samples: list[Sample] = field(default_factory=list)
+    per_server: list[float] = field(default_factory=list)  # prompt tokens each server was given
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, sample: Sample) -> None:
+        with self.lock:
+            self.samples.append(sample)
+
+    @property
+    def cached(self) -> int:
+        return sum(s.cached for s in self.samples if s.ok)
+
+    def first_token(self, q: float) -> float:
+        times = sorted(s.first_token_s for s in self.samples if s.ok)
+        return times[min(len(times) - 1, int(q * len(times)))] if times else float("nan")
+
+    @property
+    def failed(self) -> int:
+        return sum(not s.ok for s in self.samples)
+
+    @property
+    def imbalance(self) -> float:
+        mean = statistics.mean(self.per_server) if self.per_server else 0
+        return max(self.per_server) / mean if mean else float("nan")
+
+
+def words(tag: str, count: int) -> str:
+    return " ".join(f"{tag}w{i}" for i in range(count))
+
+
+def stream_response(client: openai.OpenAI, **asked) -> tuple[Sample, str | None]:
+    started = time.perf_counter()
+    first = None
+    final = None
+    try:
+        asked = {"model": MODEL, "stream": True, "max_output_tokens": 24, "temperature": 0, "text": FORMAT, **asked}
+        with client.responses.create(**asked) as stream:
+            for event in stream:
+                if first is None and event.type not in ("response.created", "response.in_progress"):
+                    first = time.perf_counter() - started
+                if event.type in ("response.completed", "response.incomplete"):
+                    final = event.response
+    except openai.APIError:
+        return Sample(0, 0, 0.0, ok=False), None
+    if final is None:
+        return Sample(0, 0, 0.0, ok=False), None
+    usage = final.usage
+    sample = Sample(usage.input_tokens, usage.input_tokens_details.cached_tokens, first or 0.0)
+    return sample, final.id
+
+
+def chained(url: str, result: Result, tag: str, halfway: threading.Event | None = None) -> None:
+    """previous_response_id conversations."""
+
+    def conversation(index: int) -> None:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="sk-bench", max_retries=0, timeout=600)
+        previous = None
+        for turn in range(TURNS):
+            text = words(f"{tag}c{index}t{turn}", 300 if turn == 0 else 80)
+            asked = {"input": text, **({"previous_response_id": previous} if previous else {})}
+            sample, previous = stream_response(client, **asked)
+            result.add(sample)
+            if halfway is not None and index == 0 and turn == TURNS // 2 - 1:
+                halfway.set()
+            if previous is None:
+                return
+
+    with ThreadPoolExecutor(CONVERSATIONS) as pool:
+        list(pool.map(conversation, range(CONVERSATIONS)))
+
+
+def resent(url: str, result: Result, tag: str, key: bool = False) -> None:
+    """Conversations that send their whole history each turn: Chat Completions, or (Codex-like) Responses input
+    items with `prompt_cache_key`."""
+
+    def conversation(index: int) -> None:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="sk-bench", max_retries=0, timeout=600)
+        history: list[dict] = []
+        for turn in range(TURNS):
+            history.append({"role": "user", "content": words(f"{tag}c{index}t{turn}", 300 if turn == 0 else 80)})
+            if key:
+                sample, _ = stream_response(client, input=history, prompt_cache_key=f"{tag}-session-{index}")
+                answer = "noted"
+            else:
+                sample, answer = stream_chat(client, history)
+            result.add(sample)
+            if not sample.ok:
+                return
+            history.append({"role": "assistant", "content": answer})
+
+    with ThreadPoolExecutor(CONVERSATIONS) as pool:
+        list(pool.map(conversation, range(CONVERSATIONS)))
+
+
+def stream_chat(client: openai.OpenAI, messages: list[dict]) -> tuple[Sample, str]:
+    started = time.perf_counter()
+    first, usage, text = None, None, []
+    try:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}},
+        )
+        for chunk in stream:
+            if first is None:
+                first = time.perf_counter() - started
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                text.append(choice.delta.content or "")
+    except openai.APIError:
+        return Sample(0, 0, 0.0, ok=False), ""
+    if usage is None:
+        return Sample(0, 0, 0.0, ok=False), ""
+    return Sample(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, first or 0.0), "".join(text) or "ok"
+
+
+def shared_system(url: str, result: Result, tag: str) -> None:
+    system = f"You are the {tag} assistant. " + words(f"{tag}sys", 600)
+
+    def user(index: int) -> None:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="sk-bench", max_retries=0, timeout=600)
+        question = f"User {index} asks " + words(f"{tag}u{index}", 30)
+        sample, _ = stream_response(client, instructions=system, input=question)
+        result.add(sample)
+
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(user, range(USERS)))
+
+
+WORKLOADS = {
+    "previous_response_id": chained,
+    "Chat Completions resend": resent,
+    "shared system prompt": shared_system,
+    "Codex-like (prompt_cache_key)": lambda url, result, tag: resent(url, result, tag, key=True),
+}
+
+
+class Fleet:
+    """Engine servers, two replicas and HAProxy, started for one configuration and stopped after it."""
+
+    def __init__(self, work: Path, options: dict, servers: int, routing: bool, redis: RedisServer) -> None:
+        self.work = work
+        self.servers = [EngineServer(options, work / f"e{i}.log", api_key=KEY) for i in range(servers)]
+        self.routing = routing
+        self.redis = redis
+        self.replicas: list[GatewayProcess] = []
+        self.lb: subprocess.Popen | None = None
+        self.port = free_port()
+
+    def start(self) -> Fleet:
+        for server in self.servers:
+            server.start(timeout_s=900)
+        backend = {"api_key": KEY, "context_length": 4096, "prefix_routing": self.routing, "probe_interval_s": 1}
+        env = {
+            "GATEWAY_MODELS": MODEL,
+            "GATEWAY_AUTH": "off",
+            "GATEWAY_REDIS_URL": self.redis.url,
+            "GATEWAY_BACKEND": "engine",
+            "GATEWAY_BACKEND_URLS": ",".join(s.url for s in self.servers),
+            "GATEWAY_BACKEND_OPTIONS": json.dumps(backend),
+        }
+        self.replicas = [GatewayProcess(env, self.work / f"g{i}.log").start() for i in range(2)]
+        lines = "\n".join(f"  server g{i} 127.0.0.1:{r.port}" for i, r in enumerate(self.replicas))
+        config = self.work / "haproxy.cfg"
+        config.write_text(
+            "defaults\n  mode http\n  timeout connect 2s\n  timeout client 600s\n  timeout server 600s\n"
+            f"frontend api\n  bind 127.0.0.1:{self.port}\n  default_backend gateways\n"
+            f"backend gateways\n  balance roundrobin\n{lines}\n"
+        )
+        self.lb = subprocess.Popen([shutil.which("haproxy") or "/usr/sbin/haproxy", "-f", str(config)])
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/healthz", timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "haproxy did not come up"
+                time.sleep(0.1)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def prompt_tokens(self) -> list[float]:
+        out = []
+        for server in self.servers:
+            try:
+                out.append(server.metrics()["vllm:prefix_cache_queries_total"])
+            except OSError:
+                out.append(float("nan"))
+        return out
+
+    def stop(self) -> None:
+        if self.lb is not None:
+            self.lb.terminate()
+            self.lb.wait(timeout=10)
+        for process in (*self.replicas, *self.servers):
+            process.stop()
+
+
+def run_workload(work: Path, options: dict, redis: RedisServer, workload: str, servers: int, routing: bool) -> Result:
+    fleet = Fleet(work, options, servers, routing, redis).start()
+    result = Result()
+    try:
+        WORKLOADS[workload](fleet.url, result, f"{workload[:3]}{servers}{int(routing)}".replace(" ", ""))
+        result.per_server = fleet.prompt_tokens()
+    finally:
+        fleet.stop()
+    return result
+
+
+def run_killed(work: Path, options: dict, redis: RedisServer, routing: bool) -> Result:
+    fleet = Fleet(work, options, 3, routing, redis).start()
+    result = Result()
+    halfway = threading.Event()
+    try:
+        worker = threading.Thread(target=chained, args=(fleet.url, result, f"kill{int(routing)}", halfway))
+        worker.start()
+        halfway.wait(timeout=600)
+        fleet.servers[0].kill()
+        worker.join()
+        result.per_server = [value for value in fleet.prompt_tokens() if value == value]
+    finally:
+        fleet.stop()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--write", type=Path)
+    args = parser.parse_args()
+    os.environ[KERNELS_ENV] = str(build_library())
+    work = Path(tempfile.mkdtemp(prefix="fleet-routing-bench-"))
+    config = replace(GPT_OSS_20B, num_hidden_layers=args.layers)
+    checkpoint = write_random_checkpoint(work / "model", config, "original", seed=4)
+    options = {"checkpoint": str(checkpoint), "max_batch": 4, "max_positions": 4096, "cache_dir": str(work / "cache")}
+    redis = RedisServer(work / "redis").start()
+    results: dict[tuple[str, str], Result] = {}
+    try:
+        for workload in WORKLOADS:
+            for label, servers, routing in (("one server", 1, True), ("prefix", 3, True), ("least loaded", 3, False)):
+                results[(workload, label)] = run_workload(work, options, redis, workload, servers, routing)
+                print(workload, label, results[(workload, label)].cached, flush=True)
+        killed = {
+            label: run_killed(work, options, redis, routing)
+            for label, routing in (("prefix", True), ("least loaded", False))
+        }
+    finally:
+        redis.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    section = render(results, killed, config.num_hidden_layers)
+    print(section)
+    if args.write:
+        write_section(args.write, NAME, section)
+    return 0
+
+
+def render(results: dict, killed: dict, layers: int) -> str:
+    start, end = markers(NAME)
+    lines = [
+        start,
+        "## Routing by prefix over a fleet (`bench/fleet_routing_bench.py`)",
+        "",
+        f"CPU: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. Three engine servers "
+        f"(a random checkpoint of gpt-oss-20b's width at {layers} layer(s), float32, `max_batch` 4), two "
+        "replicas on one Redis behind a round-robin HAProxy; each workload on fresh servers with prefix "
+        "routing, with least-loaded routing (`prefix_routing: false`), and on one server alone (the "
+        "reference). Cache: prompt tokens served from cache over the one-server run's. First token: the "
+        "first streamed event. Busiest: the most prompt tokens a server was given over the mean.",
+        "",
+        "| workload | cache, prefix | cache, least loaded | first token p50 / p90, prefix | least loaded | p50 ratio "
+        "| busiest, prefix | least loaded |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for workload in WORKLOADS:
+        one, prefix, least = (results[(workload, label)] for label in ("one server", "prefix", "least loaded"))
+        reference = one.cached or 1
+        lines.append(
+            f"| {workload} | **{prefix.cached / reference:.2f}** | {least.cached / reference:.2f} | "
+            f"{prefix.first_token(0.5) * 1000:.0f} / {prefix.first_token(0.9) * 1000:.0f} ms | "
+            f"{least.first_token(0.5) * 1000:.0f} / {least.first_token(0.9) * 1000:.0f} ms | "
+            f"**{least.first_token(0.5) / prefix.first_token(0.5):.2f}x** | "
+            f"{prefix.imbalance:.2f} | {least.imbalance:.2f} |"
+        )
+    reference = results[("previous_response_id", "one server")].cached or 1
+    lines += [
+        "",
+        "A server killed (SIGKILL) halfway through the previous_response_id workload: "
+        + "; ".join(
+            f"{label}: {result.failed} of {len(result.samples)} requests failed, cache {result.cached / reference:.2f}"
+            for label, result in killed.items()
+        )
+        + ".",
+        end,
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
