@@ -74,6 +74,7 @@ class Sample:
 class Result:
     samples: list[Sample] = field(default_factory=list)
     per_server: list[float] = field(default_factory=list)  # prompt tokens each server was given
+    gateway_first_token_s: float = float("nan")  # the replicas' own mean time to first token
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, sample: Sample) -> None:
@@ -180,11 +181,13 @@ def stream_chat(client: openai.OpenAI, messages: list[dict]) -> tuple[Sample, st
             response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}},
         )
         for chunk in stream:
-            if first is None:
-                first = time.perf_counter() - started
             if chunk.usage is not None:
                 usage = chunk.usage
             for choice in chunk.choices:
+                said = choice.delta.model_dump(exclude_none=True)
+                said.pop("role", None)
+                if first is None and any(said.values()):  # the first chunk (the role alone) precedes any token
+                    first = time.perf_counter() - started
                 text.append(choice.delta.content or "")
     except openai.APIError:
         return Sample(0, 0, 0.0, ok=False), ""
@@ -214,12 +217,101 @@ WORKLOADS = {
 }
 
 
-class Fleet:
-    """Engine servers, two replicas and HAProxy, started for one configuration and stopped after it."""
+class Engines:
+    """The built-in engine's servers: routing by the pages they publish."""
 
-    def __init__(self, work: Path, options: dict, servers: int, routing: bool, redis: RedisServer) -> None:
+    kind = "engine"
+
+    def __init__(self, options: dict) -> None:
+        self.options = options
+
+    def make(self, work: Path, index: int) -> EngineServer:
+        return EngineServer(self.options, work / f"e{index}.log", api_key=KEY)
+
+    def backend_options(self) -> dict:
+        return {"api_key": KEY, "context_length": 4096}
+
+    @staticmethod
+    def prompt_tokens(server: EngineServer) -> float:
+        return server.metrics()["vllm:prefix_cache_queries_total"]
+
+
+class LlamaServer:
+    """`llama-server` on a GGUF, on a free port, with its metrics."""
+
+    def __init__(self, binary: Path, gguf: Path, log_path: Path) -> None:
+        self.port = free_port()
+        self._args = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "-c", "8192",
+                      "-np", "2", "-t", "1", "--metrics", "--no-webui"]  # fmt: skip
+        self._log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(self) -> LlamaServer:
+        with self._log_path.open("ab") as log:
+            self.process = subprocess.Popen(self._args, stdout=log, stderr=log)
+        return self
+
+    def wait_ready(self, timeout_s: float = 600) -> LlamaServer:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                pass
+            assert self.process is not None and self.process.poll() is None, self._log_path.read_text()[-2000:]
+            assert time.monotonic() < deadline, "llama-server did not become ready"
+            time.sleep(0.2)
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
+            lines = response.read().decode().splitlines()
+        return {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line and line[0] != "#"}
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+class LlamaServers:
+    """llama.cpp's servers: routing by what was sent where (they publish nothing)."""
+
+    kind = "llamacpp"
+
+    def __init__(self, binary: Path, gguf: Path) -> None:
+        self.binary, self.gguf = binary, gguf
+
+    def make(self, work: Path, index: int) -> LlamaServer:
+        return LlamaServer(self.binary, self.gguf, work / f"l{index}.log")
+
+    def backend_options(self) -> dict:
+        return {"context_length": 4096}
+
+    @staticmethod
+    def prompt_tokens(server: LlamaServer) -> float:
+        return server.metrics().get("llamacpp:prompt_tokens_total", float("nan"))
+
+
+class Fleet:
+    """Model servers, two replicas and HAProxy, started for one configuration and stopped after it."""
+
+    def __init__(
+        self, work: Path, kind: Engines | LlamaServers, servers: int, routing: bool, redis: RedisServer
+    ) -> None:
         self.work = work
-        self.servers = [EngineServer(options, work / f"e{i}.log", api_key=KEY) for i in range(servers)]
+        self.kind = kind
+        self.servers = [kind.make(work, i) for i in range(servers)]
         self.routing = routing
         self.redis = redis
         self.replicas: list[GatewayProcess] = []
@@ -228,13 +320,16 @@ class Fleet:
 
     def start(self) -> Fleet:
         for server in self.servers:
-            server.start(timeout_s=900)
-        backend = {"api_key": KEY, "context_length": 4096, "prefix_routing": self.routing, "probe_interval_s": 1}
+            server.launch()
+        for server in self.servers:
+            server.wait_ready(timeout_s=900)
+        backend = {**self.kind.backend_options(), "prefix_routing": self.routing, "probe_interval_s": 1}
         env = {
             "GATEWAY_MODELS": MODEL,
             "GATEWAY_AUTH": "off",
+            "GATEWAY_METRICS_PUBLIC": "1",
             "GATEWAY_REDIS_URL": self.redis.url,
-            "GATEWAY_BACKEND": "engine",
+            "GATEWAY_BACKEND": self.kind.kind,
             "GATEWAY_BACKEND_URLS": ",".join(s.url for s in self.servers),
             "GATEWAY_BACKEND_OPTIONS": json.dumps(backend),
         }
@@ -265,10 +360,22 @@ class Fleet:
         out = []
         for server in self.servers:
             try:
-                out.append(server.metrics()["vllm:prefix_cache_queries_total"])
+                out.append(self.kind.prompt_tokens(server))
             except OSError:
                 out.append(float("nan"))
         return out
+
+    def first_token_mean(self) -> float:
+        """The replicas' `gateway_time_to_first_token_seconds` (admission to the first generated token): the mean."""
+        total = count = 0.0
+        for replica in self.replicas:
+            with urllib.request.urlopen(replica.url + "/metrics", timeout=5) as response:
+                for line in response.read().decode().splitlines():
+                    if line.startswith("gateway_time_to_first_token_seconds_sum{"):
+                        total += float(line.rsplit(" ", 1)[1])
+                    elif line.startswith("gateway_time_to_first_token_seconds_count{"):
+                        count += float(line.rsplit(" ", 1)[1])
+        return total / count if count else float("nan")
 
     def stop(self) -> None:
         if self.lb is not None:
@@ -278,19 +385,22 @@ class Fleet:
             process.stop()
 
 
-def run_workload(work: Path, options: dict, redis: RedisServer, workload: str, servers: int, routing: bool) -> Result:
-    fleet = Fleet(work, options, servers, routing, redis).start()
+def run_workload(
+    work: Path, kind: Engines | LlamaServers, redis: RedisServer, workload: str, servers: int, routing: bool
+) -> Result:
+    fleet = Fleet(work, kind, servers, routing, redis).start()
     result = Result()
     try:
-        WORKLOADS[workload](fleet.url, result, f"{workload[:3]}{servers}{int(routing)}".replace(" ", ""))
+        WORKLOADS[workload](fleet.url, result, f"{kind.kind[:2]}{workload[:3]}{servers}{int(routing)}".replace(" ", ""))
         result.per_server = fleet.prompt_tokens()
+        result.gateway_first_token_s = fleet.first_token_mean()
     finally:
         fleet.stop()
     return result
 
 
-def run_killed(work: Path, options: dict, redis: RedisServer, routing: bool) -> Result:
-    fleet = Fleet(work, options, 3, routing, redis).start()
+def run_killed(work: Path, kind: Engines, redis: RedisServer, routing: bool) -> Result:
+    fleet = Fleet(work, kind, 3, routing, redis).start()
     result = Result()
     halfway = threading.Event()
     try:
@@ -305,75 +415,131 @@ def run_killed(work: Path, options: dict, redis: RedisServer, routing: bool) -> 
     return result
 
 
+CONFIGURATIONS = (("one server", 1, True), ("prefix", 3, True), ("least loaded", 3, False))
+LLAMA_WORKLOADS = ("previous_response_id", "Chat Completions resend")  # where the index of what was sent counts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp source tree with build/bin/llama-server")
+    parser.add_argument("--convert-python", default=sys.executable, help="a Python with llama.cpp's converter needs")
+    parser.add_argument("--skip-engine", action="store_true", help="only the llama.cpp rows (with --llama-cpp)")
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     os.environ[KERNELS_ENV] = str(build_library())
     work = Path(tempfile.mkdtemp(prefix="fleet-routing-bench-"))
     config = replace(GPT_OSS_20B, num_hidden_layers=args.layers)
-    checkpoint = write_random_checkpoint(work / "model", config, "original", seed=4)
-    options = {"checkpoint": str(checkpoint), "max_batch": 4, "max_positions": 4096, "cache_dir": str(work / "cache")}
     redis = RedisServer(work / "redis").start()
     results: dict[tuple[str, str], Result] = {}
+    llama: dict[tuple[str, str], Result] = {}
+    killed: dict[str, Result] = {}
     try:
-        for workload in WORKLOADS:
-            for label, servers, routing in (("one server", 1, True), ("prefix", 3, True), ("least loaded", 3, False)):
-                results[(workload, label)] = run_workload(work, options, redis, workload, servers, routing)
-                print(workload, label, results[(workload, label)].cached, flush=True)
-        killed = {
-            label: run_killed(work, options, redis, routing)
-            for label, routing in (("prefix", True), ("least loaded", False))
-        }
+        if not args.skip_engine:
+            checkpoint = write_random_checkpoint(work / "model", config, "original", seed=4)
+            options = {"checkpoint": str(checkpoint), "max_batch": 4, "max_positions": 4096}
+            engines = Engines({**options, "cache_dir": str(work / "cache")})
+            for workload in WORKLOADS:
+                for label, servers, routing in CONFIGURATIONS:
+                    results[(workload, label)] = run_workload(work, engines, redis, workload, servers, routing)
+                    print(workload, label, results[(workload, label)].cached, flush=True)
+            for label, routing in (("prefix", True), ("least loaded", False)):
+                killed[label] = run_killed(work, engines, redis, routing)
+        if args.llama_cpp is not None:
+            from llama_cpp_bench import to_gguf
+
+            hf = write_random_checkpoint(work / "model-hf", config, "hf", seed=4)
+            gguf = to_gguf(args.llama_cpp, args.convert_python, hf, work / "model.gguf", "f16")
+            servers = LlamaServers(args.llama_cpp / "build" / "bin" / "llama-server", gguf)
+            for workload in LLAMA_WORKLOADS:
+                for label, count, routing in CONFIGURATIONS:
+                    llama[(workload, label)] = run_workload(work, servers, redis, workload, count, routing)
+                    print("llama.cpp", workload, label, llama[(workload, label)].cached, flush=True)
     finally:
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)
-    section = render(results, killed, config.num_hidden_layers)
+    section = render(results, killed, llama, config.num_hidden_layers)
     print(section)
     if args.write:
         write_section(args.write, NAME, section)
     return 0
 
 
-def render(results: dict, killed: dict, layers: int) -> str:
+def _rows(results: dict, workloads: tuple[str, ...] | dict, client_times: bool) -> list[str]:
+    rows = []
+    for workload in workloads:
+        one, prefix, least = (results[(workload, label)] for label, _, _ in CONFIGURATIONS)
+        reference = one.cached or 1
+        if client_times:
+            first = (
+                f"{prefix.first_token(0.5) * 1000:.0f} / {prefix.first_token(0.9) * 1000:.0f} ms | "
+                f"{least.first_token(0.5) * 1000:.0f} / {least.first_token(0.9) * 1000:.0f} ms | "
+                f"**{least.first_token(0.5) / prefix.first_token(0.5):.2f}x**"
+            )
+        else:
+            first = (
+                f"{prefix.gateway_first_token_s * 1000:.0f} ms (mean) | {least.gateway_first_token_s * 1000:.0f} ms "
+                f"(mean) | **{least.gateway_first_token_s / prefix.gateway_first_token_s:.2f}x**"
+            )
+        rows.append(
+            f"| {workload} | **{prefix.cached / reference:.2f}** | {least.cached / reference:.2f} | {first} | "
+            f"{prefix.imbalance:.2f} | {least.imbalance:.2f} |"
+        )
+    return rows
+
+
+HEADER = (
+    "| workload | cache, prefix | cache, least loaded | first token, prefix | least loaded | ratio "
+    "| busiest, prefix | least loaded |",
+    "|---|---|---|---|---|---|---|---|",
+)
+
+
+def render(results: dict, killed: dict, llama: dict, layers: int) -> str:
     start, end = markers(NAME)
     lines = [
         start,
         "## Routing by prefix over a fleet (`bench/fleet_routing_bench.py`)",
         "",
-        f"CPU: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. Three engine servers "
-        f"(a random checkpoint of gpt-oss-20b's width at {layers} layer(s), float32, `max_batch` 4), two "
-        "replicas on one Redis behind a round-robin HAProxy; each workload on fresh servers with prefix "
-        "routing, with least-loaded routing (`prefix_routing: false`), and on one server alone (the "
-        "reference). Cache: prompt tokens served from cache over the one-server run's. First token: the "
-        "first streamed event. Busiest: the most prompt tokens a server was given over the mean.",
-        "",
-        "| workload | cache, prefix | cache, least loaded | first token p50 / p90, prefix | least loaded | p50 ratio "
-        "| busiest, prefix | least loaded |",
-        "|---|---|---|---|---|---|---|---|",
+        f"CPU: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. Three model servers and two "
+        "gateway replicas on one Redis behind a round-robin HAProxy (a conversation's turns alternate between the "
+        "replicas); each workload on fresh servers with prefix routing, with least-loaded routing "
+        "(`prefix_routing: false`), and on one server alone, which holds everything: cache is the prompt tokens "
+        "served from cache over that one server's. Busiest: the most prompt tokens a server was given over the "
+        f"mean. The model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU.",
     ]
-    for workload in WORKLOADS:
-        one, prefix, least = (results[(workload, label)] for label in ("one server", "prefix", "least loaded"))
-        reference = one.cached or 1
-        lines.append(
-            f"| {workload} | **{prefix.cached / reference:.2f}** | {least.cached / reference:.2f} | "
-            f"{prefix.first_token(0.5) * 1000:.0f} / {prefix.first_token(0.9) * 1000:.0f} ms | "
-            f"{least.first_token(0.5) * 1000:.0f} / {least.first_token(0.9) * 1000:.0f} ms | "
-            f"**{least.first_token(0.5) / prefix.first_token(0.5):.2f}x** | "
-            f"{prefix.imbalance:.2f} | {least.imbalance:.2f} |"
-        )
-    reference = results[("previous_response_id", "one server")].cached or 1
-    lines += [
-        "",
-        "A server killed (SIGKILL) halfway through the previous_response_id workload: "
-        + "; ".join(
-            f"{label}: {result.failed} of {len(result.samples)} requests failed, cache {result.cached / reference:.2f}"
-            for label, result in killed.items()
-        )
-        + ".",
-        end,
-    ]
+    if results:
+        lines += [
+            "",
+            "The built-in engine's servers (`serve-engine`, float32, `max_batch` 4; routing by their published "
+            "pages). First token: the client's first streamed event of a JSON-schema answer (its grammar opens the "
+            "message at once), p50 / p90.",
+            "",
+            *HEADER,
+            *_rows(results, WORKLOADS, client_times=True),
+        ]
+        reference = results[("previous_response_id", "one server")].cached or 1
+        lines += [
+            "",
+            "A server killed (SIGKILL) halfway through the previous_response_id workload: "
+            + "; ".join(
+                f"{label}: {result.failed} of {len(result.samples)} requests failed (the ones streaming from it), "
+                f"cache {result.cached / reference:.2f}"
+                for label, result in killed.items()
+            )
+            + ".",
+        ]
+    if llama:
+        lines += [
+            "",
+            "llama.cpp's `llama-server` (built from source, the same checkpoint converted by its own converter, f16, "
+            "2 slots, 1 thread each; routing by what was sent where). First token: the replicas' "
+            "`gateway_time_to_first_token_seconds`, mean. Busiest: `llamacpp:prompt_tokens_total`.",
+            "",
+            *HEADER,
+            *_rows(llama, LLAMA_WORKLOADS, client_times=False),
+        ]
+    lines.append(end)
     return "\n".join(lines)
 
 

@@ -347,11 +347,9 @@ def test_the_engine_tier_renders_gpu_engine_pods_by_name_and_a_cpu_api_tier_that
 def test_the_rendered_engine_tier_serves_the_api_tier(helm, tmp_path):
     """An engine server started with the environment the chart gives engine pods, and a gateway with the API
     pods' configuration (the pod's name mapped onto this machine's address) answer through the SDK."""
-    from engine_fixtures import make_checkpoint, tiny_config
-    from engine_servers import EngineServer
+    from engine_servers import EngineServer, tiny_engine_options  # the engine's runtime: only this test needs it
 
-    checkpoint = make_checkpoint(tmp_path / "model", tiny_config(), "original")
-    options = {"checkpoint": str(checkpoint), "max_positions": 1024, "cache_dir": str(tmp_path / "cache")}
+    options = tiny_engine_options(tmp_path, max_positions=1024)
     tier = ("--set", "engine.enabled=true", "--set", "engine.replicas=1")
     manifests = _render(helm, *tier, "--set-json", f"engine.options={json.dumps(options)}")
     pod = manifests["StatefulSet/gw-gpt-oss-gateway-engine"]["spec"]["template"]["spec"]

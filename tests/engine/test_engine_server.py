@@ -14,8 +14,7 @@ import urllib.request
 import aiohttp
 import openai
 import pytest
-from engine_fixtures import make_checkpoint, tiny_config
-from engine_servers import EngineServer
+from engine_servers import EngineServer, tiny_engine_options
 from live_gateway import GatewayProcess
 from otlp_receiver import OtlpReceiver
 
@@ -50,14 +49,7 @@ ANSWER_SCHEMA = {
 def fleet(tmp_path_factory):
     """Two engine servers, an API replica in front of them and a gateway with the same engine in-process."""
     root = tmp_path_factory.mktemp("engine-server")
-    checkpoint = make_checkpoint(root / "model", tiny_config(), "original")
-    options = {
-        "checkpoint": str(checkpoint),
-        "max_batch": 4,
-        "max_positions": 2048,
-        "page_size": PAGE,
-        "cache_dir": str(root / "cache"),
-    }
+    options = tiny_engine_options(root, max_batch=4, max_positions=2048, page_size=PAGE)
     servers = [EngineServer(options, root / f"engine{i}.log", api_key=ENGINE_KEY) for i in range(2)]
     for server in servers:
         server.start()  # one after the other: the first builds the graph the second reads

@@ -14,8 +14,7 @@ import aiohttp
 import openai
 import pytest
 from aiohttp import web
-from engine_fixtures import make_checkpoint, tiny_config
-from engine_servers import EngineServer
+from engine_servers import EngineServer, tiny_engine_options
 from gateway_fixtures import KEY_SECRET, write_keys
 from live_gateway import GatewayProcess
 from threaded_server import ThreadedServer
@@ -34,14 +33,7 @@ LONG_SYSTEM = "You answer about the fleet. " + " ".join(f"rule{i} applies" for i
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("routing")
-    checkpoint = make_checkpoint(root / "model", tiny_config(), "original")
-    options = {
-        "checkpoint": str(checkpoint),
-        "max_batch": 2,
-        "max_positions": 4096,
-        "page_size": PAGE,
-        "cache_dir": str(root / "cache"),
-    }
+    options = tiny_engine_options(root, max_batch=2, max_positions=4096, page_size=PAGE)
     servers = [EngineServer(options, root / f"engine{i}.log", api_key=KEY).start() for i in range(3)]
     keys = write_keys(root)
     backend = {

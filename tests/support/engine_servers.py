@@ -19,6 +19,15 @@ from backends.engine.kernels.build import KERNELS_ENV, build_library
 from harmony import vocab
 
 
+def tiny_engine_options(root: Path, **options: Any) -> dict[str, Any]:
+    """The engine options of a tiny random model (the real vocabulary) written under `root`, its graph cached
+    there, with `options` over the defaults."""
+    from engine_fixtures import make_checkpoint, tiny_config
+
+    checkpoint = make_checkpoint(root / "model", tiny_config(), "original")
+    return {"checkpoint": str(checkpoint), "cache_dir": str(root / "cache"), **options}
+
+
 class EngineServer:
     def __init__(
         self, options: dict[str, Any], log_path: Path, api_key: str | None = None, port: int | None = None, **env: str
@@ -44,10 +53,18 @@ class EngineServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 300) -> EngineServer:
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> EngineServer:
+        """The process started (several load their models side by side); `wait_ready` waits for it."""
         with self._log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli", "serve-engine"], env=self._env, stdout=log, stderr=log
             )
+        return self
+
+    def wait_ready(self, timeout_s: float = 300) -> EngineServer:
+        assert self.process is not None
         deadline = time.monotonic() + timeout_s
         while not self.healthy():
             if self.process.poll() is not None:
