@@ -68,6 +68,7 @@ class GenerateRequest:
     cache_key: str | None = None  # requests sharing it share a prompt prefix: a backend may route them together
     tenant: str = ""  # whose request: an in-process prefix cache reuses a prompt only within its tenant
     top_logprobs: int | None = None  # None: no logprobs; else each token's, with this many alternatives (0-20)
+    weight: float = 1.0  # the tenant's weight in an engine's fair share (its tokens count 1/weight)
     # W3C trace context of the generation's span (`traceparent`, ...): remote backends send it as headers, so the
     # model server's spans join the trace; empty when tracing is off
     trace_context: dict[str, str] = field(default_factory=dict)

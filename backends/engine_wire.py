@@ -36,6 +36,7 @@ def request_body(request: GenerateRequest) -> dict[str, Any]:
         "stop_ids": list(request.stop_ids),
         "request_id": request.request_id,
         "tenant": request.tenant,
+        "weight": request.weight,
         "sampling": {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -87,6 +88,7 @@ class WireRequest(_Strict):
     stop_ids: list[int] = Field(default_factory=list, max_length=64)
     request_id: str = Field(default="", max_length=256)
     tenant: str = Field(default="", max_length=256)
+    weight: float = Field(default=1.0, gt=0, le=1000)
     cache_key: str | None = Field(default=None, max_length=1024)
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     sampling: WireSampling = Field(default_factory=WireSampling)
@@ -110,6 +112,7 @@ class WireRequest(_Strict):
             ),
             cache_key=self.cache_key,
             tenant=self.tenant,
+            weight=self.weight,
             top_logprobs=self.top_logprobs,
             trace_context=trace_context,
         )

@@ -300,7 +300,11 @@ class LlamaServers:
 
     @staticmethod
     def prompt_tokens(server: LlamaServer) -> float:
-        return server.metrics().get("llamacpp:prompt_tokens_total", float("nan"))
+        """Prompt tokens it was given: those it processed and those its slots' caches served."""
+        metrics = server.metrics()
+        return metrics.get("llamacpp:prompt_tokens_total", float("nan")) + metrics.get(
+            "llamacpp:prompt_tokens_cached_total", 0.0
+        )
 
 
 class Fleet:
@@ -534,7 +538,8 @@ def render(results: dict, killed: dict, llama: dict, layers: int) -> str:
             "",
             "llama.cpp's `llama-server` (built from source, the same checkpoint converted by its own converter, f16, "
             "2 slots, 1 thread each; routing by what was sent where). First token: the replicas' "
-            "`gateway_time_to_first_token_seconds`, mean. Busiest: `llamacpp:prompt_tokens_total`.",
+            "`gateway_time_to_first_token_seconds`, mean. Busiest: by `llamacpp:prompt_tokens_total` + "
+            "`llamacpp:prompt_tokens_cached_total`.",
             "",
             *HEADER,
             *_rows(llama, LLAMA_WORKLOADS, client_times=False),

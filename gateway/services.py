@@ -84,6 +84,10 @@ class Services:
     def encoding(self) -> HarmonyEncoding:
         return self.renderer.encoding
 
+    def engine_weight(self, tenant: str) -> float:
+        """The tenant's weight in an engine's fair share (GATEWAY_LIMITS `engine_weight`)."""
+        return self.admission.config.for_tenant(tenant).engine_weight
+
     def backend_for(self, model: str) -> Backend:
         backend = self.backends.get(model)
         if backend is None:

@@ -2,19 +2,20 @@
 
 A sequence is admitted when the pools can give it the pages of its whole prompt (beyond what the prefix
 cache already holds for it: prefix_cache.py, and what the prompts admitted before it still need) and the
-window pages of its first chunk, in arrival order; it
-starts from the longest prefix of its prompt that pages already hold in its namespace, by reference. Each
-step runs every decoding sequence's next token and one chunk of the oldest prefilling sequence's prompt
-together (with CUDA graphs: the chunk first, then the decode rows as the graph of their bucket); the step's
-next tokens are chosen together, by the SampleTokens kernels on the runtime's device where they are loaded.
-When a running sequence needs a page and none is left, the most recently admitted sequence is preempted:
-its pages go back (the prefix cache keeps naming the full ones) and it waits at the head of the queue to be
-run again from what it had written, its answer continuing where it stopped. A finished or cancelled sequence
-gives its pages back at once."""
+window pages of its first chunk, the tenant furthest behind its fair share first (fair_share.py: a tenant
+below its share of a full batch takes a slot from the one most above its own), in arrival order within a
+tenant; it starts from the longest prefix of its prompt that pages already hold in its namespace, by
+reference. Each step runs every decoding sequence's next token and one chunk of the prompt of the prefilling
+sequence whose tenant is furthest behind, together (with CUDA graphs: the chunk first, then the decode rows as
+the graph of their bucket); the step's next tokens are chosen together, by the SampleTokens kernels on the
+runtime's device where they are loaded. When a running sequence needs a page and none is left, the latest
+admitted sequence of the tenant furthest ahead of its share is preempted: its pages go back (the prefix cache
+keeps naming the full ones) and it waits at the head of its tenant's queue to be run again from what it had
+written, its answer continuing where it stopped. A finished or cancelled sequence gives its pages back at
+once."""
 
 from __future__ import annotations
 
-import collections
 import itertools
 import queue
 import threading
@@ -28,6 +29,7 @@ import structlog
 from backends.base import Chunk, EngineStats, GenerateRequest, TokenLogprob
 from harmony.tokens import FIRST_SPECIAL
 
+from .fair_share import FairShare
 from .grammar import TokenGuide
 from .page_events import PageEvents
 from .page_pool import KvPools, PageTable
@@ -60,6 +62,15 @@ class Sequence:
     guide: TokenGuide | None = None  # the output constraint's grammar, when the request has one
     counts: dict[int, int] = field(default_factory=dict)  # text tokens generated so far (for the penalties)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    arrived: int = 0  # arrival order within the fair share's queues
+
+    @property
+    def tenant(self) -> str:
+        return self.request.tenant
+
+    @property
+    def weight(self) -> float:
+        return self.request.weight
 
     @property
     def position(self) -> int:
@@ -87,7 +98,7 @@ class Batcher:
         self._prefix_stats = self.prefix.stats()
         self._pool_stats = (pools.full.stats(), pools.window.stats())
         self._incoming: queue.Queue[Sequence | None] = queue.Queue()
-        self._waiting: collections.deque[Sequence] = collections.deque()  # taken from the queue, or preempted
+        self._waiting = FairShare()  # taken from the queue, or preempted: by tenant
         self._running: list[Sequence] = []  # in admission order
         self._order = itertools.count()
         self._kv_tokens = 0  # positions written by running sequences, as of the last step
@@ -144,33 +155,46 @@ class Batcher:
 
     # admission
 
-    def _admit(self) -> bool:
-        """Admit waiting sequences in arrival order while pages and batch room last (blocking while idle);
-        False once closed."""
+    def _take_arrivals(self) -> bool:
+        """Queue what has arrived (waiting for something while the engine is idle); False once closed."""
         while True:
-            if not self._waiting:
-                try:
-                    arrival = self._incoming.get(block=not self._running)
-                except queue.Empty:
-                    return True
-                if arrival is None:
-                    self._fail_all(RuntimeError("the engine stopped"))
-                    return False
-                arrival.fill = list(arrival.request.prompt)
-                self._waiting.append(arrival)
-            sequence = self._waiting[0]
+            idle = not self._running and not self._waiting
+            try:
+                arrival = self._incoming.get(block=idle)
+            except queue.Empty:
+                return True
+            if arrival is None:
+                self._fail_all(RuntimeError("the engine stopped"))
+                return False
+            arrival.fill = list(arrival.request.prompt)
+            self._waiting.push(arrival, self._running)
+
+    def _admit(self) -> bool:
+        """Admit waiting sequences, the tenant furthest behind its share first, while pages and batch room last
+        (blocking while idle); False once closed."""
+        if not self._take_arrivals():
+            return False
+        while (sequence := self._waiting.head()) is not None:
             if sequence.cancelled.is_set():
-                self._waiting.popleft()
+                self._waiting.pop(sequence)
                 continue
             if len(self._running) >= self.max_batch:
-                return True
+                claim = self._waiting.claim(self._running, self.max_batch)
+                if claim is None:
+                    return True
+                sequence, victim = claim
+                if sequence.cancelled.is_set():
+                    self._waiting.pop(sequence)
+                    continue
+                self._preempt(victim)  # a tenant above its share of the batch makes room for one below
             if not self._place(sequence):
                 if self._running:
                     return True  # pages come back as the running sequences finish
-                self._waiting.popleft()  # empty pools cannot hold it: it would wait forever
+                self._waiting.pop(sequence)  # empty pools cannot hold it: it would wait forever
                 self._finish(sequence, RuntimeError("the prompt needs more KV pages than the engine's pools hold"))
                 continue
-            self._waiting.popleft()
+            self._waiting.pop(sequence)
+        return True
 
     def _place(self, sequence: Sequence) -> bool:
         """Hold the pages of the longest kept prefix of the sequence's fill and start it after them, if the pools
@@ -207,9 +231,10 @@ class Batcher:
         return True
 
     def _make_room(self, sequence: Sequence, needs: tuple[int, int]) -> bool:
-        """Preempt the most recently admitted sequences until `needs` fit; False if `sequence` itself was."""
+        """Preempt sequences until `needs` fit, the latest admitted of the tenant furthest ahead of its share
+        first; False if `sequence` itself was."""
         while not self.pools.fits(needs):
-            victim = self._running[-1]
+            victim = self._waiting.victim(self._running)
             self._preempt(victim)
             if victim is sequence:
                 return False
@@ -224,7 +249,7 @@ class Batcher:
         self._give_back(sequence)
         sequence.written = Written()
         self._running.remove(sequence)
-        self._waiting.appendleft(sequence)
+        self._waiting.push(sequence, self._running, again=True)
 
     # steps
 
@@ -239,7 +264,7 @@ class Batcher:
                 continue
             pools.extend(sequence.table, position, position + 1)
             decoding.append(sequence)
-        filling = next((s for s in self._running if not s.decoding), None)
+        filling = self._waiting.first([s for s in self._running if not s.decoding])  # the tenant furthest behind
         chunk: list[int] = []
         if filling is not None:
             start = filling.position
@@ -276,10 +301,12 @@ class Batcher:
             self._decode_tokens += len(decoding)
         for sequence in decoding:
             self._written(sequence, [sequence.token])
+            self._waiting.charge(sequence, 1)
         sampled = list(decoding)
         if chunk:
             assert filling is not None
             self._written(filling, chunk)
+            self._waiting.charge(filling, len(chunk))
             self._prefill_tokens += len(chunk)
             if filling.position == len(filling.fill):
                 filling.decoding = True

@@ -42,6 +42,10 @@ class CoreServices(Protocol):
     @property
     def costly(self) -> CostlyWork: ...
 
+    def engine_weight(self, tenant: str) -> float:
+        """The tenant's weight in an engine's fair share."""
+        ...
+
 
 @dataclass(slots=True)
 class Plan:
@@ -155,4 +159,5 @@ def start_turn(
         tenant,
         top_logprobs,
         deltas,
+        services.engine_weight(tenant),
     )

@@ -109,7 +109,9 @@ class Turn:
         tenant: str = "",
         top_logprobs: int | None = None,
         deltas: bool = True,
+        weight: float = 1.0,
     ) -> None:
+        """`weight`: the tenant's in an engine's fair share."""
         self.backend = backend
         self._observer = observer
         self._lifecycle = lifecycle
@@ -134,6 +136,7 @@ class Turn:
             cache_key=cache_key,
             tenant=tenant,
             top_logprobs=top_logprobs,
+            weight=weight,
         )
         self._constraint = constraint
         self._stops = frozenset(self._request.stop_ids)

@@ -28,6 +28,8 @@ class TenantLimits(BaseModel):
     max_input_items: int | None = Field(default=None, gt=0)  # Responses input items / Chat messages
     max_tools: int | None = Field(default=None, ge=0)
     max_schema_bytes: int | None = Field(default=None, gt=0)  # a JSON schema given for output or a tool
+    # the tenant's weight in the built-in engine's fair share of its batch and steps (tokens count 1/weight)
+    engine_weight: float = Field(default=1.0, gt=0, le=1000)
 
 
 class LimitsConfig(BaseModel):

@@ -1,0 +1,95 @@
+"""Tenants share the engine fairly: one tenant's backlog does not hold another's first token behind it, a tenant
+alone still gets the whole batch, and weights set the shares."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from engine_fixtures import loaded, make_checkpoint, tiny_config
+
+from backends.base import GenerateRequest, Sampling
+from backends.engine.backend import EngineBackend, EngineOptions
+from backends.engine.fair_share import FairShare
+from harmony import load_harmony_encoding
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("fair") / "model", tiny_config(), "original")
+
+
+def _engine(checkpoint, tmp_path, **options) -> EngineBackend:
+    settings = {"max_batch": 2, "max_positions": 2048, "prefill_chunk": 32, "cache_dir": str(tmp_path), **options}
+    return EngineBackend(EngineOptions(checkpoint=str(checkpoint), **settings), load_harmony_encoding())
+
+
+def _request(tenant: str, index: int, prompt_tokens: int, output: int, weight: float = 1.0) -> GenerateRequest:
+    prompt = [200006, 17360, 200008, *((index * 7919 + i) % 50_000 for i in range(prompt_tokens))]
+    return GenerateRequest(prompt, output, (), f"{tenant}-{index}", sampling=Sampling(temperature=0), tenant=tenant,
+                           weight=weight)  # fmt: skip
+
+
+async def _first_tokens(engine: EngineBackend, requests: list[tuple[float, GenerateRequest]]) -> dict[str, float]:
+    """When each request got its first token and its last, from the start, the requests sent at their delays."""
+    started = time.monotonic()
+    firsts: dict[str, float] = {}
+
+    async def run(delay: float, request: GenerateRequest) -> None:
+        await asyncio.sleep(delay)
+        async for _ in engine.generate(request):
+            firsts.setdefault(request.request_id, time.monotonic() - started)
+        firsts[request.request_id + ":done"] = time.monotonic() - started
+
+    await asyncio.gather(*(run(delay, request) for delay, request in requests))
+    return firsts
+
+
+def test_a_tenant_s_backlog_does_not_hold_another_tenant_s_first_token_behind_it(checkpoint, tmp_path):
+    """Tenant A queues twelve long prompts on a batch of two; tenant B's short request, sent after them, takes a
+    slot from A (above its share) and gets its first token before A's later requests get theirs, long before A's
+    backlog drains (in arrival order it would come last)."""
+    sent_b = 0.3
+
+    async def scenario() -> dict[str, float]:
+        engine = await loaded(_engine(checkpoint, tmp_path))
+        try:
+            flood = [(0.0, _request("a", i, 800, 64)) for i in range(12)]
+            return await _first_tokens(engine, [*flood, (sent_b, _request("b", 0, 20, 4))])
+        finally:
+            await engine.aclose()
+
+    times = asyncio.run(scenario())
+    later_a = sorted(times[f"a-{i}"] for i in range(12))[4:]  # A's requests beyond the first four to start
+    drain = max(times[f"a-{i}:done"] for i in range(12))
+    assert sent_b < later_a[0], "A's backlog drained before B came: the scenario measured nothing"
+    assert times["b-0"] < later_a[0], (times["b-0"], later_a)
+    assert times["b-0"] - sent_b < (drain - sent_b) / 5, (times["b-0"], drain)
+
+
+def test_a_tenant_alone_gets_the_whole_batch_and_weights_set_the_shares():
+    """FairShare itself: a lone tenant claims nothing from itself; of two tenants weighted 3 and 1 on a batch of
+    four, the lighter one below its share takes a slot from the heavier only while the heavier runs more than
+    three; virtual time grows by tokens over weight."""
+
+    class Seq:
+        def __init__(self, tenant: str, weight: float, admitted: int = 0) -> None:
+            self.tenant, self.weight, self.admitted, self.arrived = tenant, weight, admitted, 0
+
+    share = FairShare()
+    running = [Seq("a", 3.0, i) for i in range(4)]
+    for sequence in running:
+        share.charge(sequence, 30)
+    share.push(Seq("a", 3.0), running)
+    assert share.claim(running, 4) is None  # alone: nothing to take from anyone
+    light = Seq("b", 1.0)
+    share.push(light, running)
+    assert share.vtime("b") == share.vtime("a") == 40.0  # idle, it banked nothing: level with the least served
+    claim = share.claim(running, 4)
+    assert claim is not None and claim[0] is light and claim[1] is running[-1]  # a's latest admitted
+    three = running[:3]
+    assert share.claim([*three, light], 4) is None  # a at its share (3 of 4), b at its (1): nobody moves
+    share.charge(light, 10)
+    assert share.vtime("b") == 50.0 and share.head().tenant == "a"  # b ran 10 tokens at weight 1: now ahead
+    assert share.victim([*three, light]).tenant == "b"  # pages short: the tenant furthest ahead gives one back
