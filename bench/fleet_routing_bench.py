@@ -66,7 +66,6 @@ CONVERSATIONS, TURNS, USERS = 4, 4, 9
 class Sample:
     prompt: int
     cached: int
-    first_token_s: float
     ok: bool = True
 
 
@@ -74,7 +73,7 @@ class Sample:
 class Result:
     samples: list[Sample] = field(default_factory=list)
     per_server: list[float] = field(default_factory=list)  # prompt tokens each server was given
-    gateway_first_token_s: float = float("nan")  # the replicas' own mean time to first token
+    first_token_buckets: dict[float, float] = field(default_factory=dict)  # the replicas' histogram, summed
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, sample: Sample) -> None:
@@ -86,8 +85,21 @@ class Result:
         return sum(s.cached for s in self.samples if s.ok)
 
     def first_token(self, q: float) -> float:
-        times = sorted(s.first_token_s for s in self.samples if s.ok)
-        return times[min(len(times) - 1, int(q * len(times)))] if times else float("nan")
+        """The q-quantile of the time to first token, from the replicas' histogram as Prometheus's
+        histogram_quantile reads one (linear within the bucket)."""
+        bounds = sorted(self.first_token_buckets)
+        total = self.first_token_buckets.get(float("inf"), 0.0)
+        if not total:
+            return float("nan")
+        rank, lower, below = q * total, 0.0, 0.0
+        for bound in bounds:
+            count = self.first_token_buckets[bound]
+            if count >= rank:
+                if bound == float("inf"):
+                    return lower
+                return lower + (bound - lower) * (rank - below) / max(count - below, 1e-9)
+            lower, below = bound, count
+        return lower
 
     @property
     def failed(self) -> int:
@@ -104,24 +116,18 @@ def words(tag: str, count: int) -> str:
 
 
 def stream_response(client: openai.OpenAI, **asked) -> tuple[Sample, str | None]:
-    started = time.perf_counter()
-    first = None
     final = None
     try:
         asked = {"model": MODEL, "stream": True, "max_output_tokens": 24, "temperature": 0, "text": FORMAT, **asked}
         with client.responses.create(**asked) as stream:
             for event in stream:
-                if first is None and event.type not in ("response.created", "response.in_progress"):
-                    first = time.perf_counter() - started
                 if event.type in ("response.completed", "response.incomplete"):
                     final = event.response
     except openai.APIError:
-        return Sample(0, 0, 0.0, ok=False), None
+        return Sample(0, 0, ok=False), None
     if final is None:
-        return Sample(0, 0, 0.0, ok=False), None
-    usage = final.usage
-    sample = Sample(usage.input_tokens, usage.input_tokens_details.cached_tokens, first or 0.0)
-    return sample, final.id
+        return Sample(0, 0, ok=False), None
+    return Sample(final.usage.input_tokens, final.usage.input_tokens_details.cached_tokens), final.id
 
 
 def chained(url: str, result: Result, tag: str, halfway: threading.Event | None = None) -> None:
@@ -168,8 +174,7 @@ def resent(url: str, result: Result, tag: str, key: bool = False) -> None:
 
 
 def stream_chat(client: openai.OpenAI, messages: list[dict]) -> tuple[Sample, str]:
-    started = time.perf_counter()
-    first, usage, text = None, None, []
+    usage, text = None, []
     try:
         stream = client.chat.completions.create(
             model=MODEL,
@@ -183,17 +188,12 @@ def stream_chat(client: openai.OpenAI, messages: list[dict]) -> tuple[Sample, st
         for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
-            for choice in chunk.choices:
-                said = choice.delta.model_dump(exclude_none=True)
-                said.pop("role", None)
-                if first is None and any(said.values()):  # the first chunk (the role alone) precedes any token
-                    first = time.perf_counter() - started
-                text.append(choice.delta.content or "")
+            text += [choice.delta.content or "" for choice in chunk.choices]
     except openai.APIError:
-        return Sample(0, 0, 0.0, ok=False), ""
+        return Sample(0, 0, ok=False), ""
     if usage is None:
-        return Sample(0, 0, 0.0, ok=False), ""
-    return Sample(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, first or 0.0), "".join(text) or "ok"
+        return Sample(0, 0, ok=False), ""
+    return Sample(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens), "".join(text) or "ok"
 
 
 def shared_system(url: str, result: Result, tag: str) -> None:
@@ -369,17 +369,18 @@ class Fleet:
                 out.append(float("nan"))
         return out
 
-    def first_token_mean(self) -> float:
-        """The replicas' `gateway_time_to_first_token_seconds` (admission to the first generated token): the mean."""
-        total = count = 0.0
+    def first_tokens(self) -> dict[float, float]:
+        """The replicas' `gateway_time_to_first_token_seconds` (admission to the first generated token) together:
+        the count of requests at or under each bucket's bound."""
+        buckets: dict[float, float] = {}
         for replica in self.replicas:
             with urllib.request.urlopen(replica.url + "/metrics", timeout=5) as response:
                 for line in response.read().decode().splitlines():
-                    if line.startswith("gateway_time_to_first_token_seconds_sum{"):
-                        total += float(line.rsplit(" ", 1)[1])
-                    elif line.startswith("gateway_time_to_first_token_seconds_count{"):
-                        count += float(line.rsplit(" ", 1)[1])
-        return total / count if count else float("nan")
+                    if line.startswith("gateway_time_to_first_token_seconds_bucket{"):
+                        bound = line.split('le="', 1)[1].split('"', 1)[0]
+                        key = float("inf") if bound == "+Inf" else float(bound)
+                        buckets[key] = buckets.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return buckets
 
     def stop(self) -> None:
         if self.lb is not None:
@@ -397,7 +398,7 @@ def run_workload(
     try:
         WORKLOADS[workload](fleet.url, result, f"{kind.kind[:2]}{workload[:3]}{servers}{int(routing)}".replace(" ", ""))
         result.per_server = fleet.prompt_tokens()
-        result.gateway_first_token_s = fleet.first_token_mean()
+        result.first_token_buckets = fleet.first_tokens()
     finally:
         fleet.stop()
     return result
@@ -469,24 +470,16 @@ def main() -> int:
     return 0
 
 
-def _rows(results: dict, workloads: tuple[str, ...] | dict, client_times: bool) -> list[str]:
+def _rows(results: dict, workloads: tuple[str, ...] | dict) -> list[str]:
     rows = []
     for workload in workloads:
         one, prefix, least = (results[(workload, label)] for label, _, _ in CONFIGURATIONS)
         reference = one.cached or 1
-        if client_times:
-            first = (
-                f"{prefix.first_token(0.5) * 1000:.0f} / {prefix.first_token(0.9) * 1000:.0f} ms | "
-                f"{least.first_token(0.5) * 1000:.0f} / {least.first_token(0.9) * 1000:.0f} ms | "
-                f"**{least.first_token(0.5) / prefix.first_token(0.5):.2f}x**"
-            )
-        else:
-            first = (
-                f"{prefix.gateway_first_token_s * 1000:.0f} ms (mean) | {least.gateway_first_token_s * 1000:.0f} ms "
-                f"(mean) | **{least.gateway_first_token_s / prefix.gateway_first_token_s:.2f}x**"
-            )
         rows.append(
-            f"| {workload} | **{prefix.cached / reference:.2f}** | {least.cached / reference:.2f} | {first} | "
+            f"| {workload} | **{prefix.cached / reference:.2f}** | {least.cached / reference:.2f} | "
+            f"{prefix.first_token(0.5) * 1000:.0f} / {prefix.first_token(0.9) * 1000:.0f} ms | "
+            f"{least.first_token(0.5) * 1000:.0f} / {least.first_token(0.9) * 1000:.0f} ms | "
+            f"**{least.first_token(0.5) / prefix.first_token(0.5):.2f}x** | "
             f"{prefix.imbalance:.2f} | {least.imbalance:.2f} |"
         )
     return rows
@@ -509,18 +502,18 @@ def render(results: dict, killed: dict, llama: dict, layers: int) -> str:
         "gateway replicas on one Redis behind a round-robin HAProxy (a conversation's turns alternate between the "
         "replicas); each workload on fresh servers with prefix routing, with least-loaded routing "
         "(`prefix_routing: false`), and on one server alone, which holds everything: cache is the prompt tokens "
-        "served from cache over that one server's. Busiest: the most prompt tokens a server was given over the "
+        "served from cache over that one server's. First token: p50 / p90 of the replicas' "
+        "`gateway_time_to_first_token_seconds` (admission to the first generated token; the histogram's buckets "
+        "interpolated as Prometheus does). Busiest: the most prompt tokens a server was given over the "
         f"mean. The model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU.",
     ]
     if results:
         lines += [
             "",
-            "The built-in engine's servers (`serve-engine`, float32, `max_batch` 4; routing by their published "
-            "pages). First token: the client's first streamed event of a JSON-schema answer (its grammar opens the "
-            "message at once), p50 / p90.",
+            "The built-in engine's servers (`serve-engine`, float32, `max_batch` 4; routing by their published pages).",
             "",
             *HEADER,
-            *_rows(results, WORKLOADS, client_times=True),
+            *_rows(results, WORKLOADS),
         ]
         reference = results[("previous_response_id", "one server")].cached or 1
         lines += [
@@ -537,12 +530,11 @@ def render(results: dict, killed: dict, llama: dict, layers: int) -> str:
         lines += [
             "",
             "llama.cpp's `llama-server` (built from source, the same checkpoint converted by its own converter, f16, "
-            "2 slots, 1 thread each; routing by what was sent where). First token: the replicas' "
-            "`gateway_time_to_first_token_seconds`, mean. Busiest: by `llamacpp:prompt_tokens_total` + "
+            "2 slots, 1 thread each; routing by what was sent where). Busiest: by `llamacpp:prompt_tokens_total` + "
             "`llamacpp:prompt_tokens_cached_total`.",
             "",
             *HEADER,
-            *_rows(llama, LLAMA_WORKLOADS, client_times=False),
+            *_rows(llama, LLAMA_WORKLOADS),
         ]
     lines.append(end)
     return "\n".join(lines)
