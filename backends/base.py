@@ -148,6 +148,24 @@ class RoutingReport:
     servers: dict[str, ServerReport]  # by URL
 
 
+class SharedRoutes(Protocol):
+    """What the gateway's replicas sent to which server, shared (state/route_book.py: Redis). It never raises:
+    what it cannot read is unknown, what it cannot write is lost."""
+
+    async def lookup(self, scope: str, names: list[bytes]) -> list[str | None]:
+        """The server each page was last sent to, None where none is remembered."""
+        ...
+
+    async def note(self, scope: str, names: list[bytes], server: str, ttl_s: float) -> None: ...
+
+
+@runtime_checkable
+class SharesRoutes(Protocol):
+    """Optional for backends: those that route by what was sent where can share it with other replicas."""
+
+    def share_routes(self, routes: SharedRoutes) -> None: ...
+
+
 @runtime_checkable
 class ReportsRouting(Protocol):
     """Optional for backends: those that choose among several servers say how."""

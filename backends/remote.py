@@ -11,6 +11,7 @@ every supported server treats as an abort.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -23,7 +24,7 @@ import aiohttp
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from .base import BackendError, Capabilities, Chunk, GenerateRequest, RoutingReport, parse_options
+from .base import BackendError, Capabilities, Chunk, GenerateRequest, RoutingReport, SharedRoutes, parse_options
 from .cache_salt import TenantSalt
 from .routing import kv_events, load_metrics, vllm_events
 from .routing.router import PrefixRouter, RoutingSettings
@@ -34,6 +35,9 @@ from .wire import Dialect, UpstreamProtocolError, UpstreamReported, error_text
 log = structlog.get_logger("backends.remote")
 
 MAX_ERROR_BODY_BYTES = 64 * 1024
+SHARED_LOOKUP_S = 0.1  # the shared record of what was sent where answers within this, or routing goes without it
+SHARED_NOTE_S = 2.0
+MAX_SHARED_NOTES = 256  # writes to the shared record in flight at once
 
 
 class RemoteOptions(BaseModel):
@@ -165,6 +169,8 @@ class RemoteBackend:
             published = dialect.publishes_pages or options.kv_events_endpoints is not None
             self.router = PrefixRouter([u.url for u in self.pool.upstreams], settings, published, salt)
         self._watchers: list[asyncio.Task[None]] = []
+        self._routes: SharedRoutes | None = None  # what every replica sent where (Redis), when shared
+        self._notes: set[asyncio.Task[None]] = set()  # writes to it in flight
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
@@ -211,6 +217,44 @@ class RemoteBackend:
                 interval = self.options.load_metrics_interval_s
                 self._watchers.append(asyncio.ensure_future(load_metrics.poll(session, url, view, interval)))
 
+    def share_routes(self, routes: SharedRoutes) -> None:
+        """Route by what every replica sent where (servers that publish nothing), through `routes`."""
+        if self.router is not None and self.router.shares:
+            self._routes = routes
+
+    async def _shared_holdings(self, request: GenerateRequest) -> tuple[str, list[bytes], dict[str, int]]:
+        """The request's scope and page names in the shared record, and each server's leading pages there (none
+        when the record cannot answer within SHARED_LOOKUP_S: routing goes on with this replica's own)."""
+        assert self.router is not None and self._routes is not None
+        scope, names = self.router.shared_scope(request), self.router.shared_names(request)
+        held: dict[str, int] = {}
+        try:
+            async with asyncio.timeout(SHARED_LOOKUP_S):
+                servers = await self._routes.lookup(scope, names)
+        except TimeoutError:
+            return scope, names, held
+        first = servers[0] if servers else None
+        for server in servers:
+            if server is None or server != first:
+                break
+            held[first] = held.get(first, 0) + 1
+        return scope, names, held
+
+    def _note(self, scope: str, names: list[bytes], url: str) -> None:
+        """Tell the other replicas, in the background, that `url` holds these pages."""
+        assert self._routes is not None
+        if len(self._notes) >= MAX_SHARED_NOTES:
+            return  # the record is slow: this replica's own index still has it
+
+        async def note() -> None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(SHARED_NOTE_S):
+                    await self._routes.note(scope, names, url, self.options.routing_ttl_s)  # type: ignore[union-attr]
+
+        task = asyncio.ensure_future(note())
+        self._notes.add(task)
+        task.add_done_callback(self._notes.discard)
+
     def routing_stats(self) -> RoutingReport | None:
         """How generations were routed and what the router knows of each server (None: routing is off)."""
         if self.router is None:
@@ -229,11 +273,17 @@ class RemoteBackend:
         body = json.dumps(self.dialect.body(request, self.options.model), separators=(",", ":")).encode()
         tried: list[Upstream] = []
         router = self.router
+        shared: dict[str, int] | None = None
         if router is not None:
             self._watch()
+            if self._routes is not None:
+                scope, names, shared = await self._shared_holdings(request)
         for attempt in range(self.options.retries + 1):
-            upstream = self.pool.pick(tried, request.cache_key, None if router is None else router.chooser(request))
+            chooser = None if router is None else router.chooser(request, shared)
+            upstream = self.pool.pick(tried, request.cache_key, chooser)
             tried.append(upstream)
+            if self._routes is not None and router is not None:
+                self._note(scope, names, upstream.url)
             generated: list[int] = []
             try:
                 async with aclosing(self._attempt(upstream, request, body)) as chunks:
@@ -262,6 +312,9 @@ class RemoteBackend:
             self.pool.succeeded(upstream)
             if router is not None:
                 router.record(upstream.url, request, generated)
+                if self._routes is not None:
+                    whole = request.prompt + generated
+                    self._note(scope, router.shared_names(request, whole[: len(whole) - 1]), upstream.url)
             return
 
     async def _attempt(self, upstream: Upstream, request: GenerateRequest, body: bytes) -> AsyncIterator[Chunk]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from dataclasses import dataclass, field
 
@@ -10,16 +11,17 @@ import structlog
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
-from backends.base import Backend, Capabilities
+from backends.base import Backend, Capabilities, SharesRoutes
 from backends.registry import create_backend
 from harmony import HarmonyEncoding, Renderer
-from state import MemoryStore, ResponseStore
+from state import MemoryStore, ResponseStore, StoreUnavailable
 from state.conversations import ConversationStore, MemoryConversations, RedisConversations
 from state.event_streams import EventStreams, MemoryEventStreams, RedisEventStreams
 from state.keys import FileKeys, KeyAdminError, KeySource, RedisKeys
 from state.limiter import RedisLimiter
 from state.record_cipher import RecordCipher
 from state.redis_store import RedisStore
+from state.route_book import RedisRouteBook
 from state.usage_ledger import MemoryLedger, RedisLedger, UsageLedger
 
 from .checker_pool import CheckerPool
@@ -74,6 +76,7 @@ class Services:
     ledger: UsageLedger = field(default_factory=MemoryLedger)
     ledger_retries: set[asyncio.Task[None]] = field(default_factory=set)  # usage records still being written
     tracing: TracerProvider | None = None  # set when the environment asks for traces (tracing.py)
+    route_book: RedisRouteBook | None = None  # what every replica sent to which model server (with Redis)
     # what each served model's backend can do (context length, logprobs): what a checker process is given
     capabilities: dict[str, Capabilities] = field(init=False)
 
@@ -104,6 +107,8 @@ class Services:
         for backend in {id(b): b for b in self.backends.values()}.values():
             await backend.aclose()
         await self.admission.aclose()
+        if self.route_book is not None:
+            await self.route_book.aclose()
         await self.auth.aclose()
         await self.store.aclose()
         await self.events.aclose()
@@ -240,6 +245,34 @@ def usage_ledger(settings: Settings) -> UsageLedger:
     return MemoryLedger(retention_s)
 
 
+class QuietRouteBook:
+    """The shared record of what was sent where, as backends use it: a Redis failure reads as nothing known."""
+
+    def __init__(self, book: RedisRouteBook) -> None:
+        self.book = book
+
+    async def lookup(self, scope: str, names: list[bytes]) -> list[str | None]:
+        try:
+            return await self.book.lookup(scope, names)
+        except StoreUnavailable:
+            return [None] * len(names)
+
+    async def note(self, scope: str, names: list[bytes], server: str, ttl_s: float) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.book.note(scope, names, server, ttl_s)
+
+
+def _share_routes(settings: Settings, backends: dict[str, Backend]) -> RedisRouteBook | None:
+    """With Redis, the remote backends that route by what was sent where share it across replicas."""
+    sharing = [b for b in {id(b): b for b in backends.values()}.values() if isinstance(b, SharesRoutes)]
+    if not settings.redis_url or not sharing:
+        return None
+    book = RedisRouteBook.from_url(settings.redis_url)
+    for backend in sharing:
+        backend.share_routes(QuietRouteBook(book))
+    return book
+
+
 def build_services(settings: Settings, renderer: Renderer) -> Services:
     metrics = Metrics(settings.metrics_tenants)
     store = TimedStore(_store(settings), metrics)  # every check that can refuse the settings runs before
@@ -247,6 +280,7 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
     auth = _authenticator(settings)
     admission = _admission(settings, metrics)
     backends = _backends(settings, renderer.encoding)
+    route_book = _share_routes(settings, backends)
     metrics.start_at_zero(list(backends))
     configs = settings.backend_configs()
     metrics.watch_engines({name: backends[c.models[0]] for name, c in configs.items() if c.models})
@@ -260,6 +294,7 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
         admission=admission,
         metrics=metrics,
         events=_event_streams(settings),
+        route_book=route_book,
         conversations=_conversations(settings),
         hosted=HostedRuntime(settings.hosted_tools),
         ledger=usage_ledger(settings),

@@ -35,6 +35,7 @@ from .vllm_events import salt_namespace
 
 How = Literal["prefix", "load", "key"]
 LOAD_FRESH_S = 5.0  # a server's reported load older than this is not used
+MAX_SHARED_PAGES = 1024  # a prompt's pages looked up in the shared record (32k tokens at 32 a page)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +123,9 @@ class PrefixRouter:
     def _tenant_namespace(self, request: GenerateRequest) -> bytes:
         return namespace_of(request.tenant, None, False)
 
-    def _held(self, view: ServerView, request: GenerateRequest, names: _Names) -> int:
-        """Prompt tokens the server holds at the start of the request's prompt."""
+    def _held(self, view: ServerView, request: GenerateRequest, names: _Names, shared: int = 0) -> int:
+        """Prompt tokens the server holds at the start of the request's prompt (`shared`: its leading pages by what
+        every replica sent it)."""
         published = view.published
         if published is not None and published.in_sync:
             if not published.by_salt:
@@ -134,10 +136,14 @@ class PrefixRouter:
                 return 0
             return published.held(names.of(published.page_size, namespace)) * published.page_size
         page = self.settings.page_tokens
-        return view.routed.held(names.of(page, self._tenant_namespace(request))) * page
+        return max(view.routed.held(names.of(page, self._tenant_namespace(request))), shared) * page
 
-    def choose(self, request: GenerateRequest, candidates: dict[str, int]) -> Decision:
-        """The server among `candidates` (url → requests in flight to it from here) that costs least."""
+    def choose(
+        self, request: GenerateRequest, candidates: dict[str, int], shared: dict[str, int] | None = None
+    ) -> Decision:
+        """The server among `candidates` (url → requests in flight to it from here) that costs least; `shared`:
+        each server's leading pages of the prompt by what every replica sent it."""
+        shared = shared or {}
         prompt = len(request.prompt)
         names = _Names(request, max(prompt - 1, 0))  # the last prompt token is always run
         loads = {url: self.servers[url].load(outstanding) for url, outstanding in candidates.items()}
@@ -147,7 +153,7 @@ class PrefixRouter:
         for url, load in loads.items():
             if load > ceiling:
                 continue  # overloaded beside the others: whatever it holds, it gets no more
-            held = min(self._held(self.servers[url], request, names), max(prompt - 1, 0))
+            held = min(self._held(self.servers[url], request, names, shared.get(url, 0)), max(prompt - 1, 0))
             scored.append((prompt - held, load, _rendezvous(anchor, url), held, url))
         _, load, _, held, url = min(scored, key=lambda score: (score[0], score[1], -int.from_bytes(score[2])))
         by_key = request.cache_key and sum(1 for score in scored if score[:2] == (prompt, load)) > 1
@@ -158,12 +164,14 @@ class PrefixRouter:
         self.stats.matched_tokens += held
         return Decision(url, how, held)
 
-    def chooser(self, request: GenerateRequest) -> Callable[[list[Upstream]], Upstream]:
+    def chooser(
+        self, request: GenerateRequest, shared: dict[str, int] | None = None
+    ) -> Callable[[list[Upstream]], Upstream]:
         """What the upstream pool asks to choose among its healthy upstreams for `request`; the decision is noted
         on the generation's span, when it is traced."""
 
         def choose(upstreams: list[Upstream]) -> Upstream:
-            decision = self.choose(request, {u.url: u.outstanding for u in upstreams})
+            decision = self.choose(request, {u.url: u.outstanding for u in upstreams}, shared)
             span = trace.get_current_span()
             if span.is_recording():
                 span.set_attribute("gateway.route", decision.how)
@@ -190,6 +198,22 @@ class PrefixRouter:
         """What a conversation's requests share from the first: its first page (or, shorter, its namespace)."""
         first = next(iter(names.of(self.settings.page_tokens, self._tenant_namespace(request))), None)
         return (first or self._tenant_namespace(request)).hex()
+
+    @property
+    def shares(self) -> bool:
+        """Whether what was sent where is the router's knowledge (no server publishes its pages)."""
+        return all(view.published is None for view in self.servers.values())
+
+    def shared_scope(self, request: GenerateRequest) -> str:
+        """The shared record's scope of a request: these servers (every replica lists the same) and its tenant."""
+        fleet = hashlib.blake2b("\0".join(sorted(self.servers)).encode(), digest_size=8).hexdigest()
+        return f"{fleet}:{self._tenant_namespace(request).hex()}"
+
+    def shared_names(self, request: GenerateRequest, tokens: list[int] | None = None) -> list[bytes]:
+        """The page names the shared record keeps for `tokens` (the request's prompt but its last token)."""
+        tokens = request.prompt[: len(request.prompt) - 1] if tokens is None else tokens
+        page = self.settings.page_tokens
+        return list(chain(self._tenant_namespace(request), tokens[: MAX_SHARED_PAGES * page], page))
 
     def record(self, url: str, request: GenerateRequest, generated: list[int]) -> None:
         """The server now holds the request's prompt and what it generated (approximately, as far as we know; its

@@ -467,3 +467,50 @@ def test_a_backend_without_logprobs_refuses_them_with_a_400(dialect):
     assert refused.value.body["param"] == "logprobs" and "does not return logprobs" in refused.value.body["message"]
     assert without_logprobs.value.body["param"] == "top_logprobs"
     assert fake.calls == []
+
+
+def test_replicas_share_what_they_sent_where_through_redis(redis_server, monkeypatch):
+    """Servers that publish nothing (here vLLM without its events): a replica routes a conversation by what another
+    replica sent where, read from Redis, not only by its own record. The first replica could not use the server
+    the prompt hashes to (ejected there), so without the shared record the second would send the next turn to
+    that server instead of the one holding the conversation."""
+    from gateway.services import QuietRouteBook
+    from state.route_book import RedisRouteBook
+
+    monkeypatch.setenv("GATEWAY_KEY_SECRET", "a-shared-secret-of-the-replicas")
+    upstreams = [_fake("vllm").start() for _ in range(3)]
+    encoding = load_harmony_encoding()
+    options = {"urls": [u.url for u in upstreams], "load_metrics_interval_s": 0}
+    prompt = [*encoding.encode_marked("<|start|>user<|message|>"), *range(3000, 3200)]
+
+    def request(tokens: list[int]) -> GenerateRequest:
+        return GenerateRequest(tokens, 8, tuple(STOPS), "r", tenant="acme")
+
+    async def scenario() -> tuple[str, str, str]:
+        book = RedisRouteBook.from_url(redis_server.url)
+        dry, first, second = (create_backend("vllm", options, encoding) for _ in range(3))
+        try:
+            anchor = dry.router.choose(request(prompt), {u.url: 0 for u in dry.pool.upstreams}).url
+            for replica in (first, second):
+                replica.share_routes(QuietRouteBook(book))
+            next(u for u in first.pool.upstreams if u.url == anchor).ejected_at = time.monotonic()
+            async for _ in first.generate(request(prompt)):
+                pass
+            await asyncio.gather(*first._notes)  # the shared record is written in the background
+            async for _ in second.generate(request([*prompt, 11, 12, 13])):
+                pass
+            return anchor, second.routing_stats().routed["prefix"], second.routing_stats().matched_tokens
+        finally:
+            for backend in (dry, first, second):
+                await backend.aclose()
+            await book.aclose()
+
+    try:
+        anchor, by_prefix, matched = asyncio.run(scenario())
+    finally:
+        for upstream in upstreams:
+            upstream.stop()
+    served = [len(upstream.calls) for upstream in upstreams]
+    holder = served.index(2)  # both turns on one server
+    assert upstreams[holder].url != anchor and sum(served) == 2
+    assert by_prefix == 1 and matched >= 192
