@@ -223,8 +223,9 @@ class RemoteBackend:
             self._routes = routes
 
     async def _shared_holdings(self, request: GenerateRequest) -> tuple[str, list[bytes], dict[str, int]]:
-        """The request's scope and page names in the shared record, and each server's leading pages there (none
-        when the record cannot answer within SHARED_LOOKUP_S: routing goes on with this replica's own)."""
+        """The request's scope and page names in the shared record, and each server's leading pages there: up to the
+        deepest page last sent to it (none when the record cannot answer within SHARED_LOOKUP_S: routing goes on
+        with this replica's own)."""
         assert self.router is not None and self._routes is not None
         scope, names = self.router.shared_scope(request), self.router.shared_names(request)
         held: dict[str, int] = {}
@@ -233,11 +234,9 @@ class RemoteBackend:
                 servers = await self._routes.lookup(scope, names)
         except TimeoutError:
             return scope, names, held
-        first = servers[0] if servers else None
-        for server in servers:
-            if server is None or server != first:
-                break
-            held[first] = held.get(first, 0) + 1
+        for depth, server in enumerate(servers, 1):
+            if server is not None:  # a page's name is its whole prefix's: that server was sent all of it
+                held[server] = depth
         return scope, names, held
 
     def _note(self, scope: str, names: list[bytes], url: str) -> None:

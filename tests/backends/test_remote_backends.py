@@ -514,3 +514,50 @@ def test_replicas_share_what_they_sent_where_through_redis(redis_server, monkeyp
     holder = served.index(2)  # both turns on one server
     assert upstreams[holder].url != anchor and sum(served) == 2
     assert by_prefix == 1 and matched >= 192
+
+
+def test_a_conversation_keeps_to_its_server_when_its_shared_first_pages_were_last_sent_elsewhere():
+    """A tenant's sessions share their first pages (a system prompt), last sent to whichever server took the
+    latest session; a page's name stands for its whole prefix, so the server sent this conversation's deeper
+    pages holds all of it and gets the next turn."""
+    upstreams = [_fake("vllm").start() for _ in range(3)]
+    encoding = load_harmony_encoding()
+    prompt = [*encoding.encode_marked("<|start|>system<|message|>"), *range(4000, 4300)]
+
+    class Book:
+        def __init__(self) -> None:
+            self.servers: dict[bytes, str] = {}
+
+        async def lookup(self, scope: str, names: list[bytes]) -> list[str | None]:
+            return [self.servers.get(name) for name in names]
+
+        async def note(self, scope: str, names: list[bytes], server: str, ttl_s: float) -> None:
+            self.servers.update(dict.fromkeys(names, server))
+
+    chosen: list[str] = []
+
+    async def scenario() -> None:
+        options = {"urls": [u.url for u in upstreams], "load_metrics_interval_s": 0}
+        backend, dry = create_backend("vllm", options, encoding), create_backend("vllm", options, encoding)
+        book = Book()
+        backend.share_routes(book)
+        request = GenerateRequest(prompt, 8, tuple(STOPS), "r", tenant="acme")
+        names = backend.router.shared_names(request)
+        anchor = dry.router.choose(request, {u.url: 0 for u in dry.pool.upstreams}).url  # where a miss would go
+        holder, other = [u.url for u in upstreams if u.url != anchor]
+        book.servers.update(dict.fromkeys(names, holder))  # this conversation: on one server
+        book.servers.update(dict.fromkeys(names[:3], other))  # its first pages: last sent to another
+        chosen.append(holder)
+        try:
+            async for _ in backend.generate(request):
+                pass
+        finally:
+            await backend.aclose()
+            await dry.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for upstream in upstreams:
+            upstream.stop()
+    assert [len(upstream.calls) for upstream in upstreams] == [int(u.url == chosen[0]) for u in upstreams]
