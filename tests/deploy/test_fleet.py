@@ -22,6 +22,7 @@ import openai
 import pytest
 import yaml
 from engine_fixtures import make_checkpoint, tiny_config
+from engine_servers import EngineServer
 from gateway_fixtures import ANALYSIS_WEATHER, KEY_SECRET, WEATHER_TOOL, write_keys
 from live_gateway import GatewayProcess
 from paths import CHART
@@ -29,6 +30,7 @@ from redis_servers import RedisServer, free_port
 
 MODEL = "gpt-oss-120b"
 ENGINE_MODEL = "gpt-oss-20b"
+REMOTE_MODEL = "gpt-oss-remote"  # served by an engine server: the routing panels
 LEASE_S = 2.0
 STEPS = " ".join(f"step{i}" for i in range(30))
 SCRIPT = {
@@ -245,12 +247,14 @@ def test_rolling_restart_then_a_crash_under_load(tmp_path):
     script.write_text(json.dumps(SCRIPT))
     checkpoint = make_checkpoint(tmp_path / "model", tiny_config(), "original")
     engine = {"checkpoint": str(checkpoint), "cache_dir": str(tmp_path / "engine-cache")}
+    engine_server = EngineServer(engine, tmp_path / "engine-server.log").start()  # for the routing panels
     env = {
         "GATEWAY_REDIS_URL": redis.url,
         "GATEWAY_BACKENDS": json.dumps(
             {
                 "scripted": {"kind": "mock", "options": {"script": str(script)}, "models": [MODEL]},
                 "engine": {"kind": "onnx", "options": engine, "models": [ENGINE_MODEL]},  # for the engine panels
+                "remote": {"kind": "engine", "options": {"urls": [engine_server.url]}, "models": [REMOTE_MODEL]},
             }
         ),
         "GATEWAY_RECORD_LEASE_S": str(LEASE_S),
@@ -310,6 +314,7 @@ def test_rolling_restart_then_a_crash_under_load(tmp_path):
         prom = f"http://127.0.0.1:{prom_port}"
         fleet = openai.OpenAI(base_url=url + "/v1", api_key="sk-fleet", max_retries=0, timeout=60)
         assert fleet.responses.create(model=ENGINE_MODEL, input="hi", max_output_tokens=16).output
+        assert fleet.responses.create(model=REMOTE_MODEL, input="hi", max_output_tokens=16).output
         with fleet.responses.connect() as socket:  # through HAProxy: for the WebSocket panels
             socket.response.create(model=MODEL, input="hi")
             assert any(event.type == "response.completed" for event in socket)
@@ -335,4 +340,5 @@ def test_rolling_restart_then_a_crash_under_load(tmp_path):
         for replica in replicas:
             if replica.process is not None:
                 replica.process.stop()
+        engine_server.stop()
         redis.stop()
