@@ -515,13 +515,11 @@ def render(results: dict, killed: dict, llama: dict, layers: int) -> str:
             *HEADER,
             *_rows(results, WORKLOADS),
         ]
-        reference = results[("previous_response_id", "one server")].cached or 1
         lines += [
             "",
             "A server killed (SIGKILL) halfway through the previous_response_id workload: "
             + "; ".join(
-                f"{label}: {result.failed} of {len(result.samples)} requests failed (the ones streaming from it), "
-                f"cache {result.cached / reference:.2f}"
+                f"{label}: {result.failed} of {len(result.samples)} requests failed (the ones streaming from it)"
                 for label, result in killed.items()
             )
             + ".",
