@@ -77,7 +77,7 @@ def _serve(conn: Connection, vocab_path: str | None, memory_bytes: int) -> None:
     _vocab_path = vocab_path
     _lower_priority()
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    from .json_body import decode_body  # here: the gateway's modules load once the process runs
+    from .body_decoding import decode_body  # here: the gateway's modules load once the process runs
 
     while True:
         try:

@@ -37,8 +37,9 @@ from aiohttp import WSMsgType, web
 
 from state import StoredResponse
 
+from ..body_decoding import parse_json
 from ..errors import ApiError, invalid
-from ..json_body import OFFLOAD_BYTES, parse_json
+from ..json_body import OFFLOAD_BYTES
 from ..lifecycle import SHUTTING_DOWN
 from ..services import SERVICES
 from ..tenants.tenancy import tenant_of

@@ -32,7 +32,10 @@ def _imports(path: Path) -> list[tuple[int, str]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.append((node.lineno, target))
+            if node.module is None:  # `from . import x`: the modules it names
+                found.extend((node.lineno, f"{target}.{alias.name}") for alias in node.names)
+            else:
+                found.append((node.lineno, target))
         elif isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)
     return [(line, target) for line, target in found if target == "gateway" or target.startswith("gateway.")]
@@ -91,3 +94,24 @@ def test_the_checks_see_imports():
     assert "gateway.generation.prompt" in imports and "gateway.metrics" in imports
     responses = [target for _, target in _imports(GATEWAY / "responses" / "prepare.py")]
     assert "gateway.generation.plan" in responses
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    """Function-level imports included: a shared piece belongs below both modules that use it."""
+    modules = {_module_name(path): path for path in GATEWAY.rglob("*.py")}
+    edges = {name: {t for _, t in _imports(path) if t in modules and t != name} for name, path in modules.items()}
+    cycles, state = [], {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(edges[name]):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join([*trail[trail.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*trail, target])
+        state[name] = "done"
+
+    for name in sorted(modules):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
