@@ -11,7 +11,6 @@ every supported server treats as an abort.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import secrets
@@ -28,6 +27,7 @@ from .base import BackendError, Capabilities, Chunk, GenerateRequest, RoutingRep
 from .cache_salt import TenantSalt
 from .routing import kv_events, load_metrics, vllm_events
 from .routing.router import PrefixRouter, RoutingSettings
+from .routing.shared_record import SharedRecord
 from .sse_reader import EventTooLarge, sse_events
 from .upstreams import Upstream, UpstreamPool
 from .wire import Dialect, UpstreamProtocolError, UpstreamReported, error_text
@@ -35,9 +35,6 @@ from .wire import Dialect, UpstreamProtocolError, UpstreamReported, error_text
 log = structlog.get_logger("backends.remote")
 
 MAX_ERROR_BODY_BYTES = 64 * 1024
-SHARED_LOOKUP_S = 0.1  # the shared record of what was sent where answers within this, or routing goes without it
-SHARED_NOTE_S = 2.0
-MAX_SHARED_NOTES = 256  # writes to the shared record in flight at once
 
 
 class RemoteOptions(BaseModel):
@@ -169,8 +166,7 @@ class RemoteBackend:
             published = dialect.publishes_pages or options.kv_events_endpoints is not None
             self.router = PrefixRouter([u.url for u in self.pool.upstreams], settings, published, salt)
         self._watchers: list[asyncio.Task[None]] = []
-        self._routes: SharedRoutes | None = None  # what every replica sent where (Redis), when shared
-        self._notes: set[asyncio.Task[None]] = set()  # writes to it in flight
+        self.shared: SharedRecord | None = None  # what every replica sent where (Redis), when shared
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
@@ -220,39 +216,7 @@ class RemoteBackend:
     def share_routes(self, routes: SharedRoutes) -> None:
         """Route by what every replica sent where (servers that publish nothing), through `routes`."""
         if self.router is not None and self.router.shares:
-            self._routes = routes
-
-    async def _shared_holdings(self, request: GenerateRequest) -> tuple[str, list[bytes], dict[str, int]]:
-        """The request's scope and page names in the shared record, and each server's leading pages there: up to the
-        deepest page last sent to it (none when the record cannot answer within SHARED_LOOKUP_S: routing goes on
-        with this replica's own)."""
-        assert self.router is not None and self._routes is not None
-        scope, names = self.router.shared_scope(request), self.router.shared_names(request)
-        held: dict[str, int] = {}
-        try:
-            async with asyncio.timeout(SHARED_LOOKUP_S):
-                servers = await self._routes.lookup(scope, names)
-        except TimeoutError:
-            return scope, names, held
-        for depth, server in enumerate(servers, 1):
-            if server is not None:  # a page's name is its whole prefix's: that server was sent all of it
-                held[server] = depth
-        return scope, names, held
-
-    def _note(self, scope: str, names: list[bytes], url: str) -> None:
-        """Tell the other replicas, in the background, that `url` holds these pages."""
-        assert self._routes is not None
-        if len(self._notes) >= MAX_SHARED_NOTES:
-            return  # the record is slow: this replica's own index still has it
-
-        async def note() -> None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(SHARED_NOTE_S):
-                    await self._routes.note(scope, names, url, self.options.routing_ttl_s)  # type: ignore[union-attr]
-
-        task = asyncio.ensure_future(note())
-        self._notes.add(task)
-        task.add_done_callback(self._notes.discard)
+            self.shared = SharedRecord(routes, self.options.routing_ttl_s)
 
     def routing_stats(self) -> RoutingReport | None:
         """How generations were routed and what the router knows of each server (None: routing is off)."""
@@ -271,18 +235,20 @@ class RemoteBackend:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
         body = json.dumps(self.dialect.body(request, self.options.model), separators=(",", ":")).encode()
         tried: list[Upstream] = []
-        router = self.router
-        shared: dict[str, int] | None = None
+        router, record = self.router, self.shared
+        pages = shared = None
         if router is not None:
             self._watch()
-            if self._routes is not None:
-                scope, names, shared = await self._shared_holdings(request)
+            pages = router.pages(request)
+            if record is not None:
+                scope, names = router.shared_scope(request), router.shared_names(pages.routed())
+                shared = await record.holdings(scope, names)
         for attempt in range(self.options.retries + 1):
-            chooser = None if router is None else router.chooser(request, shared)
+            chooser = None if router is None else router.chooser(request, shared, pages)
             upstream = self.pool.pick(tried, request.cache_key, chooser)
             tried.append(upstream)
-            if self._routes is not None and router is not None:
-                self._note(scope, names, upstream.url)
+            if record is not None:
+                record.note(scope, names, upstream.url)
             generated: list[int] = []
             try:
                 async with aclosing(self._attempt(upstream, request, body)) as chunks:
@@ -309,11 +275,10 @@ class RemoteBackend:
                     raise BackendError(failure.message) from None
                 continue
             self.pool.succeeded(upstream)
-            if router is not None:
-                router.record(upstream.url, request, generated)
-                if self._routes is not None:
-                    whole = request.prompt + generated
-                    self._note(scope, router.shared_names(request, whole[: len(whole) - 1]), upstream.url)
+            if router is not None and pages is not None:
+                answer = router.record(upstream.url, request, generated, pages)
+                if record is not None:
+                    record.note(scope, router.shared_names(names + answer)[len(names) :], upstream.url)
             return
 
     async def _attempt(self, upstream: Upstream, request: GenerateRequest, body: bytes) -> AsyncIterator[Chunk]:

@@ -54,7 +54,6 @@ class ServerView:
     published: PublishedPages | None = None  # None: the server publishes no page events
     reported_load: float = 0.0
     reported_at: float = -1e9
-    events_lost: int = 0
 
     def load(self, outstanding: int) -> float:
         fresh = time.monotonic() - self.reported_at < LOAD_FRESH_S
@@ -89,11 +88,12 @@ class _LazyChain:
             yield name
 
 
-class _Names:
-    """A request's page names by (page size, namespace)."""
+class PromptPages:
+    """A request's page names by (page size, namespace): each chain hashed once, and only as far as it is read."""
 
-    def __init__(self, request: GenerateRequest, limit: int) -> None:
-        self._tokens = request.prompt[:limit]
+    def __init__(self, request: GenerateRequest, routed_namespace: bytes, page_tokens: int) -> None:
+        self._tokens = request.prompt[: max(len(request.prompt) - 1, 0)]  # the last prompt token is always run
+        self._routed = (page_tokens, routed_namespace)
         self._known: dict[tuple[int, bytes], _LazyChain] = {}
 
     def of(self, page_size: int, namespace: bytes) -> _LazyChain:
@@ -101,6 +101,10 @@ class _Names:
         if key not in self._known:
             self._known[key] = _LazyChain(chain(namespace, self._tokens, page_size))
         return self._known[key]
+
+    def routed(self) -> list[bytes]:
+        """The names under which what was sent where is recorded: the prompt's whole chain."""
+        return list(self.of(*self._routed))
 
 
 class PrefixRouter:
@@ -111,6 +115,7 @@ class PrefixRouter:
         `salt`: each tenant's `cache_salt`, in whose namespace vLLM's pages are named."""
         self.settings = settings
         self.salt = salt
+        self._fleet = hashlib.blake2b("\0".join(sorted(urls)).encode(), digest_size=8).hexdigest()
         self.stats = RoutingStats()
         self.servers = {
             url: ServerView(
@@ -123,7 +128,11 @@ class PrefixRouter:
     def _tenant_namespace(self, request: GenerateRequest) -> bytes:
         return namespace_of(request.tenant, None, False)
 
-    def _held(self, view: ServerView, request: GenerateRequest, names: _Names, shared: int = 0) -> int:
+    def pages(self, request: GenerateRequest) -> PromptPages:
+        """The request's page names, for one choice and what follows it (the shared record, `record`)."""
+        return PromptPages(request, self._tenant_namespace(request), self.settings.page_tokens)
+
+    def _held(self, view: ServerView, request: GenerateRequest, names: PromptPages, shared: int = 0) -> int:
         """Prompt tokens the server holds at the start of the request's prompt (`shared`: its leading pages by what
         every replica sent it)."""
         published = view.published
@@ -139,13 +148,17 @@ class PrefixRouter:
         return max(view.routed.held(names.of(page, self._tenant_namespace(request))), shared) * page
 
     def choose(
-        self, request: GenerateRequest, candidates: dict[str, int], shared: dict[str, int] | None = None
+        self,
+        request: GenerateRequest,
+        candidates: dict[str, int],
+        shared: dict[str, int] | None = None,
+        names: PromptPages | None = None,
     ) -> Decision:
         """The server among `candidates` (url → requests in flight to it from here) that costs least; `shared`:
         each server's leading pages of the prompt by what every replica sent it."""
         shared = shared or {}
         prompt = len(request.prompt)
-        names = _Names(request, max(prompt - 1, 0))  # the last prompt token is always run
+        names = names or self.pages(request)
         loads = {url: self.servers[url].load(outstanding) for url, outstanding in candidates.items()}
         ceiling = min(loads.values()) + self.settings.load_slack
         anchor = request.cache_key or self._anchor(request, names)
@@ -158,20 +171,20 @@ class PrefixRouter:
         _, load, _, held, url = min(scored, key=lambda score: (score[0], score[1], -int.from_bytes(score[2])))
         by_key = request.cache_key and sum(1 for score in scored if score[:2] == (prompt, load)) > 1
         how: How = "prefix" if held > 0 else "key" if by_key else "load"
-        self.servers[url].routed.add(names.of(self.settings.page_tokens, self._tenant_namespace(request)))
+        self.servers[url].routed.add(names.routed())
         self.stats.routed[how] += 1
         self.stats.prompt_tokens += prompt
         self.stats.matched_tokens += held
         return Decision(url, how, held)
 
     def chooser(
-        self, request: GenerateRequest, shared: dict[str, int] | None = None
+        self, request: GenerateRequest, shared: dict[str, int] | None = None, names: PromptPages | None = None
     ) -> Callable[[list[Upstream]], Upstream]:
         """What the upstream pool asks to choose among its healthy upstreams for `request`; the decision is noted
         on the generation's span, when it is traced."""
 
         def choose(upstreams: list[Upstream]) -> Upstream:
-            decision = self.choose(request, {u.url: u.outstanding for u in upstreams}, shared)
+            decision = self.choose(request, {u.url: u.outstanding for u in upstreams}, shared, names)
             span = trace.get_current_span()
             if span.is_recording():
                 span.set_attribute("gateway.route", decision.how)
@@ -194,7 +207,7 @@ class PrefixRouter:
         stats = self.stats
         return RoutingReport(dict(stats.routed), stats.prompt_tokens, stats.matched_tokens, servers)
 
-    def _anchor(self, request: GenerateRequest, names: _Names) -> str:
+    def _anchor(self, request: GenerateRequest, names: PromptPages) -> str:
         """What a conversation's requests share from the first: its first page (or, shorter, its namespace)."""
         first = next(iter(names.of(self.settings.page_tokens, self._tenant_namespace(request))), None)
         return (first or self._tenant_namespace(request)).hex()
@@ -206,21 +219,23 @@ class PrefixRouter:
 
     def shared_scope(self, request: GenerateRequest) -> str:
         """The shared record's scope of a request: these servers (every replica lists the same) and its tenant."""
-        fleet = hashlib.blake2b("\0".join(sorted(self.servers)).encode(), digest_size=8).hexdigest()
-        return f"{fleet}:{self._tenant_namespace(request).hex()}"
+        return f"{self._fleet}:{self._tenant_namespace(request).hex()}"
 
-    def shared_names(self, request: GenerateRequest, tokens: list[int] | None = None) -> list[bytes]:
-        """The page names the shared record keeps for `tokens` (the request's prompt but its last token)."""
-        tokens = request.prompt[: len(request.prompt) - 1] if tokens is None else tokens
-        page = self.settings.page_tokens
-        return list(chain(self._tenant_namespace(request), tokens[: MAX_SHARED_PAGES * page], page))
+    @staticmethod
+    def shared_names(names: list[bytes]) -> list[bytes]:
+        """Of a prompt's routed page names, those the shared record keeps."""
+        return names[:MAX_SHARED_PAGES]
 
-    def record(self, url: str, request: GenerateRequest, generated: list[int]) -> None:
+    def record(self, url: str, request: GenerateRequest, generated: list[int], names: PromptPages) -> list[bytes]:
         """The server now holds the request's prompt and what it generated (approximately, as far as we know; its
-        prompt was noted when it was sent there)."""
-        view = self.servers[url]
+        prompt was noted when it was sent there): the names of the pages the answer filled, which it now holds."""
+        prompt = names.routed()
+        page = self.settings.page_tokens
         tokens = request.prompt + generated
-        view.routed.add(chain(self._tenant_namespace(request), tokens[: len(tokens) - 1], self.settings.page_tokens))
+        previous = prompt[-1] if prompt else self._tenant_namespace(request)
+        answer = list(chain(previous, tokens[len(prompt) * page : len(tokens) - 1], page, previous=previous))
+        self.servers[url].routed.add(answer)
+        return answer
 
     def forget(self, url: str) -> None:
         """The server went away (ejected): what it held is gone."""

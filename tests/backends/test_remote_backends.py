@@ -496,7 +496,7 @@ def test_replicas_share_what_they_sent_where_through_redis(redis_server, monkeyp
             next(u for u in first.pool.upstreams if u.url == anchor).ejected_at = time.monotonic()
             async for _ in first.generate(request(prompt)):
                 pass
-            await asyncio.gather(*first._notes)  # the shared record is written in the background
+            await first.shared.settled()  # the shared record is written in the background
             async for _ in second.generate(request([*prompt, 11, 12, 13])):
                 pass
             return anchor, second.routing_stats().routed["prefix"], second.routing_stats().matched_tokens
@@ -542,7 +542,7 @@ def test_a_conversation_keeps_to_its_server_when_its_shared_first_pages_were_las
         book = Book()
         backend.share_routes(book)
         request = GenerateRequest(prompt, 8, tuple(STOPS), "r", tenant="acme")
-        names = backend.router.shared_names(request)
+        names = backend.router.shared_names(backend.router.pages(request).routed())
         anchor = dry.router.choose(request, {u.url: 0 for u in dry.pool.upstreams}).url  # where a miss would go
         holder, other = [u.url for u in upstreams if u.url != anchor]
         book.servers.update(dict.fromkeys(names, holder))  # this conversation: on one server
