@@ -49,6 +49,7 @@ from engine_servers import EngineServer  # noqa: E402
 from live_gateway import GatewayProcess  # noqa: E402
 from redis_servers import RedisServer, free_port  # noqa: E402
 from report import markers, write_section  # noqa: E402
+from server_process import ServerProcess  # noqa: E402
 
 from backends.engine.config import GPT_OSS_20B  # noqa: E402
 from backends.engine.kernels.build import KERNELS_ENV, build_library  # noqa: E402
@@ -236,52 +237,13 @@ class Engines:
         return server.metrics()["vllm:prefix_cache_queries_total"]
 
 
-class LlamaServer:
-    """`llama-server` on a GGUF, on a free port, with its metrics."""
+class LlamaServer(ServerProcess):
+    """`llama-server` on a GGUF, with its metrics."""
 
     def __init__(self, binary: Path, gguf: Path, log_path: Path) -> None:
-        self.port = free_port()
-        self._args = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "-c", "8192",
-                      "-np", "2", "-t", "1", "--metrics", "--no-webui"]  # fmt: skip
-        self._log_path = log_path
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def launch(self) -> LlamaServer:
-        with self._log_path.open("ab") as log:
-            self.process = subprocess.Popen(self._args, stdout=log, stderr=log)
-        return self
-
-    def wait_ready(self, timeout_s: float = 600) -> LlamaServer:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as response:
-                    if response.status == 200:
-                        return self
-            except OSError:
-                pass
-            assert self.process is not None and self.process.poll() is None, self._log_path.read_text()[-2000:]
-            assert time.monotonic() < deadline, "llama-server did not become ready"
-            time.sleep(0.2)
-
-    def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
-            lines = response.read().decode().splitlines()
-        return {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line and line[0] != "#"}
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=30)
+        super().__init__([], log_path)
+        self.args = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "-c", "8192",
+                     "-np", "2", "-t", "1", "--metrics", "--no-webui"]  # fmt: skip
 
 
 class LlamaServers:

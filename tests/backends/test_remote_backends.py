@@ -561,3 +561,31 @@ def test_a_conversation_keeps_to_its_server_when_its_shared_first_pages_were_las
         for upstream in upstreams:
             upstream.stop()
     assert [len(upstream.calls) for upstream in upstreams] == [int(u.url == chosen[0]) for u in upstreams]
+
+
+def test_a_shared_record_whose_redis_is_down_leaves_routing_to_each_replica():
+    """The record's Redis unreachable: lookups know nothing, writes are lost, generations go on."""
+    from gateway.services import QuietRouteBook
+    from state.route_book import RedisRouteBook
+
+    upstream = _fake("vllm").start()
+    encoding = load_harmony_encoding()
+
+    async def scenario() -> tuple[list, int]:
+        book = QuietRouteBook(RedisRouteBook.from_url(f"redis://127.0.0.1:{free_port()}/0"))
+        backend = create_backend("vllm", {"urls": [upstream.url], "load_metrics_interval_s": 0}, encoding)
+        backend.share_routes(book)
+        try:
+            prompt = [*encoding.encode_marked("<|start|>user<|message|>"), *range(100, 200)]
+            async for _ in backend.generate(GenerateRequest(prompt, 8, tuple(STOPS), "r", tenant="acme")):
+                pass
+            await backend.shared.settled()
+            return await book.lookup("scope", [b"x" * 16]), len(upstream.calls)
+        finally:
+            await backend.aclose()
+            await book.book.aclose()
+
+    try:
+        assert asyncio.run(scenario()) == ([None], 1)
+    finally:
+        upstream.stop()

@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 from engine_fixtures import REAL_WIDTH, REAL_WIDTH_PROMPT, loaded, make_checkpoint
 from engine_reference import ReferenceModel
+from engine_servers import EngineServer
 
 from backends.base import GenerateRequest, Sampling, TokenLogprob
 from backends.engine.backend import EngineBackend, EngineOptions
@@ -25,6 +26,7 @@ from backends.engine.kernels.build import kernel_library
 from backends.engine.model_cache import compiled_model
 from backends.engine.paged_runner import PagedRunner
 from backends.engine.qmoe import codes_by_column
+from backends.registry import create_backend
 from harmony import load_harmony_encoding
 
 PROMPT = REAL_WIDTH_PROMPT
@@ -33,14 +35,17 @@ TOLERANCE = 2e-4  # float32 sums over 2880-wide rows against float64
 PAGE = 8  # the prompt spans pages; reuse takes whole pages by reference and copies the rest
 
 
-def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int, list[TokenLogprob]]]:
+def _options(checkpoint: Path, cache: Path) -> dict:
+    return {
+        "checkpoint": str(checkpoint), "max_positions": 64, "max_batch": 1, "cache_dir": str(cache), "device": "cpu",
+        "page_size": PAGE,
+    }  # fmt: skip
+
+
+def _generate(backend) -> list[tuple[list[int], int, list[TokenLogprob]]]:
     """Greedy (tokens, prompt tokens reused, logprobs with 3 alternatives) through the backend for: the prompt;
     the prompt again; the prompt and the first two answer tokens, whose greedy tokens must be the first answer's
     last two."""
-    options = EngineOptions(
-        checkpoint=str(checkpoint), max_positions=64, max_batch=1, cache_dir=str(cache), device="cpu", page_size=PAGE
-    )
-    backend = EngineBackend(options, load_harmony_encoding())
 
     async def one(prompt: list[int], count: int) -> tuple[list[int], int, list[TokenLogprob]]:
         tokens, cached, logprobs = [], -1, []
@@ -52,7 +57,8 @@ def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int, list[
         return tokens, cached, logprobs
 
     async def run() -> list[tuple[list[int], int, list[TokenLogprob]]]:
-        await loaded(backend)
+        if isinstance(backend, EngineBackend):
+            await loaded(backend)
         first = await one(PROMPT, GENERATED)
         results = [first, await one(PROMPT, GENERATED), await one(PROMPT + first[0][:2], GENERATED - 2)]
         await backend.aclose()
@@ -64,7 +70,8 @@ def _generate(checkpoint: Path, cache: Path) -> list[tuple[list[int], int, list[
 def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_path):
     checkpoint = make_checkpoint(tmp_path / "wide", REAL_WIDTH, "original")
     cache = tmp_path / "graphs"
-    (tokens, fresh, logprobs), (again, repeated, _), (rest, continued, _) = _generate(checkpoint, cache)
+    in_process = _generate(EngineBackend(EngineOptions(**_options(checkpoint, cache)), load_harmony_encoding()))
+    (tokens, fresh, logprobs), (again, repeated, _), (rest, continued, _) = in_process
     gc.collect()  # the backend's session goes before the next one loads
     assert len(tokens) == GENERATED
     # prefix reuse at the real width: the repeat keeps all but the last prompt token, the continuation all
@@ -119,6 +126,13 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
     del runtime
     gc.collect()
     _qmoe_graph_at_real_width(Checkpoint(checkpoint), cache)
+    # the same engine as a server, through the `engine` kind: the same tokens, reuse and 201,088-wide logprobs
+    server = EngineServer(_options(checkpoint, cache), tmp_path / "server.log").start()
+    try:
+        remote = create_backend("engine", {"urls": [server.url], "context_length": 64}, load_harmony_encoding())
+        assert _generate(remote) == in_process
+    finally:
+        server.stop()
 
 
 def _qmoe_graph_at_real_width(checkpoint: Checkpoint, cache: Path) -> None:
