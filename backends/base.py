@@ -9,6 +9,9 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ValidationError
 
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
+# the service tiers a backend schedules by, best first (the API's other names map onto these)
+ServiceTier = Literal["priority", "default", "flex"]
+TIER_RANK: dict[str, int] = {"priority": 0, "default": 1, "flex": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class GenerateRequest:
     tenant: str = ""  # whose request: an in-process prefix cache reuses a prompt only within its tenant
     top_logprobs: int | None = None  # None: no logprobs; else each token's, with this many alternatives (0-20)
     weight: float = 1.0  # the tenant's weight in an engine's fair share (its tokens count 1/weight)
+    tier: ServiceTier = "default"  # priority runs ahead of default, flex only on what the others leave
     # W3C trace context of the generation's span (`traceparent`, ...): remote backends send it as headers, so the
     # model server's spans join the trace; empty when tracing is off
     trace_context: dict[str, str] = field(default_factory=dict)
@@ -91,6 +95,7 @@ class Capabilities:
     constraints: bool = False
     logprobs: bool = False  # fills Chunk.logprobs when GenerateRequest.top_logprobs asks
     prefix_cache: bool = False  # keeps a prompt's KV for later requests that start with it
+    service_tiers: bool = False  # schedules by GenerateRequest.tier (else every tier runs as default)
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import Chunk, Constraint, GenerateRequest, Sampling, TokenLogprob
+from .base import Chunk, Constraint, GenerateRequest, Sampling, ServiceTier, TokenLogprob
 from .wire import Step, UpstreamProtocolError, count, raise_reported, token_ids
 
 GENERATE_PATH = "/v1/engine/generate"
@@ -37,6 +37,7 @@ def request_body(request: GenerateRequest) -> dict[str, Any]:
         "request_id": request.request_id,
         "tenant": request.tenant,
         "weight": request.weight,
+        "tier": request.tier,
         "sampling": {
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -89,6 +90,7 @@ class WireRequest(_Strict):
     request_id: str = Field(default="", max_length=256)
     tenant: str = Field(default="", max_length=256)
     weight: float = Field(default=1.0, gt=0, le=1000)
+    tier: ServiceTier = "default"
     cache_key: str | None = Field(default=None, max_length=1024)
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     sampling: WireSampling = Field(default_factory=WireSampling)
@@ -113,6 +115,7 @@ class WireRequest(_Strict):
             cache_key=self.cache_key,
             tenant=self.tenant,
             weight=self.weight,
+            tier=self.tier,
             top_logprobs=self.top_logprobs,
             trace_context=trace_context,
         )
@@ -146,6 +149,7 @@ class EngineDialect:
     constraints = True  # the engine enforces them while it samples
     prefix_cache = True
     publishes_pages = True  # GET /v1/engine/kv_events: routing by prefix knows what each server holds
+    service_tiers = True  # the engine schedules by the request's tier
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         return request_body(request)

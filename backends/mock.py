@@ -113,7 +113,9 @@ class MockBackend:
         self._encoding = encoding or load_harmony_encoding()
         # each rule's alternatives as tokens, encoded once
         self._completions = [[self._completion(steps) for steps in rule.alternatives] for rule in self._rules]
-        self.capabilities = Capabilities(context_length=131_072)
+        # "service_tiers": true in the script: it says it schedules by tier (and records each request's)
+        self.capabilities = Capabilities(context_length=131_072, service_tiers=script.get("service_tiers") is True)
+        self.tiers: deque[str] = deque(maxlen=RECORDED_PROMPTS)
         self.prompts: deque[list[int]] = deque(maxlen=RECORDED_PROMPTS)
         self.outputs: deque[list[int]] = deque(maxlen=RECORDED_PROMPTS)  # what each recorded prompt got
         self.active = 0  # generations in flight (tests check that cancellation reaches the backend)
@@ -137,6 +139,7 @@ class MockBackend:
         return self._encoding.decode(self.prompts[index])
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
+        self.tiers.append(request.tier)
         self.prompts.append(list(request.prompt))
         emitted: list[int] = []
         self.outputs.append(emitted)

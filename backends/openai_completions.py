@@ -20,6 +20,8 @@ from .cache_salt import TenantSalt
 from .remote import RemoteBackend, RemoteOptions
 from .wire import Step, UpstreamProtocolError, count, raise_reported, token_ids
 
+VLLM_PRIORITY = {"priority": -1, "default": 0, "flex": 1}  # vLLM schedules lower values first
+
 
 class OpenAICompletions:
     name = "openai_completions"
@@ -29,8 +31,10 @@ class OpenAICompletions:
     prefix_cache = False  # no prewarm for `generate: false`
     publishes_pages = False  # routing by prefix is approximate: by what was sent there
 
-    def __init__(self, salt: TenantSalt | None = None) -> None:
+    def __init__(self, salt: TenantSalt | None = None, priorities: bool = False) -> None:
         self.salt = salt  # the tenant's `cache_salt` for the server's prefix cache (vLLM), when set
+        # the service tier as vLLM's `priority` (lower runs first; the server needs --scheduling-policy priority)
+        self.service_tiers = priorities
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         sampling = request.sampling
@@ -49,6 +53,8 @@ class OpenAICompletions:
             body["model"] = model
         if self.salt is not None:
             body["cache_salt"] = self.salt(request.tenant)
+        if self.service_tiers:
+            body["priority"] = VLLM_PRIORITY[request.tier]
         if sampling.seed is not None:
             body["seed"] = sampling.seed
         if sampling.presence_penalty:
@@ -117,11 +123,13 @@ def vllm_from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> Rem
     """vLLM: every request carries its tenant's `cache_salt` unless the options turn it off."""
     parsed = parse_options(RemoteOptions, options, "vllm")
     salt = TenantSalt(parsed.cache_salt_secret_env) if parsed.cache_salt is not False else None
-    return RemoteBackend(OpenAICompletions(salt), parsed, salt)
+    return RemoteBackend(OpenAICompletions(salt, parsed.priority_scheduling), parsed, salt)
 
 
 def sglang_from_options(options: dict[str, Any], encoding: HarmonyEncoding) -> RemoteBackend:
     """SGLang's OpenAI-compatible server: a `cache_salt` only where the options ask (recent releases take it)."""
     parsed = parse_options(RemoteOptions, options, "sglang")
+    if parsed.priority_scheduling:
+        raise ValueError("sglang backend: options.priority_scheduling: only the vllm kind sends service tiers")
     salt = TenantSalt(parsed.cache_salt_secret_env) if parsed.cache_salt else None
     return RemoteBackend(OpenAICompletions(salt), parsed)

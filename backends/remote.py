@@ -61,6 +61,8 @@ class RemoteOptions(BaseModel):
     cache_salt_secret_env: str = "GATEWAY_KEY_SECRET"  # the secret salts are made with, shared by every replica
     # prefix-aware routing (backends/routing/router.py): off, the fewest requests in flight wins
     prefix_routing: bool = True
+    # vllm: send the service tier as `priority` (the servers run with --scheduling-policy priority)
+    priority_scheduling: bool = False
     load_slack: float = Field(default=2, ge=0)  # a server this much more loaded than the least gets no request
     routing_page_tokens: int = Field(default=32, ge=1, le=4096)  # page size of the index of what was routed
     routing_ttl_s: float = Field(default=600.0, gt=0)  # a routed page unused this long counts as evicted
@@ -153,6 +155,7 @@ class RemoteBackend:
             constraints=dialect.constraints,
             logprobs=dialect.logprobs,
             prefix_cache=dialect.prefix_cache,
+            service_tiers=dialect.service_tiers,
         )
         self.pool = UpstreamPool(options.urls, options.eject_after, options.probe_interval_s, self._probe)
         self.router: PrefixRouter | None = None

@@ -24,6 +24,7 @@ class SGLangGenerate:
     constraints = False  # the gateway checks the output instead
     prefix_cache = False  # no prewarm for `generate: false`
     publishes_pages = False  # routing by prefix is approximate: by what was sent there
+    service_tiers = False  # every tier runs as default
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         sampling = request.sampling

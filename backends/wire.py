@@ -34,6 +34,7 @@ class Dialect(Protocol):
     constraints: bool  # whether the server enforces GenerateRequest.constraint while it samples
     prefix_cache: bool  # whether a prompt sent ahead (a prewarm) is kept for the request that continues it
     publishes_pages: bool  # whether its servers stream the page names they hold (the built-in engine's)
+    service_tiers: bool  # whether the server schedules by the request's service tier (it is sent)
 
     def body(self, request: GenerateRequest, model: str | None) -> dict[str, Any]: ...
 

@@ -46,6 +46,7 @@ class UsageRecord:
     tool_calls: dict[str, int] = field(default_factory=dict)  # output item type → count (function_call, mcp_call…)
     created_at: float = 0.0  # when the request began (Unix seconds)
     completed_at: float = 0.0  # when it finished
+    service_tier: str = "default"  # the tier it ran at (priority, default, flex), to price it by
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

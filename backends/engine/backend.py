@@ -138,6 +138,7 @@ class EngineBackend:
             constraints=True,
             logprobs=True,
             prefix_cache=options.prefix_budget() > 0,
+            service_tiers=True,
         )
         self._encoding = encoding
         self.page_events = PageEvents()  # the pages its prefix cache names (an engine server publishes them)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from backends.base import Chunk, EngineStats, GenerateRequest, TokenLogprob
+from backends.base import TIER_RANK, Chunk, EngineStats, GenerateRequest, TokenLogprob
 from harmony.tokens import FIRST_SPECIAL
 
 from .fair_share import FairShare
@@ -71,6 +71,10 @@ class Sequence:
     @property
     def weight(self) -> float:
         return self.request.weight
+
+    @property
+    def rank(self) -> int:
+        return TIER_RANK[self.request.tier]
 
     @property
     def position(self) -> int:

@@ -7,6 +7,11 @@ the tenant furthest ahead gives up a sequence first; and a tenant below its shar
 the active tenants' weights) takes a batch slot from the tenant most above its own. A tenant that was idle starts
 level with the least served active tenant, so idleness banks no credit; a tenant alone gets the whole engine.
 Within a tenant, sequences keep their arrival order.
+
+Service tiers come before all of that (GenerateRequest.tier; rank 0 priority, 1 default, 2 flex): a waiting
+sequence of a better tier is admitted first, takes a full batch's slot from a running sequence of a worse tier,
+and the worst tier gives up pages first; the fair share holds among the tenants of one tier. Flex therefore runs
+only on the slots and pages the others leave.
 """
 
 from __future__ import annotations
@@ -27,12 +32,17 @@ class Queued(Protocol):
     def tenant(self) -> str: ...
 
     @property
+    def rank(self) -> int:
+        """The service tier's rank: lower runs first."""
+        ...
+
+    @property
     def weight(self) -> float: ...
 
 
 class FairShare:
     def __init__(self) -> None:
-        self._queues: dict[str, collections.deque[Queued]] = {}
+        self._queues: dict[tuple[int, str], collections.deque[Queued]] = {}  # by (tier rank, tenant)
         self._vtime: dict[str, float] = {}
         self._weights: dict[str, float] = {}
         self._arrivals = itertools.count()
@@ -56,11 +66,12 @@ class FairShare:
         """Queue a sequence: new (at the back of its tenant's queue) or `again` after a preemption (at its front)."""
         tenant = sequence.tenant
         self._weights[tenant] = sequence.weight
-        if tenant not in self._queues and not any(s.tenant == tenant for s in running):
-            active = {s.tenant for s in running} | set(self._queues)
+        waiting = {t for _, t in self._queues}
+        if tenant not in waiting and not any(s.tenant == tenant for s in running):
+            active = {s.tenant for s in running} | waiting
             floor = min((self.vtime(t) for t in active), default=0.0)
             self._vtime[tenant] = max(self.vtime(tenant), floor)
-        queue = self._queues.setdefault(tenant, collections.deque())
+        queue = self._queues.setdefault((sequence.rank, tenant), collections.deque())
         self._count += 1
         if again:
             queue.appendleft(sequence)
@@ -69,44 +80,60 @@ class FairShare:
             queue.append(sequence)
 
     def head(self) -> Queued | None:
-        """The sequence to admit next: its tenant's first, of the tenant furthest behind."""
+        """The sequence to admit next: of the best tier waiting, the first of the tenant furthest behind."""
         heads = [queue[0] for queue in self._queues.values() if queue]
-        return min(heads, key=lambda s: (self.vtime(s.tenant), s.arrived), default=None)
+        return min(heads, key=lambda s: (s.rank, self.vtime(s.tenant), s.arrived), default=None)
 
     def pop(self, sequence: Queued) -> None:
-        queue = self._queues[sequence.tenant]
+        key = (sequence.rank, sequence.tenant)
+        queue = self._queues[key]
         queue.remove(sequence)
         self._count -= 1
         if not queue:
-            del self._queues[sequence.tenant]
+            del self._queues[key]
 
     def charge(self, sequence: Queued, tokens: int) -> None:
         tenant = sequence.tenant
         self._vtime[tenant] = self.vtime(tenant) + tokens / self._weights.get(tenant, sequence.weight)
 
     def first(self, sequences: list[Queued]) -> Queued | None:
-        """Of `sequences`, the one whose tenant is furthest behind (the earliest admitted within a tenant)."""
-        return min(sequences, key=lambda s: (self.vtime(s.tenant), s.admitted), default=None)
+        """Of `sequences`, the best tier's whose tenant is furthest behind (the earliest admitted within a tenant)."""
+        return min(sequences, key=lambda s: (s.rank, self.vtime(s.tenant), s.admitted), default=None)
 
     def victim(self, running: list[Queued]) -> Queued:
-        """The running sequence to preempt for pages: the latest admitted of the tenant furthest ahead."""
-        return max(running, key=lambda s: (self.vtime(s.tenant), s.admitted))
+        """The running sequence to preempt for pages: of the worst tier, the latest admitted of the tenant
+        furthest ahead."""
+        return max(running, key=lambda s: (s.rank, self.vtime(s.tenant), s.admitted))
 
     def claim(self, running: list[Queued], slots: int) -> tuple[Queued, Queued] | None:
-        """With the batch full: (a waiting sequence, the running one it replaces) when a waiting tenant runs fewer
-        than its share of `slots` and another tenant runs more than its own: the head of the waiting tenant
-        furthest behind, and the latest admitted sequence of the tenant most above its share; else None."""
-        tenants = {s.tenant for s in running} | set(self._queues)
+        """With the batch full: (a waiting sequence, the running one it replaces), else None. A waiting sequence
+        of a better tier than a running one replaces the worst tier's victim (see `victim`). Within the best
+        waiting tier, a tenant running fewer than its share of that tier's slots replaces the latest admitted
+        sequence of the tenant most above its own: the head of the waiting tenant furthest behind."""
+        if not self._queues:
+            return None
+        best = min(rank for rank, _ in self._queues)
+        worse = [s for s in running if s.rank > best]
+        if worse:
+            return self._head_of(best, set(self._weights)), self.victim(worse)
+        peers = [s for s in running if s.rank == best]
+        slots -= len(running) - len(peers)  # the better tiers' slots are theirs
+        waiting = {tenant for rank, tenant in self._queues if rank == best}
+        tenants = {s.tenant for s in peers} | waiting
         total = sum(self._weights.get(t, 1.0) for t in tenants)
-        counts = collections.Counter(s.tenant for s in running)
+        counts = collections.Counter(s.tenant for s in peers)
 
         def share(tenant: str) -> float:
             return slots * self._weights.get(tenant, 1.0) / total
 
-        below = [queue[0] for tenant, queue in self._queues.items() if counts[tenant] + 1 <= share(tenant)]
+        below = {tenant for tenant in waiting if counts[tenant] + 1 <= share(tenant)}
         above = {t for t in counts if counts[t] > share(t)}
         if not below or not above:
             return None
-        waiting = min(below, key=lambda s: (self.vtime(s.tenant), s.arrived))
         most = max(above, key=lambda t: (counts[t] / self._weights.get(t, 1.0), self.vtime(t)))
-        return waiting, max((s for s in running if s.tenant == most), key=lambda s: s.admitted)
+        return self._head_of(best, below), max((s for s in peers if s.tenant == most), key=lambda s: s.admitted)
+
+    def _head_of(self, rank: int, tenants: set[str]) -> Queued:
+        """The first waiting sequence of tier `rank` of the tenant in `tenants` furthest behind."""
+        heads = [queue[0] for (r, tenant), queue in self._queues.items() if r == rank and tenant in tenants]
+        return min(heads, key=lambda s: (self.vtime(s.tenant), s.arrived))

@@ -26,6 +26,7 @@ from ..limits import MAX_STREAM_BACKLOG
 from ..metrics import STATS
 from ..services import SERVICES, Services
 from ..sse import DONE, ClientGone, end_stream, frame, open_stream, pump
+from ..tenants.service_tiers import applied_tier
 from ..tenants.tenancy import key_id_of, request_id_of, tenant_of
 from ..usage.billing import bill, chat_record
 from .input import checked_constraint, prompt_spec
@@ -59,9 +60,17 @@ class Completion:
     """The request's choices and the envelope every body and chunk shares."""
 
     def __init__(
-        self, services: Services, req: ChatRequest, tenant: str, choices: list[Choice], key_id: str | None = None
+        self,
+        services: Services,
+        req: ChatRequest,
+        tenant: str,
+        choices: list[Choice],
+        key_id: str | None = None,
+        tier: str = "default",
     ) -> None:
+        """`tier`: the service tier applied (echoed and billed)."""
         self.services = services
+        self.tier = tier
         self.req = req
         self.tenant = tenant
         self.key_id = key_id
@@ -77,8 +86,9 @@ class Completion:
         self.billed = True
         calls = sum(len(choice.tool_calls) for choice in self.choices)
         entry = chat_record(
-            self.tenant, self.key_id, self.id, self.req.model, status, usage(self.choices), calls, self.created
-        )
+            self.tenant, self.key_id, self.id, self.req.model, status, usage(self.choices), calls, self.created,
+            self.tier,
+        )  # fmt: skip
         await bill(self.services, entry)
 
     def envelope(self, kind: str) -> dict[str, Any]:
@@ -87,6 +97,7 @@ class Completion:
             "object": kind,
             "created": self.created,
             "model": self.req.model,
+            "service_tier": self.tier,
             "system_fingerprint": None,
         }
 
@@ -218,6 +229,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         stream=req.stream,
     )
     request_id = request_id_of(request, new_id("req_"))
+    tier = applied_tier(req.service_tier, limits, backend)
     choices = []
     for index in range(req.n):
         sampling = Sampling(
@@ -239,9 +251,10 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             observer,
             cache_key=req.prompt_cache_key,
             top_logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            tier=tier,
         )
         choices.append(Choice(index, turn, StopMatcher(req.stop_sequences)))
-    completion = Completion(services, req, tenant, choices, key_id_of(request))
+    completion = Completion(services, req, tenant, choices, key_id_of(request), tier)
     try:
         if not req.stream:
             return await _respond(completion)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from backends.base import Backend, Constraint, Sampling
+from backends.base import Backend, Constraint, Sampling, ServiceTier
 from harmony import HarmonyEncoding
 from harmony.render import Renderer
 from state import ResponseStore
@@ -140,8 +140,10 @@ def start_turn(
     assembler: OutputAssembler | None = None,
     top_logprobs: int | None = None,
     deltas: bool = True,
+    tier: ServiceTier = "default",
 ) -> Turn:
-    """`deltas`: the answer's text as Delta events too (a stream's listener or a stop matcher reads them)."""
+    """`deltas`: the answer's text as Delta events too (a stream's listener or a stop matcher reads them);
+    `tier`: the service tier applied (tenants/service_tiers.py)."""
     tokens = plan.built.tokens
     return Turn(
         plan.backend,
@@ -160,4 +162,5 @@ def start_turn(
         top_logprobs,
         deltas,
         services.engine_weight(tenant),
+        tier,
     )

@@ -14,7 +14,7 @@ from weakref import WeakKeyDictionary
 
 import structlog
 
-from backends.base import Backend, BackendError, Constraint, GenerateRequest, Sampling
+from backends.base import Backend, BackendError, Constraint, GenerateRequest, Sampling, ServiceTier
 from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReason
 
 from ..lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
@@ -110,8 +110,9 @@ class Turn:
         top_logprobs: int | None = None,
         deltas: bool = True,
         weight: float = 1.0,
+        tier: ServiceTier = "default",
     ) -> None:
-        """`weight`: the tenant's in an engine's fair share."""
+        """`weight`: the tenant's in an engine's fair share; `tier`: the service tier applied."""
         self.backend = backend
         self._observer = observer
         self._lifecycle = lifecycle
@@ -137,6 +138,7 @@ class Turn:
             tenant=tenant,
             top_logprobs=top_logprobs,
             weight=weight,
+            tier=tier,
         )
         self._constraint = constraint
         self._stops = frozenset(self._request.stop_ids)

@@ -49,6 +49,7 @@ class Job:
     not_offered: list[str] = field(default_factory=list)  # hosted tool types left out of the prompt
     conversation_id: str | None = None
     key_id: str | None = None  # the API key's, for the usage ledger
+    service_tier: str = "default"  # the tier applied: echoed and billed
     sealed: dict[str, str] = field(default_factory=dict)
     billed: bool = False
 
@@ -88,6 +89,7 @@ class Job:
             stored=self.request.store and self.keeper.stored,
             conversation_id=self.conversation_id,
             outcome=outcome,
+            service_tier=self.service_tier,
         )
 
     def record(self, response: dict[str, Any]) -> StoredResponse:

@@ -26,6 +26,7 @@ from ..json_body import body_bytes as body_size
 from ..json_body import parse_model, read_model
 from ..metrics import STATS
 from ..services import SERVICES, Services
+from ..tenants.service_tiers import applied_tier
 from ..tenants.tenancy import key_id_of, request_id_of, tenant_of
 from .compaction import compact_if_long
 from .history import load_history
@@ -105,6 +106,7 @@ async def prepare(
         frequency_penalty=req.frequency_penalty or 0.0,
     )
     request_id = request_id_of(request, response_id)
+    tier = applied_tier(req.service_tier, limits, backend)
     stats = request.get(STATS)
     routing = tools.routing
     if toolset is not None:
@@ -131,6 +133,7 @@ async def prepare(
             assembler,
             (req.top_logprobs or 0) if wants_logprobs(req) else None,
             deltas=listened,
+            tier=tier,
         )
 
     max_calls = min(
@@ -161,4 +164,5 @@ async def prepare(
         not_offered=tools.not_offered,
         conversation_id=req.conversation_id,
         key_id=key_id_of(request),
+        service_tier=tier,
     )

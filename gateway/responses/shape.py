@@ -346,6 +346,7 @@ def response_json(
     stored: bool,
     conversation_id: str | None,
     outcome: Outcome | None,
+    service_tier: str = "default",
 ) -> dict[str, Any]:
     """The response object at a moment: the request's echo with the output so far (and, once finished, the
     usage). Built as plain JSON on the request path (it runs for every response, and for a stream's every
@@ -372,7 +373,7 @@ def response_json(
         "parallel_tool_calls": req.parallel_tool_calls,
         "previous_response_id": req.previous_response_id,
         "reasoning": {"effort": reasoning.effort or "medium", "summary": reasoning.summary},
-        "service_tier": "default",
+        "service_tier": service_tier,
         "store": stored,
         "temperature": 1.0 if req.temperature is None else req.temperature,
         "text": _text_echo(req),

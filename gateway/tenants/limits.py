@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from backends.base import ServiceTier
+
 from ..errors import invalid
 
 DEFAULT_CONCURRENT_BACKGROUND = 64
@@ -30,6 +32,9 @@ class TenantLimits(BaseModel):
     max_schema_bytes: int | None = Field(default=None, gt=0)  # a JSON schema given for output or a tool
     # the tenant's weight in the built-in engine's fair share of its batch and steps (tokens count 1/weight)
     engine_weight: float = Field(default=1.0, gt=0, le=1000)
+    # the service tiers the tenant may ask for; any other runs at `auto_service_tier` (also `auto` and no tier)
+    service_tiers: tuple[ServiceTier, ...] = ("default", "flex")
+    auto_service_tier: ServiceTier = "default"
 
 
 class LimitsConfig(BaseModel):
@@ -49,6 +54,12 @@ class LimitsConfig(BaseModel):
             tenant: self.default.model_copy(update=override.model_dump(exclude_unset=True))
             for tenant, override in self.tenants.items()
         }
+        for tenant, limits in [("default", self.default), *self._merged.items()]:
+            if limits.auto_service_tier not in limits.service_tiers:
+                raise ValueError(
+                    f"GATEWAY_LIMITS: tenant {tenant!r}'s auto_service_tier {limits.auto_service_tier!r} "
+                    f"is not among its service_tiers {list(limits.service_tiers)}"
+                )
 
     def for_tenant(self, tenant: str) -> TenantLimits:
         if not self.tenants:  # no overrides: skip pydantic's private-attribute lookup (several per request)

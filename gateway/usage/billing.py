@@ -50,12 +50,13 @@ def responses_record(tenant: str, key_id: str | None, response: dict[str, Any], 
         tool_calls=tools,
         created_at=created_at,
         completed_at=time.time(),
+        service_tier=response.get("service_tier") or "default",
     )
 
 
 def chat_record(
     tenant: str, key_id: str | None, completion_id: str, model: str, status: str, usage: dict[str, Any],
-    tool_calls: int, created_at: float,
+    tool_calls: int, created_at: float, service_tier: str = "default",
 ) -> UsageRecord:  # fmt: skip
     """A chat completion's record, from the `usage` object the client gets."""
     return UsageRecord(
@@ -72,6 +73,7 @@ def chat_record(
         tool_calls={"function_call": tool_calls} if tool_calls else {},
         created_at=created_at,
         completed_at=time.time(),
+        service_tier=service_tier,
     )
 
 

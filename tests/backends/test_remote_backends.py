@@ -589,3 +589,30 @@ def test_a_shared_record_whose_redis_is_down_leaves_routing_to_each_replica():
         assert asyncio.run(scenario()) == ([None], 1)
     finally:
         upstream.stop()
+
+
+def test_vllm_with_priority_scheduling_gets_each_request_s_tier_as_its_priority():
+    """`priority_scheduling: true`: vLLM's `priority` carries the tier (lower runs first) and the backend says it
+    schedules by tier; without it nothing is sent and every tier is applied as default; SGLang refuses it."""
+    vllm = _fake("vllm").start()
+    encoding = load_harmony_encoding()
+
+    async def run(options: dict) -> bool:
+        backend = create_backend("vllm", {"urls": [vllm.url], **options}, encoding)
+        try:
+            for tier in ("priority", "default", "flex"):
+                prompt = encoding.encode_marked("<|start|>user<|message|>thanks<|end|>")
+                async for _ in backend.generate(GenerateRequest(prompt, 8, tuple(STOPS), "r", tier=tier)):
+                    pass
+            return backend.capabilities.service_tiers
+        finally:
+            await backend.aclose()
+
+    try:
+        assert asyncio.run(run({"priority_scheduling": True})) is True
+        assert asyncio.run(run({})) is False
+    finally:
+        vllm.stop()
+    assert [call.body.get("priority") for call in vllm.calls] == [-1, 0, 1, None, None, None]
+    with pytest.raises(ValueError, match="priority_scheduling"):
+        create_backend("sglang", {"urls": [vllm.url], "priority_scheduling": True}, encoding)

@@ -331,7 +331,7 @@ def test_a_killed_engine_server_s_requests_go_to_the_other_and_none_fails(fleet,
 def test_every_field_of_a_generation_request_crosses_the_wire_unchanged():
     """The token protocol carries all the in-process engine is given: sampling, the tenant and cache key, logprobs
     and every kind of output constraint (function schemas, freeform grammars, the hosted tools' headers), and the
-    tenant's weight in the engine's fair share."""
+    tenant's weight in the engine's fair share and the service tier applied."""
     from backends.base import Constraint
     from backends.engine_wire import WireRequest, request_body
 
@@ -353,6 +353,7 @@ def test_every_field_of_a_generation_request_crosses_the_wire_unchanged():
         tenant="acme",
         top_logprobs=3,
         weight=2.5,
+        tier="flex",
         trace_context={"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"},
     )
     body = json.loads(json.dumps(request_body(request)))  # as it travels

@@ -9,7 +9,7 @@ import time
 import pytest
 from engine_fixtures import loaded, make_checkpoint, tiny_config
 
-from backends.base import GenerateRequest, Sampling
+from backends.base import TIER_RANK, GenerateRequest, Sampling, ServiceTier
 from backends.engine.backend import EngineBackend, EngineOptions
 from backends.engine.fair_share import FairShare
 from harmony import load_harmony_encoding
@@ -25,10 +25,12 @@ def _engine(checkpoint, tmp_path, **options) -> EngineBackend:
     return EngineBackend(EngineOptions(checkpoint=str(checkpoint), **settings), load_harmony_encoding())
 
 
-def _request(tenant: str, index: int, prompt_tokens: int, output: int, weight: float = 1.0) -> GenerateRequest:
+def _request(
+    tenant: str, index: int, prompt_tokens: int, output: int, weight: float = 1.0, tier: ServiceTier = "default"
+) -> GenerateRequest:
     prompt = [200006, 17360, 200008, *((index * 7919 + i) % 50_000 for i in range(prompt_tokens))]
     return GenerateRequest(prompt, output, (), f"{tenant}-{index}", sampling=Sampling(temperature=0), tenant=tenant,
-                           weight=weight)  # fmt: skip
+                           weight=weight, tier=tier)  # fmt: skip
 
 
 async def _first_tokens(engine: EngineBackend, requests: list[tuple[float, GenerateRequest]]) -> dict[str, float]:
@@ -75,7 +77,7 @@ def test_a_tenant_alone_gets_the_whole_batch_and_weights_set_the_shares():
 
     class Seq:
         def __init__(self, tenant: str, weight: float, admitted: int = 0) -> None:
-            self.tenant, self.weight, self.admitted, self.arrived = tenant, weight, admitted, 0
+            self.tenant, self.weight, self.admitted, self.arrived, self.rank = tenant, weight, admitted, 0, 1
 
     share = FairShare()
     running = [Seq("a", 3.0, i) for i in range(4)]
@@ -93,3 +95,53 @@ def test_a_tenant_alone_gets_the_whole_batch_and_weights_set_the_shares():
     share.charge(light, 10)
     assert share.vtime("b") == 50.0 and share.head().tenant == "a"  # b ran 10 tokens at weight 1: now ahead
     assert share.victim([*three, light]).tenant == "b"  # pages short: the tenant furthest ahead gives one back
+
+
+@pytest.mark.parametrize(("flood", "later"), [("flex", "default"), ("default", "priority")])
+def test_a_better_service_tier_runs_ahead_of_a_worse_one_of_the_same_tenant(checkpoint, tmp_path, flood, later):
+    """One tenant queues twelve long prompts at one tier, then one short request at a better tier: it takes a slot
+    from the worse tier's running sequences and gets its first token before the flood's later requests (within
+    one tenant, the fair share alone would keep arrival order and serve it last)."""
+    sent = 0.3
+
+    async def scenario() -> dict[str, float]:
+        engine = await loaded(_engine(checkpoint, tmp_path))
+        try:
+            backlog = [(0.0, _request("a", i, 800, 64, tier=flood)) for i in range(12)]
+            return await _first_tokens(engine, [*backlog, (sent, _request("a", 99, 20, 4, tier=later))])
+        finally:
+            await engine.aclose()
+
+    times = asyncio.run(scenario())
+    later_firsts = sorted(times[f"a-{i}"] for i in range(12))[4:]
+    drain = max(times[f"a-{i}:done"] for i in range(12))
+    assert sent < later_firsts[0], "the backlog drained before the request came: the scenario measured nothing"
+    assert times["a-99"] < later_firsts[0], (times["a-99"], later_firsts)
+    assert times["a-99"] - sent < (drain - sent) / 5, (times["a-99"], drain)
+
+
+def test_tiers_come_before_shares_in_admission_slots_and_preemption():
+    """FairShare with tiers: the best tier waiting is admitted first whatever the virtual times; a waiting
+    sequence of a better tier takes a full batch's slot from the worst tier running; pages are taken back from
+    the worst tier first; within a tier the shares hold as before."""
+
+    class Seq:
+        def __init__(self, tenant: str, tier: str, admitted: int = 0) -> None:
+            self.tenant, self.weight, self.admitted, self.arrived = tenant, 1.0, admitted, 0
+            self.rank = TIER_RANK[tier]
+
+    share = FairShare()
+    running = [Seq("a", "flex", 0), Seq("b", "default", 1)]
+    share.charge(running[1], 1000)  # b far ahead of a in virtual time
+    waiting_default = Seq("c", "default")
+    share.push(waiting_default, running)
+    waiting_priority = Seq("b", "priority")
+    share.push(waiting_priority, running)
+    assert share.head() is waiting_priority  # the best tier first, though b is furthest ahead
+    assert share.claim(running, 2) == (waiting_priority, running[0])  # the flex sequence gives its slot
+    assert share.victim(running) is running[0]  # pages: flex first, though b is further ahead
+    share.pop(waiting_priority)
+    assert share.claim(running, 2) == (waiting_default, running[0])  # a default one still outranks flex
+    only_default = [running[1], Seq("b", "default", 2)]
+    claim = share.claim(only_default, 2)  # same tier: c below its share (0 of 1), b above (2 of 1)
+    assert claim == (waiting_default, only_default[1])

@@ -35,7 +35,7 @@ ACCEPTED_FIELDS = {
     "vllm": {
         "model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop_token_ids",
         "skip_special_tokens", "return_token_ids", "stream", "stream_options", "presence_penalty", "frequency_penalty",
-        "logprobs", "return_tokens_as_token_ids", "cache_salt",
+        "logprobs", "return_tokens_as_token_ids", "cache_salt", "priority",
     },
     "sglang_generate": {"input_ids", "sampling_params", "stream"},
     "llamacpp": {
@@ -43,7 +43,7 @@ ACCEPTED_FIELDS = {
         "cache_prompt", "return_tokens", "stream", "presence_penalty", "frequency_penalty",
     },
 }  # fmt: skip
-ACCEPTED_FIELDS["sglang"] = ACCEPTED_FIELDS["vllm"] - {"cache_salt"}  # unless the options ask for it
+ACCEPTED_FIELDS["sglang"] = ACCEPTED_FIELDS["vllm"] - {"cache_salt", "priority"}  # cache_salt unless the options ask
 SGLANG_SAMPLING_FIELDS = {
     "max_new_tokens", "temperature", "top_p", "stop_token_ids", "skip_special_tokens", "no_stop_trim", "sampling_seed",
     "presence_penalty", "frequency_penalty",
