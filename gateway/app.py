@@ -11,7 +11,12 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from harmony import Renderer, load_harmony_encoding
 
+from .batches.batches_api import add_routes as add_batch_routes
+from .batches.files_api import add_routes as add_file_routes
+from .batches.loopback import Loopback
+from .batches.runner import BatchRunner
 from .chat.api import add_routes as add_chat_routes
+from .chat.api import create_chat_completion
 from .config import Settings
 from .conversations.api import add_routes as add_conversation_routes
 from .errors import ApiError, error_response
@@ -24,9 +29,11 @@ from .metrics import STATS, RequestStats
 from .models_api import add_routes as add_models_routes
 from .openapi import serve_openapi
 from .responses.api import add_routes as add_responses_routes
+from .responses.api import create_response
 from .services import SERVICES, Services, build_services, report_store
 from .sse import STREAM_OPENED
-from .tenants.auth import KEY_ID, TENANT
+from .tenants.auth import KEY_ID, LOOPBACK, LOOPBACK_KEY_HEADER, LOOPBACK_TENANT_HEADER, TENANT
+from .tenants.service_tiers import FORCED_TIER
 from .tenants.tenancy import REQUEST_ID, valid_request_id
 from .tracing import exemplar, server_span, trace_id
 from .usage.api import add_routes as add_usage_routes
@@ -125,7 +132,11 @@ async def _api_call(request: web.Request, handler, services: Services) -> web.St
         )
     lifecycle.enter()
     try:
-        tenant, key_id = await services.auth.caller(request.headers.get("Authorization"))
+        if request.app.get(LOOPBACK):  # a batch's line, sent by this process's runner over its private socket
+            tenant, key_id = request.headers[LOOPBACK_TENANT_HEADER], request.headers.get(LOOPBACK_KEY_HEADER, "")
+            request[FORCED_TIER] = "flex"
+        else:
+            tenant, key_id = await services.auth.caller(request.headers.get("Authorization"))
         request[TENANT] = tenant
         request[KEY_ID] = key_id
         structlog.contextvars.bind_contextvars(tenant=tenant)
@@ -186,6 +197,25 @@ def _metrics_listener(settings: Settings, services: Services):
     return start, stop
 
 
+def _run_batches(app: web.Application, services: Services) -> None:
+    """The batch runner and its loopback to this app's handlers, started and stopped with the app."""
+    loopback = Loopback(
+        services, gateway_middleware, {"/v1/responses": create_response, "/v1/chat/completions": create_chat_completion}
+    )
+    runner = BatchRunner(services, loopback)
+
+    async def start(app: web.Application) -> None:
+        await loopback.start()
+        runner.start()
+
+    async def stop(app: web.Application) -> None:
+        await runner.stop()
+        await loopback.stop()
+
+    app.on_startup.append(start)
+    app.on_cleanup.insert(0, stop)
+
+
 def create_app(settings: Settings, services: Services | None = None) -> web.Application:
     """`services` lets tests inject a backend or store; by default they come from the settings."""
     # bodies are inflated by read_json, bounded and off the loop (aiohttp would inflate them on it, unbounded in time)
@@ -213,6 +243,9 @@ def create_app(settings: Settings, services: Services | None = None) -> web.Appl
     add_conversation_routes(app)
     add_models_routes(app)
     add_usage_routes(app)
+    add_file_routes(app)
+    add_batch_routes(app)
+    _run_batches(app, services)
 
     async def close_services(app: web.Application) -> None:
         await app[SERVICES].aclose()

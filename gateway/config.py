@@ -75,6 +75,15 @@ class Settings(BaseSettings):
     metrics_port: int | None = None  # a separate listener for /metrics (Prometheus); None: not served there
     metrics_public: bool = False  # also serve /metrics on the API port (off: the API port does not expose it)
     metrics_tenants: Annotated[list[str], NoDecode] = Field(default_factory=list)  # tenants with their own label
+    # the Files and Batch APIs: one uploaded file's bytes (OpenAI's batch input limit), a tenant's files together
+    files_max_bytes: int = Field(default=200 * 1024 * 1024, gt=0)
+    files_tenant_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
+    files_tenant_count: int = Field(default=1000, gt=0)  # files a tenant may keep at once
+    batch_max_lines: int = Field(default=50_000, gt=0)  # requests in one batch input file (OpenAI's limit)
+    batch_lines_in_flight: int = Field(default=4, gt=0)  # a running batch's lines in flight at once, per replica
+    batch_running_per_replica: int = Field(default=2, gt=0)  # batches one replica runs at once
+    batch_poll_s: float = Field(default=2.0, gt=0)  # how often a replica looks for batches nobody runs
+    batch_lease_s: float = Field(default=30.0, ge=1)  # a batch's runner renews it; past it, another replica takes it
 
     @field_validator("models", "backend_urls", "metrics_tenants", "admin_tenants", mode="before")
     @classmethod

@@ -8,17 +8,19 @@ from typing import Any
 from .errors import invalid, not_found
 
 
-def page(items: list[dict[str, Any]], query: Mapping[str, str], owner: str) -> dict[str, Any]:
+def page(
+    items: list[dict[str, Any]], query: Mapping[str, str], owner: str, max_limit: int = 100, default_limit: int = 20
+) -> dict[str, Any]:
     """The list object for the query; `owner` names what holds the items, for the 404 of an unknown `after`."""
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid("order", "order must be 'asc' or 'desc'.")
     try:
-        limit = int(query.get("limit", "20"))
+        limit = int(query.get("limit", str(default_limit)))
     except ValueError as exc:
-        raise invalid("limit", "limit must be an integer from 1 to 100.") from exc
-    if not 1 <= limit <= 100:
-        raise invalid("limit", "limit must be an integer from 1 to 100.")
+        raise invalid("limit", f"limit must be an integer from 1 to {max_limit}.") from exc
+    if not 1 <= limit <= max_limit:
+        raise invalid("limit", f"limit must be an integer from 1 to {max_limit}.")
     ordered = list(items if order == "asc" else reversed(items))
     after = query.get("after")
     if after is not None:

@@ -15,8 +15,10 @@ from backends.base import Backend, Capabilities, SharesRoutes
 from backends.registry import create_backend
 from harmony import HarmonyEncoding, Renderer
 from state import MemoryStore, ResponseStore, StoreUnavailable
+from state.batches import BatchStore, MemoryBatches, RedisBatches
 from state.conversations import ConversationStore, MemoryConversations, RedisConversations
 from state.event_streams import EventStreams, MemoryEventStreams, RedisEventStreams
+from state.files import FileStore, MemoryFiles, RedisFiles
 from state.keys import FileKeys, KeyAdminError, KeySource, RedisKeys
 from state.limiter import RedisLimiter
 from state.record_cipher import RecordCipher
@@ -77,6 +79,8 @@ class Services:
     ledger_retries: set[asyncio.Task[None]] = field(default_factory=set)  # usage records still being written
     tracing: TracerProvider | None = None  # set when the environment asks for traces (tracing.py)
     route_book: RedisRouteBook | None = None  # what every replica sent to which model server (with Redis)
+    files: FileStore = field(default_factory=lambda: MemoryFiles(1 << 30, 1000))  # the Files API's (batch files)
+    batches: BatchStore = field(default_factory=lambda: MemoryBatches(30 * 24 * 3600))
     # what each served model's backend can do (context length, logprobs): what a checker process is given
     capabilities: dict[str, Capabilities] = field(init=False)
 
@@ -113,6 +117,8 @@ class Services:
         await self.store.aclose()
         await self.events.aclose()
         await self.conversations.aclose()
+        await self.files.aclose()
+        await self.batches.aclose()
         await self.hosted.aclose()
         self.costly.close()
         for task in list(self.ledger_retries):
@@ -237,6 +243,19 @@ def _conversations(settings: Settings) -> ConversationStore:
     return MemoryConversations(ttl_s=settings.store_ttl_s)
 
 
+def _files(settings: Settings) -> FileStore:
+    budget = {"tenant_bytes": settings.files_tenant_bytes, "tenant_files": settings.files_tenant_count}
+    if settings.redis_url:
+        return RedisFiles.from_url(settings.redis_url, cipher=_cipher(settings), **budget)
+    return MemoryFiles(**budget)
+
+
+def _batches(settings: Settings) -> BatchStore:
+    if settings.redis_url:
+        return RedisBatches.from_url(settings.redis_url, ttl_s=settings.store_ttl_s, cipher=_cipher(settings))
+    return MemoryBatches(settings.store_ttl_s)
+
+
 def usage_ledger(settings: Settings) -> UsageLedger:
     """The shared ledger in Redis when configured, else this process's."""
     retention_s = settings.usage_retention_days * 24 * 3600
@@ -296,6 +315,8 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
         events=_event_streams(settings),
         route_book=route_book,
         conversations=_conversations(settings),
+        files=_files(settings),
+        batches=_batches(settings),
         hosted=HostedRuntime(settings.hosted_tools),
         ledger=usage_ledger(settings),
         tracing=configure_tracing(metrics.trace_spans_dropped.inc),

@@ -229,7 +229,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         stream=req.stream,
     )
     request_id = request_id_of(request, new_id("req_"))
-    tier = applied_tier(req.service_tier, limits, backend)
+    tier = applied_tier(req.service_tier, limits, backend, request)
     choices = []
     for index in range(req.n):
         sampling = Sampling(

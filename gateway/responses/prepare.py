@@ -106,7 +106,7 @@ async def prepare(
         frequency_penalty=req.frequency_penalty or 0.0,
     )
     request_id = request_id_of(request, response_id)
-    tier = applied_tier(req.service_tier, limits, backend)
+    tier = applied_tier(req.service_tier, limits, backend, request)
     stats = request.get(STATS)
     routing = tools.routing
     if toolset is not None:

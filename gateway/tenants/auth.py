@@ -27,6 +27,11 @@ KEY_CACHE_SIZE = 10_000
 MAX_KEY_CHARS = 256
 TENANT = web.RequestKey("tenant", str)  # where the app's middleware leaves the request's tenant
 KEY_ID = web.RequestKey("key_id", str)  # and the id of the API key it came with ("" with authentication off)
+# the batch runner's private app (batches/loopback.py): its requests name their tenant and key id in headers,
+# which only that app believes
+LOOPBACK = web.AppKey("loopback", bool)
+LOOPBACK_TENANT_HEADER = "X-Gateway-Batch-Tenant"
+LOOPBACK_KEY_HEADER = "X-Gateway-Batch-Key"
 
 
 def _unauthorized(message: str) -> ApiError:

@@ -8,9 +8,13 @@ that cannot schedule by tier runs everything as `default`, and says so.
 
 from __future__ import annotations
 
+from aiohttp import web
+
 from backends.base import Backend, ServiceTier
 
 from .limits import TenantLimits
+
+FORCED_TIER = web.RequestKey("forced_tier", str)  # a batch's line runs at flex, whatever it asks
 
 _ASKED: dict[str, ServiceTier] = {
     "priority": "priority",
@@ -22,9 +26,13 @@ _ASKED: dict[str, ServiceTier] = {
 }
 
 
-def applied_tier(asked: str | None, limits: TenantLimits, backend: Backend) -> ServiceTier:
-    """The tier a request asking for `asked` (None: auto) runs at on `backend`."""
+def applied_tier(
+    asked: str | None, limits: TenantLimits, backend: Backend, request: web.Request | None = None
+) -> ServiceTier:
+    """The tier a request asking for `asked` (None: auto) runs at on `backend`; a batch's line at flex."""
     if not backend.capabilities.service_tiers:
         return "default"
+    if request is not None and FORCED_TIER in request:
+        return "flex"
     tier = limits.auto_service_tier if asked is None or asked == "auto" else _ASKED.get(asked, "default")
     return tier if tier in limits.service_tiers else limits.auto_service_tier

@@ -1,0 +1,243 @@
+"""The Files and Batch APIs through the `openai` SDK against live gateways (in-memory and on a real Redis): files
+uploaded, listed, read and deleted per tenant; batches of Chat Completions and Responses requests run at the flex
+tier to an output file of OpenAI's line shape, with failures in the error file; a file with duplicate ids fails
+with the lines named; a cancel ends a batch with what finished; another tenant sees none of it; and a replica
+killed mid-batch leaves the batch to another that finishes it with each line's result once."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import openai
+import pytest
+from gateway_fixtures import KEY_SECRET, SCRIPT, TEST_KEYS, flush, gateway_settings, write_keys, write_script
+from live_gateway import GatewayProcess, LiveGateway
+
+MODEL = "gpt-oss-120b"
+
+
+@pytest.fixture(params=["memory", "redis"])
+def live(request, tmp_path):
+    settings = gateway_settings(
+        tmp_path, {**SCRIPT, "service_tiers": True}, batch_poll_s=0.1, files_max_bytes=200_000,
+        files_tenant_bytes=400_000,
+    )  # fmt: skip
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        flush(server)
+        settings = settings.model_copy(update={"redis_url": server.url})
+    gateway = LiveGateway(settings).start()
+    yield gateway
+    gateway.stop()
+
+
+def _client(live, key: str = "sk-tenant-a") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def _jsonl(lines: list[dict]) -> bytes:
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def _chat_line(custom_id: str, text: str = "thanks", **body) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": text}], **body},
+    }
+
+
+def _wait(client: openai.OpenAI, batch_id: str, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.1)
+
+
+def _lines(client: openai.OpenAI, file_id: str) -> list[dict]:
+    return [json.loads(line) for line in client.files.content(file_id).content.splitlines()]
+
+
+def test_files_are_kept_read_listed_and_deleted_per_tenant(live):
+    a, b = _client(live), _client(live, "sk-tenant-b")
+    content = _jsonl([_chat_line(f"r{i}") for i in range(3)])
+    uploaded = a.files.create(file=("input.jsonl", io.BytesIO(content)), purpose="batch")
+    assert uploaded.object == "file" and uploaded.purpose == "batch" and uploaded.bytes == len(content)
+    assert uploaded.filename == "input.jsonl" and uploaded.status == "processed"
+    assert uploaded.expires_at == uploaded.created_at + 30 * 24 * 3600
+    assert a.files.retrieve(uploaded.id).id == uploaded.id
+    assert a.files.content(uploaded.id).content == content
+    assert [f.id for f in a.files.list()] == [uploaded.id]
+    assert [f.id for f in a.files.list(purpose="batch_output")] == []
+    for call in (lambda: b.files.retrieve(uploaded.id), lambda: b.files.content(uploaded.id).content,
+                 lambda: b.files.delete(uploaded.id)):  # fmt: skip
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert list(b.files.list()) == []
+    with pytest.raises(openai.NotFoundError):
+        b.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deleted = a.files.delete(uploaded.id)
+    assert deleted.deleted is True and deleted.id == uploaded.id
+    with pytest.raises(openai.NotFoundError):
+        a.files.retrieve(uploaded.id)
+    with pytest.raises(openai.NotFoundError):
+        a.files.delete(uploaded.id)
+
+
+def test_uploads_are_checked_and_bounded(live):
+    a = _client(live)
+    with pytest.raises(openai.BadRequestError) as caught:
+        a.files.create(file=("x.jsonl", io.BytesIO(_jsonl([_chat_line("r")]))), purpose="assistants")
+    assert caught.value.body["param"] == "purpose"
+    with pytest.raises(openai.BadRequestError) as caught:
+        a.files.create(file=("x.jsonl", io.BytesIO(b'{"custom_id": "a"}\nnot json\n')), purpose="batch")
+    assert caught.value.body["param"] == "file" and "Line 2" in caught.value.body["message"]
+    with pytest.raises(openai.APIStatusError) as caught:  # over the 200,000 bytes of one file
+        a.files.create(file=("x.jsonl", io.BytesIO(_jsonl([_chat_line("r", "x" * 250_000)]))), purpose="batch")
+    assert caught.value.status_code == 413 and caught.value.body["param"] == "file"
+    with pytest.raises(openai.BadRequestError) as caught:
+        a.files.create(
+            file=("x.jsonl", io.BytesIO(_jsonl([_chat_line("r")]))),
+            purpose="batch",
+            expires_after={"anchor": "created_at", "seconds": 60},
+        )
+    assert caught.value.body["param"] == "expires_after.seconds"
+    big = _jsonl([_chat_line("r", "y" * 150_000)])  # two of these pass the tenant's 400,000 bytes
+    first = a.files.create(file=("a.jsonl", io.BytesIO(big)), purpose="batch")
+    a.files.create(file=("b.jsonl", io.BytesIO(big)), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as caught:
+        a.files.create(file=("c.jsonl", io.BytesIO(big)), purpose="batch")
+    assert caught.value.body["code"] == "file_storage_limit_exceeded"
+    a.files.delete(first.id)  # a delete gives the room back
+    a.files.create(file=("c.jsonl", io.BytesIO(big)), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as caught:
+        a.batches.create(input_file_id=first.id, endpoint="/v1/embeddings", completion_window="24h")
+    assert caught.value.body["param"] == "endpoint"
+
+
+def test_a_chat_batch_runs_at_flex_to_an_output_and_an_error_file(live):
+    a = _client(live)
+    lines = [_chat_line(f"r{i}", "thanks") for i in range(6)]
+    lines.append(_chat_line("bad", "thanks", temperature=9))  # a 400 from the API: the error file
+    lines.append(_chat_line("streamed", "thanks", stream=True))
+    uploaded = a.files.create(file=("in.jsonl", io.BytesIO(_jsonl(lines))), purpose="batch")
+    created = a.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h",
+        metadata={"job": "nightly"},
+    )  # fmt: skip
+    assert created.status == "validating" and created.object == "batch" and created.metadata == {"job": "nightly"}
+    assert created.expires_at == created.created_at + 24 * 3600
+    batch = _wait(a, created.id)
+    assert batch.status == "completed" and batch.model == MODEL
+    assert batch.request_counts.total == 8 and batch.request_counts.completed == 6 and batch.request_counts.failed == 2
+    assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
+    output = _lines(a, batch.output_file_id)
+    assert sorted(line["custom_id"] for line in output) == [f"r{i}" for i in range(6)]
+    for line in output:
+        assert line["id"].startswith("batch_req_") and line["error"] is None
+        response = line["response"]
+        assert response["status_code"] == 200 and response["request_id"]
+        assert response["body"]["object"] == "chat.completion" and response["body"]["service_tier"] == "flex"
+        assert response["body"]["choices"][0]["message"]["content"] == "You are welcome."
+    errors = {line["custom_id"]: line for line in _lines(a, batch.error_file_id)}
+    assert set(errors) == {"bad", "streamed"}
+    assert errors["bad"]["response"]["status_code"] == 400
+    assert errors["bad"]["response"]["body"]["error"]["param"] == "temperature"
+    assert errors["streamed"]["response"]["body"]["error"]["param"] == "body.stream"
+    usage = sum(line["response"]["body"]["usage"]["prompt_tokens"] for line in output)
+    assert batch.usage.input_tokens == usage and batch.usage.output_tokens > 0
+    assert list(live.backend.tiers)[-6:] == ["flex"] * 6
+    outputs = [f for f in a.files.list() if f.purpose == "batch_output"]
+    assert {f.id for f in outputs} == {batch.output_file_id, batch.error_file_id}
+    assert [b.id for b in a.batches.list()] == [batch.id]
+    assert list(_client(live, "sk-tenant-b").batches.list()) == []
+    with pytest.raises(openai.NotFoundError):
+        _client(live, "sk-tenant-b").batches.retrieve(batch.id)
+
+
+def test_a_responses_batch_answers_as_the_responses_api_would(live):
+    a = _client(live)
+    lines = [
+        {"custom_id": f"q{i}", "method": "POST", "url": "/v1/responses", "body": {"model": MODEL, "input": "thanks"}}
+        for i in range(3)
+    ]
+    uploaded = a.files.create(file=("in.jsonl", io.BytesIO(_jsonl(lines))), purpose="batch")
+    batch = _wait(a, a.batches.create(input_file_id=uploaded.id, endpoint="/v1/responses", completion_window="24h").id)
+    assert batch.status == "completed" and batch.request_counts.completed == 3 and batch.error_file_id is None
+    for line in _lines(a, batch.output_file_id):
+        body = line["response"]["body"]
+        assert body["object"] == "response" and body["status"] == "completed" and body["service_tier"] == "flex"
+        assert a.responses.retrieve(body["id"]).output_text == "You are welcome."  # stored as the tenant's
+
+
+def test_a_file_with_duplicate_ids_or_other_urls_fails_with_the_lines_named(live):
+    a = _client(live)
+    lines = [_chat_line("same"), _chat_line("same"), {**_chat_line("other"), "url": "/v1/responses"}]
+    uploaded = a.files.create(file=("in.jsonl", io.BytesIO(_jsonl(lines))), purpose="batch")
+    batch = _wait(a, a.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h").id)  # fmt: skip
+    assert batch.status == "failed" and batch.failed_at
+    assert [(e.code, e.line) for e in batch.errors.data] == [("duplicate_custom_id", 2), ("mismatched_endpoint", 3)]
+    assert batch.output_file_id is None and batch.error_file_id is None
+
+
+def test_a_cancelled_batch_ends_with_what_finished(live):
+    a = _client(live)
+    lines = [_chat_line(f"p{i}", "pause") for i in range(12)]  # 300 ms a token
+    uploaded = a.files.create(file=("in.jsonl", io.BytesIO(_jsonl(lines))), purpose="batch")
+    created = a.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 30
+    while a.batches.retrieve(created.id).status != "in_progress":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    cancelling = a.batches.cancel(created.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at
+    batch = _wait(a, created.id)
+    assert batch.status == "cancelled" and batch.cancelled_at
+    assert batch.request_counts.completed < 12
+    with pytest.raises(openai.ConflictError):
+        a.batches.cancel(created.id)
+
+
+def test_a_replica_killed_mid_batch_leaves_it_to_another_with_each_line_once(tmp_path, redis_server):
+    flush(redis_server)
+    script = {"rules": [{"token_delay_ms": 25, "emit": [{"final": "line done"}]}], "service_tiers": True}
+    env = {
+        "GATEWAY_MOCK_SCRIPT": str(write_script(tmp_path, script)),
+        "GATEWAY_KEY_SECRET": KEY_SECRET,
+        "GATEWAY_KEYS_FILE": str(write_keys(tmp_path)),
+        "GATEWAY_REASONING_KEYS": TEST_KEYS,
+        "GATEWAY_REDIS_URL": redis_server.url,
+        "GATEWAY_BATCH_POLL_S": "0.2",
+        "GATEWAY_BATCH_LEASE_S": "1",
+        "GATEWAY_BATCH_LINES_IN_FLIGHT": "2",
+    }
+    first = GatewayProcess(env, tmp_path / "first.log").start()
+    second = None
+    try:
+        a = _client(first)
+        lines = [_chat_line(f"k{i}", f"line {i}") for i in range(30)]
+        uploaded = a.files.create(file=("in.jsonl", io.BytesIO(_jsonl(lines))), purpose="batch")
+        created = a.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.monotonic() + 30
+        while (done_there := a.batches.retrieve(created.id).request_counts.completed or 0) < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        first.process.kill()  # mid-batch: its lease lapses, its lines in flight never finish there
+        first.process.wait(10)
+        assert done_there < 30, "the batch ended before the kill: the scenario measured nothing"
+        second = GatewayProcess(env, tmp_path / "second.log").start()
+        batch = _wait(_client(second), created.id)
+        output = _lines(_client(second), batch.output_file_id)
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert batch.status == "completed" and batch.request_counts.completed == 30 and batch.error_file_id is None
+    assert sorted(line["custom_id"] for line in output) == sorted(f"k{i}" for i in range(30))  # each once
