@@ -131,6 +131,18 @@ class EngineStats:
     prefix_evicted_blocks: int = 0  # named pages taken back for other sequences or the budget, since start
     kv_pages: dict[str, Any] = field(default_factory=dict)  # pool → its PoolStats (pages, in_use, cached, free)
     preemptions: int = 0  # sequences preempted for pages and run again later, since start
+    queues: dict[tuple[str, str], TenantQueue] = field(default_factory=dict)  # (tenant, tier) → its sequences
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQueue:
+    """One tenant's sequences at one service tier in an engine."""
+
+    running: int
+    waiting: int
+    admitted: int  # sequences admitted for the first time, since start
+    wait_seconds: float  # their time from arrival to admission, summed
+    weight: float  # the tenant's fair-share weight
 
 
 @dataclass(frozen=True, slots=True)

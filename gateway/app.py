@@ -37,6 +37,7 @@ from .tenants.service_tiers import FORCED_TIER
 from .tenants.tenancy import REQUEST_ID, valid_request_id
 from .tracing import exemplar, server_span, trace_id
 from .usage.api import add_routes as add_usage_routes
+from .usage.queues_api import add_routes as add_queue_routes
 
 access_log = AccessLog()
 QUIET_ROUTES = ("/healthz", "/readyz")  # probes: counted in the metrics, not logged every few seconds
@@ -243,6 +244,7 @@ def create_app(settings: Settings, services: Services | None = None) -> web.Appl
     add_conversation_routes(app)
     add_models_routes(app)
     add_usage_routes(app)
+    add_queue_routes(app)
     add_file_routes(app)
     add_batch_routes(app)
     _run_batches(app, services)

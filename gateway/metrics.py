@@ -8,7 +8,7 @@ counted as `other`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from backends.base import Backend, ReportsEngineStats, ReportsRouting
+from backends.base import Backend, EngineStats, ReportsEngineStats, ReportsRouting
 
 MAX_TENANT_LABELS = 20
 OTHER = "other"
@@ -129,7 +129,7 @@ class Metrics:
         `gateway_routing_*` / `gateway_upstream_*` for those that route among servers."""
         engines = {name: b for name, b in backends.items() if isinstance(b, ReportsEngineStats)}
         if engines:
-            self.registry.register(EngineCollector(engines))
+            self.registry.register(EngineCollector(engines, self.tenant_label))
         routers = {name: b for name, b in backends.items() if isinstance(b, ReportsRouting)}
         if routers:
             self.registry.register(RoutingCollector(routers))
@@ -225,8 +225,12 @@ class TurnObserver:
 class EngineCollector(Collector):
     """In-process engines' load, read at scrape time; the `backend` label is the configured backend name."""
 
-    def __init__(self, engines: dict[str, ReportsEngineStats]) -> None:
+    def __init__(
+        self, engines: dict[str, ReportsEngineStats], tenant_label: Callable[[str], str] = lambda tenant: tenant
+    ) -> None:
+        """`tenant_label`: the `tenant` label a tenant's queue figures get (the bounded set the gateway uses)."""
         self._engines = engines
+        self._tenant_label = tenant_label
 
     def collect(self) -> Iterator[Metric]:
         sequences = GaugeMetricFamily(
@@ -263,10 +267,26 @@ class EngineCollector(Collector):
             "Named KV pages taken back, for other sequences or the prefix cache's budget",
             labels=["backend"],
         )
+        queued = GaugeMetricFamily(
+            "gateway_engine_tenant_sequences",
+            "Sequences running or waiting, by tenant and service tier (the fair share's queues)",
+            labels=["backend", "tenant", "tier", "state"],
+        )
+        admitted = CounterMetricFamily(
+            "gateway_engine_tenant_admitted",
+            "Sequences admitted, by tenant and tier",
+            labels=["backend", "tenant", "tier"],
+        )
+        waited = CounterMetricFamily(
+            "gateway_engine_tenant_wait_seconds",
+            "Time admitted sequences waited from arrival to admission, summed, by tenant and tier",
+            labels=["backend", "tenant", "tier"],
+        )
         for name, engine in self._engines.items():
             stats = engine.engine_stats()
             if stats is None:
                 continue
+            self._add_queues(name, stats, queued, admitted, waited)
             sequences.add_metric([name, "running"], stats.running)
             sequences.add_metric([name, "waiting"], stats.waiting)
             batch.add_metric([name], stats.max_batch)
@@ -284,6 +304,20 @@ class EngineCollector(Collector):
             blocks.add_metric([name], stats.prefix_blocks)
             evicted.add_metric([name], stats.prefix_evicted_blocks)
         yield from (sequences, batch, kv, pages, preemptions, steps, tokens, prompt, blocks, evicted)
+        yield from (queued, admitted, waited)
+
+    def _add_queues(self, name: str, stats: EngineStats, queued: Metric, admitted: Metric, waited: Metric) -> None:
+        """Each tenant's queues under its label (tenants without a label of their own summed as `other`)."""
+        merged: dict[tuple[str, str], list[float]] = {}
+        for (tenant, tier), queue in stats.queues.items():
+            figures = merged.setdefault((self._tenant_label(tenant), tier), [0, 0, 0, 0.0])
+            for index, value in enumerate((queue.running, queue.waiting, queue.admitted, queue.wait_seconds)):
+                figures[index] += value
+        for (tenant, tier), (running, waiting, count, seconds) in merged.items():
+            queued.add_metric([name, tenant, tier, "running"], running)
+            queued.add_metric([name, tenant, tier, "waiting"], waiting)
+            admitted.add_metric([name, tenant, tier], count)
+            waited.add_metric([name, tenant, tier], seconds)
 
 
 class RoutingCollector(Collector):

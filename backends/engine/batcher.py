@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from backends.base import TIER_RANK, Chunk, EngineStats, GenerateRequest, TokenLogprob
+from backends.base import TIER_RANK, Chunk, EngineStats, GenerateRequest, TenantQueue, TokenLogprob
 from harmony.tokens import FIRST_SPECIAL
 
 from .fair_share import FairShare
@@ -38,6 +38,7 @@ from .runtime import DecoderRuntime, StepRows
 from .sampler import RowSpec, sampling_rows
 
 log = structlog.get_logger("backends.engine")
+QUEUES_EVERY_S = 0.25  # how often the tenants' queue figures are published for the metrics
 
 Emit = Callable[[Chunk | BaseException | None], None]  # a token (and its logprob), a failure, or None at the end
 
@@ -63,6 +64,7 @@ class Sequence:
     counts: dict[int, int] = field(default_factory=dict)  # text tokens generated so far (for the penalties)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: int = 0  # arrival order within the fair share's queues
+    queued_ns: int = field(default_factory=time.time_ns)  # when it was submitted (its wait ends at admission)
 
     @property
     def tenant(self) -> str:
@@ -110,6 +112,9 @@ class Batcher:
         self._prefill_tokens = 0
         self._decode_tokens = 0
         self._preemptions = 0
+        self._admitted: dict[tuple[str, str], tuple[int, float]] = {}  # (tenant, tier) → (admitted, waited s)
+        self._queues: dict[tuple[str, str], TenantQueue] = {}  # as of the last publication
+        self._queues_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="gpt-oss-engine", daemon=True)
         self._thread.start()
 
@@ -136,6 +141,7 @@ class Batcher:
             prefix_evicted_blocks=prefix.evicted_blocks,
             kv_pages={"full": full, "window": window},
             preemptions=self._preemptions,
+            queues=self._queues,
         )
 
     def submit(self, sequence: Sequence) -> None:
@@ -156,6 +162,24 @@ class Batcher:
             self._kv_tokens = sum(sequence.position for sequence in self._running)
             self._prefix_stats = self.prefix.stats()
             self._pool_stats = (self.pools.full.stats(), self.pools.window.stats())
+            if not self._running or time.monotonic() - self._queues_at > QUEUES_EVERY_S:
+                self._publish_queues()
+
+    def _publish_queues(self) -> None:
+        """Each tenant's and tier's sequences, for the engine's metrics (read by other threads: a new dict)."""
+        counts: dict[tuple[str, str], list[int]] = {}
+        weights: dict[str, float] = {}
+        for index, sequences in enumerate((self._running, self._waiting)):
+            for sequence in sequences:
+                counts.setdefault((sequence.tenant, sequence.request.tier), [0, 0])[index] += 1
+                weights[sequence.tenant] = sequence.weight
+        for key in self._admitted:
+            counts.setdefault(key, [0, 0])
+        self._queues = {
+            key: TenantQueue(running, waiting, *self._admitted.get(key, (0, 0.0)), weights.get(key[0], 1.0))
+            for key, (running, waiting) in counts.items()
+        }
+        self._queues_at = time.monotonic()
 
     # admission
 
@@ -229,6 +253,9 @@ class Batcher:
         if not sequence.placed:
             sequence.placed, sequence.reused, sequence.placed_ns = True, reused, time.time_ns()
             self.prefix.count(len(fill), reused)
+            key = (sequence.tenant, sequence.request.tier)
+            admitted, waited = self._admitted.get(key, (0, 0.0))
+            self._admitted[key] = (admitted + 1, waited + (sequence.placed_ns - sequence.queued_ns) / 1e9)
         sequence.admitted = next(self._order)
         sequence.decoding = False
         self._running.append(sequence)

@@ -32,15 +32,19 @@ def _number(request: web.Request, name: str, default: int, low: int, high: int) 
     return int(raw)
 
 
-async def list_usage_records(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
-    if tenant_of(request) not in services.settings.admin_tenants:
+def require_admin(request: web.Request, what: str) -> None:
+    """A 403 unless the request's key is an admin tenant's (GATEWAY_ADMIN_TENANTS)."""
+    if tenant_of(request) not in request.app[SERVICES].settings.admin_tenants:
         raise ApiError(
             403,
-            "You have insufficient permissions for this operation: usage records are for admin keys "
-            "(GATEWAY_ADMIN_TENANTS).",
+            f"You have insufficient permissions for this operation: {what} are for admin keys (GATEWAY_ADMIN_TENANTS).",
             code="insufficient_permissions",
         )
+
+
+async def list_usage_records(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    require_admin(request, "usage records")
     tenant = request.query.get("tenant", "")
     if not TENANT_PATTERN.match(tenant):
         raise invalid("tenant", "'tenant' must name a tenant (letters, digits, '.', '_', '-'; 1-64).")

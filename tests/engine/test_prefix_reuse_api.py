@@ -5,6 +5,7 @@ a Chat Completions tool loop — prefills only what the last turn did not comput
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import urllib.request
@@ -36,7 +37,9 @@ def live(tmp_path_factory):
         "page_size": BLOCK,
     }
     engine = {"kind": "onnx", "options": options, "models": [MODEL]}
-    settings = gateway_settings(directory, backends={"engine": engine}, metrics_port=free_port())
+    settings = gateway_settings(
+        directory, backends={"engine": engine}, metrics_port=free_port(), admin_tenants=["test"]
+    )
     gateway = LiveGateway(settings).start()
     gateway.wait_until_ready(MODEL)
     yield gateway
@@ -204,3 +207,26 @@ def test_another_tenant_reuses_nothing_and_metrics_show_the_hits(live):
     assert hits and lookups, scraped
     assert float(hits.group(1)) == _hits(live) > 0
     assert float(lookups.group(1)) > float(hits.group(1))
+
+
+def test_the_engine_s_queues_by_tenant_and_tier_are_in_metrics_and_for_admins(live):
+    """A flex request runs at flex on the engine (echoed), and is counted under its tenant and tier in /metrics
+    and in the admins' view of the engine's queues; a tenant's own key cannot read that view."""
+    response = _client(live).responses.create(input="Queue me.", service_tier="flex", **CALL)
+    assert response.service_tier == "flex"
+    time.sleep(0.3)  # the engine thread publishes its queue figures after the step
+    port = live.settings.metrics_port
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        scraped = answer.read().decode()
+    found = re.search(
+        r'gateway_engine_tenant_admitted_total\{backend="engine",tenant="tenant-a",tier="flex"\} (\S+)', scraped
+    )
+    assert found and float(found.group(1)) >= 1, scraped
+    assert 'gateway_engine_tenant_wait_seconds_total{backend="engine",tenant="tenant-a",tier="flex"}' in scraped
+    request = urllib.request.Request(f"{live.url}/v1/admin/engine_queues", headers={"Authorization": "Bearer sk-test"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        view = json.loads(answer.read())
+    rows = {(row["tenant"], row["service_tier"]): row for row in view["engines"][MODEL]["queues"]}
+    assert rows[("tenant-a", "flex")]["admitted"] >= 1 and rows[("tenant-a", "flex")]["mean_wait_s"] >= 0
+    with pytest.raises(openai.PermissionDeniedError):
+        _client(live).get("/admin/engine_queues", cast_to=object)
