@@ -21,6 +21,8 @@ import itertools
 from collections.abc import Iterator
 from typing import Protocol
 
+ARRIVAL_EDGE = 1e-3  # in tokens over weight: breaks a tie, banks nothing
+
 
 class Queued(Protocol):
     """What the fair share reads of a sequence (batcher.Sequence)."""
@@ -34,6 +36,11 @@ class Queued(Protocol):
     @property
     def rank(self) -> int:
         """The service tier's rank: lower runs first."""
+        ...
+
+    @property
+    def position(self) -> int:
+        """Tokens whose KV it has written (what giving up its slot would waste)."""
         ...
 
     @property
@@ -70,7 +77,8 @@ class FairShare:
         if tenant not in waiting and not any(s.tenant == tenant for s in running):
             active = {s.tenant for s in running} | waiting
             floor = min((self.vtime(t) for t in active), default=0.0)
-            self._vtime[tenant] = max(self.vtime(tenant), floor)
+            # level with the least served, a hair behind it: a tenant just come goes first on a tie
+            self._vtime[tenant] = max(self.vtime(tenant), floor - ARRIVAL_EDGE)
         queue = self._queues.setdefault((sequence.rank, tenant), collections.deque())
         self._count += 1
         if again:
@@ -107,15 +115,17 @@ class FairShare:
 
     def claim(self, running: list[Queued], slots: int) -> tuple[Queued, Queued] | None:
         """With the batch full: (a waiting sequence, the running one it replaces), else None. A waiting sequence
-        of a better tier than a running one replaces the worst tier's victim (see `victim`). Within the best
-        waiting tier, a tenant running fewer than its share of that tier's slots replaces the latest admitted
-        sequence of the tenant most above its own: the head of the waiting tenant furthest behind."""
+        of a better tier than a running one replaces one of the worst tier's. Within the best waiting tier, a
+        tenant running fewer than its share of that tier's slots replaces one of the tenant most above its own:
+        the head of the waiting tenant furthest behind. The one replaced has written the least (the latest
+        admitted of those), so the least work is run again."""
         if not self._queues:
             return None
         best = min(rank for rank, _ in self._queues)
         worse = [s for s in running if s.rank > best]
         if worse:
-            return self._head_of(best, set(self._weights)), self.victim(worse)
+            worst = max(s.rank for s in worse)
+            return self._head_of(best, set(self._weights)), _cheapest([s for s in worse if s.rank == worst])
         peers = [s for s in running if s.rank == best]
         slots -= len(running) - len(peers)  # the better tiers' slots are theirs
         waiting = {tenant for rank, tenant in self._queues if rank == best}
@@ -131,9 +141,14 @@ class FairShare:
         if not below or not above:
             return None
         most = max(above, key=lambda t: (counts[t] / self._weights.get(t, 1.0), self.vtime(t)))
-        return self._head_of(best, below), max((s for s in peers if s.tenant == most), key=lambda s: s.admitted)
+        return self._head_of(best, below), _cheapest([s for s in peers if s.tenant == most])
 
     def _head_of(self, rank: int, tenants: set[str]) -> Queued:
         """The first waiting sequence of tier `rank` of the tenant in `tenants` furthest behind."""
         heads = [queue[0] for (r, tenant), queue in self._queues.items() if r == rank and tenant in tenants]
         return min(heads, key=lambda s: (self.vtime(s.tenant), s.arrived))
+
+
+def _cheapest(candidates: list[Queued]) -> Queued:
+    """Of running sequences, the one whose preemption wastes least: the fewest tokens written, then the latest."""
+    return min(candidates, key=lambda s: (s.position, -s.admitted))

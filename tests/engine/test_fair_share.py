@@ -11,7 +11,7 @@ from engine_fixtures import loaded, make_checkpoint, tiny_config
 
 from backends.base import TIER_RANK, GenerateRequest, Sampling, ServiceTier
 from backends.engine.backend import EngineBackend, EngineOptions
-from backends.engine.fair_share import FairShare
+from backends.engine.fair_share import ARRIVAL_EDGE, FairShare
 from harmony import load_harmony_encoding
 
 
@@ -78,6 +78,7 @@ def test_a_tenant_alone_gets_the_whole_batch_and_weights_set_the_shares():
     class Seq:
         def __init__(self, tenant: str, weight: float, admitted: int = 0) -> None:
             self.tenant, self.weight, self.admitted, self.arrived, self.rank = tenant, weight, admitted, 0, 1
+            self.position = 0
 
     share = FairShare()
     running = [Seq("a", 3.0, i) for i in range(4)]
@@ -87,13 +88,21 @@ def test_a_tenant_alone_gets_the_whole_batch_and_weights_set_the_shares():
     assert share.claim(running, 4) is None  # alone: nothing to take from anyone
     light = Seq("b", 1.0)
     share.push(light, running)
-    assert share.vtime("b") == share.vtime("a") == 40.0  # idle, it banked nothing: level with the least served
+    assert share.vtime("a") - share.vtime("b") == pytest.approx(ARRIVAL_EDGE)  # idle, it banked nothing: level
+    assert share.head() is light  # with the least served, first on the tie
     claim = share.claim(running, 4)
     assert claim is not None and claim[0] is light and claim[1] is running[-1]  # a's latest admitted
+    for sequence, written in zip(running, (300, 10, 200, 400), strict=True):
+        sequence.position = written
+    assert share.claim(running, 4)[1] is running[1]  # the one that wrote least: the least work is run again
+    for sequence in running:
+        sequence.position = 0
     three = running[:3]
     assert share.claim([*three, light], 4) is None  # a at its share (3 of 4), b at its (1): nobody moves
     share.charge(light, 10)
-    assert share.vtime("b") == 50.0 and share.head().tenant == "a"  # b ran 10 tokens at weight 1: now ahead
+    assert (
+        share.vtime("b") == pytest.approx(50.0 - ARRIVAL_EDGE) and share.head().tenant == "a"
+    )  # b ran 10 tokens at weight 1: now ahead
     assert share.victim([*three, light]).tenant == "b"  # pages short: the tenant furthest ahead gives one back
 
 
@@ -128,7 +137,7 @@ def test_tiers_come_before_shares_in_admission_slots_and_preemption():
     class Seq:
         def __init__(self, tenant: str, tier: str, admitted: int = 0) -> None:
             self.tenant, self.weight, self.admitted, self.arrived = tenant, 1.0, admitted, 0
-            self.rank = TIER_RANK[tier]
+            self.rank, self.position = TIER_RANK[tier], 0
 
     share = FairShare()
     running = [Seq("a", "flex", 0), Seq("b", "default", 1)]

@@ -1,0 +1,200 @@
+"""Tenants sharing one built-in engine: fair queuing and service tiers under a flood, in one run.
+
+    python bench/fair_share_bench.py [--seconds 20] [--write docs/benchmarks.md]
+
+One in-process engine (a random checkpoint of the real vocabulary, 201,088, at small widths; the default batch of
+8) on the CPU. Tenant A keeps 24 long prompts (1.5-3k tokens, 64 output tokens) in flight, a new one as each
+ends; tenant B sends 12 short requests one after another (100-token prompts, 8 output tokens). Measured, each
+against its baseline in the same run: B's time to the first token (p50, p90) alone and beside A's flood (both
+`default`; B at `priority`; A at `flex`); A's tokens a second (prompt tokens at their first token, then each
+output token) alone and beside B; and B beside 200 `flex` requests sent 4 at a time (what the batch runner sends
+for a 200-line batch at its default), with the time those 200 took. The issue's goals: B beside the flood within
+2x of alone, A within 10% of alone, priority and flex within 1.5x, B beside the batch within 1.5x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+from engine_fixtures import loaded, make_checkpoint, tiny_config  # noqa: E402
+from report import markers, write_section  # noqa: E402
+
+from backends.base import GenerateRequest, Sampling  # noqa: E402
+from backends.engine.backend import EngineBackend, EngineOptions  # noqa: E402
+from harmony import load_harmony_encoding  # noqa: E402
+
+NAME = "fair_share_bench"
+FLOOD = 24
+B_REQUESTS = 12
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def request(tenant: str, index: int, prompt_tokens: int, output: int, tier: str) -> GenerateRequest:
+    prompt = [200006, 17360, 200008, *((index * 7919 + i) % 50_000 + 100 for i in range(prompt_tokens))]
+    return GenerateRequest(prompt, output, (), f"{tenant}-{index}", sampling=Sampling(temperature=0), tenant=tenant,
+                           tier=tier)  # fmt: skip
+
+
+class Flood:
+    """Tenant A: FLOOD long prompts in flight until stopped; its tokens counted as they come."""
+
+    def __init__(self, engine: EngineBackend, tier: str, tenant: str = "a") -> None:
+        self.engine, self.tier, self.tenant = engine, tier, tenant
+        self.tokens = 0
+        self.counting = False
+        self._next = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _one(self) -> None:
+        while True:
+            index = self._next
+            self._next += 1
+            size = 1500 + (index * 379) % 1500
+            first = True
+            async for chunk in self.engine.generate(request(self.tenant, index, size, 64, self.tier)):
+                if self.counting:
+                    self.tokens += len(chunk.tokens) + (size if first else 0)
+                first = False
+
+    def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._one()) for _ in range(FLOOD)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def b_first_tokens(engine: EngineBackend, tier: str, offset: int) -> list[float]:
+    times = []
+    for index in range(B_REQUESTS):
+        started = time.perf_counter()
+        async for _ in engine.generate(request("b", offset + index, 100, 8, tier)):
+            times.append(time.perf_counter() - started)
+            break
+        await asyncio.sleep(0.2)
+    return times
+
+
+async def flex_batch(engine: EngineBackend, lines: int, in_flight: int) -> float:
+    queue = list(range(lines))
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        while queue:
+            index = queue.pop()
+            async for _ in engine.generate(request("batch", 50_000 + index, 300, 32, "flex")):
+                pass
+
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return time.perf_counter() - started
+
+
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def run(seconds: float, directory: Path, chunk: int | None) -> dict:
+    checkpoint = make_checkpoint(directory / "model", tiny_config(), "original")
+    extra = {} if chunk is None else {"prefill_chunk": chunk}
+    graphs = str(directory / "graphs")
+    options = EngineOptions(checkpoint=str(checkpoint), max_positions=4096, cache_dir=graphs, **extra)
+    engine = await loaded(EngineBackend(options, load_harmony_encoding()))
+    results: dict = {"max_batch": options.max_batch}
+    try:
+        await b_first_tokens(engine, "default", 90_000)  # warm
+        results["b_alone"] = await b_first_tokens(engine, "default", 0)
+        flood = Flood(engine, "default")
+        flood.start()
+        await asyncio.sleep(3)
+        flood.counting = True
+        await asyncio.sleep(seconds)
+        results["a_alone_tps"] = flood.tokens / seconds
+        flood.tokens = 0
+        measured = time.perf_counter()
+        results["b_beside_default"] = await b_first_tokens(engine, "default", 1000)
+        results["a_beside_tps"] = flood.tokens / (time.perf_counter() - measured)
+        results["b_priority_beside_default"] = await b_first_tokens(engine, "priority", 2000)
+        await flood.stop()
+        flex = Flood(engine, "flex", "a-flex")
+        flex.start()
+        await asyncio.sleep(3)
+        results["b_beside_flex"] = await b_first_tokens(engine, "default", 3000)
+        await flex.stop()
+        batch = asyncio.ensure_future(flex_batch(engine, 200, 4))
+        await asyncio.sleep(1)
+        results["b_beside_batch"] = await b_first_tokens(engine, "default", 4000)
+        results["batch_s"] = await batch
+    finally:
+        await engine.aclose()
+    return results
+
+
+def render(results: dict, seconds: float) -> str:
+    alone = results["b_alone"]
+    start, end = markers(NAME)
+    rows = []
+    for label, key, goal in (
+        ("B alone", "b_alone", "baseline"),
+        ("B beside A's flood (both default)", "b_beside_default", "p90 ≤ 2x"),
+        ("B at priority beside A's default flood", "b_priority_beside_default", "p90 ≤ 1.5x"),
+        ("B (default) beside A's flex flood", "b_beside_flex", "p90 ≤ 1.5x"),
+        ("B beside 200 flex requests, 4 in flight", "b_beside_batch", "p90 ≤ 1.5x"),
+    ):
+        times = results[key]
+        ratio = p(times, 0.9) / p(alone, 0.9)
+        p50, p90 = p(times, 0.5) * 1000, p(times, 0.9) * 1000
+        rows.append(f"| {label} | {p50:.0f} ms | {p90:.0f} ms | {ratio:.2f}x | {goal} |")
+    a_ratio = results["a_beside_tps"] / results["a_alone_tps"]
+    return "\n".join([
+        start,
+        "## Tenants sharing one engine: fair queuing and service tiers (`bench/fair_share_bench.py`)",
+        "",
+        f"CPU: {cpu_name()}; the built-in engine in-process, a random checkpoint of the real vocabulary (201,088) at "
+        f"small widths, batch of {results['max_batch']}. Tenant A keeps {FLOOD} prompts of 1.5-3k tokens in flight; "
+        f"tenant B sends {B_REQUESTS} 100-token requests one after another. One run; ratios against B alone in it.",
+        "",
+        "| B's requests | first token p50 | p90 | p90 against alone | goal |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        f"A's tokens a second alone: {results['a_alone_tps']:.0f}; beside B: {results['a_beside_tps']:.0f} "
+        f"({a_ratio:.2f}x; goal within 10%, measured over {seconds:.0f} s alone and over B's requests beside). "
+        f"The 200 flex requests took {results['batch_s']:.1f} s.",
+        end,
+    ])  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--write", type=Path)
+    parser.add_argument("--prefill-chunk", type=int, help="the engine's prefill_chunk (default: the engine's)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        results = asyncio.run(run(args.seconds, Path(directory), args.prefill_chunk))
+    section = render(results, args.seconds)
+    print(section)
+    if args.write:
+        write_section(args.write, NAME, section)
+
+
+if __name__ == "__main__":
+    main()
