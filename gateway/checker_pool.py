@@ -34,6 +34,7 @@ from .errors import ApiError
 
 log = structlog.get_logger("gateway.checker_pool")
 MAX_CHECKERS = 4  # processes at most (each holds its own tokenizer)
+WARM_WAIT_S = 5.0  # a call waits this long at most for the checker being started ahead
 CHECK_TIMEOUT_S = 60.0  # at idle priority a check waits for spare CPU: generous, then the threads take over
 BASE_MEMORY_BYTES = 2 * 1024**3  # a checker's address space before the body: interpreter, tokenizer, libraries
 MEMORY_PER_BODY_BYTE = 24  # parsed JSON takes ~10-15x its text as Python objects; the rest is headroom
@@ -71,6 +72,15 @@ def _lower_priority() -> None:
         os.nice(19)
 
 
+def _load_checks() -> None:
+    """What the first job would load (the APIs' checks, which its pickled check names, and the tokenizer): done
+    before the first job, so a checker started ahead (CheckerPool.warm) answers it at once."""
+    from .chat import precheck as chat_checks  # noqa: F401
+    from .responses import precheck as responses_checks  # noqa: F401
+
+    checker_renderer()
+
+
 def _serve(conn: Connection, vocab_path: str | None, memory_bytes: int) -> None:
     """A checker process: one job at a time, until the gateway closes its end."""
     global _vocab_path
@@ -78,6 +88,9 @@ def _serve(conn: Connection, vocab_path: str | None, memory_bytes: int) -> None:
     _lower_priority()
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     from .body_decoding import decode_body  # here: the gateway's modules load once the process runs
+
+    _load_checks()
+    conn.send(("ready",))
 
     while True:
         try:
@@ -133,18 +146,52 @@ class CheckerPool:
         self._all: set[_Checker] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._warmed = threading.Event()  # no checker being started ahead (the first call waits for one that is)
+        self._warmed.set()
+
+    @property
+    def warmed(self) -> bool:
+        """No checker is being started ahead (see `warm`)."""
+        return self._warmed.is_set()
+
+    def warm(self) -> None:
+        """Start one checker now, in a thread of its own, so the first large body does not wait ~0.7 s for a
+        process to start and import (a failure is left to the first call, which starts one as before)."""
+
+        def start() -> None:
+            try:
+                with contextlib.suppress(CheckerLost), self._slots:
+                    checker = self._start()
+                    if self._closed:
+                        self._drop(checker)
+                    else:
+                        self._idle.put(checker)
+            finally:
+                self._warmed.set()
+
+        self._warmed.clear()
+        threading.Thread(target=start, name="request-checker-warm", daemon=True).start()
 
     def _take(self) -> _Checker:
+        self._warmed.wait(WARM_WAIT_S)
         try:
             return self._idle.get_nowait()
         except queue.Empty:
-            pass
+            return self._start()
+
+    def _start(self) -> _Checker:
         try:
             checker = _Checker(self._vocab_path, self._memory_bytes)
         except OSError as exc:
             raise CheckerLost(f"start: {exc}") from exc
         with self._lock:
             self._all.add(checker)
+        try:  # it has loaded what a job needs when it says so
+            if not checker.conn.poll(CHECK_TIMEOUT_S) or checker.conn.recv() != ("ready",):
+                raise CheckerLost("start: no word from the process")
+        except (CheckerLost, EOFError, OSError) as exc:
+            self._drop(checker)
+            raise CheckerLost(f"start: {exc}") from exc
         return checker
 
     def _drop(self, checker: _Checker) -> None:

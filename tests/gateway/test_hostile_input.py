@@ -307,7 +307,7 @@ def test_a_schema_past_a_limit_is_refused_before_it_is_compiled_naming_the_limit
     started = time.monotonic()
     status, payload = _post(served, {"model": MODEL, "input": "hi", "text": _schema_format(schema)})
     assert status == 400 and payload["error"]["param"] == "text.format.schema"
-    assert named in payload["error"]["message"] and time.monotonic() - started < 2
+    assert named in payload["error"]["message"] and time.monotonic() - started < 1  # the issue: within 1 s
 
 
 def test_large_tool_schemas_are_read_and_checked_off_the_loop(served):
