@@ -67,6 +67,8 @@ class RemoteOptions(BaseModel):
     routing_page_tokens: int = Field(default=32, ge=1, le=4096)  # page size of the index of what was routed
     routing_ttl_s: float = Field(default=600.0, gt=0)  # a routed page unused this long counts as evicted
     routing_capacity_pages: int = Field(default=65_536, ge=1)  # routed pages remembered per server
+    # a server holding less than this share of a prompt is routed to as if it held none (SGLang: cache_threshold)
+    routing_min_match: float = Field(default=0.3, ge=0, le=1)
     load_metrics_interval_s: float = Field(default=1.0, ge=0)  # how often servers' /metrics are read (0: never)
     # vLLM: each server's KV-cache events (its --kv-events-config ZMQ PUB endpoint, e.g. tcp://vllm-0:5557), one a URL
     kv_events_endpoints: list[str] | None = None
@@ -165,6 +167,7 @@ class RemoteBackend:
                 options.load_slack,
                 options.routing_ttl_s,
                 options.routing_capacity_pages,
+                options.routing_min_match,
             )
             published = dialect.publishes_pages or options.kv_events_endpoints is not None
             self.router = PrefixRouter([u.url for u in self.pool.upstreams], settings, published, salt)

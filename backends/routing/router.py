@@ -5,10 +5,14 @@ waiting requests from its `/metrics`, whichever is larger: the servers' counts i
 and the prompt's leading pages it holds (`held_pages.py`: precise from the built-in engine's page events, else
 approximate from what was routed to it). A server whose load exceeds the least loaded one's by more than
 `load_slack` is passed over; among the rest, the fewest prompt tokens to prefill wins, then the least load, then
-the server the prompt's first page (or its `prompt_cache_key`) hashes to, so that every replica makes the same
-choice for the same conversation. So a conversation goes back to the server that holds it, a prefix shared by
-many sessions spreads over more servers as the first one fills, and a miss goes to the least loaded server, never
-to an overloaded one; a load figure a moment stale (by one request) does not move a conversation.
+the server the prompt's first page hashes to, so that every replica makes the same choice for the same
+conversation. A server holding less than `min_match` of the prompt counts as holding none (SGLang's router has
+the same threshold), so the opening every conversation shares (Harmony's system message) does not pile new
+conversations onto one server; and when no server holds enough, a request with a `prompt_cache_key` goes to the
+server its key hashes to among those not overloaded (the key's affinity), one without to the least loaded.
+So a conversation goes back to the server that holds it, a prefix shared by many sessions spreads over more
+servers as the first one fills, and a miss goes to the least loaded server, never to an overloaded one; a load
+figure a moment stale (by one request) does not move a conversation.
 
 Page names are those of backends/page_names.py, in the request's namespace: its tenant (and, on the built-in
 engine, its `prompt_cache_key` and the server's prefix-cache scope), so one tenant's prefix never attracts or
@@ -44,6 +48,7 @@ class RoutingSettings:
     load_slack: float  # a server more loaded than the least loaded by more than this gets nothing
     routed_ttl_s: float
     routed_capacity_pages: int
+    min_match: float = 0.3  # a server holding less of a prompt than this share is no reason to go there
 
 
 @dataclass(slots=True)
@@ -162,15 +167,21 @@ class PrefixRouter:
         loads = {url: self.servers[url].load(outstanding) for url, outstanding in candidates.items()}
         ceiling = min(loads.values()) + self.settings.load_slack
         anchor = request.cache_key or self._anchor(request, names)
+        enough = self.settings.min_match * prompt
         scored = []
         for url, load in loads.items():
             if load > ceiling:
                 continue  # overloaded beside the others: whatever it holds, it gets no more
             held = min(self._held(self.servers[url], request, names, shared.get(url, 0)), max(prompt - 1, 0))
+            held = held if held >= enough else 0  # a shared opening alone (Harmony's system message) pulls nowhere
             scored.append((prompt - held, load, _rendezvous(anchor, url), held, url))
-        _, load, _, held, url = min(scored, key=lambda score: (score[0], score[1], -int.from_bytes(score[2])))
-        by_key = request.cache_key and sum(1 for score in scored if score[:2] == (prompt, load)) > 1
-        how: How = "prefix" if held > 0 else "key" if by_key else "load"
+        if request.cache_key and all(score[3] == 0 for score in scored):
+            # nothing of the prompt anywhere: the key's own server, unless it is overloaded (then it was left out)
+            _, load, _, held, url = max(scored, key=lambda score: int.from_bytes(score[2]))
+            how: How = "key"
+        else:
+            _, load, _, held, url = min(scored, key=lambda score: (score[0], score[1], -int.from_bytes(score[2])))
+            how = "prefix" if held > 0 else "load"
         self.servers[url].routed.add(names.routed())
         self.stats.routed[how] += 1
         self.stats.prompt_tokens += prompt
