@@ -2,6 +2,11 @@
 
     python bench/fair_share_bench.py [--seconds 20] [--write docs/benchmarks.md]
 
+Two tables. Through a gateway (`serve` with the engine in-process, API keys, as a platform team runs it; the
+issue's set-up): B's time to its first answer text as its client sees it (streamed Chat Completions with a JSON
+schema, whose grammar opens the answer at once), alone and beside A's flood sent through the same gateway. And
+the engine alone, below, without HTTP or rendering: the scheduler's own figures.
+
 One in-process engine (a random checkpoint of the real vocabulary, 201,088, at small widths; the default batch of
 8) on the CPU. Tenant A keeps 24 long prompts (1.5-3k tokens, 64 output tokens) in flight, a new one as each
 ends; tenant B sends 12 short requests one after another (100-token prompts, 8 output tokens). Measured, each
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import platform
 import sys
 import tempfile
@@ -26,7 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
+import openai  # noqa: E402
 from engine_fixtures import loaded, make_checkpoint, tiny_config  # noqa: E402
+from gateway_fixtures import KEY_SECRET, write_keys  # noqa: E402
+from live_gateway import GatewayProcess  # noqa: E402
 from report import markers, write_section  # noqa: E402
 
 from backends.base import GenerateRequest, Sampling  # noqa: E402
@@ -106,13 +115,132 @@ async def flex_batch(engine: EngineBackend, lines: int, in_flight: int) -> float
     return time.perf_counter() - started
 
 
+MODEL = "gpt-oss-20b"
+KEYS = {"sk-a": "a", "sk-b": "b", "sk-batch": "batch"}
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+
+
+def words(tag: str, count: int) -> str:
+    return " ".join(f"{tag}w{i}" for i in range(count))
+
+
+class GatewayFlood:
+    """Tenant A through the gateway: FLOOD long prompts streamed at once, a new one as each ends."""
+
+    def __init__(self, url: str, tier: str) -> None:
+        self.client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-a", max_retries=0, timeout=600)
+        self.tier, self.tokens, self.counting, self._next = tier, 0, False, 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _one(self) -> None:
+        while True:
+            index = self._next
+            self._next += 1
+            text = words(f"a{index}x", 700 + (index * 173) % 700)  # ~1.5-3k tokens
+            stream = await self.client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=64, temperature=0,
+                stream=True, stream_options={"include_usage": True}, service_tier=self.tier,
+            )  # fmt: skip
+            async for chunk in stream:
+                if chunk.usage is not None and self.counting:
+                    self.tokens += chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+
+    def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._one()) for _ in range(FLOOD)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.close()
+
+
+async def b_first_text(url: str, tier: str, tag: str, key: str = "sk-b") -> list[float]:
+    """B's time from sending to its first answer text, for B_REQUESTS requests one after another."""
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=600)
+    times = []
+    for index in range(B_REQUESTS):
+        started = time.perf_counter()
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": words(f"{tag}{index}x", 60)}], max_tokens=16,
+            temperature=0, stream=True, service_tier=tier,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}},
+        )  # fmt: skip
+        first = None
+        async for chunk in stream:
+            if first is None and any(choice.delta.content for choice in chunk.choices):
+                first = time.perf_counter() - started
+        times.append(first if first is not None else time.perf_counter() - started)
+        await asyncio.sleep(0.2)
+    await client.close()
+    return times
+
+
+async def gateway_batch(url: str, lines: int, in_flight: int) -> float:
+    """`lines` flex requests of the batch tenant, `in_flight` at once (as the batch runner sends a batch's lines)."""
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-batch", max_retries=0, timeout=600)
+    queue = list(range(lines))
+    started = time.perf_counter()
+
+    async def worker() -> None:
+        while queue:
+            index = queue.pop()
+            await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": words(f"batch{index}x", 150)}], max_tokens=32,
+                temperature=0, service_tier="flex",
+            )  # fmt: skip
+
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    await client.close()
+    return time.perf_counter() - started
+
+
+async def through_gateway(url: str, seconds: float) -> dict:
+    results: dict = {}
+    await b_first_text(url, "default", "warm")
+    results["b_alone"] = await b_first_text(url, "default", "alone")
+    flood = GatewayFlood(url, "default")
+    flood.start()
+    await asyncio.sleep(5)
+    flood.counting = True
+    await asyncio.sleep(seconds)
+    results["a_alone_tps"] = flood.tokens / seconds
+    flood.tokens = 0
+    measured = time.perf_counter()
+    results["b_beside_default"] = await b_first_text(url, "default", "beside")
+    results["b_priority_beside_default"] = await b_first_text(url, "priority", "prio")
+    results["a_beside_tps"] = flood.tokens / (time.perf_counter() - measured)
+    await flood.stop()
+    flex = GatewayFlood(url, "flex")
+    flex.start()
+    await asyncio.sleep(5)
+    results["b_beside_flex"] = await b_first_text(url, "default", "flex")
+    await flex.stop()
+    batch = asyncio.ensure_future(gateway_batch(url, 200, 4))
+    await asyncio.sleep(2)
+    results["b_beside_batch"] = await b_first_text(url, "default", "batch")
+    results["batch_s"] = await batch
+    return results
+
+
+def serve(directory: Path, checkpoint: Path) -> GatewayProcess:
+    engine = {"checkpoint": str(checkpoint), "max_positions": 4096, "cache_dir": str(directory / "graphs")}
+    limits = {"default": {"service_tiers": ["priority", "default", "flex"]}}
+    env = {
+        "GATEWAY_BACKENDS": json.dumps({"engine": {"kind": "onnx", "options": engine, "models": [MODEL]}}),
+        "GATEWAY_KEY_SECRET": KEY_SECRET,
+        "GATEWAY_KEYS_FILE": str(write_keys(directory, KEYS)),
+        "GATEWAY_LIMITS": json.dumps(limits),
+    }
+    return GatewayProcess(env, directory / "gateway.log").start(timeout_s=900)
+
+
 def p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run(seconds: float, directory: Path, chunk: int | None) -> dict:
-    checkpoint = make_checkpoint(directory / "model", tiny_config(), "original")
+async def run(seconds: float, directory: Path, chunk: int | None, checkpoint: Path) -> dict:
     extra = {} if chunk is None else {"prefill_chunk": chunk}
     graphs = str(directory / "graphs")
     options = EngineOptions(checkpoint=str(checkpoint), max_positions=4096, cache_dir=graphs, **extra)
@@ -147,9 +275,8 @@ async def run(seconds: float, directory: Path, chunk: int | None) -> dict:
     return results
 
 
-def render(results: dict, seconds: float) -> str:
+def rows_of(results: dict) -> list[str]:
     alone = results["b_alone"]
-    start, end = markers(NAME)
     rows = []
     for label, key, goal in (
         ("B alone", "b_alone", "baseline"),
@@ -162,22 +289,43 @@ def render(results: dict, seconds: float) -> str:
         ratio = p(times, 0.9) / p(alone, 0.9)
         p50, p90 = p(times, 0.5) * 1000, p(times, 0.9) * 1000
         rows.append(f"| {label} | {p50:.0f} ms | {p90:.0f} ms | {ratio:.2f}x | {goal} |")
+    return rows
+
+
+def throughput(results: dict, seconds: float) -> str:
     a_ratio = results["a_beside_tps"] / results["a_alone_tps"]
+    return (
+        f"A's tokens a second alone: {results['a_alone_tps']:.0f}; beside B: {results['a_beside_tps']:.0f} "
+        f"({a_ratio:.2f}x; goal within 10%, measured over {seconds:.0f} s alone and over B's requests beside). "
+        f"The 200 flex requests took {results['batch_s']:.1f} s."
+    )
+
+
+def render(gateway: dict, engine: dict, seconds: float) -> str:
+    start, end = markers(NAME)
+    header = ["| B's requests | first token p50 | p90 | p90 against alone | goal |", "|---|---|---|---|---|"]
     return "\n".join([
         start,
         "## Tenants sharing one engine: fair queuing and service tiers (`bench/fair_share_bench.py`)",
         "",
-        f"CPU: {cpu_name()}; the built-in engine in-process, a random checkpoint of the real vocabulary (201,088) at "
-        f"small widths, batch of {results['max_batch']}. Tenant A keeps {FLOOD} prompts of 1.5-3k tokens in flight; "
-        f"tenant B sends {B_REQUESTS} 100-token requests one after another. One run; ratios against B alone in it.",
+        f"CPU: {cpu_name()}; the built-in engine, a random checkpoint of the real vocabulary (201,088) at small "
+        f"widths, batch of {engine['max_batch']}. Tenant A keeps {FLOOD} prompts of 1.5-3k tokens in flight; tenant "
+        f"B sends {B_REQUESTS} short requests one after another. One run; ratios against B alone in the same table.",
         "",
-        "| B's requests | first token p50 | p90 | p90 against alone | goal |",
-        "|---|---|---|---|---|",
-        *rows,
+        "Through a gateway (`serve`, API keys; B's first answer text as its streaming Chat Completions client sees "
+        "it, a JSON-schema answer; A's flood streamed through the same gateway):",
         "",
-        f"A's tokens a second alone: {results['a_alone_tps']:.0f}; beside B: {results['a_beside_tps']:.0f} "
-        f"({a_ratio:.2f}x; goal within 10%, measured over {seconds:.0f} s alone and over B's requests beside). "
-        f"The 200 flex requests took {results['batch_s']:.1f} s.",
+        *header,
+        *rows_of(gateway),
+        "",
+        throughput(gateway, seconds),
+        "",
+        "The engine alone (in-process, no HTTP or rendering; B's first token):",
+        "",
+        *header,
+        *rows_of(engine),
+        "",
+        throughput(engine, seconds),
         end,
     ])  # fmt: skip
 
@@ -189,8 +337,14 @@ def main() -> None:
     parser.add_argument("--prefill-chunk", type=int, help="the engine's prefill_chunk (default: the engine's)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
-        results = asyncio.run(run(args.seconds, Path(directory), args.prefill_chunk))
-    section = render(results, args.seconds)
+        checkpoint = make_checkpoint(Path(directory) / "model", tiny_config(), "original")
+        gateway = serve(Path(directory), checkpoint)
+        try:
+            through = asyncio.run(through_gateway(gateway.url, args.seconds))
+        finally:
+            gateway.stop()
+        engine = asyncio.run(run(args.seconds, Path(directory), args.prefill_chunk, checkpoint))
+    section = render(through, engine, args.seconds)
     print(section)
     if args.write:
         write_section(args.write, NAME, section)

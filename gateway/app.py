@@ -50,8 +50,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: not draining, the response store answers, every backend can take requests, and the first
-    request checker has started (or failed to)."""
+    """Readiness: not draining, the response store answers, and every backend can take requests."""
     services = request.app[SERVICES]
     store_problem = await services.store.health()
     store_ok = store_problem is None
@@ -59,17 +58,13 @@ async def readyz(request: web.Request) -> web.Response:
     backend_ready = {key: await backend.ready() for key, backend in distinct.items()}
     models = {model: "ready" if backend_ready[id(b)] else "unavailable" for model, b in services.backends.items()}
     draining = services.lifecycle.draining
-    checkers = services.costly.checkers
-    checkers_warm = checkers is None or checkers.warmed  # the first large body must not wait for one to start
-    ready = store_ok and all(backend_ready.values()) and not draining and checkers_warm
+    ready = store_ok and all(backend_ready.values()) and not draining
     body = {
         "status": "draining" if draining else "ready" if ready else "unavailable",
         "vocab_size": services.encoding.vocab_size,
         "store": "ok" if store_ok else store_problem,
         "models": models,
     }
-    if not checkers_warm:
-        body["request_checkers"] = "starting"
     python = services.hosted.python_status()
     if python is not None:
         body["python"] = python  # offered or not, and what bounds the sandboxes' memory
@@ -222,8 +217,9 @@ def _run_batches(app: web.Application, services: Services) -> None:
     app.on_cleanup.insert(0, stop)
 
 
-def create_app(settings: Settings, services: Services | None = None) -> web.Application:
-    """`services` lets tests inject a backend or store; by default they come from the settings."""
+def create_app(settings: Settings, services: Services | None = None, warm_checkers: bool = False) -> web.Application:
+    """`services` lets tests inject a backend or store; by default they come from the settings. `warm_checkers`:
+    start a request checker with the app (`serve` does), so the first large body does not wait for one."""
     # bodies are inflated by read_json, bounded and off the loop (aiohttp would inflate them on it, unbounded in time)
     app = web.Application(
         client_max_size=settings.max_body_bytes,
@@ -263,13 +259,13 @@ def create_app(settings: Settings, services: Services | None = None) -> web.Appl
     async def probe_hosted_tools(app: web.Application) -> None:
         await app[SERVICES].hosted.start()
 
-    async def warm_checkers(app: web.Application) -> None:
-        if app[SERVICES].costly.checkers is not None:
+    async def start_a_checker(app: web.Application) -> None:
+        if warm_checkers and app[SERVICES].costly.checkers is not None:
             app[SERVICES].costly.checkers.warm()
 
     app.on_startup.append(check_store)
     app.on_startup.append(probe_hosted_tools)
-    app.on_startup.append(warm_checkers)
+    app.on_startup.append(start_a_checker)
     watch_the_loop(app, services.metrics)
 
     app.on_cleanup.append(close_services)

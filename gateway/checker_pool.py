@@ -85,11 +85,11 @@ def _serve(conn: Connection, vocab_path: str | None, memory_bytes: int) -> None:
     """A checker process: one job at a time, until the gateway closes its end."""
     global _vocab_path
     _vocab_path = vocab_path
-    _lower_priority()
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     from .body_decoding import decode_body  # here: the gateway's modules load once the process runs
 
-    _load_checks()
+    _load_checks()  # at the gateway's priority: a busy host must not hold a checker's start back for long
+    _lower_priority()
     conn.send(("ready",))
 
     while True:
@@ -148,11 +148,6 @@ class CheckerPool:
         self._closed = False
         self._warmed = threading.Event()  # no checker being started ahead (the first call waits for one that is)
         self._warmed.set()
-
-    @property
-    def warmed(self) -> bool:
-        """No checker is being started ahead (see `warm`)."""
-        return self._warmed.is_set()
 
     def warm(self) -> None:
         """Start one checker now, in a thread of its own, so the first large body does not wait ~0.7 s for a

@@ -51,7 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
         return 2
     try:
-        app = create_app(settings)
+        app = create_app(settings, warm_checkers=True)
     except (VocabularyError, ConfigError, ScriptError, ValueError) as exc:
         sock.close()
         print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
