@@ -73,12 +73,11 @@ def _lower_priority() -> None:
 
 
 def _load_checks() -> None:
-    """What the first job would load (the APIs' checks, which its pickled check names, and the tokenizer): done
-    before the first job, so a checker started ahead (CheckerPool.warm) answers it at once."""
+    """What every job loads first (the APIs' checks, which its pickled check names): done before the first job,
+    so a checker started ahead (CheckerPool.warm) answers it at once. The tokenizer stays lazy: only the checks
+    of a prompt's length load it."""
     from .chat import precheck as chat_checks  # noqa: F401
     from .responses import precheck as responses_checks  # noqa: F401
-
-    checker_renderer()
 
 
 def _serve(conn: Connection, vocab_path: str | None, memory_bytes: int) -> None:
