@@ -14,6 +14,7 @@ the gateway's paced worker threads as before (CostlyWork.run), so no request fai
 from __future__ import annotations
 
 import contextlib
+import importlib
 import marshal
 import multiprocessing
 import os
@@ -72,22 +73,22 @@ def _lower_priority() -> None:
         os.nice(19)
 
 
-def _load_checks() -> None:
-    """What every job loads first (the APIs' checks, which its pickled check names): done before the first job,
-    so a checker started ahead (CheckerPool.warm) answers it at once. The tokenizer stays lazy: only the checks
-    of a prompt's length load it."""
-    from .chat import precheck as chat_checks  # noqa: F401
-    from .responses import precheck as responses_checks  # noqa: F401
+def _load_checks(modules: tuple[str, ...]) -> None:
+    """What every job loads first (the modules of the APIs' checks, which its pickled check names): done before
+    the first job, so a checker started ahead (CheckerPool.warm) answers it at once. The tokenizer stays lazy:
+    only the checks of a prompt's length load it."""
+    for module in modules:
+        importlib.import_module(module)
 
 
-def _serve(conn: Connection, vocab_path: str | None, memory_bytes: int) -> None:
+def _serve(conn: Connection, vocab_path: str | None, memory_bytes: int, preload: tuple[str, ...]) -> None:
     """A checker process: one job at a time, until the gateway closes its end."""
     global _vocab_path
     _vocab_path = vocab_path
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     from .body_decoding import decode_body  # here: the gateway's modules load once the process runs
 
-    _load_checks()  # at the gateway's priority: a busy host must not hold a checker's start back for long
+    _load_checks(preload)  # at the gateway's priority: a busy host must not hold a checker's start back for long
     _lower_priority()
     conn.send(("ready",))
 
@@ -117,11 +118,11 @@ def _answer(
 
 
 class _Checker:
-    def __init__(self, vocab_path: str | None, memory_bytes: int) -> None:
+    def __init__(self, vocab_path: str | None, memory_bytes: int, preload: tuple[str, ...]) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=_serve, args=(child, vocab_path, memory_bytes), name="request-checker", daemon=True
+            target=_serve, args=(child, vocab_path, memory_bytes, preload), name="request-checker", daemon=True
         )
         self.process.start()
         child.close()
@@ -137,8 +138,12 @@ class CheckerPool:
     """Up to `size` checker processes, started when first needed, one per caller at once (more callers wait
     for one); `call` blocks: run it in a worker thread."""
 
-    def __init__(self, vocab_path: str | None, max_body_bytes: int, size: int = MAX_CHECKERS) -> None:
+    def __init__(
+        self, vocab_path: str | None, max_body_bytes: int, size: int = MAX_CHECKERS, preload: tuple[str, ...] = ()
+    ) -> None:
+        """`preload`: the modules of the checks the callers pass, imported by each checker before its first job."""
         self._vocab_path = vocab_path
+        self._preload = preload
         self._slots = threading.BoundedSemaphore(size)
         self._memory_bytes = BASE_MEMORY_BYTES + MEMORY_PER_BODY_BYTE * max_body_bytes
         self._idle: queue.SimpleQueue[_Checker] = queue.SimpleQueue()
@@ -175,7 +180,7 @@ class CheckerPool:
 
     def _start(self) -> _Checker:
         try:
-            checker = _Checker(self._vocab_path, self._memory_bytes)
+            checker = _Checker(self._vocab_path, self._memory_bytes, self._preload)
         except OSError as exc:
             raise CheckerLost(f"start: {exc}") from exc
         with self._lock:

@@ -325,7 +325,12 @@ def build_services(settings: Settings, renderer: Renderer) -> Services:
 
 
 def _checkers(settings: Settings) -> CheckerPool | None:
-    return CheckerPool(settings.vocab_path, settings.max_body_bytes) if settings.request_checkers else None
+    if not settings.request_checkers:
+        return None
+    return CheckerPool(settings.vocab_path, settings.max_body_bytes, preload=CHECK_MODULES)
+
+
+CHECK_MODULES = ("gateway.chat.precheck", "gateway.responses.precheck")  # what the routes' checks are made of
 
 
 async def report_store(services: Services) -> None:
