@@ -129,21 +129,24 @@ class GatewayFlood:
 
     def __init__(self, url: str, tier: str) -> None:
         self.client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="sk-a", max_retries=0, timeout=600)
-        self.tier, self.tokens, self.counting, self._next = tier, 0, False, 0
+        self.tier, self.tokens, self.counting, self._next, self.errors = tier, 0, False, 0, 0
         self._tasks: list[asyncio.Task[None]] = []
 
     async def _one(self) -> None:
         while True:
             index = self._next
             self._next += 1
-            text = words(f"a{index}x", 700 + (index * 173) % 700)  # ~1.5-3k tokens
-            stream = await self.client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=64, temperature=0,
-                stream=True, stream_options={"include_usage": True}, service_tier=self.tier,
-            )  # fmt: skip
-            async for chunk in stream:
-                if chunk.usage is not None and self.counting:
-                    self.tokens += chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+            text = words(f"a{index}x", 300 + (index * 173) % 300)  # 1.5-3k tokens (5 a word)
+            try:
+                stream = await self.client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=64, temperature=0,
+                    stream=True, stream_options={"include_usage": True}, service_tier=self.tier,
+                )  # fmt: skip
+                async for chunk in stream:
+                    if chunk.usage is not None and self.counting:
+                        self.tokens += chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+            except openai.APIError:
+                self.errors += 1
 
     def start(self) -> None:
         self._tasks = [asyncio.ensure_future(self._one()) for _ in range(FLOOD)]
@@ -162,7 +165,7 @@ async def b_first_text(url: str, tier: str, tag: str, key: str = "sk-b") -> list
     for index in range(B_REQUESTS):
         started = time.perf_counter()
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": words(f"{tag}{index}x", 60)}], max_tokens=16,
+            model=MODEL, messages=[{"role": "user", "content": words(f"{tag}{index}x", 20)}], max_tokens=16,
             temperature=0, stream=True, service_tier=tier,
             response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}},
         )  # fmt: skip
@@ -186,7 +189,7 @@ async def gateway_batch(url: str, lines: int, in_flight: int) -> float:
         while queue:
             index = queue.pop()
             await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": words(f"batch{index}x", 150)}], max_tokens=32,
+                model=MODEL, messages=[{"role": "user", "content": words(f"batch{index}x", 60)}], max_tokens=32,
                 temperature=0, service_tier="flex",
             )  # fmt: skip
 
@@ -205,12 +208,14 @@ async def through_gateway(url: str, seconds: float) -> dict:
     flood.counting = True
     await asyncio.sleep(seconds)
     results["a_alone_tps"] = flood.tokens / seconds
+    assert flood.tokens, f"A's flood finished nothing ({flood.errors} errors)"
     flood.tokens = 0
     measured = time.perf_counter()
     results["b_beside_default"] = await b_first_text(url, "default", "beside")
     results["b_priority_beside_default"] = await b_first_text(url, "priority", "prio")
     results["a_beside_tps"] = flood.tokens / (time.perf_counter() - measured)
     await flood.stop()
+    results["a_errors"] = flood.errors
     flex = GatewayFlood(url, "flex")
     flex.start()
     await asyncio.sleep(5)
