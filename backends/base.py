@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 OptionsT = TypeVar("OptionsT", bound=BaseModel)
 # the service tiers a backend schedules by, best first (the API's other names map onto these)
-ServiceTier = Literal["priority", "default", "flex"]
+SchedulingTier = Literal["priority", "default", "flex"]
 TIER_RANK: dict[str, int] = {"priority": 0, "default": 1, "flex": 2}
 
 
@@ -72,7 +72,7 @@ class GenerateRequest:
     tenant: str = ""  # whose request: an in-process prefix cache reuses a prompt only within its tenant
     top_logprobs: int | None = None  # None: no logprobs; else each token's, with this many alternatives (0-20)
     weight: float = 1.0  # the tenant's weight in an engine's fair share (its tokens count 1/weight)
-    tier: ServiceTier = "default"  # priority runs ahead of default, flex only on what the others leave
+    tier: SchedulingTier = "default"  # priority runs ahead of default, flex only on what the others leave
     # W3C trace context of the generation's span (`traceparent`, ...): remote backends send it as headers, so the
     # model server's spans join the trace; empty when tracing is off
     trace_context: dict[str, str] = field(default_factory=dict)

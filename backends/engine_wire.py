@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import Chunk, Constraint, GenerateRequest, Sampling, ServiceTier, TokenLogprob
+from .base import Chunk, Constraint, GenerateRequest, Sampling, SchedulingTier, TokenLogprob
 from .wire import Step, UpstreamProtocolError, count, raise_reported, token_ids
 
 GENERATE_PATH = "/v1/engine/generate"
@@ -90,7 +90,7 @@ class WireRequest(_Strict):
     request_id: str = Field(default="", max_length=256)
     tenant: str = Field(default="", max_length=256)
     weight: float = Field(default=1.0, gt=0, le=1000)
-    tier: ServiceTier = "default"
+    tier: SchedulingTier = "default"
     cache_key: str | None = Field(default=None, max_length=1024)
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     sampling: WireSampling = Field(default_factory=WireSampling)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import structlog
 from aiohttp import web
 from pydantic import ValidationError
+
+from state import StoreUnavailable
 
 from .json_out import json_response
 
@@ -51,6 +55,15 @@ def not_found(param: str | None, message: str) -> ApiError:
 
 def unavailable(message: str) -> ApiError:
     return ApiError(503, message, code="service_unavailable", kind="server_error")
+
+
+@contextlib.contextmanager
+def store_unavailable_as_503(message: str) -> Iterator[None]:
+    """A StoreUnavailable in the block becomes the client's 503 with `message`."""
+    try:
+        yield
+    except StoreUnavailable as exc:
+        raise unavailable(message) from exc
 
 
 _SCALAR_LABELS = {"str", "int", "float", "bool", "none", "list", "dict"}

@@ -13,19 +13,19 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from state import StoreUnavailable
 from state.batches import TERMINAL
 
-from ..errors import ApiError, invalid, not_found, unavailable
+from ..errors import ApiError, invalid, not_found, store_unavailable_as_503
 from ..ids import new_id
 from ..json_body import read_model
 from ..json_out import json_response
 from ..pagination import page
 from ..services import SERVICES
 from ..tenants.tenancy import key_id_of, tenant_of
-from .files_api import expiry_seconds
+from .files_api import FILES_UNAVAILABLE, expiry_seconds
 
 ENDPOINTS = ("/v1/responses", "/v1/chat/completions")
+BATCHES_UNAVAILABLE = "The batch store is unavailable; try again."
 WINDOW_S = 24 * 3600
 KEY_ID = "_key_id"  # the creating API key's id, kept beside the object (never shown)
 OUTPUT_EXPIRY = "_output_expires_s"
@@ -73,10 +73,8 @@ async def create_batch(request: web.Request) -> web.Response:
     if req.output_expires_after is not None:
         given = req.output_expires_after
         output_expiry = expiry_seconds(given.anchor, given.seconds, "output_expires_after")
-    try:
+    with store_unavailable_as_503(FILES_UNAVAILABLE):
         file = await services.files.load(tenant, req.input_file_id)
-    except StoreUnavailable as exc:
-        raise unavailable("The file store is unavailable; try again.") from exc
     if file is None:
         raise not_found("input_file_id", f"No such File object: {req.input_file_id}")
     if file.purpose != "batch":
@@ -108,20 +106,16 @@ async def create_batch(request: web.Request) -> web.Response:
         KEY_ID: key_id_of(request),
         OUTPUT_EXPIRY: output_expiry,
     }
-    try:
+    with store_unavailable_as_503(BATCHES_UNAVAILABLE):
         await services.batches.save(tenant, batch)
-    except StoreUnavailable as exc:
-        raise unavailable("The batch store is unavailable; try again.") from exc
     return json_response(public(batch))
 
 
 async def _batch(request: web.Request) -> dict[str, Any]:
     services = request.app[SERVICES]
     batch_id = request.match_info["batch_id"]
-    try:
+    with store_unavailable_as_503(BATCHES_UNAVAILABLE):
         batch = await services.batches.load(tenant_of(request), batch_id)
-    except StoreUnavailable as exc:
-        raise unavailable("The batch store is unavailable; try again.") from exc
     if batch is None:
         raise not_found("batch_id", f"No such Batch object: {batch_id}")
     return batch
@@ -138,22 +132,18 @@ async def cancel_batch(request: web.Request) -> web.Response:
     batch = await _batch(request)
     if batch["status"] in TERMINAL:
         raise ApiError(409, f"Cannot cancel a batch with status '{batch['status']}'.", code="batch_not_cancellable")
-    try:
+    with store_unavailable_as_503(BATCHES_UNAVAILABLE):
         batch["cancelling_at"] = await services.batches.request_cancel(tenant, batch["id"], int(time.time()))
         if batch["status"] != "finalizing":
             batch["status"] = "cancelling"
             await services.batches.save(tenant, batch)
-    except StoreUnavailable as exc:
-        raise unavailable("The batch store is unavailable; try again.") from exc
     return json_response(public(batch))
 
 
 async def list_batches(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    try:
+    with store_unavailable_as_503(BATCHES_UNAVAILABLE):
         batches = await services.batches.listing(tenant_of(request))
-    except StoreUnavailable as exc:
-        raise unavailable("The batch store is unavailable; try again.") from exc
     return json_response(page([public(batch) for batch in batches], request.query, "batches"))
 
 

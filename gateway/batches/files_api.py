@@ -16,16 +16,16 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from state import StoreUnavailable
 from state.files import OverBudget, StoredFile
 
-from ..errors import ApiError, invalid, not_found, unavailable
+from ..errors import ApiError, invalid, not_found, store_unavailable_as_503
 from ..ids import new_id
 from ..json_out import json_response
 from ..pagination import page
 from ..services import SERVICES, Services
 from ..tenants.tenancy import tenant_of
 
+FILES_UNAVAILABLE = "The file store is unavailable; try again."
 BATCH_FILE_TTL_S = 30 * 24 * 3600
 MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 30 * 24 * 3600
 READ_CHUNK = 1 << 16
@@ -120,7 +120,8 @@ async def create_file(request: web.Request) -> web.Response:
     now = int(time.time())
     file = StoredFile(new_id("file-"), tenant, filename, purpose, len(content), now, now + lifetime)
     try:
-        await services.files.put(file, content)
+        with store_unavailable_as_503(FILES_UNAVAILABLE):
+            await services.files.put(file, content)
     except OverBudget as exc:
         settings = services.settings
         raise ApiError(
@@ -130,18 +131,14 @@ async def create_file(request: web.Request) -> web.Response:
             param="file",
             code="file_storage_limit_exceeded",
         ) from exc
-    except StoreUnavailable as exc:
-        raise unavailable("The file store is unavailable; try again.") from exc
     return json_response(file.to_api())
 
 
 async def _file(request: web.Request) -> StoredFile:
     services = request.app[SERVICES]
     file_id = request.match_info["file_id"]
-    try:
+    with store_unavailable_as_503(FILES_UNAVAILABLE):
         file = await services.files.load(tenant_of(request), file_id)
-    except StoreUnavailable as exc:
-        raise unavailable("The file store is unavailable; try again.") from exc
     if file is None:
         raise not_found("file_id", f"No such File object: {file_id}")
     return file
@@ -164,10 +161,8 @@ async def file_content(request: web.Request) -> web.StreamResponse:
 
 async def list_files(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    try:
+    with store_unavailable_as_503(FILES_UNAVAILABLE):
         files = await services.files.listing(tenant_of(request))
-    except StoreUnavailable as exc:
-        raise unavailable("The file store is unavailable; try again.") from exc
     purpose = request.query.get("purpose")
     objects = [file.to_api() for file in files if purpose is None or file.purpose == purpose]
     return json_response(page(objects, request.query, "files", max_limit=10_000, default_limit=10_000))
@@ -176,10 +171,8 @@ async def list_files(request: web.Request) -> web.Response:
 async def delete_file(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     file_id = request.match_info["file_id"]
-    try:
+    with store_unavailable_as_503(FILES_UNAVAILABLE):
         deleted = await services.files.delete(tenant_of(request), file_id)
-    except StoreUnavailable as exc:
-        raise unavailable("The file store is unavailable; try again.") from exc
     if not deleted:
         raise not_found("file_id", f"No such File object: {file_id}")
     return json_response({"id": file_id, "object": "file", "deleted": True})

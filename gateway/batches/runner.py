@@ -128,6 +128,7 @@ class BatchRunner:
             batch["request_counts"]["total"] = len(lines)
             await self._save(tenant, batch)
         results = await store.results(tenant, batch_id)
+        _set_counts(batch, lines, results)
         pending = [line for line in lines if line.number not in results]
         await self._run_lines(tenant, batch, lines, pending)
         await self._finish(tenant, batch, lines)
@@ -153,7 +154,6 @@ class BatchRunner:
                 await self._run_line(tenant, batch, line)
                 if time.monotonic() - progress_at > PROGRESS_EVERY_S:
                     progress_at = time.monotonic()
-                    await self._count(tenant, batch, lines)
                     await self._save(tenant, batch)
 
         try:
@@ -178,7 +178,8 @@ class BatchRunner:
             result = answer_line(line.custom_id, 400, "", _refusal("body.background", message))
         else:
             result = await self._send(tenant, batch, line)
-        await self._services.batches.keep_result(tenant, batch["id"], line.number, result)
+        if await self._services.batches.keep_result(tenant, batch["id"], line.number, result):
+            batch["request_counts"]["completed" if succeeded(result) else "failed"] += 1
 
     async def _send(self, tenant: str, batch: dict[str, Any], line: BatchLine) -> dict[str, Any]:
         delay = FIRST_RETRY_S
@@ -197,13 +198,6 @@ class BatchRunner:
             await asyncio.sleep(delay)
             await self._check_going(tenant, batch)
             delay = min(delay * 2, MAX_RETRY_S)
-
-    async def _count(self, tenant: str, batch: dict[str, Any], lines: list[BatchLine]) -> dict[int, dict[str, Any]]:
-        results = await self._services.batches.results(tenant, batch["id"])
-        done = [results[line.number] for line in lines if line.number in results]
-        ok = sum(1 for result in done if succeeded(result))
-        batch["request_counts"] = {"total": len(lines), "completed": ok, "failed": len(done) - ok}
-        return results
 
     async def _save(self, tenant: str, batch: dict[str, Any]) -> None:
         """Keep the object; a cancel flagged meanwhile shows as `cancelling` until the batch ends."""
@@ -228,7 +222,8 @@ class BatchRunner:
         cancelled_at = await store.cancel_requested(tenant, batch["id"])
         batch.update(status="finalizing", finalizing_at=int(time.time()))
         await self._save(tenant, batch)
-        results = await self._count(tenant, batch, lines)
+        results = await store.results(tenant, batch["id"])
+        _set_counts(batch, lines, results)
         unrun = [line for line in lines if line.number not in results]
         expired = bool(unrun) and cancelled_at is None
         answered = [
@@ -264,3 +259,10 @@ class BatchRunner:
                           now + lifetime if lifetime else None)  # fmt: skip
         await self._services.files.put(file, content, budgeted=False)
         return file.id
+
+
+def _set_counts(batch: dict[str, Any], lines: list[BatchLine], results: dict[int, dict[str, Any]]) -> None:
+    """`request_counts` from the kept results (read once at pickup and at the end; lines kept meanwhile add one)."""
+    done = [results[line.number] for line in lines if line.number in results]
+    ok = sum(1 for result in done if succeeded(result))
+    batch["request_counts"] = {"total": len(lines), "completed": ok, "failed": len(done) - ok}

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from backends.base import Backend, Constraint, Sampling, ServiceTier
+from backends.base import Backend, Constraint, Sampling, SchedulingTier
 from harmony import HarmonyEncoding
 from harmony.render import Renderer
 from state import ResponseStore
@@ -140,7 +140,7 @@ def start_turn(
     assembler: OutputAssembler | None = None,
     top_logprobs: int | None = None,
     deltas: bool = True,
-    tier: ServiceTier = "default",
+    tier: SchedulingTier = "default",
 ) -> Turn:
     """`deltas`: the answer's text as Delta events too (a stream's listener or a stop matcher reads them);
     `tier`: the service tier applied (tenants/service_tiers.py)."""

@@ -14,7 +14,7 @@ from weakref import WeakKeyDictionary
 
 import structlog
 
-from backends.base import Backend, BackendError, Constraint, GenerateRequest, Sampling, ServiceTier
+from backends.base import Backend, BackendError, Constraint, GenerateRequest, Sampling, SchedulingTier
 from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReason
 
 from ..lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
@@ -110,7 +110,7 @@ class Turn:
         top_logprobs: int | None = None,
         deltas: bool = True,
         weight: float = 1.0,
-        tier: ServiceTier = "default",
+        tier: SchedulingTier = "default",
     ) -> None:
         """`weight`: the tenant's in an engine's fair share; `tier`: the service tier applied."""
         self.backend = backend

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from backends.base import ServiceTier
+from backends.base import SchedulingTier
 
 from ..errors import invalid
 
@@ -33,8 +33,8 @@ class TenantLimits(BaseModel):
     # the tenant's weight in the built-in engine's fair share of its batch and steps (tokens count 1/weight)
     engine_weight: float = Field(default=1.0, gt=0, le=1000)
     # the service tiers the tenant may ask for; any other runs at `auto_service_tier` (also `auto` and no tier)
-    service_tiers: tuple[ServiceTier, ...] = ("default", "flex")
-    auto_service_tier: ServiceTier = "default"
+    service_tiers: tuple[SchedulingTier, ...] = ("default", "flex")
+    auto_service_tier: SchedulingTier = "default"
 
 
 class LimitsConfig(BaseModel):

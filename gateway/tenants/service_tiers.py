@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from backends.base import Backend, ServiceTier
+from backends.base import Backend, SchedulingTier
 
 from .limits import TenantLimits
 
 FORCED_TIER = web.RequestKey("forced_tier", str)  # a batch's line runs at flex, whatever it asks
 
-_ASKED: dict[str, ServiceTier] = {
+_ASKED: dict[str, SchedulingTier] = {
     "priority": "priority",
     "fast": "priority",
     "ultrafast": "priority",
@@ -28,7 +28,7 @@ _ASKED: dict[str, ServiceTier] = {
 
 def applied_tier(
     asked: str | None, limits: TenantLimits, backend: Backend, request: web.Request | None = None
-) -> ServiceTier:
+) -> SchedulingTier:
     """The tier a request asking for `asked` (None: auto) runs at on `backend`; a batch's line at flex."""
     if not backend.capabilities.service_tiers:
         return "default"

@@ -9,7 +9,7 @@ import time
 import pytest
 from engine_fixtures import loaded, make_checkpoint, tiny_config
 
-from backends.base import TIER_RANK, GenerateRequest, Sampling, ServiceTier
+from backends.base import TIER_RANK, GenerateRequest, Sampling, SchedulingTier
 from backends.engine.backend import EngineBackend, EngineOptions
 from backends.engine.fair_share import ARRIVAL_EDGE, FairShare
 from harmony import load_harmony_encoding
@@ -26,7 +26,7 @@ def _engine(checkpoint, tmp_path, **options) -> EngineBackend:
 
 
 def _request(
-    tenant: str, index: int, prompt_tokens: int, output: int, weight: float = 1.0, tier: ServiceTier = "default"
+    tenant: str, index: int, prompt_tokens: int, output: int, weight: float = 1.0, tier: SchedulingTier = "default"
 ) -> GenerateRequest:
     prompt = [200006, 17360, 200008, *((index * 7919 + i) % 50_000 for i in range(prompt_tokens))]
     return GenerateRequest(prompt, output, (), f"{tenant}-{index}", sampling=Sampling(temperature=0), tenant=tenant,
