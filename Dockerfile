@@ -22,16 +22,17 @@ COPY harmony harmony
 COPY state state
 RUN /opt/gateway/bin/pip install --no-cache-dir '.[engine,mcp]' \
     && /opt/gateway/bin/pip uninstall --yes pip
-# x86-64-v3 (AVX2, FMA): any server CPU of the last decade, not only the one building the image
-RUN HOME=/tmp /opt/gateway/bin/gpt-oss-gateway build-kernels --march x86-64-v3 --output /opt/gateway/kernels
+# every CPU variant (x86-64, -v3 with AVX2, -v4 with AVX-512, -v4 with VNNI), not only the building machine's:
+# the engine loads the best one the node's CPU runs
+RUN HOME=/tmp /opt/gateway/bin/gpt-oss-gateway build-kernels --variants --output /opt/gateway/kernels
 
 # the same, plus CUDA 13 and cuDNN 9 as the NVIDIA wheels onnxruntime-gpu is built against
 FROM build-cpu AS build-cuda
 RUN /opt/gateway/bin/python -m ensurepip \
     && /opt/gateway/bin/python -m pip install --no-cache-dir '.[cuda,mcp]' \
     && /opt/gateway/bin/python -m pip uninstall --yes pip
-# again, now with nvcc (from the cuda extra's wheels): the library gains the CUDA kernel (sm_80, sm_90)
-RUN HOME=/tmp /opt/gateway/bin/gpt-oss-gateway build-kernels --march x86-64-v3 --output /opt/gateway/kernels
+# again, now with nvcc (from the cuda extra's wheels): every variant gains the CUDA kernels (sm_80, sm_90)
+RUN HOME=/tmp /opt/gateway/bin/gpt-oss-gateway build-kernels --variants --output /opt/gateway/kernels
 
 # ---- runtime: what both images share ----
 FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
@@ -43,7 +44,7 @@ ENV PATH=/opt/gateway/bin:$PATH \
     HOME=/tmp \
     GATEWAY_HOST=0.0.0.0 \
     GATEWAY_VOCAB_DOWNLOAD=0 \
-    GATEWAY_ENGINE_KERNELS=/opt/gateway/kernels/libgptoss_engine_kernels.so
+    GATEWAY_ENGINE_KERNELS=/opt/gateway/kernels
 USER 10001:10001
 EXPOSE 8000 9464
 STOPSIGNAL SIGTERM

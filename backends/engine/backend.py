@@ -42,7 +42,7 @@ from .checkpoint import Checkpoint
 from .config import DEMO_CONFIG, CheckpointError
 from .grammar import GrammarCompiler
 from .graph import Dtype, GraphOptions
-from .kernels.build import kernel_library
+from .kernels.build import kernel_choice
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
 from .page_events import PageEvents
@@ -72,6 +72,9 @@ class EngineOptions(BaseModel):
     kv_cache_tokens: int | None = Field(default=None, ge=16)
     page_size: int = Field(default=32, ge=8, le=256)
     prefill_chunk: int = Field(default=512, ge=16)  # prompt tokens per step while others decode
+    # a prompt chunk runs in pieces of about this long, and a request arriving meanwhile is admitted after the piece
+    # running, not after the whole chunk (chunk_budget.py); 0: chunks run whole
+    prefill_piece_ms: float = Field(default=10.0, ge=0, le=10_000)
     kernels: bool = True  # build and use the compiled MXFP4 MoE kernels (else the pure-ONNX realization)
     # CPU: the attention projections and the unembedding read in int8 with a scale per row (half the bytes of
     # bf16; logits within the bound tests/engine/test_dense_int8.py states), the router in bf16
@@ -190,7 +193,10 @@ class EngineBackend:
                 page_size=options.page_size,
             )
             model = compiled_model(checkpoint, graph_options, cache, _progress)
-            kernels = kernel_library() if options.kernels else None  # the MoE (unless qmoe) and the sampler
+            choice = kernel_choice() if options.kernels else None  # the MoE (unless qmoe), the sampler, dense
+            kernels = None if choice is None else choice.path
+            if cpu:
+                self._placement["cpu_kernels"] = "none" if choice is None else choice.variant
             window = checkpoint.config.sliding_window
             pools = KvPools(options.full_pages(), options.window_pages(window), options.page_size, window)
             runtime = DecoderRuntime(
@@ -210,7 +216,13 @@ class EngineBackend:
             )
             self._placement["sampler"] = "kernel" if runtime.samples_on_device else "numpy"
             self._batcher = Batcher(
-                runtime, pools, options.max_batch, options.prefill_chunk, options.prefix_budget(), self.page_events
+                runtime,
+                pools,
+                options.max_batch,
+                options.prefill_chunk,
+                options.prefix_budget(),
+                self.page_events,
+                options.prefill_piece_ms / 1000,
             )
             log.info(
                 "engine_ready",
@@ -221,6 +233,7 @@ class EngineBackend:
                 moe="ONNX Runtime QMoE" if options.moe == "qmoe" else "compiled kernel" if kernels else "pure ONNX",
                 device=device,
                 dtype=dtype,
+                cpu_kernels=self._placement.get("cpu_kernels"),
             )
         except (CheckpointError, OSError, RuntimeError, ValueError) as exc:
             self._failure = str(exc) or type(exc).__name__

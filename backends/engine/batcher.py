@@ -7,8 +7,10 @@ below its share of a full batch takes a slot from the one most above its own), i
 tenant; it starts from the longest prefix of its prompt that pages already hold in its namespace, by
 reference. Each step runs every decoding sequence's next token and one chunk of the prompt of the prefilling
 sequence whose tenant is furthest behind, together (with CUDA graphs: the chunk first, then the decode rows as
-the graph of their bucket); the step's next tokens are chosen together, by the SampleTokens kernels on the
-runtime's device where they are loaded. When a running sequence needs a page and none is left, the latest
+the graph of their bucket); the chunk runs in pieces of a set time, the rest of them alone, and a request
+arriving meanwhile ends the step after the piece running (chunk_budget.py). Only a prompt's last piece has its
+logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the runtime's device
+where they are loaded. When a running sequence needs a page and none is left, the latest
 admitted sequence of the tenant furthest ahead of its share is preempted: its pages go back (the prefix cache
 keeps naming the full ones) and it waits at the head of its tenant's queue to be run again from what it had
 written, its answer continuing where it stopped. A finished or cancelled sequence gives its pages back at
@@ -29,10 +31,11 @@ import structlog
 from backends.base import TIER_RANK, Chunk, EngineStats, GenerateRequest, TenantQueue, TokenLogprob
 from harmony.tokens import FIRST_SPECIAL
 
+from .chunk_budget import ChunkPieces
 from .fair_share import FairShare
 from .grammar import TokenGuide
 from .page_events import PageEvents
-from .page_pool import KvPools, PageTable
+from .page_pool import SCRATCH, KvPools, PageTable
 from .prefix_cache import PrefixCache, Written
 from .runtime import DecoderRuntime, StepRows
 from .sampler import RowSpec, sampling_rows
@@ -93,18 +96,22 @@ class Batcher:
         prefill_chunk: int = 512,
         prefix_budget: int = 0,
         page_events: PageEvents | None = None,
+        piece_s: float = 0.0,
     ) -> None:
         """`max_batch`: sequences running at once; `prefix_budget`: tokens of pages no sequence holds that the
-        prefix cache may keep (0: no reuse); `page_events`: where the prefix cache reports the pages it names."""
+        prefix cache may keep (0: no reuse); `page_events`: where the prefix cache reports the pages it names;
+        `piece_s`: the time of a prompt chunk's pieces, between which an arrival ends the step (chunk_budget.py)."""
         self.runtime = runtime
         self.pools = pools
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        self._pieces = ChunkPieces(piece_s)
         self.prefix = PrefixCache(pools, prefix_budget, events=page_events)
         self._prefix_stats = self.prefix.stats()
         self._pool_stats = (pools.full.stats(), pools.window.stats())
         self._incoming: queue.Queue[Sequence | None] = queue.Queue()
         self._waiting = FairShare()  # taken from the queue, or preempted: by tenant
+        self._closed = False  # close() was called and everything in flight failed
         self._running: list[Sequence] = []  # in admission order
         self._order = itertools.count()
         self._kv_tokens = 0  # positions written by running sequences, as of the last step
@@ -152,6 +159,11 @@ class Batcher:
         self._thread.join(timeout=30)
 
     def _loop(self) -> None:
+        try:
+            self._pieces.calibrate(self._probe, self.runtime.max_positions // 2)
+            log.info("engine_prompt_pieces", fit=self._pieces.fit, piece_s=self._pieces.piece_s)
+        except Exception:
+            log.exception("engine_prompt_pieces_uncalibrated")  # chunks then run whole
         while True:
             if not self._admit():
                 return
@@ -164,6 +176,14 @@ class Batcher:
             self._pool_stats = (self.pools.full.stats(), self.pools.window.stats())
             if not self._running or time.monotonic() - self._queues_at > QUEUES_EVERY_S:
                 self._publish_queues()
+
+    def _probe(self, tokens: int, start: int) -> None:
+        """A run of `tokens` prompt tokens from `start` into the scratch page, no logits (ChunkPieces.calibrate)."""
+        start = max(0, min(start, self.runtime.max_positions - tokens))
+        pages = -(-(start + tokens) // self.pools.page_size)
+        step = StepRows()
+        step.add([0] * tokens, start, PageTable([SCRATCH] * pages, [SCRATCH] * pages), logits=False)
+        self.runtime.run(step)
 
     def _publish_queues(self) -> None:
         """Each tenant's and tier's sequences, for the engine's metrics (read by other threads: a new dict)."""
@@ -185,17 +205,19 @@ class Batcher:
 
     def _take_arrivals(self) -> bool:
         """Queue what has arrived (waiting for something while the engine is idle); False once closed."""
-        while True:
+        while not self._closed:
             idle = not self._running and not self._waiting
             try:
                 arrival = self._incoming.get(block=idle)
             except queue.Empty:
                 return True
             if arrival is None:
+                self._closed = True
                 self._fail_all(RuntimeError("the engine stopped"))
-                return False
+                break
             arrival.fill = list(arrival.request.prompt)
             self._waiting.push(arrival, self._running)
+        return False
 
     def _admit(self) -> bool:
         """Admit waiting sequences, the tenant furthest behind its share first, while pages and batch room last
@@ -306,11 +328,28 @@ class Batcher:
             if pools.fits(needs) or (not decoding and self._make_room(filling, needs)):
                 pools.extend(filling.table, start, end)
                 chunk = filling.fill[start:end]
-        if self.runtime.buckets and chunk and decoding:  # the decode rows run padded (a CUDA graph): the chunk alone
-            self._run([], filling, chunk)
-            chunk, filling = [], None
-        if decoding or chunk:
-            self._run(decoding, filling, chunk)
+        pieces = self._pieces.split(chunk, filling.position if filling is not None else 0)
+        # a prompt whose rest is one piece runs alone first: its first token waits for no decode row; and with CUDA
+        # graphs, the decode rows run padded as the graph of their bucket, the chunk always alone
+        alone = filling is not None and len(pieces) == 1 and filling.position + len(chunk) == len(filling.fill)
+        if pieces and decoding and (alone or self.runtime.buckets):
+            self._run([], filling, pieces[0])
+            self._run_pieces(filling, pieces[1:])
+            self._run(decoding, None, [])
+        elif decoding or pieces:
+            self._run(decoding, filling if pieces else None, pieces[0] if pieces else [])
+            self._run_pieces(filling, pieces[1:])
+
+    def _run_pieces(self, filling: Sequence | None, pieces: list[list[int]]) -> None:
+        """Run a chunk's pieces alone, until a request arrives that the fair share runs first (it is admitted
+        before the rest runs)."""
+        for piece in pieces:
+            if filling not in self._running or filling.cancelled.is_set() or not self._take_arrivals():
+                return
+            head = self._waiting.head()
+            if head is not None and self._waiting.before(head, filling):
+                return
+            self._run([], filling, piece)
 
     def _run(self, decoding: list[Sequence], filling: Sequence | None, chunk: list[int]) -> None:
         step = StepRows()
@@ -318,7 +357,8 @@ class Batcher:
             step.add([sequence.token], sequence.position, sequence.table)
         if chunk:
             assert filling is not None
-            step.add(chunk, filling.position, filling.table)
+            last = filling.position + len(chunk) == len(filling.fill) and not filling.resumed
+            step.add(chunk, filling.position, filling.table, logits=last)  # a next token is chosen after the last
         try:
             self.runtime.run(step)
         except Exception as exc:

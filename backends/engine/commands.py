@@ -14,7 +14,7 @@ from .backend import MAX_POSITIONS
 from .checkpoint import Checkpoint
 from .config import SHAPES, CheckpointError
 from .graph import DTYPES, GraphOptions
-from .kernels.build import MANIFEST, KernelBuildError, build_library
+from .kernels.build import KERNELS_ENV, MANIFEST, KernelBuildError, build_library, build_variants
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
 
@@ -79,6 +79,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     kernels = commands.add_parser("build-kernels", help="compile the engine's MXFP4 MoE kernels (CUDA too with nvcc)")
     kernels.add_argument("--march", default="native", help="instruction set, e.g. x86-64-v3 for portable images")
     kernels.add_argument("--output", help="also copy the library (and build.json) into this directory")
+    kernels.add_argument(
+        "--variants",
+        action="store_true",
+        help="build every CPU variant an image ships into --output (x86-64: x86-64, -v3, -v4, -v4 with VNNI); "
+        f"with {KERNELS_ENV} naming that directory, the engine loads the best one the CPU runs",
+    )
     kernels.set_defaults(run=_build_kernels)
 
 
@@ -124,6 +130,17 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _build_kernels(args: argparse.Namespace) -> int:
+    if args.variants:
+        if not args.output:
+            print("gpt-oss-gateway: --variants needs --output", file=sys.stderr)
+            return 2
+        try:
+            for library in build_variants(Path(args.output)):
+                print(library)
+        except (KernelBuildError, OSError) as exc:
+            print(f"gpt-oss-gateway: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         library = build_library(march=args.march)
         if args.output:

@@ -92,6 +92,10 @@ class FairShare:
         heads = [queue[0] for queue in self._queues.values() if queue]
         return min(heads, key=lambda s: (s.rank, self.vtime(s.tenant), s.arrived), default=None)
 
+    def before(self, sequence: Queued, other: Queued) -> bool:
+        """Whether `sequence` runs before `other`: a better tier, or a tenant further behind."""
+        return (sequence.rank, self.vtime(sequence.tenant)) < (other.rank, self.vtime(other.tenant))
+
     def pop(self, sequence: Queued) -> None:
         key = (sequence.rank, sequence.tenant)
         queue = self._queues[key]

@@ -147,12 +147,16 @@ class StepRows:
     tokens: list[list[int]] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
     tables: list[PageTable] = field(default_factory=list)
+    unread: int = 0  # rows at the end whose logits nobody reads (a prompt's piece before its last)
 
-    def add(self, tokens: list[int], start: int, table: PageTable) -> int:
-        """A row; its index (and its logits row once the step ran)."""
+    def add(self, tokens: list[int], start: int, table: PageTable, logits: bool = True) -> int:
+        """A row; its index (and its logits row once the step ran). Rows without `logits` come after all others."""
+        if logits and self.unread:
+            raise ValueError("rows without logits come last")
         self.tokens.append(tokens)
         self.starts.append(start)
         self.tables.append(table)
+        self.unread += not logits
         return len(self.tokens) - 1
 
 
@@ -315,7 +319,7 @@ class DecoderRuntime:
             self._padded(step)
         else:
             self._run_once(step, ends)
-        self._last_rows = count
+        self._last_rows = count - step.unread
         if self.device == "cuda":
             self._binding.synchronize_outputs()  # ORT's stream computed them; the next reader may use another
 
@@ -339,13 +343,14 @@ class DecoderRuntime:
             "token_rows": np.repeat(np.arange(rows, dtype=np.int32), [len(tokens) for tokens in step.tokens]),
             "full_pages": full,
             "window_pages": window,
-            "last_tokens": np.cumsum([len(tokens) for tokens in step.tokens], dtype=np.int64) - 1,
+            "last_tokens": np.cumsum([len(t) for t in step.tokens[: rows - step.unread]], dtype=np.int64) - 1,
         }
         for name, value in inputs.items():
             self._binding.bind_cpu_input(name, value)
         place, device_id = self._place
         vocab = self.config.vocab_size
-        self._binding.bind_output("logits", place, device_id, np.float32, [rows, vocab], self._logits.data_ptr())
+        logits = [rows - step.unread, vocab]  # no unembedding for the rows nobody reads
+        self._binding.bind_output("logits", place, device_id, np.float32, logits, self._logits.data_ptr())
         self.session.run_with_iobinding(self._binding, self._run_options(-1) if self.cuda_graph else None)
 
     def _padded(self, step: StepRows) -> None:

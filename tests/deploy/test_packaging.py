@@ -68,9 +68,10 @@ def test_the_dockerfile_builds_both_variants_from_every_package_as_non_root():
     for extra in re.findall(r"'\.\[([a-z,]+)\]'", installs):
         assert set(extra.split(",")) <= extras
     for build in ("build-cpu", "build-cuda"):  # kernels built into the venv the images copy, named by the runtime
-        assert any("build-kernels" in line and "--output /opt/gateway/kernels" in line for line in stages[build])
+        built = [line for line in stages[build] if "build-kernels" in line]  # every CPU variant, chosen at load
+        assert any("--variants" in line and "--output /opt/gateway/kernels" in line for line in built)
     runtime = stages["runtime"]
-    assert any("GATEWAY_ENGINE_KERNELS=/opt/gateway/kernels/libgptoss_engine_kernels.so" in line for line in runtime)
+    assert any("GATEWAY_ENGINE_KERNELS=/opt/gateway/kernels" in line.split() for line in runtime)
     assert next(line.split()[1] for line in runtime if line.startswith("USER ")) == "10001:10001"
     assert runtime[-2:] == ['ENTRYPOINT ["gpt-oss-gateway"]', 'CMD ["serve"]']
     for image, build in (("cpu", "build-cpu"), ("cuda", "build-cuda")):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +17,8 @@ from live_gateway import LiveGateway
 
 from backends.base import BackendError, EngineStats, GenerateRequest, Sampling
 from backends.engine.backend import EngineBackend, EngineOptions, from_options
+from backends.engine.kernels.build import KERNELS_ENV, kernel_choice
+from backends.engine.kernels.variants import level
 from backends.engine.runtime import cuda_unavailable_reason
 from gateway.config import Settings
 from gateway.services import ConfigError, build_services
@@ -245,7 +248,9 @@ def test_a_float16_engine_on_the_cpu_generates_what_the_float32_engine_does(chec
         return described, tokens
 
     (wide, wide_tokens), (narrow, narrow_tokens) = asyncio.run(run("float32")), asyncio.run(run("float16"))
-    placed = {"status": "ready", "device": "cpu", "moe": "mxfp4moe", "sampler": "kernel"}
+    variant = kernel_choice().variant  # the CPU variant the kernels were built in, as /readyz says it
+    assert variant == f"native ({level()} level)" or os.environ.get(KERNELS_ENV), variant
+    placed = {"status": "ready", "device": "cpu", "moe": "mxfp4moe", "sampler": "kernel", "cpu_kernels": variant}
     assert wide == {**placed, "dtype": "float32"} and narrow == {**placed, "dtype": "float16"}
     assert narrow_tokens == wide_tokens and len(set(wide_tokens)) > 3
 

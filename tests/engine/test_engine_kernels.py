@@ -112,13 +112,13 @@ def test_the_cuda_kernel_is_compiled_into_the_library(libraries):
 
 
 def test_without_the_kernels_the_engine_says_why_and_falls_back(monkeypatch, tmp_path):
-    build.kernel_library.cache_clear()
+    build.kernel_choice.cache_clear()
     monkeypatch.setenv(build.KERNELS_ENV, "0")
     assert build.kernel_library() is None
-    build.kernel_library.cache_clear()
+    build.kernel_choice.cache_clear()
     monkeypatch.setenv(build.KERNELS_ENV, str(tmp_path / "absent.so"))
     assert build.kernel_library() is None
-    build.kernel_library.cache_clear()
+    build.kernel_choice.cache_clear()
     prebuilt = build.build_library()
     monkeypatch.setenv(build.KERNELS_ENV, str(prebuilt))  # as the container images set it
     assert build.kernel_library() == prebuilt
@@ -127,13 +127,13 @@ def test_without_the_kernels_the_engine_says_why_and_falls_back(monkeypatch, tmp
     monkeypatch.setenv("CXX", "/bin/false")
     with pytest.raises(build.KernelBuildError, match="the kernel build failed"):
         build.build_library(tmp_path)
-    build.kernel_library.cache_clear()
+    build.kernel_choice.cache_clear()
     assert build.kernel_library(tmp_path) is None  # logged once as engine_kernels_unavailable
     monkeypatch.delenv("CXX")
     monkeypatch.setenv(build.HEADERS_ENV, str(tmp_path))
     with pytest.raises(build.KernelBuildError, match=build.HEADERS_ENV):
         build.build_library(tmp_path / "other")
-    build.kernel_library.cache_clear()
+    build.kernel_choice.cache_clear()
 
 
 def test_build_kernels_copies_a_library_that_registers(tmp_path, capsys):

@@ -44,14 +44,16 @@ def export_model(checkpoint_dir: Path, max_positions: int) -> str:
 
 
 def kernel_builds() -> dict[str, str]:
-    """The kernels built for this machine, and (on x86-64) a portable build without AVX2, for the CPU alone."""
-    import platform
-
+    """The kernels built for this machine ("native"), and for the CPU alone every variant an image ships
+    (variants.py) that this CPU can run; test_kernel_variants.py names the others as skipped."""
     from backends.engine.kernels import build
+    from backends.engine.kernels.variants import runs_here, variants
 
     built = {"native": str(build.build_library())}
-    if platform.machine() in ("x86_64", "AMD64"):
-        built["portable"] = str(build.build_library(march="x86-64", cuda=False))
+    for variant in variants():
+        if variant.name != "native" and runs_here(variant):
+            library = build.build_library(march=variant.march, cuda=False, extensions=variant.extensions)
+            built[variant.name] = str(library)
     return built
 
 

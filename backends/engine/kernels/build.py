@@ -24,9 +24,12 @@ import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+
+from .variants import VARIANTS_FILE, Variant, choose, level, variants, write_index
 
 log = structlog.get_logger("backends.engine")
 
@@ -60,6 +63,7 @@ HEADERS = (
     "cuda_launch.h",
     "dense_op.h",
     "weight_batches.h",
+    "simd_cpu.h",
     "kernel_dtype.h",
     "ort_dtype.h",
     "cuda_numbers.h",
@@ -188,20 +192,30 @@ def _run(command: list[str]) -> None:
 
 
 def _compile_and_link(
-    compiler: str, flags: tuple[str, ...], headers: Path, nvcc: Path | None, scratch: Path, output: Path
+    compiler: str, flags: tuple[str, ...], headers: Path, nvcc: Path | None, scratch: Path, output: Path, cache: Path
 ) -> None:
-    """Objects in parallel (g++ for the C++, nvcc for the CUDA kernels), then one shared library."""
+    """Objects in parallel (g++ for the C++, nvcc for the CUDA kernels), then one shared library. The CUDA objects
+    do not depend on the CPU's instruction set: they are kept in the cache and shared by every variant's build."""
     sources = [*SOURCES, *(CUDA_HOST_SOURCES if nvcc else ())]
     defines = ("-DGPTOSS_WITH_CUDA",) if nvcc else ()
     jobs = [
         [compiler, "-c", *flags, *defines, f"-I{headers}", str(source_dir() / name), "-o", str(scratch / f"{name}.o")]
         for name in sources
     ]
-    if nvcc:
+    cuda_objects = cache / f"cuda-objects-{_build_key([_version(nvcc)], ())}" if nvcc else None
+    if nvcc and cuda_objects and not all((cuda_objects / f"{name}.o").is_file() for name in CUDA_SOURCES):
         for name in CUDA_SOURCES:
             jobs.append([str(nvcc), "-c", *CUDA_FLAGS, str(source_dir() / name), "-o", str(scratch / f"{name}.o")])
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         list(pool.map(_run, jobs))
+    if nvcc and cuda_objects:
+        cuda_objects.mkdir(parents=True, exist_ok=True)
+        for name in CUDA_SOURCES:
+            built, kept = scratch / f"{name}.o", cuda_objects / f"{name}.o"
+            if built.is_file():
+                shutil.copy2(built, kept)
+            else:
+                shutil.copy2(kept, built)
     objects = [str(path) for path in sorted(scratch.glob("*.o"))]
     if nvcc:
         libraries = [f"-L{nvcc.parent.parent / name}" for name in ("lib", "lib64")]
@@ -210,17 +224,21 @@ def _compile_and_link(
         _run([compiler, "-shared", *objects, "-o", str(output)])
 
 
-def build_library(cache: Path | None = None, march: str = "native", cuda: bool = True) -> Path:
+def build_library(
+    cache: Path | None = None, march: str = "native", cuda: bool = True, extensions: tuple[str, ...] = ()
+) -> Path:
     """The compiled kernel library, built if this machine has not built these sources yet.
 
-    `march`: the instruction set (the machine's own by default: the library is built where it runs).
-    The CUDA kernel is compiled in (for sm_80 and sm_90) when nvcc is found, unless `cuda` is false (a build
-    for the CPU paths alone); `build.json` beside the library says what it holds.
+    `march` and `extensions` (more -m flags): the instruction set (the machine's own by default: the library is
+    built where it runs; variants.py names those an image ships). The CUDA kernel is compiled in (for sm_80 and
+    sm_90) when nvcc is found, unless `cuda` is false (a build for the CPU paths alone); `build.json` beside the
+    library says what it holds.
     """
     cache = cache or default_cache_dir()
     compiler = _compiler()
     nvcc = find_nvcc() if cuda else None
-    flags = (*CXX_FLAGS, f"-march={march}", *DEFINES)
+    variant = Variant(march, march, extensions)
+    flags = (*CXX_FLAGS, *variant.flags(), *DEFINES)
     tools = [_version(compiler), _version(nvcc) if nvcc else "no nvcc"]
     target = cache / _build_key(tools, flags) / LIBRARY
     if target.is_file():
@@ -231,8 +249,13 @@ def build_library(cache: Path | None = None, march: str = "native", cuda: bool =
     started = time.monotonic()
     log.info("engine_kernels_building", into=str(target.parent), cuda=nvcc is not None, note="once per machine")
     try:
-        _compile_and_link(compiler, flags, headers, nvcc, scratch, scratch / LIBRARY)
-        manifest = {"cuda": nvcc is not None, "cuda_archs": list(CUDA_ARCHS) if nvcc else [], "tools": tools}
+        _compile_and_link(compiler, flags, headers, nvcc, scratch, scratch / LIBRARY, cache)
+        manifest = {
+            "cuda": nvcc is not None,
+            "cuda_archs": list(CUDA_ARCHS) if nvcc else [],
+            "tools": tools,
+            "cpu_flags": list(variant.flags()),
+        }
         (target.parent / MANIFEST).write_text(json.dumps(manifest, indent=1))
         (scratch / LIBRARY).replace(target)
         log.info("engine_kernels_built", seconds=round(time.monotonic() - started, 1))
@@ -241,20 +264,66 @@ def build_library(cache: Path | None = None, march: str = "native", cuda: bool =
     return target
 
 
-@functools.cache
+def build_variants(output: Path, cache: Path | None = None, cuda: bool = True) -> list[Path]:
+    """The library in every CPU variant of this architecture (variants.py), each under `output`/<variant>/ with
+    its build.json, and the index the engine chooses from at load."""
+    built = []
+    for variant in variants():
+        library = build_library(cache, variant.march, cuda, variant.extensions)
+        target = output / variant.name
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(library.parent / MANIFEST, target / MANIFEST)
+        built.append(Path(shutil.copy2(library, target / LIBRARY)))
+    write_index(output, list(variants()))
+    return built
+
+
 def kernel_library(cache: Path | None = None) -> Path | None:
-    """The library to register with ONNX Runtime, or None (said once) where it cannot be built."""
+    """The library to register with ONNX Runtime (kernel_choice's), or None."""
+    choice = kernel_choice(cache)
+    return None if choice is None else choice.path
+
+
+@functools.cache
+def kernel_choice(cache: Path | None = None) -> KernelLibrary | None:
+    """The library to register with ONNX Runtime, or None (said once) where it cannot be built: $GATEWAY_ENGINE_KERNELS
+    names a library, or a directory of variants (`build-kernels --variants`: the best this CPU runs is taken);
+    unset, the library is built for this machine's own instruction set."""
     setting = os.environ.get(KERNELS_ENV, "")
     if setting == "0":
         log.info("engine_kernels_off", reason=f"{KERNELS_ENV}=0")
         return None
     if setting:
-        if Path(setting).is_file():
-            return Path(setting)
+        path = Path(setting)
+        if (path / VARIANTS_FILE).is_file():
+            chosen = choose(path, LIBRARY)
+            if chosen is None:
+                reason = f"{KERNELS_ENV}={setting}: no variant runs on this CPU"
+                log.warning("engine_kernels_unavailable", reason=reason)
+                return None
+            library, variant = chosen
+            log.info("engine_kernels_variant", variant=variant.name, library=str(library))
+            return KernelLibrary(library, variant.name)
+        if path.is_file():
+            return KernelLibrary(path, _variant_of(path))
         log.warning("engine_kernels_unavailable", reason=f"{KERNELS_ENV}={setting} is not a file")
         return None
     try:
-        return build_library(cache)
+        return KernelLibrary(build_library(cache), f"native ({level()} level)")
     except (KernelBuildError, OSError) as exc:
         log.warning("engine_kernels_unavailable", reason=str(exc), fallback="the pure-ONNX MXFP4 MoE")
         return None
+
+
+@dataclass(frozen=True)
+class KernelLibrary:
+    path: Path
+    variant: str  # the CPU variant it was built for, as /readyz names it
+
+
+def _variant_of(library: Path) -> str:
+    """The CPU flags a library was built with, from the build.json beside it ("unknown" without one)."""
+    try:
+        return " ".join(json.loads((library.parent / MANIFEST).read_text())["cpu_flags"]).replace("-march=", "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown"

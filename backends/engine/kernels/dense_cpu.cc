@@ -11,9 +11,11 @@
 //   pass share each x load;
 // - more (prefill): the block is widened once into a float tile laid out by k, and groups of input rows run
 //   against it as an outer product in registers (the arithmetic bound, not the memory).
-// The sums are float, in an order of their own: equal to a float32 MatMul's to float rounding.
+// The sums are float, in an order of their own: equal to a float32 MatMul's to float rounding. The vector paths are
+// written once against simd_cpu.h: AVX-512 in an x86-64-v4 build, AVX2 and FMA in an x86-64-v3 one.
 
 #include "dense_op.h"
+#include "simd_cpu.h"
 #include "weight_batches.h"
 
 #include <algorithm>
@@ -22,22 +24,18 @@
 #include <string>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace gptoss {
 namespace {
 
 constexpr int64_t kFewRows = 8;
 constexpr int64_t kBlockRows = 32;  // output rows per task (and per prefill tile: two 16-float vectors)
-constexpr int64_t kGroupRows = 8;   // input rows per register block of the prefill path
 // Weight bytes the decode path asks the cache for ahead of those it reads: the hardware prefetcher alone leaves
 // some of its loads waiting on memory. 4 KiB ahead beat 1 KiB (tuned on an Intel Xeon) and 2, 8 and 16 KiB on a
 // 2-core AMD EPYC, alternated in one process; bench/llama_cpp_bench.py reports the decode rates it gives.
 constexpr int64_t kPrefetchBytes = 4096;
 
-// How each kind of weight widens to float: one value, and (AVX-512) 16 consecutive ones.
+// How each kind of weight widens to float: one value, and Simd::kLanes consecutive ones.
 struct Bf16Weights {
   using Stored = uint16_t;
   static float Widen(Stored bits) {
@@ -46,22 +44,16 @@ struct Bf16Weights {
     std::memcpy(&value, &word, sizeof value);
     return value;
   }
-#if defined(__AVX512F__)
-  static __m512 Widen16(const Stored* bits) {
-    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-  }
+#if defined(GPTOSS_SIMD)
+  static Simd::F WidenVector(const Stored* bits) { return Simd::WidenBf16(bits); }
 #endif
 };
 
 struct Int8Weights {
   using Stored = int8_t;
   static float Widen(Stored value) { return static_cast<float>(value); }
-#if defined(__AVX512F__)
-  static __m512 Widen16(const Stored* values) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(values));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-  }
+#if defined(GPTOSS_SIMD)
+  static Simd::F WidenVector(const Stored* values) { return Simd::WidenInt8(values); }
 #endif
 };
 
@@ -87,28 +79,29 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
     const typename W::Stored* w = p.w + row * k;
     float sums[R] = {};
     int64_t i = 0;
-#if defined(__AVX512F__)
-    __m512 acc[R][U];
+#if defined(GPTOSS_SIMD)
+    constexpr int64_t L = Simd::kLanes;
+    Simd::F acc[R][U];
     for (int r = 0; r < R; ++r) {
-      for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
+      for (int u = 0; u < U; ++u) acc[r][u] = Simd::Zero();
     }
-    for (; i + 16 * U <= k; i += 16 * U) {
+    for (; i + L * U <= k; i += L * U) {
       const char* ahead = reinterpret_cast<const char*>(w + i) + kPrefetchBytes;
-      for (size_t b = 0; b < 16 * U * sizeof *w; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+      for (size_t b = 0; b < L * U * sizeof *w; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
       for (int u = 0; u < U; ++u) {
-        const __m512 wide = W::Widen16(w + i + 16 * u);
+        const Simd::F wide = W::WidenVector(w + i + L * u);
         for (int r = 0; r < R; ++r) {
-          acc[r][u] = _mm512_fmadd_ps(wide, _mm512_loadu_ps(p.x + (m0 + r) * k + i + 16 * u), acc[r][u]);
+          acc[r][u] = Simd::Fma(wide, Simd::Load(p.x + (m0 + r) * k + i + L * u), acc[r][u]);
         }
       }
     }
-    for (; i + 16 <= k; i += 16) {
-      const __m512 wide = W::Widen16(w + i);
-      for (int r = 0; r < R; ++r) acc[r][0] = _mm512_fmadd_ps(wide, _mm512_loadu_ps(p.x + (m0 + r) * k + i), acc[r][0]);
+    for (; i + L <= k; i += L) {
+      const Simd::F wide = W::WidenVector(w + i);
+      for (int r = 0; r < R; ++r) acc[r][0] = Simd::Fma(wide, Simd::Load(p.x + (m0 + r) * k + i), acc[r][0]);
     }
     for (int r = 0; r < R; ++r) {
-      for (int u = 1; u < U; ++u) acc[r][0] = _mm512_add_ps(acc[r][0], acc[r][u]);
-      sums[r] = _mm512_reduce_add_ps(acc[r][0]);
+      for (int u = 1; u < U; ++u) acc[r][0] = Simd::Add(acc[r][0], acc[r][u]);
+      sums[r] = Simd::Sum(acc[r][0]);
     }
 #endif
     for (; i < k; ++i) {
@@ -119,39 +112,47 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
   }
 }
 
-#if defined(__AVX512F__)
+#if defined(GPTOSS_SIMD)
+// Weight rows a pass of SharedRows takes for R input rows: P x R sums, P widened weights and one x vector in the
+// registers (AVX-512: 4 up to 4 rows, else 2; AVX2's 16 registers: 2 up to 6 rows, else 1).
+template <int R>
+constexpr int SharedPass() {
+  return 4 * R + 4 + 1 <= Simd::kRegisters ? 4 : 2 * R + 2 + 1 <= Simd::kRegisters ? 2 : 1;
+}
+
 // The same for R >= 3 rows: P weight rows at a time share each load of an x vector, over the whole of K (the
 // x rows come from L2: R x K floats). K taken in chunks whose x rows stay in L1 read each block's weight rows as
 // short runs, which streamed slower on a 2-core AMD EPYC (bench/llama_cpp_bench.py, 4 sequences with
 // moe_int8_activations: 1.09x llama.cpp f16 with the chunks; 1.22-1.33x in three runs with whole rows).
 template <typename W, int R>
 void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
-  constexpr int P = R <= 4 ? 4 : 2;  // weight rows per pass: P x R sums, P + R loads, in 32 registers
+  constexpr int P = SharedPass<R>();
+  constexpr int64_t L = Simd::kLanes;
   const int64_t k = p.k;
-  const int64_t whole = k / 16 * 16;
+  const int64_t whole = k / L * L;
   int64_t j = first;
   for (; j + P <= last; j += P) {
     const typename W::Stored* w = p.w + j * k;
-    __m512 sums[P][R];
+    Simd::F sums[P][R];
     for (int q = 0; q < P; ++q) {
-      for (int r = 0; r < R; ++r) sums[q][r] = _mm512_setzero_ps();
+      for (int r = 0; r < R; ++r) sums[q][r] = Simd::Zero();
     }
-    for (int64_t i = 0; i < whole; i += 16) {
+    for (int64_t i = 0; i < whole; i += L) {
       // the next P rows' line at this column, read right after these (past the matrix's end a prefetch is
       // dropped, never a fault)
       if (i % (64 / sizeof *w) == 0) {
         for (int q = 0; q < P; ++q) _mm_prefetch(reinterpret_cast<const char*>(w + (P + q) * k + i), _MM_HINT_T0);
       }
-      __m512 wide[P];
-      for (int q = 0; q < P; ++q) wide[q] = W::Widen16(w + q * k + i);
+      Simd::F wide[P];
+      for (int q = 0; q < P; ++q) wide[q] = W::WidenVector(w + q * k + i);
       for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_loadu_ps(p.x + r * k + i);
-        for (int q = 0; q < P; ++q) sums[q][r] = _mm512_fmadd_ps(wide[q], x, sums[q][r]);
+        const Simd::F x = Simd::Load(p.x + r * k + i);
+        for (int q = 0; q < P; ++q) sums[q][r] = Simd::Fma(wide[q], x, sums[q][r]);
       }
     }
     for (int q = 0; q < P; ++q) {
       for (int r = 0; r < R; ++r) {
-        float sum = _mm512_reduce_add_ps(sums[q][r]);
+        float sum = Simd::Sum(sums[q][r]);
         for (int64_t i = whole; i < k; ++i) sum += W::Widen(w[q * k + i]) * p.x[r * k + i];
         p.y[r * p.n + j + q] = sum * p.Scale(j + q);
       }
@@ -166,7 +167,7 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last) {
   switch (p.rows) {
     case 1: return FewRows<W, 1>(p, first, last, 0);
     case 2: return FewRows<W, 2>(p, first, last, 0);
-#if defined(__AVX512F__)
+#if defined(GPTOSS_SIMD)
     case 3: return SharedRows<W, 3>(p, first, last);
     case 4: return SharedRows<W, 4>(p, first, last);
     case 5: return SharedRows<W, 5>(p, first, last);
@@ -196,26 +197,36 @@ void ManyRows(const Problem<W>& p, int64_t first, int64_t last, std::vector<floa
     for (int64_t i = 0; i < k; ++i) tile[i * kBlockRows + j] = W::Widen(w[i]) * scale;
   }
   int64_t m = 0;
-#if defined(__AVX512F__)
-  static_assert(kBlockRows == 32, "the register block holds two 16-float vectors of outputs");
-  for (; m + kGroupRows <= p.rows; m += kGroupRows) {
-    __m512 lo[kGroupRows], hi[kGroupRows];
-    for (int64_t r = 0; r < kGroupRows; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+#if defined(GPTOSS_SIMD)
+  // groups of G input rows against 2 vectors of the tile's columns at a time: 2G sums, 2 tile loads and a
+  // broadcast in the registers (AVX-512: 8 rows, the tile's 32 columns in one pass; AVX2: 6 rows, 16 columns
+  // a pass)
+  constexpr int64_t L = Simd::kLanes;
+  constexpr int64_t G = Simd::kRegisters == 32 ? 8 : 6;
+  static_assert(kBlockRows % (2 * L) == 0, "a pass takes two vectors of the tile's columns");
+  const int64_t passes = (width + 2 * L - 1) / (2 * L);
+  for (; m + G <= p.rows; m += G) {
     const float* x = p.x + m * k;
-    for (int64_t i = 0; i < k; ++i) {
-      const __m512 w_lo = _mm512_loadu_ps(tile.data() + i * kBlockRows);
-      const __m512 w_hi = _mm512_loadu_ps(tile.data() + i * kBlockRows + 16);
-      for (int64_t r = 0; r < kGroupRows; ++r) {
-        const __m512 value = _mm512_set1_ps(x[r * k + i]);
-        lo[r] = _mm512_fmadd_ps(value, w_lo, lo[r]);
-        hi[r] = _mm512_fmadd_ps(value, w_hi, hi[r]);
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      const float* column = tile.data() + pass * 2 * L;
+      Simd::F lo[G], hi[G];
+      for (int64_t r = 0; r < G; ++r) lo[r] = hi[r] = Simd::Zero();
+      for (int64_t i = 0; i < k; ++i) {
+        const Simd::F w_lo = Simd::Load(column + i * kBlockRows);
+        const Simd::F w_hi = Simd::Load(column + i * kBlockRows + L);
+        for (int64_t r = 0; r < G; ++r) {
+          const Simd::F value = Simd::Set1(x[r * k + i]);
+          lo[r] = Simd::Fma(value, w_lo, lo[r]);
+          hi[r] = Simd::Fma(value, w_hi, hi[r]);
+        }
       }
-    }
-    for (int64_t r = 0; r < kGroupRows; ++r) {
-      alignas(64) float out[kBlockRows];
-      _mm512_store_ps(out, lo[r]);
-      _mm512_store_ps(out + 16, hi[r]);
-      std::memcpy(p.y + (m + r) * p.n + first, out, sizeof(float) * width);
+      const int64_t taken = std::min<int64_t>(2 * L, width - pass * 2 * L);
+      for (int64_t r = 0; r < G; ++r) {
+        float out[2 * L];
+        Simd::Store(out, lo[r]);
+        Simd::Store(out + L, hi[r]);
+        std::memcpy(p.y + (m + r) * p.n + first + pass * 2 * L, out, sizeof(float) * taken);
+      }
     }
   }
 #endif

@@ -1,0 +1,68 @@
+"""A prompt chunk run in pieces of a set time, so a request arriving meanwhile waits one piece, not the whole chunk.
+
+A run cannot be interrupted: a request arriving while a 512-token chunk runs would wait for all of it before its own
+prompt starts (on this project's CPUs, tens of milliseconds; one tenant's backlog of long prompts then holds every
+other tenant's first token behind one such run). The batcher runs a step's chunk as pieces of about `piece_s` each
+and ends the step early when a request has arrived; what is left of the chunk runs in the next steps. A piece
+before a prompt's last computes no logits, so it costs little more than its tokens (on the CPU a logits row of the
+real vocabulary costs more than a hundred prompt tokens at small widths).
+
+A run's fixed cost F and its cost a token c (growing with the token's position: attention reads its context) are
+measured when the engine starts, by runs of a prompt piece into the scratch page; a piece takes n = (piece_s - F) / c
+tokens, but never so few that F is more than a tenth of its time: where a run's fixed cost is large (a CPU reading
+every expert's weights at the real width), pieces stay long.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+FLOOR_TOKENS = 16  # a piece is never cut below this
+OVERHEAD = 0.1  # a piece is never cut so short that a run's fixed cost exceeds this share of it
+PROBE_TOKENS = (8, 64)  # the runs' sizes that calibrate measures
+PROBE_RUNS = 3  # the fastest of these runs of each kind counts (the first may pay for allocations)
+
+
+class ChunkPieces:
+    def __init__(self, piece_s: float) -> None:
+        """`piece_s`: the time a piece should take (0: a chunk runs whole)."""
+        self.piece_s = piece_s
+        # (a run's fixed seconds, seconds a token at position 0, more seconds a token per position), once calibrated
+        self.fit: tuple[float, float, float] | None = None
+
+    def calibrate(self, run: Callable[[int, int], None], far: int) -> None:
+        """Time `run(tokens, start)` (a prompt piece from position `start`, no logits) at two sizes from position 0 and
+        from `far`: a run's fixed cost, a token's, and what a token's grows by with its position (attention)."""
+        if not self.piece_s:
+            return
+        few, many = PROBE_TOKENS
+        near_few, near_many, far_many = (self._fastest(run, tokens, start) for tokens, start in
+                                         ((few, 0), (many, 0), (many, far)))  # fmt: skip
+        per_token = (near_many - near_few) / (many - few)
+        if per_token > 0:
+            growth = max(0.0, far_many - near_many) / (many * far) if far else 0.0
+            self.fit = (max(0.0, near_few - per_token * few), per_token, growth)
+
+    @staticmethod
+    def _fastest(run: Callable[[int, int], None], tokens: int, start: int) -> float:
+        times = []
+        for _ in range(PROBE_RUNS):
+            started = time.perf_counter()
+            run(tokens, start)
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    def split(self, chunk: list[int], start: int) -> list[list[int]]:
+        """`chunk` (its first token at position `start`) in pieces of about `piece_s` each, none so short that the
+        run's fixed cost weighs."""
+        if self.fit is None or not self.piece_s or not chunk:
+            return [chunk] if chunk else []
+        fixed, per_token, growth = self.fit
+        pieces, offset = [], 0
+        while offset < len(chunk):
+            cost = per_token + growth * (start + offset)
+            tokens = int(max(FLOOR_TOKENS, (self.piece_s - fixed) / cost, fixed / (OVERHEAD * cost)))
+            pieces.append(chunk[offset : offset + tokens])
+            offset += tokens
+        return pieces
