@@ -9,6 +9,7 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from .batches.openapi_paths import batch_models, batch_paths
 from .chat.models import ChatRequest
 from .conversations.models import ConversationCreate, ConversationUpdate, ItemsCreate
 from .json_out import json_response
@@ -181,6 +182,7 @@ def openapi_document() -> dict[str, Any]:
         (ConversationCreate, "validation"),
         (ConversationUpdate, "validation"),
         (ItemsCreate, "validation"),
+        *batch_models(),
     ]
     _, defs = models_json_schema(models, ref_template=_REF)
     schemas = defs["$defs"]
@@ -259,6 +261,7 @@ def openapi_document() -> dict[str, Any]:
                 }
             },
             **_conversation_paths(),
+            **batch_paths(_json, _ref, _errors()),
             "/v1/usage/records": {
                 "get": {
                     "operationId": "listUsageRecords",

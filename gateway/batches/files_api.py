@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from state.files import OverBudget, StoredFile
 
@@ -96,8 +97,8 @@ async def _read_upload(request: web.Request, services: Services) -> tuple[dict[s
                 fields[part.name] = raw.decode("utf-8", "replace")
     except TimeoutError as exc:
         raise ApiError(408, "The upload stalled.", code="request_timeout") from exc
-    except ValueError as exc:  # a malformed multipart body
-        raise invalid(None, f"The form could not be read: {exc}.") from exc
+    except (ValueError, HttpProcessingError) as exc:  # a malformed multipart body (a part's headers too)
+        raise invalid(None, "The form could not be read: it is not well-formed multipart/form-data.") from exc
     if filename is None:
         raise invalid("file", "Missing required parameter: 'file'.", "missing_required_parameter")
     return fields, filename[:MAX_FILENAME_CHARS], bytes(content)
