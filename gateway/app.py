@@ -32,11 +32,12 @@ from .responses.api import add_routes as add_responses_routes
 from .responses.api import create_response
 from .services import SERVICES, Services, build_services, report_store
 from .sse import STREAM_OPENED
-from .tenants.auth import KEY_ID, LOOPBACK, LOOPBACK_KEY_HEADER, LOOPBACK_TENANT_HEADER, TENANT
+from .tenants.auth import KEY_ID, LOOPBACK, LOOPBACK_KEY_HEADER, LOOPBACK_LINE_HEADER, LOOPBACK_TENANT_HEADER, TENANT
 from .tenants.service_tiers import FORCED_TIER
 from .tenants.tenancy import REQUEST_ID, valid_request_id
 from .tracing import exemplar, server_span, trace_id
 from .usage.api import add_routes as add_usage_routes
+from .usage.billing import BATCH_LINE
 from .usage.queues_api import add_routes as add_queue_routes
 
 access_log = AccessLog()
@@ -132,10 +133,12 @@ async def _api_call(request: web.Request, handler, services: Services) -> web.St
             headers={"Retry-After": "1"},
         )
     lifecycle.enter()
+    line = BATCH_LINE.set(None)
     try:
         if request.app.get(LOOPBACK):  # a batch's line, sent by this process's runner over its private socket
             tenant, key_id = request.headers[LOOPBACK_TENANT_HEADER], request.headers.get(LOOPBACK_KEY_HEADER, "")
             request[FORCED_TIER] = "flex"
+            BATCH_LINE.set(request.headers.get(LOOPBACK_LINE_HEADER) or None)  # billed once per line
         else:
             tenant, key_id = await services.auth.caller(request.headers.get("Authorization"))
         request[TENANT] = tenant
@@ -146,6 +149,7 @@ async def _api_call(request: web.Request, handler, services: Services) -> web.St
             raise ApiError(413, f"The request body is over this API key's limit of {cap} bytes.", code="body_too_large")
         return await handler(request)
     finally:
+        BATCH_LINE.reset(line)
         lifecycle.leave()
 
 

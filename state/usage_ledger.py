@@ -4,7 +4,8 @@ In Redis, each tenant's records are a Stream (`usage` under the tenant's hash ta
 records are added; a record is added together with a marker of its response id (`usage-seen`, kept as long as
 the retention) in one script, so a record written twice (a retried write, a replica retrying after a dropped
 connection) is kept once. Entry ids are the time the record was kept, in milliseconds, which gives the export
-its order and its cursor. Records are sealed like the store's when encryption at rest is on. Without Redis, a
+its order and its cursor. A Batch API line is kept once by its batch and custom id instead: a line run again after
+its replica died is billed once. Records are sealed like the store's when encryption at rest is on. Without Redis, a
 bounded list per tenant in this process.
 """
 
@@ -47,6 +48,12 @@ class UsageRecord:
     created_at: float = 0.0  # when the request began (Unix seconds)
     completed_at: float = 0.0  # when it finished
     service_tier: str = "default"  # the tier it ran at (priority, default, flex), to price it by
+    batch_line: str | None = None  # "batch_id/custom_id" for a Batch API line: billed once however often it ran
+
+    @property
+    def once_per(self) -> str:
+        """What the ledger keeps one record for: the batch line, else the response."""
+        return self.batch_line or self.response_id
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,9 +111,9 @@ class MemoryLedger:
         seen = self._seen.get(entry.tenant)
         if seen is None:
             seen = self._seen[entry.tenant] = OrderedDict()
-        elif entry.response_id in seen:
+        elif entry.once_per in seen:
             return False
-        seen[entry.response_id] = None
+        seen[entry.once_per] = None
         if len(seen) > 2 * self._per_tenant:
             seen.popitem(last=False)
         records = self._records.get(entry.tenant)
@@ -148,7 +155,7 @@ class RedisLedger(RedisJsonStore):
 
     async def record(self, entry: UsageRecord) -> bool:
         stream = self._stream(entry.tenant)
-        seen = self._key("usage-seen", entry.tenant, entry.response_id)
+        seen = self._key("usage-seen", entry.tenant, entry.once_per)
         oldest = int((time.time() - self._retention_s) * 1000)
         async with redis_errors_as_unavailable("record usage"):
             kept = await self._script(

@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from ..services import SERVICES, Services
-from ..tenants.auth import LOOPBACK, LOOPBACK_KEY_HEADER, LOOPBACK_TENANT_HEADER
+from ..tenants.auth import LOOPBACK, LOOPBACK_KEY_HEADER, LOOPBACK_LINE_HEADER, LOOPBACK_TENANT_HEADER
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -50,11 +50,12 @@ class Loopback:
         )
 
     async def post(
-        self, tenant: str, key_id: str | None, path: str, body: dict[str, Any], timeout_s: float
+        self, tenant: str, key_id: str | None, line: str, path: str, body: dict[str, Any], timeout_s: float
     ) -> tuple[int, str, Any]:
-        """(status, request id, JSON body) of the request as `tenant` made it."""
+        """(status, request id, JSON body) of the request as `tenant` made it; `line` ("batch_id/custom_id")
+        is what the ledger bills once."""
         assert self._session is not None, "the loopback is not started"
-        headers = {LOOPBACK_TENANT_HEADER: tenant, LOOPBACK_KEY_HEADER: key_id or ""}
+        headers = {LOOPBACK_TENANT_HEADER: tenant, LOOPBACK_KEY_HEADER: key_id or "", LOOPBACK_LINE_HEADER: line}
         async with self._session.post(
             f"http://gateway{path}", json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as response:

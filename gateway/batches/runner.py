@@ -189,7 +189,7 @@ class BatchRunner:
                 raise _Cut
             try:
                 status, request_id, body = await self._loopback.post(
-                    tenant, batch.get(KEY_ID), batch["endpoint"], line.body, left
+                    tenant, batch.get(KEY_ID), f"{batch['id']}/{line.custom_id}", batch["endpoint"], line.body, left
                 )
             except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
                 status, request_id, body = 503, "", None

@@ -32,6 +32,7 @@ KEY_ID = web.RequestKey("key_id", str)  # and the id of the API key it came with
 LOOPBACK = web.AppKey("loopback", bool)
 LOOPBACK_TENANT_HEADER = "X-Gateway-Batch-Tenant"
 LOOPBACK_KEY_HEADER = "X-Gateway-Batch-Key"
+LOOPBACK_LINE_HEADER = "X-Gateway-Batch-Line"  # "batch_id/custom_id": the ledger bills a line once
 
 
 def _unauthorized(message: str) -> ApiError:

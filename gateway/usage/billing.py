@@ -4,13 +4,16 @@ The record is written before the client hears the end (`response.completed`, the
 last chunk), within BILL_WAIT_S: a response a client saw complete is on the ledger even if its replica dies
 right after. A write the ledger refuses for the moment (Redis away) does not hold the answer back: it is
 retried in the background with backoff for up to RETRY_FOR_S, and the ledger keeps one record per response id
-whatever the retries. Outcomes are counted in `gateway_usage_records_total`.
+whatever the retries (per batch line for the Batch API's lines: a line run again after its replica died is billed
+once). Outcomes are counted in `gateway_usage_records_total`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from contextvars import ContextVar
 from typing import Any
 
 import structlog
@@ -26,6 +29,8 @@ BILL_WAIT_S = 2.0
 RETRY_FOR_S = 600.0
 FIRST_RETRY_S = 0.5
 NOT_TOOL_CALLS = {"message", "reasoning"}
+# "batch_id/custom_id" while a Batch API line runs (set by the loopback's requests, gateway/app.py)
+BATCH_LINE: ContextVar[str | None] = ContextVar("batch_line", default=None)
 
 
 def responses_record(tenant: str, key_id: str | None, response: dict[str, Any], created_at: float) -> UsageRecord:
@@ -79,6 +84,8 @@ def chat_record(
 
 async def bill(services: Services, entry: UsageRecord) -> None:
     """Keep the record now (within BILL_WAIT_S), or keep trying in the background; never raises."""
+    if (line := BATCH_LINE.get()) is not None:
+        entry = dataclasses.replace(entry, batch_line=line)
     metrics = services.metrics
     ledger = services.ledger
     try:

@@ -22,7 +22,7 @@ MODEL = "gpt-oss-120b"
 def live(request, tmp_path):
     settings = gateway_settings(
         tmp_path, {**SCRIPT, "service_tiers": True}, batch_poll_s=0.1, files_max_bytes=200_000,
-        files_tenant_bytes=400_000,
+        files_tenant_bytes=400_000, admin_tenants=["tenant-a"],
     )  # fmt: skip
     if request.param == "redis":
         server = request.getfixturevalue("redis_server")
@@ -153,6 +153,9 @@ def test_a_chat_batch_runs_at_flex_to_an_output_and_an_error_file(live):
     usage = sum(line["response"]["body"]["usage"]["prompt_tokens"] for line in output)
     assert batch.usage.input_tokens == usage and batch.usage.output_tokens > 0
     assert list(live.backend.tiers)[-6:] == ["flex"] * 6
+    records = a.get("/usage/records", cast_to=object, options={"params": {"tenant": "tenant-a"}})["data"]
+    billed = sorted(r["batch_line"] for r in records if r["batch_line"])  # once per line, however often it ran
+    assert billed == sorted(f"{batch.id}/r{i}" for i in range(6)) and {r["service_tier"] for r in records} == {"flex"}
     outputs = [f for f in a.files.list() if f.purpose == "batch_output"]
     assert {f.id for f in outputs} == {batch.output_file_id, batch.error_file_id}
     assert [b.id for b in a.batches.list()] == [batch.id]

@@ -5,6 +5,7 @@ past the retention go."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -73,6 +74,24 @@ def test_a_record_written_twice_is_kept_once_and_tenants_read_only_theirs(with_l
         other = await ledger.page("other", 0, None, 100)
         assert [r.tenant for r in other.records] == ["other"]
         assert (await ledger.page("nobody", 0, None, 100)).records == []
+
+    with_ledger(scenario)
+
+
+def test_a_batch_line_run_twice_is_billed_once(with_ledger):
+    """A Batch API line run again after its replica died answers with another response id: the ledger keeps one
+    record per batch line (its batch and custom id), the first kept."""
+
+    async def scenario(ledger: UsageLedger) -> None:
+        first = dataclasses.replace(entry("chatcmpl-1"), batch_line="batch_1/k7")
+        again = dataclasses.replace(entry("chatcmpl-2", tokens=30), batch_line="batch_1/k7")
+        other_line = dataclasses.replace(entry("chatcmpl-3"), batch_line="batch_1/k8")
+        assert await ledger.record(first) and not await ledger.record(again) and await ledger.record(other_line)
+        page = await ledger.page("acme", 0, None, 100)
+        assert [(r.response_id, r.batch_line) for r in page.records] == [
+            ("chatcmpl-1", "batch_1/k7"),
+            ("chatcmpl-3", "batch_1/k8"),
+        ]
 
     with_ledger(scenario)
 
