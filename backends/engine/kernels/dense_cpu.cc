@@ -12,7 +12,7 @@
 // - more (prefill): the block is widened once into a float tile laid out by k, and groups of input rows run
 //   against it as an outer product in registers (the arithmetic bound, not the memory).
 // The sums are float, in an order of their own: equal to a float32 MatMul's to float rounding. The vector paths are
-// written once against simd_cpu.h: AVX-512 in an x86-64-v4 build, AVX2 and FMA in an x86-64-v3 one.
+// written once against simd_cpu.h: AVX-512 in an x86-64-v4 build, AVX2 and FMA in an x86-64-v3 one, NEON on ARM.
 
 #include "dense_op.h"
 #include "simd_cpu.h"
@@ -87,7 +87,7 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
     }
     for (; i + L * U <= k; i += L * U) {
       const char* ahead = reinterpret_cast<const char*>(w + i) + kPrefetchBytes;
-      for (size_t b = 0; b < L * U * sizeof *w; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+      for (size_t b = 0; b < L * U * sizeof *w; b += 64) Simd::Prefetch(ahead + b);
       for (int u = 0; u < U; ++u) {
         const Simd::F wide = W::WidenVector(w + i + L * u);
         for (int r = 0; r < R; ++r) {
@@ -141,7 +141,7 @@ void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
       // the next P rows' line at this column, read right after these (past the matrix's end a prefetch is
       // dropped, never a fault)
       if (i % (64 / sizeof *w) == 0) {
-        for (int q = 0; q < P; ++q) _mm_prefetch(reinterpret_cast<const char*>(w + (P + q) * k + i), _MM_HINT_T0);
+        for (int q = 0; q < P; ++q) Simd::Prefetch(w + (P + q) * k + i);
       }
       Simd::F wide[P];
       for (int q = 0; q < P; ++q) wide[q] = W::WidenVector(w + q * k + i);

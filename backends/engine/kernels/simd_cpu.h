@@ -1,19 +1,31 @@
 // The CPU kernels' float vectors, one type for the widest instruction set the library is compiled for: AVX-512 (16
-// floats, 32 registers), AVX2 with FMA (8 floats, 16 registers) or none (GPTOSS_SIMD undefined: the kernels' plain
-// C++ loops). A kernel written once against Simd runs as AVX-512 in an x86-64-v4 build and as AVX2 in an x86-64-v3
-// one; build.py compiles both and the loader picks the one the CPU can run (variants.py).
+// floats, 32 registers), AVX2 with FMA (8 floats, 16 registers), NEON on 64-bit ARM (4 floats, 32 registers) or
+// none (GPTOSS_SIMD undefined: the kernels' plain C++ loops). A kernel written once against Simd runs as AVX-512 in
+// an x86-64-v4 build and as AVX2 in an x86-64-v3 one; build.py compiles both and the loader picks the one the CPU
+// can run (variants.py).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__)
+#define GPTOSS_SIMD_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define GPTOSS_SIMD_AVX2 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define GPTOSS_SIMD_NEON 1
+#endif
+#if defined(GPTOSS_SIMD_AVX512) || defined(GPTOSS_SIMD_AVX2)
 #include <immintrin.h>
+#define GPTOSS_SIMD 1
+#elif defined(GPTOSS_SIMD_NEON)
+#include <arm_neon.h>
 #define GPTOSS_SIMD 1
 #endif
 
 namespace gptoss {
 
-#if defined(__AVX512F__)
+#if defined(GPTOSS_SIMD_AVX512)
 struct Simd {
   using F = __m512;
   static constexpr int kLanes = 16;
@@ -33,8 +45,9 @@ struct Simd {
   static F WidenInt8(const int8_t* values) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values))));
   }
+  static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 };
-#elif defined(GPTOSS_SIMD)
+#elif defined(GPTOSS_SIMD_AVX2)
 struct Simd {
   using F = __m256;
   static constexpr int kLanes = 8;
@@ -58,6 +71,28 @@ struct Simd {
   static F WidenInt8(const int8_t* values) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(values))));
   }
+  static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+};
+#elif defined(GPTOSS_SIMD_NEON)
+struct Simd {
+  using F = float32x4_t;
+  static constexpr int kLanes = 4;
+  static constexpr int kRegisters = 32;
+  static F Zero() { return vdupq_n_f32(0.0f); }
+  static F Load(const float* p) { return vld1q_f32(p); }
+  static void Store(float* p, F v) { vst1q_f32(p, v); }
+  static F Set1(float v) { return vdupq_n_f32(v); }
+  static F Fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
+  static F Add(F a, F b) { return vaddq_f32(a, b); }
+  static float Sum(F v) { return vaddvq_f32(v); }
+  static F WidenBf16(const uint16_t* bits) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(bits), 16)); }
+  static F WidenInt8(const int8_t* values) {
+    int32_t word;  // exactly kLanes bytes: a wider load could pass the end of the weights
+    std::memcpy(&word, values, sizeof word);
+    const int16x8_t wide = vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(word)));
+    return vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide)));
+  }
+  static void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 };
 #endif
 
