@@ -58,7 +58,8 @@ from report import markers, write_section  # noqa: E402
 from backends.engine.checkpoint import Checkpoint  # noqa: E402
 from backends.engine.config import GPT_OSS_20B  # noqa: E402
 from backends.engine.graph import GraphOptions  # noqa: E402
-from backends.engine.kernels.build import kernel_library  # noqa: E402
+from backends.engine.kernels.build import KERNELS_ENV, build_library, kernel_choice  # noqa: E402
+from backends.engine.kernels.variants import X86_VARIANTS, cpu_flags  # noqa: E402
 from backends.engine.make_checkpoint import write_random_checkpoint  # noqa: E402
 from backends.engine.model_cache import compiled_model  # noqa: E402
 from backends.engine.paged_runner import PagedRunner  # noqa: E402
@@ -164,7 +165,8 @@ VARIANTS = {
 def measure(layers: int, threads: int, work: Path, llama: Path | None, python: str, names: list[str]) -> dict:
     config = dataclasses.replace(GPT_OSS_20B, num_hidden_layers=layers)
     directory = write_random_checkpoint(work / f"ckpt{layers}", config, layout="hf")
-    kernels = kernel_library()
+    choice = kernel_choice()
+    kernels = None if choice is None else choice.path
     models, ggufs = {}, {}
     for name in names:
         variant = VARIANTS[name]
@@ -211,6 +213,7 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
         taken[COPY] = {"bandwidth": copy_bandwidth(threads, COPY_MIB)}
         rounds.append(taken)
     figures: dict = {"layers": layers, "rounds": rounds, "variants": names, "together": together}
+    figures["kernels"] = "none" if choice is None else choice.variant
     figures["bandwidth"] = statistics.median(r[COPY]["bandwidth"] for r in rounds)
     for name in [*names, *ggufs]:
         for measure_name in MEASURES:
@@ -264,8 +267,18 @@ def main() -> None:
     parser.add_argument(
         "--render", type=Path, nargs="+", help="measure nothing: the table of these runs' printed JSON (shapes)"
     )
+    parser.add_argument(
+        "--kernels",
+        choices=[variant.name for variant in X86_VARIANTS],
+        help="run the engine's kernels built for this CPU variant (e.g. x86-64-v3 on an AVX-512 machine) instead of"
+        " the machine's own build; the docs' section is named after the variant that ran",
+    )
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
+    if args.kernels:
+        forced = next(variant for variant in X86_VARIANTS if variant.name == args.kernels)
+        library = build_library(march=forced.march, cuda=False, extensions=forced.extensions)
+        os.environ[KERNELS_ENV] = str(library)
     if args.render:
         runs = [f for path in args.render for f in json.loads(path.read_text())["shapes"]]
         shapes = sorted(runs, key=lambda f: f["layers"])
@@ -283,7 +296,25 @@ def main() -> None:
 def _publish(section: str, docs: Path | None) -> None:
     print(section)
     if docs:
-        write_section(docs, NAME, section)
+        write_section(docs, _section_name(), section)
+
+
+def _section_name() -> str:
+    """One section per CPU level the kernels ran at, so an AVX2 machine's run does not replace an AVX-512 one's."""
+    choice = kernel_choice()
+    level = "none" if choice is None else choice.level
+    return NAME if level.startswith("x86-64-v4") else f"{NAME}_{level}"
+
+
+def cpu_line() -> str:
+    """The CPU's name and the vector extensions that choose the kernels' paths."""
+    name = platform.processor() or platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
+        if line.startswith("model name"):
+            name = line.split(":", 1)[1].strip()
+            break
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "asimd", "sve")
+    return f"{name} ({', '.join(flag for flag in wanted if flag in cpu_flags()) or 'no vector extensions listed'})"
 
 
 def _rate(figures: dict, measure_name: str, name: str) -> str:
@@ -311,9 +342,12 @@ def report(shapes: list[dict], threads: int, with_llama: bool) -> str:
     labels = {"decode_1": "decode, 1 sequence", "decode_4": "decode, 4 sequences"}
     labels["prefill"] = f"prefill, {PREFILL} tokens"
     copies = ", ".join(f"{f['bandwidth'] / 1e9:.1f} GB/s" for f in shapes if "bandwidth" in f)
+    kernels = ", ".join(sorted({f.get("kernels", "not recorded") for f in shapes}))
     lines = [
         start,
-        "## The engine against llama.cpp on the CPU (`bench/llama_cpp_bench.py`)",
+        f"## The engine against llama.cpp on the CPU, kernels {kernels} (`bench/llama_cpp_bench.py`)",
+        "",
+        f"CPU: {cpu_line()}; the engine's kernels: {kernels}.",
         "",
         f"{os.cpu_count()} CPUs ({platform.machine()}), {threads} threads each, gpt-oss-20b's width with random"
         " weights: one checkpoint, converted to GGUF by llama.cpp's own converter (dense weights f16 or q8_0,",

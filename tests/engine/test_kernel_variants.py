@@ -55,5 +55,8 @@ def test_the_engine_loads_the_best_variant_of_a_directory_of_variants(monkeypatc
         choice = build.kernel_choice()
         assert choice is not None and choice.variant == "x86-64-v3"
         assert choice.path == tmp_path / "kernels" / "x86-64-v3" / build.LIBRARY
+        monkeypatch.setenv(build.KERNELS_ENV, str(tmp_path / "kernels" / "x86-64-v4-vnni" / build.LIBRARY))
+        build.kernel_choice.cache_clear()  # one library named: its variant read from the build.json beside it
+        assert (build.kernel_choice().variant, build.kernel_choice().level) == ("x86-64-v4-vnni", "x86-64-v4-vnni")
     finally:
         build.kernel_choice.cache_clear()

@@ -303,13 +303,13 @@ def kernel_choice(cache: Path | None = None) -> KernelLibrary | None:
                 return None
             library, variant = chosen
             log.info("engine_kernels_variant", variant=variant.name, library=str(library))
-            return KernelLibrary(library, variant.name)
+            return KernelLibrary(library, variant.name, variant.name)
         if path.is_file():
-            return KernelLibrary(path, _variant_of(path))
+            return _prebuilt(path)
         log.warning("engine_kernels_unavailable", reason=f"{KERNELS_ENV}={setting} is not a file")
         return None
     try:
-        return KernelLibrary(build_library(cache), f"native ({level()} level)")
+        return KernelLibrary(build_library(cache), f"native ({level()} level)", level())
     except (KernelBuildError, OSError) as exc:
         log.warning("engine_kernels_unavailable", reason=str(exc), fallback="the pure-ONNX MXFP4 MoE")
         return None
@@ -319,11 +319,15 @@ def kernel_choice(cache: Path | None = None) -> KernelLibrary | None:
 class KernelLibrary:
     path: Path
     variant: str  # the CPU variant it was built for, as /readyz names it
+    level: str  # the variant (variants.py) whose instructions it uses at most: "unknown" if no build.json says
 
 
-def _variant_of(library: Path) -> str:
-    """The CPU flags a library was built with, from the build.json beside it ("unknown" without one)."""
+def _prebuilt(library: Path) -> KernelLibrary:
+    """A library named by path: its variant from the build.json beside it ("unknown" without one)."""
     try:
-        return " ".join(json.loads((library.parent / MANIFEST).read_text())["cpu_flags"]).replace("-march=", "")
+        flags = tuple(json.loads((library.parent / MANIFEST).read_text())["cpu_flags"])
     except (OSError, ValueError, KeyError, TypeError):
-        return "unknown"
+        return KernelLibrary(library, "unknown", "unknown")
+    known = next((variant.name for variant in variants() if variant.flags() == flags), None)
+    described = " ".join(flags).replace("-march=", "")
+    return KernelLibrary(library, known or described, known or ("native" if "-march=native" in flags else "unknown"))
