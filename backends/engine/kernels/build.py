@@ -192,7 +192,7 @@ def _run(command: list[str]) -> None:
 
 
 def _compile_and_link(
-    compiler: str, flags: tuple[str, ...], headers: Path, nvcc: Path | None, scratch: Path, output: Path, cache: Path
+    compiler: str, flags: tuple[str, ...], headers: Path, nvcc: Path | None, cache: Path, scratch: Path, output: Path
 ) -> None:
     """Objects in parallel (g++ for the C++, nvcc for the CUDA kernels), then one shared library. The CUDA objects
     do not depend on the CPU's instruction set: they are kept in the cache and shared by every variant's build."""
@@ -249,7 +249,7 @@ def build_library(
     started = time.monotonic()
     log.info("engine_kernels_building", into=str(target.parent), cuda=nvcc is not None, note="once per machine")
     try:
-        _compile_and_link(compiler, flags, headers, nvcc, scratch, scratch / LIBRARY, cache)
+        _compile_and_link(compiler, flags, headers, nvcc, cache, scratch, scratch / LIBRARY)
         manifest = {
             "cuda": nvcc is not None,
             "cuda_archs": list(CUDA_ARCHS) if nvcc else [],
