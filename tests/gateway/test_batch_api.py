@@ -9,11 +9,16 @@ from __future__ import annotations
 import io
 import json
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 from gateway_fixtures import KEY_SECRET, SCRIPT, TEST_KEYS, flush, gateway_settings, write_keys, write_script
 from live_gateway import GatewayProcess, LiveGateway
+
+from gateway.batches import batches_api
+from state.files import CHUNK_BYTES
 
 MODEL = "gpt-oss-120b"
 
@@ -244,3 +249,87 @@ def test_a_replica_killed_mid_batch_leaves_it_to_another_with_each_line_once(tmp
             second.stop()
     assert batch.status == "completed" and batch.request_counts.completed == 30 and batch.error_file_id is None
     assert sorted(line["custom_id"] for line in output) == sorted(f"k{i}" for i in range(30))  # each once
+
+
+def test_concurrent_uploads_never_pass_the_tenant_s_budget(live):
+    """Eight uploads of 150,000 bytes at once against a budget of 400,000: two are kept (the check and the charge
+    are one step), the others are refused by name, and the files listed are exactly those kept."""
+    a = _client(live)
+    big = _jsonl([_chat_line("r", "z" * 150_000)])
+
+    def upload(index: int):
+        try:
+            return a.files.create(file=(f"{index}.jsonl", io.BytesIO(big)), purpose="batch")
+        except openai.BadRequestError as exc:
+            assert exc.body["code"] == "file_storage_limit_exceeded"
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        kept = [file for file in pool.map(upload, range(8)) if file is not None]
+    assert len(kept) == 2 and sum(file.bytes for file in kept) <= 400_000
+    assert sorted(f.id for f in a.files.list()) == sorted(file.id for file in kept)
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["plain", "sealed"])
+def test_a_file_of_several_chunks_reads_back_whole(tmp_path, redis_server, sealed):
+    """A 2.6 MB file is kept as three chunks (sealed one by one with encryption at rest) and read back byte for
+    byte; its input runs as a batch like any other."""
+    flush(redis_server)
+    settings = gateway_settings(
+        tmp_path, SCRIPT, redis_url=redis_server.url, files_max_bytes=4_000_000, batch_poll_s=0.1,
+        store_encryption=sealed,
+    )  # fmt: skip
+    gateway = LiveGateway(settings).start()
+    try:
+        a = _client(gateway)
+        lines = [_chat_line(f"r{i}", "thanks " + "w" * 500) for i in range(5000)]
+        content = _jsonl(lines)
+        assert len(content) > 2 * CHUNK_BYTES
+        uploaded = a.files.create(file=("big.jsonl", io.BytesIO(content)), purpose="batch")
+        assert uploaded.bytes == len(content) and a.files.content(uploaded.id).content == content
+    finally:
+        gateway.stop()
+
+
+def test_lines_refused_by_the_tenant_s_rate_limit_are_retried_until_they_run(tmp_path):
+    """tenant-a may send 20 requests a minute: a batch of 22 lines spends the burst and meets 429s, which the
+    runner retries with backoff until the rate lets each line through; none lands in the error file."""
+    settings = gateway_settings(
+        tmp_path, SCRIPT, batch_poll_s=0.1, metrics_public=True, metrics_tenants=["tenant-a"],
+        limits={"tenants": {"tenant-a": {"requests_per_minute": 20}}},
+    )  # fmt: skip
+    gateway = LiveGateway(settings).start()
+    try:
+        a = _client(gateway)
+        uploaded = a.files.create(file=("in.jsonl", io.BytesIO(_jsonl([_chat_line(f"r{i}") for i in range(22)]))),
+                                  purpose="batch")  # fmt: skip
+        created = a.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+        batch = _wait(a, created.id, timeout_s=90)
+        metrics = urllib.request.urlopen(f"{gateway.url}/metrics", timeout=10).read().decode()
+    finally:
+        gateway.stop()
+    assert batch.status == "completed" and batch.request_counts.completed == 22 and batch.error_file_id is None
+    refused = [line for line in metrics.splitlines() if line.startswith("gateway_rate_limited_total{")]
+    assert any('tenant="tenant-a"' in line and float(line.rsplit(" ", 1)[1]) > 0 for line in refused), refused
+
+
+def test_a_batch_past_its_window_expires_with_the_lines_not_run_as_batch_expired(tmp_path, monkeypatch):
+    """With a completion window of 1.5 s (24 h in production) and lines that take 0.4 s two at a time, the batch
+    expires: the lines that finished are in the output file, the others in the error file as `batch_expired`."""
+    monkeypatch.setattr(batches_api, "WINDOW_S", 1.5)
+    script = {"rules": [{"token_delay_ms": 100, "emit": [{"final": "slow line"}]}], "service_tiers": True}
+    settings = gateway_settings(tmp_path, script, batch_poll_s=0.1, batch_lines_in_flight=2)
+    gateway = LiveGateway(settings).start()
+    try:
+        a = _client(gateway)
+        lines = [_chat_line(f"e{i}") for i in range(12)]
+        uploaded = a.files.create(file=("in.jsonl", io.BytesIO(_jsonl(lines))), purpose="batch")
+        created = a.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+        batch = _wait(a, created.id)
+        done = [line["custom_id"] for line in _lines(a, batch.output_file_id)] if batch.output_file_id else []
+        expired = _lines(a, batch.error_file_id)
+    finally:
+        gateway.stop()
+    assert batch.status == "expired" and batch.expired_at
+    assert 0 < len(expired) < 12 and {line["error"]["code"] for line in expired} == {"batch_expired"}
+    assert sorted(done + [line["custom_id"] for line in expired]) == sorted(f"e{i}" for i in range(12))
