@@ -44,7 +44,7 @@ from harmony import load_harmony_encoding  # noqa: E402
 
 NAME = "fair_share_bench"
 FLOOD = 24
-B_REQUESTS = 12
+B_REQUESTS = 24
 
 
 def cpu_name() -> str:
