@@ -40,38 +40,59 @@ MAX_ERROR_BODY_BYTES = 64 * 1024
 class RemoteOptions(BaseModel):
     """A remote backend's options (the `options` object of its entry in GATEWAY_BACKENDS)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    urls: list[str] = Field(min_length=1)  # base URLs of the upstream servers, e.g. http://vllm-0:8000
-    model: str | None = None  # the model name the server expects (OpenAI-compatible servers)
-    api_key: SecretStr | None = None  # sent as a Bearer token
-    api_key_env: str | None = None  # or the name of an environment variable that holds it (e.g. from a Secret)
-    context_length: int = Field(default=131_072, gt=0)  # the server's context (vLLM --max-model-len)
+    urls: list[str] = Field(min_length=1)
+    """Base URLs of the upstream servers, e.g. http://vllm-0:8000."""
+    model: str | None = None
+    """The model name the server expects (OpenAI-compatible servers)."""
+    api_key: SecretStr | None = None
+    """The upstream's API key, sent as a Bearer token."""
+    api_key_env: str | None = None
+    """The name of an environment variable that holds the API key instead (e.g. from a Secret)."""
+    context_length: int = Field(default=131_072, gt=0)
+    """The server's context (vLLM --max-model-len)."""
     connect_timeout_s: float = Field(default=5.0, gt=0)
-    first_token_timeout_s: float = Field(default=300.0, gt=0)  # queueing and prefill included
-    token_timeout_s: float = Field(default=60.0, gt=0)  # the longest silence between tokens
-    retries: int = Field(default=2, ge=0)  # further upstreams tried before the first token
+    """Seconds to connect to an upstream."""
+    first_token_timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds to the first token, queueing and prefill included."""
+    token_timeout_s: float = Field(default=60.0, gt=0)
+    """The longest silence between tokens."""
+    retries: int = Field(default=2, ge=0)
+    """Further upstreams tried before the first token."""
     max_connections: int = Field(default=256, gt=0)
-    eject_after: int = Field(default=3, gt=0)  # consecutive failures that eject an upstream
+    """Connections kept to the upstreams together."""
+    eject_after: int = Field(default=3, gt=0)
+    """Consecutive failures that eject an upstream."""
     probe_interval_s: float = Field(default=5.0, gt=0)
+    """How often an ejected upstream is probed."""
     health_path: str = "/health"
+    """The path probed for an upstream's health."""
     max_event_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
-    # the tenant's `cache_salt` on every request (None: on for vllm, off for sglang; other kinds have none)
+    """The largest SSE event an upstream may send, in bytes."""
     cache_salt: bool | None = None
-    cache_salt_secret_env: str = "GATEWAY_KEY_SECRET"  # the secret salts are made with, shared by every replica
-    # prefix-aware routing (backends/routing/router.py): off, the fewest requests in flight wins
+    """The tenant's `cache_salt` on every request (None: on for vllm, off for sglang; other kinds have none)."""
+    cache_salt_secret_env: str = "GATEWAY_KEY_SECRET"
+    """The environment variable holding the secret the salts are made with, shared by every replica."""
     prefix_routing: bool = True
-    # vllm: send the service tier as `priority` (the servers run with --scheduling-policy priority)
+    """Prefix-aware routing (backends/routing/router.py): off, the fewest requests in flight wins."""
     priority_scheduling: bool = False
-    load_slack: float = Field(default=2, ge=0)  # a server this much more loaded than the least gets no request
-    routing_page_tokens: int = Field(default=32, ge=1, le=4096)  # page size of the index of what was routed
-    routing_ttl_s: float = Field(default=600.0, gt=0)  # a routed page unused this long counts as evicted
-    routing_capacity_pages: int = Field(default=65_536, ge=1)  # routed pages remembered per server
-    # a server holding less than this share of a prompt is routed to as if it held none (SGLang: cache_threshold)
+    """vLLM: send the service tier as `priority` (the servers run with --scheduling-policy priority)."""
+    load_slack: float = Field(default=2, ge=0)
+    """A server this much more loaded than the least gets no request."""
+    routing_page_tokens: int = Field(default=32, ge=1, le=4096)
+    """The page size, in tokens, of the index of what was routed where."""
+    routing_ttl_s: float = Field(default=600.0, gt=0)
+    """A routed page unused this long counts as evicted."""
+    routing_capacity_pages: int = Field(default=65_536, ge=1)
+    """Routed pages remembered per server."""
     routing_min_match: float = Field(default=0.3, ge=0, le=1)
-    load_metrics_interval_s: float = Field(default=1.0, ge=0)  # how often servers' /metrics are read (0: never)
-    # vLLM: each server's KV-cache events (its --kv-events-config ZMQ PUB endpoint, e.g. tcp://vllm-0:5557), one a URL
+    """A server holding less than this share of a prompt is routed to as if it held none (SGLang: cache_threshold)."""
+    load_metrics_interval_s: float = Field(default=1.0, ge=0)
+    """How often servers' /metrics are read (0: never)."""
     kv_events_endpoints: list[str] | None = None
+    """vLLM: each server's KV-cache events (its --kv-events-config ZMQ PUB endpoint, e.g. tcp://vllm-0:5557), one a URL.
+    VLLM: each server's KV-cache events (its --kv-events-config ZMQ PUB endpoint, e.g. tcp://vllm-0:5557), one a URL."""
 
     @field_validator("urls")
     @classmethod

@@ -64,34 +64,51 @@ MOE_INT8_CPU_KERNEL = "moe_int8_activations is an option of the compiled CPU MoE
 
 
 class EngineOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     checkpoint: str | None = None
+    """A gpt-oss checkpoint directory, in either layout (unset: a small random model, with a loud warning)."""
     max_batch: int = Field(default=8, ge=1, le=256)
+    """Sequences running at once (the largest decode batch)."""
     max_positions: int = Field(default=4096, ge=16, le=MAX_POSITIONS)
+    """Prompt and answer tokens per sequence."""
     kv_cache_tokens: int | None = Field(default=None, ge=16)
+    """Positions the full-attention layers' page pool holds (default: `max_batch` x `max_positions`)."""
     page_size: int = Field(default=32, ge=8, le=256)
-    prefill_chunk: int = Field(default=512, ge=16)  # prompt tokens per step while others decode
-    # a prompt chunk runs in pieces of about this long, and a request arriving meanwhile is admitted after the piece
-    # running, not after the whole chunk (chunk_budget.py); 0: chunks run whole
+    """Positions per KV page: the unit of allocation, prefix sharing and the window rings."""
+    prefill_chunk: int = Field(default=512, ge=16)
+    """Prompt tokens per step while others decode."""
     prefill_piece_ms: float = Field(default=10.0, ge=0, le=10_000)
-    kernels: bool = True  # build and use the compiled MXFP4 MoE kernels (else the pure-ONNX realization)
-    # CPU: the attention projections and the unembedding read in int8 with a scale per row (half the bytes of
-    # bf16; logits within the bound tests/engine/test_dense_int8.py states), the router in bf16
+    """A prompt chunk runs in pieces of about this long, and a request arriving meanwhile is admitted after the piece
+    running, not after the whole chunk (chunk_budget.py); 0: chunks run whole."""
+    kernels: bool = True
+    """Build and use the compiled MXFP4 MoE kernels (else the pure-ONNX realization)."""
     dense_int8: bool = False
-    # CPU: the MoE kernel's decode path (experts with fewer than four tokens in a step) takes integer dot products
-    # of the activations quantized to int8 per 32 values, as llama.cpp's CPU path does for MXFP4 experts (logits
-    # within the bound tests/engine/test_moe_int8.py states)
+    """CPU: the attention projections and the unembedding read in int8 with a scale per row (half the bytes of bf16;
+    logits within the bound tests/engine/test_dense_int8.py states), the router in bf16."""
     moe_int8_activations: bool = False
+    """CPU: the MoE kernel's decode path (experts with fewer than four tokens in a step) takes integer dot products of
+    the activations quantized to int8 per 32 values, as llama.cpp's CPU path does for MXFP4 experts (logits within
+    the bound tests/engine/test_moe_int8.py states)."""
     device: Device = "auto"
+    """`auto` (CUDA when onnxruntime's CUDA provider loads, else the CPU), `cuda` or `cpu`."""
     device_id: int = Field(default=0, ge=0)
-    dtype: Dtype | None = None  # None: by device
+    """The CUDA device."""
+    dtype: Dtype | None = None
+    """Activations, non-expert weights and KV cache: `bfloat16`, `float16` or `float32` (None: bfloat16 on CUDA,
+    float32 on the CPU)."""
     moe: MoeRealization = "mxfp4moe"
+    """How each MoE runs: `mxfp4moe` (the compiled kernels) or `qmoe` (ONNX Runtime's QMoE, CUDA only)."""
     cuda_graph: bool = False
+    """Replay decode steps as CUDA graphs, one per bucket of rows."""
     threads: int = Field(default=0, ge=0)
+    """ONNX Runtime intra-op threads (0: one per core)."""
     cache_dir: str | None = None
+    """Where converted graphs are kept (default ~/.cache/gpt-oss-gateway/graphs)."""
     prefix_cache_tokens: int | None = Field(default=None, ge=0)
+    """Tokens of pages no sequence holds that stay cached for later prompts (default: the whole pool; 0: no reuse)."""
     prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
+    """`tenant`: a prompt is reused by its own tenant with the same `prompt_cache_key`; `shared`: by every tenant."""
 
     @model_validator(mode="after")
     def _int8_options_on_the_cpu(self) -> EngineOptions:

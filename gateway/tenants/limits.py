@@ -17,24 +17,34 @@ DEFAULT_CONCURRENT_BACKGROUND = 64
 class TenantLimits(BaseModel):
     """Null means no limit of that kind; the static caps of gateway/limits.py always apply."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     requests_per_minute: int | None = Field(default=None, gt=0)
-    tokens_per_minute: int | None = Field(default=None, gt=0)  # prompt + max output reserved, settled at the end
-    concurrent_requests: int | None = Field(default=None, gt=0)  # generations in flight, background included
-    concurrent_streams: int | None = Field(default=None, gt=0)  # streamed generations in flight
-    # background responses queued or running: capped by default (each holds a generation nobody waits on)
+    """Requests a minute (GCRA; a minute's worth may come at once)."""
+    tokens_per_minute: int | None = Field(default=None, gt=0)
+    """Tokens a minute: prompt + max output reserved, settled at the end."""
+    concurrent_requests: int | None = Field(default=None, gt=0)
+    """Generations in flight at once, background included."""
+    concurrent_streams: int | None = Field(default=None, gt=0)
+    """Streamed generations in flight."""
     concurrent_background: int | None = Field(default=DEFAULT_CONCURRENT_BACKGROUND, gt=0)
+    """Background responses queued or running: capped by default (each holds a generation nobody waits on)."""
     max_output_tokens: int | None = Field(default=None, gt=0)
+    """The most output tokens a request may ask for."""
     max_body_bytes: int | None = Field(default=None, gt=0)
-    max_input_items: int | None = Field(default=None, gt=0)  # Responses input items / Chat messages
+    """The largest request body, in bytes."""
+    max_input_items: int | None = Field(default=None, gt=0)
+    """The most input items (Responses) or messages (Chat Completions) a request may carry."""
     max_tools: int | None = Field(default=None, ge=0)
-    max_schema_bytes: int | None = Field(default=None, gt=0)  # a JSON schema given for output or a tool
-    # the tenant's weight in the built-in engine's fair share of its batch and steps (tokens count 1/weight)
+    """The most tools a request may declare."""
+    max_schema_bytes: int | None = Field(default=None, gt=0)
+    """The largest JSON schema given for output or a tool, in bytes."""
     engine_weight: float = Field(default=1.0, gt=0, le=1000)
-    # the service tiers the tenant may ask for; any other runs at `auto_service_tier` (also `auto` and no tier)
+    """The tenant's weight in the built-in engine's fair share of its batch and steps (tokens count 1/weight)."""
     service_tiers: tuple[SchedulingTier, ...] = ("default", "flex")
+    """The service tiers the tenant may ask for; any other runs at `auto_service_tier` (also `auto` and no tier)."""
     auto_service_tier: SchedulingTier = "default"
+    """The tier a request runs at when it asks `auto`, nothing, or a tier not in `service_tiers`."""
 
 
 class LimitsConfig(BaseModel):
