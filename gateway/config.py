@@ -21,7 +21,7 @@ class BackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     kind: str
-    """The backend's kind: an installed entry point (`onnx`, `engine`, `vllm`, `sglang`, `sglang-generate`, `llamacpp`,
+    """The backend's kind: an installed entry point (`onnx`, `engine`, `vllm`, `sglang`, `sglang_generate`, `llamacpp`,
     `mock`)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """The kind's options (its own reference below)."""

@@ -55,7 +55,7 @@ SECTIONS: tuple[tuple[str, type[BaseModel], str, str], ...] = (
         "The `options` of an `onnx` backend; [backends](backends.md) says more of each.",
     ),
     (
-        "Remote token servers' options (kinds `vllm`, `sglang`, `sglang-generate`, `llamacpp`, `engine`)",
+        "Remote token servers' options (kinds `vllm`, `sglang`, `sglang_generate`, `llamacpp`, `engine`)",
         RemoteOptions,
         "",
         "The `options` of a remote backend; [backends](backends.md) says more of each.",
