@@ -15,8 +15,8 @@ be served from cache). Workloads, each with its own prompts, conversations run s
 - Codex-like: Responses conversations with `prompt_cache_key`, every turn resending the input.
 
 Per workload: prompt tokens served from cache as a fraction of the one-server reference, time to first token
-(the first streamed event of a JSON-schema answer, whose grammar makes the model open its message at once) p50 and
-p90, and the busiest server's prompt tokens over the mean. Then the previous_response_id workload again with one
+(the first answer text a JSON-schema answer streams, as the client sees it: the grammar opens the message at once)
+p50 and p90, and the busiest server's prompt tokens over the mean. Then the previous_response_id workload again with one
 server killed halfway: requests failed, and the cache fraction.
 """
 
@@ -60,7 +60,7 @@ MODEL = "gpt-oss-20b"
 KEY = "bench-fleet-key"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
 FORMAT = {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}}
-CONVERSATIONS, TURNS, USERS = 4, 4, 9
+CONVERSATIONS, TURNS, USERS = 6, 4, 9  # 6 on 3 servers: one conversation a server can balance them
 
 
 @dataclass
@@ -68,13 +68,13 @@ class Sample:
     prompt: int
     cached: int
     ok: bool = True
+    first_token_s: float | None = None  # from sending the request to its first answer text, as the client saw it
 
 
 @dataclass
 class Result:
     samples: list[Sample] = field(default_factory=list)
     per_server: list[float] = field(default_factory=list)  # prompt tokens each server was given
-    first_token_buckets: dict[float, float] = field(default_factory=dict)  # the replicas' histogram, summed
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, sample: Sample) -> None:
@@ -86,21 +86,9 @@ class Result:
         return sum(s.cached for s in self.samples if s.ok)
 
     def first_token(self, q: float) -> float:
-        """The q-quantile of the time to first token, from the replicas' histogram as Prometheus's
-        histogram_quantile reads one (linear within the bucket)."""
-        bounds = sorted(self.first_token_buckets)
-        total = self.first_token_buckets.get(float("inf"), 0.0)
-        if not total:
-            return float("nan")
-        rank, lower, below = q * total, 0.0, 0.0
-        for bound in bounds:
-            count = self.first_token_buckets[bound]
-            if count >= rank:
-                if bound == float("inf"):
-                    return lower
-                return lower + (bound - lower) * (rank - below) / max(count - below, 1e-9)
-            lower, below = bound, count
-        return lower
+        """The q-quantile (nearest rank) of the clients' times to the first answer text."""
+        times = sorted(s.first_token_s for s in self.samples if s.ok and s.first_token_s is not None)
+        return times[min(len(times) - 1, round(q * (len(times) - 1)))] if times else float("nan")
 
     @property
     def failed(self) -> int:
@@ -117,18 +105,22 @@ def words(tag: str, count: int) -> str:
 
 
 def stream_response(client: openai.OpenAI, **asked) -> tuple[Sample, str | None]:
-    final = None
+    final, first = None, None
+    started = time.perf_counter()
     try:
         asked = {"model": MODEL, "stream": True, "max_output_tokens": 24, "temperature": 0, "text": FORMAT, **asked}
         with client.responses.create(**asked) as stream:
             for event in stream:
+                if first is None and event.type == "response.output_text.delta":
+                    first = time.perf_counter() - started
                 if event.type in ("response.completed", "response.incomplete"):
                     final = event.response
     except openai.APIError:
         return Sample(0, 0, ok=False), None
     if final is None:
         return Sample(0, 0, ok=False), None
-    return Sample(final.usage.input_tokens, final.usage.input_tokens_details.cached_tokens), final.id
+    usage = final.usage
+    return Sample(usage.input_tokens, usage.input_tokens_details.cached_tokens, first_token_s=first), final.id
 
 
 def chained(url: str, result: Result, tag: str, halfway: threading.Event | None = None) -> None:
@@ -175,7 +167,8 @@ def resent(url: str, result: Result, tag: str, key: bool = False) -> None:
 
 
 def stream_chat(client: openai.OpenAI, messages: list[dict]) -> tuple[Sample, str]:
-    usage, text = None, []
+    usage, text, first = None, [], None
+    started = time.perf_counter()
     try:
         stream = client.chat.completions.create(
             model=MODEL,
@@ -190,11 +183,14 @@ def stream_chat(client: openai.OpenAI, messages: list[dict]) -> tuple[Sample, st
             if chunk.usage is not None:
                 usage = chunk.usage
             text += [choice.delta.content or "" for choice in chunk.choices]
+            if first is None and any(text):
+                first = time.perf_counter() - started
     except openai.APIError:
         return Sample(0, 0, ok=False), ""
     if usage is None:
         return Sample(0, 0, ok=False), ""
-    return Sample(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens), "".join(text) or "ok"
+    sample = Sample(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, first_token_s=first)
+    return sample, "".join(text) or "ok"
 
 
 def shared_system(url: str, result: Result, tag: str) -> None:
@@ -331,19 +327,6 @@ class Fleet:
                 out.append(float("nan"))
         return out
 
-    def first_tokens(self) -> dict[float, float]:
-        """The replicas' `gateway_time_to_first_token_seconds` (admission to the first generated token) together:
-        the count of requests at or under each bucket's bound."""
-        buckets: dict[float, float] = {}
-        for replica in self.replicas:
-            with urllib.request.urlopen(replica.url + "/metrics", timeout=5) as response:
-                for line in response.read().decode().splitlines():
-                    if line.startswith("gateway_time_to_first_token_seconds_bucket{"):
-                        bound = line.split('le="', 1)[1].split('"', 1)[0]
-                        key = float("inf") if bound == "+Inf" else float(bound)
-                        buckets[key] = buckets.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-        return buckets
-
     def stop(self) -> None:
         if self.lb is not None:
             self.lb.terminate()
@@ -360,7 +343,6 @@ def run_workload(
     try:
         WORKLOADS[workload](fleet.url, result, f"{kind.kind[:2]}{workload[:3]}{servers}{int(routing)}".replace(" ", ""))
         result.per_server = fleet.prompt_tokens()
-        result.first_token_buckets = fleet.first_tokens()
     finally:
         fleet.stop()
     return result
@@ -464,9 +446,9 @@ def render(results: dict, killed: dict, llama: dict, layers: int) -> str:
         "gateway replicas on one Redis behind a round-robin HAProxy (a conversation's turns alternate between the "
         "replicas); each workload on fresh servers with prefix routing, with least-loaded routing "
         "(`prefix_routing: false`), and on one server alone, which holds everything: cache is the prompt tokens "
-        "served from cache over that one server's. First token: p50 / p90 of the replicas' "
-        "`gateway_time_to_first_token_seconds` (admission to the first generated token; the histogram's buckets "
-        "interpolated as Prometheus does). Busiest: the most prompt tokens a server was given over the "
+        "served from cache over that one server's. First token: p50 / p90 of the time from sending a request to "
+        "its first answer text, as the SDK client saw it (a JSON-schema answer, whose grammar opens the message at "
+        "once). Busiest: the most prompt tokens a server was given over the "
         f"mean. The model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU.",
     ]
     if results:
