@@ -113,11 +113,13 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
 }
 
 #if defined(GPTOSS_SIMD)
-// Weight rows a pass of SharedRows takes for R input rows: P x R sums, P widened weights and one x vector in the
-// registers (AVX-512: 4 up to 4 rows, else 2; AVX2's 16 registers: 2 up to 6 rows, else 1).
+// Weight rows a pass of SharedRows takes for R input rows: P x R sums, P widened weights and one x vector within a
+// budget of registers: 24 of the 32 vector registers of AVX-512 and NEON (the pass shapes measured on AVX-512: 4 up
+// to 4 rows, else 2), all 16 of AVX2's (2 up to 6 rows, else 1).
 template <int R>
 constexpr int SharedPass() {
-  return 4 * R + 4 + 1 <= Simd::kRegisters ? 4 : 2 * R + 2 + 1 <= Simd::kRegisters ? 2 : 1;
+  constexpr int budget = Simd::kRegisters == 32 ? 24 : Simd::kRegisters;
+  return 4 * R + 4 + 1 <= budget ? 4 : 2 * R + 2 + 1 <= budget ? 2 : 1;
 }
 
 // The same for R >= 3 rows: P weight rows at a time share each load of an x vector, over the whole of K (the
