@@ -338,7 +338,7 @@ def _sequential_note(shapes: list[dict]) -> str:
 
 
 def report(shapes: list[dict], threads: int, with_llama: bool) -> str:
-    start, end = markers(NAME)
+    start, end = markers(_section_name())
     labels = {"decode_1": "decode, 1 sequence", "decode_4": "decode, 4 sequences"}
     labels["prefill"] = f"prefill, {PREFILL} tokens"
     copies = ", ".join(f"{f['bandwidth'] / 1e9:.1f} GB/s" for f in shapes if "bandwidth" in f)
