@@ -9,7 +9,7 @@ the engine alone, below, without HTTP or rendering: the scheduler's own figures.
 
 One in-process engine (a random checkpoint of the real vocabulary, 201,088, at small widths; the default batch of
 8) on the CPU. Tenant A keeps 24 long prompts (1.5-3k tokens, 64 output tokens) in flight, a new one as each
-ends; tenant B sends 12 short requests one after another (100-token prompts, 8 output tokens). Measured, each
+ends; tenant B sends 24 short requests one after another (100-token prompts, 8 output tokens). Measured, each
 against its baseline in the same run: B's time to the first token (p50, p90) alone and beside A's flood (both
 `default`; B at `priority`; A at `flex`); A's tokens a second (prompt tokens at their first token, then each
 output token) alone and beside B; and B beside 200 `flex` requests sent 4 at a time (what the batch runner sends
