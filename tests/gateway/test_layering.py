@@ -10,7 +10,9 @@ from pathlib import Path
 from paths import ROOT
 
 GATEWAY = ROOT / "gateway"
-COMPOSITION = {"gateway.app", "gateway.cli", "gateway.services", "gateway.openapi", "gateway.config"}
+COMPOSITION = {
+    "gateway.app", "gateway.cli", "gateway.services", "gateway.openapi", "gateway.config", "gateway.config_reference"
+}  # fmt: skip
 API = ("gateway.responses", "gateway.chat", "gateway.conversations")
 PACKAGES = ("gateway.generation", "gateway.hosted", "gateway.tenants", "gateway.usage", *API)
 

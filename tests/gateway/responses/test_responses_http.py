@@ -208,6 +208,12 @@ def test_openapi_document_describes_the_routes(gateway):
         "/v1/conversations/{conversation_id}/items",
         "/v1/conversations/{conversation_id}/items/{item_id}",
         "/v1/usage/records",
+        "/v1/files",
+        "/v1/files/{file_id}",
+        "/v1/files/{file_id}/content",
+        "/v1/batches",
+        "/v1/batches/{batch_id}",
+        "/v1/batches/{batch_id}/cancel",
     }
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
     schemas = document["components"]["schemas"]
