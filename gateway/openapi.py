@@ -63,17 +63,24 @@ _MODEL_LIST = {
     "type": "object",
     "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": _MODEL}},
 }
-_USAGE_PAGE = {
-    "type": "object",
-    "properties": {
-        "object": {"const": "list"},
-        "data": {"type": "array", "items": {"type": "object"}},
-        "first_id": {"type": ["string", "null"]},
-        "last_id": {"type": ["string", "null"]},
-        "has_more": {"type": "boolean"},
-    },
-    "required": ["object", "data", "first_id", "last_id", "has_more"],
-}
+
+
+def _list_of(item: dict[str, Any]) -> dict[str, Any]:
+    """A page of a list endpoint (gateway/pagination.py's shape)."""
+    return {
+        "type": "object",
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": item},
+            "first_id": {"type": ["string", "null"]},
+            "last_id": {"type": ["string", "null"]},
+            "has_more": {"type": "boolean"},
+        },
+        "required": ["object", "data", "first_id", "last_id", "has_more"],
+    }
+
+
+_USAGE_PAGE = _list_of({"type": "object"})
 _USAGE_QUERY = [
     {"name": "tenant", "in": "query", "required": True, "schema": {"type": "string"}},
     {"name": "since", "in": "query", "schema": {"type": "integer", "minimum": 0}},
@@ -261,7 +268,7 @@ def openapi_document() -> dict[str, Any]:
                 }
             },
             **_conversation_paths(),
-            **batch_paths(_json, _ref, _errors()),
+            **batch_paths(_json, _ref, _list_of, _errors()),
             "/v1/usage/records": {
                 "get": {
                     "operationId": "listUsageRecords",

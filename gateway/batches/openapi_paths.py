@@ -68,27 +68,14 @@ _BATCH = {
 }
 
 
-def _list_of(item: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {
-            "object": {"const": "list"},
-            "data": {"type": "array", "items": item},
-            "first_id": {"type": ["string", "null"]},
-            "last_id": {"type": ["string", "null"]},
-            "has_more": {"type": "boolean"},
-        },
-        "required": ["object", "data", "has_more"],
-    }
-
-
 def batch_models() -> list[tuple[type[BaseModel], str]]:
     """The request models whose JSON schema the document's components carry."""
     return [(CreateBatch, "validation")]
 
 
-def batch_paths(json: Any, ref: Any, errors: dict[str, Any]) -> dict[str, Any]:
-    """The paths, with the document's helpers: `json(schema, description)`, `ref(model)` and the error answers."""
+def batch_paths(json: Any, ref: Any, list_of: Any, errors: dict[str, Any]) -> dict[str, Any]:
+    """The paths, with the document's helpers: `json(schema, description)`, `ref(model)`, `list_of(item)` (a page)
+    and the error answers."""
     file_id = [{"name": "file_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     batch_id = [{"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     page = [
@@ -113,7 +100,7 @@ def batch_paths(json: Any, ref: Any, errors: dict[str, Any]) -> dict[str, Any]:
             "get": {
                 "operationId": "listFiles",
                 "parameters": [*page, {"name": "purpose", "in": "query", "schema": {"type": "string"}}],
-                "responses": {"200": json(_list_of(_FILE), "The tenant's files"), **errors},
+                "responses": {"200": json(list_of(_FILE), "The tenant's files"), **errors},
             },
         },
         "/v1/files/{file_id}": {
@@ -143,7 +130,7 @@ def batch_paths(json: Any, ref: Any, errors: dict[str, Any]) -> dict[str, Any]:
             "get": {
                 "operationId": "listBatches",
                 "parameters": page,
-                "responses": {"200": json(_list_of(_BATCH), "The tenant's batches"), **errors},
+                "responses": {"200": json(list_of(_BATCH), "The tenant's batches"), **errors},
             },
         },
         "/v1/batches/{batch_id}": {
