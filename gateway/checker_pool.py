@@ -1,11 +1,11 @@
 """Large request bodies checked in processes of their own before the gateway spends its own time on them.
 
 A checker process inflates and parses a body and runs the API's checks on it (the request model, every schema,
-the prompt's length where the body alone decides it) at the lowest CPU priority the kernel offers (SCHED_IDLE,
-else nice 19), within an address-space bound. Whatever it refuses costs the gateway's interpreter nothing but
-the error; what it accepts comes back parsed, as marshal bytes (a few ms a MiB to load, against tens for JSON).
-Nothing a checker does shares the event loop's interpreter lock, and its CPU goes to it only when the gateway's
-own threads do not want it: another tenant's ordinary requests go first.
+the prompt's length where the body alone decides it) at nice 10 under SCHED_BATCH, within an address-space
+bound. Whatever it refuses costs the gateway's interpreter nothing but the error; what it accepts comes back
+parsed, as marshal bytes (a few ms a MiB to load, against tens for JSON). Nothing a checker does shares the event
+loop's interpreter lock, and beside the gateway's busy threads it gets about a tenth of a CPU (never none):
+another tenant's ordinary requests go first.
 
 A checker that dies, runs out of time or cannot be started is replaced; the request it held is then decoded in
 the gateway's paced worker threads as before (CostlyWork.run), so no request fails for a checker's sake.
@@ -34,9 +34,10 @@ from harmony.render import Renderer
 from .errors import ApiError
 
 log = structlog.get_logger("gateway.checker_pool")
+CHECKER_NICE = 10
 MAX_CHECKERS = 4  # processes at most (each holds its own tokenizer)
 WARM_WAIT_S = 5.0  # a call waits this long at most for the checker being started ahead
-CHECK_TIMEOUT_S = 60.0  # at idle priority a check waits for spare CPU: generous, then the threads take over
+CHECK_TIMEOUT_S = 60.0  # at the lowest priority a check waits for spare CPU: generous, then the threads take over
 BASE_MEMORY_BYTES = 2 * 1024**3  # a checker's address space before the body: interpreter, tokenizer, libraries
 MEMORY_PER_BODY_BYTE = 24  # parsed JSON takes ~10-15x its text as Python objects; the rest is headroom
 
@@ -67,10 +68,12 @@ def checker_renderer() -> Renderer:
 
 
 def _lower_priority() -> None:
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        os.nice(19)
+    """Nice 10 under SCHED_BATCH: about a tenth of a CPU beside a busy nice-0 thread, never none (SCHED_IDLE left
+    a check waiting out CHECK_TIMEOUT_S on a host whose CPUs were all busy, and an unprivileged process cannot be
+    raised from it again; at nice 19 a 0.4 s check took 32 s there)."""
+    os.nice(CHECKER_NICE - os.nice(0))
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
 def _load_checks(modules: tuple[str, ...]) -> None:

@@ -1,5 +1,6 @@
-"""Large bodies are checked in idle-priority checker processes before the gateway spends its own time on them:
-the same answers as the gateway's own threads give, from a process at SCHED_IDLE within an address-space bound;
+"""Large bodies are checked in low-priority checker processes before the gateway spends its own time on them:
+the same answers as the gateway's own threads give, from a process at nice 10 within an address-space bound,
+answering also while every CPU is busy;
 a checker that dies is replaced and its request still answered; a check that runs out of memory is a 413, one
 that fails of itself leaves the request to the gateway; the pool holds at most its size of processes."""
 
@@ -140,17 +141,47 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def test_checkers_run_at_idle_priority_within_an_address_space_bound(gateways):
+def test_checkers_run_at_the_lowest_priority_within_an_address_space_bound(gateways):
     with_checkers, threads_only = gateways
     _post(with_checkers, *REFUSED["context overflow"])
     checkers = _checkers_of(with_checkers)
     assert checkers, "a large body started a checker process"
     for pid in checkers:
-        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        assert os.sched_getscheduler(pid) == os.SCHED_BATCH
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 10
         soft, hard = resource.prlimit(pid, resource.RLIMIT_AS)
         assert soft == hard < 4 * 1024**3
     _post(threads_only, *REFUSED["context overflow"])
     assert not _checkers_of(threads_only)
+
+
+def _spin(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pass
+
+
+def test_a_checker_answers_while_every_cpu_is_busy(gateways):
+    """At SCHED_IDLE a checker got no CPU at all beside busy threads and its request waited out the check's
+    60 s; at nice 10 it gets a tenth of a CPU and answers."""
+    with_checkers, _ = gateways
+    path, body = REFUSED["context overflow"]
+    _post(with_checkers, path, body)  # a checker started and ready
+    log_before = with_checkers.log_text()
+    spinners = [multiprocessing.Process(target=_spin, args=(40,)) for _ in range(os.cpu_count() or 2)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        started = time.monotonic()
+        status, answer = _post(with_checkers, path, gzip.compress(body), "gzip")
+        waited = time.monotonic() - started
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.join()
+    assert status == 400 and answer["error"]["code"] == "context_length_exceeded", answer
+    assert waited < 20, waited  # 0.4 s on an idle host; 4.5 s beside busy CPUs at nice 10, 32 s at nice 19
+    assert "request_checker_lost" not in with_checkers.log_text()[len(log_before) :]
 
 
 def test_a_dead_checker_is_replaced_and_its_request_still_answered(gateways):
