@@ -3,8 +3,8 @@
     python bench/fair_share_bench.py [--seconds 20] [--write docs/benchmarks.md]
 
 Two tables. Through a gateway (`serve` with the engine in-process, API keys, as a platform team runs it; the
-issue's set-up): B's time to its first answer text as its client sees it (streamed Chat Completions with a JSON
-schema, whose grammar opens the answer at once), alone and beside A's flood sent through the same gateway. And
+issue's set-up): B's time to its first token as its client sees it (streamed Chat Completions with a JSON schema: the
+first delta of reasoning or answer text), alone and beside A's flood sent through the same gateway. And
 the engine alone, below, without HTTP or rendering: the scheduler's own figures.
 
 One in-process engine (a random checkpoint of the real vocabulary, 201,088, at small widths; the default batch of
@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -158,8 +159,13 @@ class GatewayFlood:
         await self.client.close()
 
 
+def visible(delta: Any) -> bool:
+    """Whether a Chat Completions delta carries a token the client sees: answer text, or reasoning (an extra field)."""
+    return bool(delta.content or (delta.model_extra or {}).get("reasoning"))
+
+
 async def b_first_text(url: str, tier: str, tag: str, key: str = "sk-b") -> list[float]:
-    """B's time from sending to its first answer text, for B_REQUESTS requests one after another."""
+    """B's time from sending to its first token (reasoning or answer text), for B_REQUESTS requests in turn."""
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=600)
     times = []
     for index in range(B_REQUESTS):
@@ -171,9 +177,10 @@ async def b_first_text(url: str, tier: str, tag: str, key: str = "sk-b") -> list
         )  # fmt: skip
         first = None
         async for chunk in stream:
-            if first is None and any(choice.delta.content for choice in chunk.choices):
+            if first is None and any(visible(choice.delta) for choice in chunk.choices):
                 first = time.perf_counter() - started
-        times.append(first if first is not None else time.perf_counter() - started)
+        assert first is not None, "B's answer streamed no token"
+        times.append(first)
         await asyncio.sleep(0.2)
     await client.close()
     return times
@@ -228,8 +235,8 @@ async def through_gateway(url: str, seconds: float) -> dict:
     return results
 
 
-def serve(directory: Path, checkpoint: Path) -> GatewayProcess:
-    engine = {"checkpoint": str(checkpoint), "max_positions": 4096, "cache_dir": str(directory / "graphs")}
+def serve(directory: Path, checkpoint: Path, extra: dict[str, Any]) -> GatewayProcess:
+    engine = {"checkpoint": str(checkpoint), "max_positions": 4096, "cache_dir": str(directory / "graphs"), **extra}
     limits = {"default": {"service_tiers": ["priority", "default", "flex"]}}
     env = {
         "GATEWAY_BACKENDS": json.dumps({"engine": {"kind": "onnx", "options": engine, "models": [MODEL]}}),
@@ -245,8 +252,7 @@ def p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run(seconds: float, directory: Path, chunk: int | None, checkpoint: Path) -> dict:
-    extra = {} if chunk is None else {"prefill_chunk": chunk}
+async def run(seconds: float, directory: Path, extra: dict[str, Any], checkpoint: Path) -> dict:
     graphs = str(directory / "graphs")
     options = EngineOptions(checkpoint=str(checkpoint), max_positions=4096, cache_dir=graphs, **extra)
     engine = await loaded(EngineBackend(options, load_harmony_encoding()))
@@ -306,8 +312,9 @@ def throughput(results: dict, seconds: float) -> str:
     )
 
 
-def render(gateway: dict, engine: dict, seconds: float) -> str:
+def render(gateway: dict, engine: dict, seconds: float, extra: dict[str, Any]) -> str:
     start, end = markers(NAME)
+    options = ", ".join(f"`{name}` {value}" for name, value in extra.items()) or "the defaults"
     header = ["| B's requests | first token p50 | p90 | p90 against alone | goal |", "|---|---|---|---|---|"]
     return "\n".join([
         start,
@@ -315,10 +322,11 @@ def render(gateway: dict, engine: dict, seconds: float) -> str:
         "",
         f"CPU: {cpu_name()}; the built-in engine, a random checkpoint of the real vocabulary (201,088) at small "
         f"widths, batch of {engine['max_batch']}. Tenant A keeps {FLOOD} prompts of 1.5-3k tokens in flight; tenant "
-        f"B sends {B_REQUESTS} short requests one after another. One run; ratios against B alone in the same table.",
+        f"B sends {B_REQUESTS} short requests one after another. Engine options: {options}. One run; ratios against B "
+        "alone in the same table.",
         "",
-        "Through a gateway (`serve`, API keys; B's first answer text as its streaming Chat Completions client sees "
-        "it, a JSON-schema answer; A's flood streamed through the same gateway):",
+        "Through a gateway (`serve`, API keys; B's first token, reasoning or answer text, as its streaming Chat "
+        "Completions client sees it, a JSON-schema answer; A's flood streamed through the same gateway):",
         "",
         *header,
         *rows_of(gateway),
@@ -339,17 +347,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--write", type=Path)
-    parser.add_argument("--prefill-chunk", type=int, help="the engine's prefill_chunk (default: the engine's)")
+    parser.add_argument(
+        "--engine-option", action="append", default=[], metavar="NAME=VALUE",
+        help="an engine option for both tables (JSON value), e.g. prefill_piece_ms=5; repeatable",
+    )  # fmt: skip
     args = parser.parse_args()
+    extra = {name: json.loads(value) for name, value in (option.split("=", 1) for option in args.engine_option)}
     with tempfile.TemporaryDirectory() as directory:
         checkpoint = make_checkpoint(Path(directory) / "model", tiny_config(), "original")
-        gateway = serve(Path(directory), checkpoint)
+        gateway = serve(Path(directory), checkpoint, extra)
         try:
             through = asyncio.run(through_gateway(gateway.url, args.seconds))
         finally:
             gateway.stop()
-        engine = asyncio.run(run(args.seconds, Path(directory), args.prefill_chunk, checkpoint))
-    section = render(through, engine, args.seconds)
+        engine = asyncio.run(run(args.seconds, Path(directory), extra, checkpoint))
+    section = render(through, engine, args.seconds, extra)
     print(section)
     if args.write:
         write_section(args.write, NAME, section)

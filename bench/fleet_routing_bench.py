@@ -15,7 +15,7 @@ be served from cache). Workloads, each with its own prompts, conversations run s
 - Codex-like: Responses conversations with `prompt_cache_key`, every turn resending the input.
 
 Per workload: prompt tokens served from cache as a fraction of the one-server reference, time to first token
-(the first answer text a JSON-schema answer streams, as the client sees it: the grammar opens the message at once)
+(the first token a JSON-schema answer streams, reasoning or answer text, as the client sees it)
 p50 and p90, and the busiest server's prompt tokens over the mean. Then the previous_response_id workload again with one
 server killed halfway: requests failed, and the cache fraction.
 """
@@ -56,6 +56,7 @@ from backends.engine.kernels.build import KERNELS_ENV, build_library  # noqa: E4
 from backends.engine.make_checkpoint import write_random_checkpoint  # noqa: E402
 
 NAME = "fleet_routing_bench"
+LLAMA_NAME = "fleet_routing_bench_llama_cpp"  # its own section: a run without --llama-cpp leaves it as it was
 MODEL = "gpt-oss-20b"
 KEY = "bench-fleet-key"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
@@ -68,7 +69,7 @@ class Sample:
     prompt: int
     cached: int
     ok: bool = True
-    first_token_s: float | None = None  # from sending the request to its first answer text, as the client saw it
+    first_token_s: float | None = None  # from sending the request to its first token (reasoning or answer text)
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Result:
         return sum(s.cached for s in self.samples if s.ok)
 
     def first_token(self, q: float) -> float:
-        """The q-quantile (nearest rank) of the clients' times to the first answer text."""
+        """The q-quantile (nearest rank) of the clients' times to the first token."""
         times = sorted(s.first_token_s for s in self.samples if s.ok and s.first_token_s is not None)
         return times[min(len(times) - 1, round(q * (len(times) - 1)))] if times else float("nan")
 
@@ -111,7 +112,7 @@ def stream_response(client: openai.OpenAI, **asked) -> tuple[Sample, str | None]
         asked = {"model": MODEL, "stream": True, "max_output_tokens": 24, "temperature": 0, "text": FORMAT, **asked}
         with client.responses.create(**asked) as stream:
             for event in stream:
-                if first is None and event.type == "response.output_text.delta":
+                if first is None and event.type in ("response.output_text.delta", "response.reasoning_text.delta"):
                     first = time.perf_counter() - started
                 if event.type in ("response.completed", "response.incomplete"):
                     final = event.response
@@ -183,7 +184,8 @@ def stream_chat(client: openai.OpenAI, messages: list[dict]) -> tuple[Sample, st
             if chunk.usage is not None:
                 usage = chunk.usage
             text += [choice.delta.content or "" for choice in chunk.choices]
-            if first is None and any(text):
+            reasoning = any((choice.delta.model_extra or {}).get("reasoning") for choice in chunk.choices)
+            if first is None and (any(text) or reasoning):
                 first = time.perf_counter() - started
     except openai.APIError:
         return Sample(0, 0, ok=False), ""
@@ -407,10 +409,15 @@ def main() -> int:
     finally:
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)
-    section = render(results, killed, llama, config.num_hidden_layers)
-    print(section)
-    if args.write:
-        write_section(args.write, NAME, section)
+    sections = {}
+    if results:
+        sections[NAME] = render_engines(results, killed, config.num_hidden_layers)
+    if llama:
+        sections[LLAMA_NAME] = render_llama(llama, config.num_hidden_layers)
+    for name, section in sections.items():
+        print(section)
+        if args.write:
+            write_section(args.write, name, section)
     return 0
 
 
@@ -436,50 +443,57 @@ HEADER = (
 )
 
 
-def render(results: dict, killed: dict, llama: dict, layers: int) -> str:
-    start, end = markers(NAME)
-    lines = [
-        start,
-        "## Routing by prefix over a fleet (`bench/fleet_routing_bench.py`)",
-        "",
+def _setting(layers: int) -> str:
+    return (
         f"CPU: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. Three model servers and two "
         "gateway replicas on one Redis behind a round-robin HAProxy (a conversation's turns alternate between the "
         "replicas); each workload on fresh servers with prefix routing, with least-loaded routing "
         "(`prefix_routing: false`), and on one server alone, which holds everything: cache is the prompt tokens "
         "served from cache over that one server's. First token: p50 / p90 of the time from sending a request to "
-        "its first answer text, as the SDK client saw it (a JSON-schema answer, whose grammar opens the message at "
-        "once). Busiest: the most prompt tokens a server was given over the "
-        f"mean. The model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU.",
-    ]
-    if results:
-        lines += [
-            "",
-            "The built-in engine's servers (`serve-engine`, float32, `max_batch` 4; routing by their published pages).",
-            "",
-            *HEADER,
-            *_rows(results, WORKLOADS),
-        ]
-        lines += [
-            "",
-            "A server killed (SIGKILL) halfway through the previous_response_id workload: "
-            + "; ".join(
-                f"{label}: {result.failed} of {len(result.samples)} requests failed (the ones streaming from it)"
-                for label, result in killed.items()
-            )
-            + ".",
-        ]
-    if llama:
-        lines += [
-            "",
-            "llama.cpp's `llama-server` (built from source, the same checkpoint converted by its own converter, f16, "
-            "2 slots, 1 thread each; routing by what was sent where). Busiest: by `llamacpp:prompt_tokens_total` + "
-            "`llamacpp:prompt_tokens_cached_total`.",
-            "",
-            *HEADER,
-            *_rows(llama, LLAMA_WORKLOADS),
-        ]
-    lines.append(end)
-    return "\n".join(lines)
+        "its first token, reasoning or answer text, as the SDK client saw it (a JSON-schema answer); ratio: "
+        "least loaded over prefix at p50. Busiest: the most prompt tokens a server was given over the "
+        f"mean. The model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU."
+    )
+
+
+def render_engines(results: dict, killed: dict, layers: int) -> str:
+    start, end = markers(NAME)
+    killings = "; ".join(
+        f"{label}: {result.failed} of {len(result.samples)} requests failed (the ones streaming from it)"
+        for label, result in killed.items()
+    )
+    return "\n".join([
+        start,
+        "## Routing by prefix over a fleet (`bench/fleet_routing_bench.py`)",
+        "",
+        _setting(layers),
+        "",
+        "The built-in engine's servers (`serve-engine`, float32, `max_batch` 4; routing by their published pages).",
+        "",
+        *HEADER,
+        *_rows(results, WORKLOADS),
+        "",
+        f"A server killed (SIGKILL) halfway through the previous_response_id workload: {killings}.",
+        end,
+    ])  # fmt: skip
+
+
+def render_llama(llama: dict, layers: int) -> str:
+    start, end = markers(LLAMA_NAME)
+    return "\n".join([
+        start,
+        "## Routing by prefix over a fleet of llama.cpp servers (`bench/fleet_routing_bench.py --llama-cpp`)",
+        "",
+        _setting(layers),
+        "",
+        "llama.cpp's `llama-server` (built from source, the same checkpoint converted by its own converter, f16, "
+        "2 slots, 1 thread each; routing by what was sent where). Busiest: by `llamacpp:prompt_tokens_total` + "
+        "`llamacpp:prompt_tokens_cached_total`.",
+        "",
+        *HEADER,
+        *_rows(llama, LLAMA_WORKLOADS),
+        end,
+    ])  # fmt: skip
 
 
 if __name__ == "__main__":

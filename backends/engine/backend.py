@@ -77,10 +77,10 @@ class EngineOptions(BaseModel):
     page_size: int = Field(default=32, ge=8, le=256)
     """Positions per KV page: the unit of allocation, prefix sharing and the window rings."""
     prefill_chunk: int = Field(default=512, ge=16)
-    """Prompt tokens per step while others decode."""
-    prefill_piece_ms: float = Field(default=10.0, ge=0, le=10_000)
-    """A prompt chunk runs in pieces of about this long, and a request arriving meanwhile is admitted after the piece
-    running, not after the whole chunk (chunk_budget.py); 0: chunks run whole."""
+    """Prompt tokens per step while others decode, at most."""
+    prefill_piece_ms: float = Field(default=5.0, ge=0, le=10_000)
+    """A step runs the decode rows beside a piece of a prompt of about this long, so neither a request arriving nor a
+    running answer's next token waits for a whole chunk (chunk_budget.py); 0: a step runs the whole chunk."""
     kernels: bool = True
     """Build and use the compiled MXFP4 MoE kernels (else the pure-ONNX realization)."""
     dense_int8: bool = False

@@ -100,7 +100,7 @@ class Batcher:
     ) -> None:
         """`max_batch`: sequences running at once; `prefix_budget`: tokens of pages no sequence holds that the
         prefix cache may keep (0: no reuse); `page_events`: where the prefix cache reports the pages it names;
-        `piece_s`: the time of a prompt chunk's pieces, between which an arrival ends the step (chunk_budget.py)."""
+        `piece_s`: the time of the prompt piece a step runs beside the decode rows (chunk_budget.py)."""
         self.runtime = runtime
         self.pools = pools
         self.max_batch = max_batch
@@ -318,38 +318,26 @@ class Batcher:
             pools.extend(sequence.table, position, position + 1)
             decoding.append(sequence)
         filling = self._waiting.first([s for s in self._running if not s.decoding])  # the tenant furthest behind
-        chunk: list[int] = []
+        piece: list[int] = []
         if filling is not None:
             start = filling.position
             end = min(len(filling.fill), start + self.prefill_chunk)
             limit = self.runtime.chunk_limit(end)
             end = end if limit is None else min(end, start + limit)
-            needs = pools.needed(filling.table, start, end)
+            piece = self._pieces.first(filling.fill[start:end], start)
+            needs = pools.needed(filling.table, start, start + len(piece))
             if pools.fits(needs) or (not decoding and self._make_room(filling, needs)):
-                pools.extend(filling.table, start, end)
-                chunk = filling.fill[start:end]
-        pieces = self._pieces.split(chunk, filling.position if filling is not None else 0)
-        # a prompt whose rest is one piece runs alone first: its first token waits for no decode row; and with CUDA
-        # graphs, the decode rows run padded as the graph of their bucket, the chunk always alone
-        alone = filling is not None and len(pieces) == 1 and filling.position + len(chunk) == len(filling.fill)
-        if pieces and decoding and (alone or self.runtime.buckets):
-            self._run([], filling, pieces[0])
-            self._run_pieces(filling, pieces[1:])
-            self._run(decoding, None, [])
-        elif decoding or pieces:
-            self._run(decoding, filling if pieces else None, pieces[0] if pieces else [])
-            self._run_pieces(filling, pieces[1:])
-
-    def _run_pieces(self, filling: Sequence | None, pieces: list[list[int]]) -> None:
-        """Run a chunk's pieces alone, until a request arrives that the fair share runs first (it is admitted
-        before the rest runs)."""
-        for piece in pieces:
-            if filling not in self._running or filling.cancelled.is_set() or not self._take_arrivals():
-                return
-            head = self._waiting.head()
-            if head is not None and self._waiting.before(head, filling):
-                return
+                pools.extend(filling.table, start, start + len(piece))
+            else:
+                piece = []
+        # a prompt's last piece runs alone first: its first token waits for no decode row; and with CUDA graphs, the
+        # decode rows run padded as the graph of their bucket, the piece always alone
+        last = bool(piece) and filling is not None and filling.position + len(piece) == len(filling.fill)
+        if piece and decoding and (last or self.runtime.buckets):
             self._run([], filling, piece)
+            self._run(decoding, None, [])
+        elif decoding or piece:
+            self._run(decoding, filling if piece else None, piece)
 
     def _run(self, decoding: list[Sequence], filling: Sequence | None, chunk: list[int]) -> None:
         step = StepRows()

@@ -1,11 +1,13 @@
-"""A prompt chunk run in pieces of a set time, so a request arriving meanwhile waits one piece, not the whole chunk.
+"""A step's prompt tokens: a piece of a set time, so neither a newcomer nor a running sequence's next token waits for
+a whole chunk.
 
 A run cannot be interrupted: a request arriving while a 512-token chunk runs would wait for all of it before its own
-prompt starts (on this project's CPUs, tens of milliseconds; one tenant's backlog of long prompts then holds every
-other tenant's first token behind one such run). The batcher runs a step's chunk as pieces of about `piece_s` each
-and ends the step early when a request has arrived; what is left of the chunk runs in the next steps. A piece
-before a prompt's last computes no logits, so it costs little more than its tokens (on the CPU a logits row of the
-real vocabulary costs more than a hundred prompt tokens at small widths).
+prompt starts, and every sequence decoding beside it would wait as long for its next token (on this project's CPUs,
+tens of milliseconds a token; one tenant's backlog of long prompts then holds every other tenant's answer behind
+it). Each step of the batcher runs the decode rows and one piece of about `piece_s` of the prompt filling; the rest
+of the prompt runs in the next steps, after the arrivals are admitted. A piece before a prompt's last computes no
+logits, so it costs little more than its tokens (on the CPU a logits row of the real vocabulary costs more than a
+hundred prompt tokens at small widths).
 
 A run's fixed cost F and its cost a token c (growing with the token's position: attention reads its context) are
 measured when the engine starts, by runs of a prompt piece into the scratch page; a piece takes n = (piece_s - F) / c
@@ -53,16 +55,12 @@ class ChunkPieces:
             times.append(time.perf_counter() - started)
         return min(times)
 
-    def split(self, chunk: list[int], start: int) -> list[list[int]]:
-        """`chunk` (its first token at position `start`) in pieces of about `piece_s` each, none so short that the
-        run's fixed cost weighs."""
-        if self.fit is None or not self.piece_s or not chunk:
-            return [chunk] if chunk else []
+    def first(self, chunk: list[int], start: int) -> list[int]:
+        """The piece of `chunk` (its first token at position `start`) that takes about `piece_s`, never so short that
+        the run's fixed cost weighs; the whole chunk where pieces are off or uncalibrated."""
+        if self.fit is None or not self.piece_s:
+            return chunk
         fixed, per_token, growth = self.fit
-        pieces, offset = [], 0
-        while offset < len(chunk):
-            cost = per_token + growth * (start + offset)
-            tokens = int(max(FLOOR_TOKENS, (self.piece_s - fixed) / cost, fixed / (OVERHEAD * cost)))
-            pieces.append(chunk[offset : offset + tokens])
-            offset += tokens
-        return pieces
+        cost = per_token + growth * start
+        tokens = int(max(FLOOR_TOKENS, (self.piece_s - fixed) / cost, fixed / (OVERHEAD * cost)))
+        return chunk[:tokens]

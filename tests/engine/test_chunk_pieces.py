@@ -1,10 +1,12 @@
-"""A prompt chunk runs in pieces: a request arriving from another tenant waits one piece, not the whole chunk, and
-the pieces write the same cache as the whole chunk would."""
+"""A prompt chunk runs in pieces, one a step beside the decode rows: a request arriving from another tenant waits one
+piece for its first token, and a running answer one piece for its next, not the whole chunk; the pieces write the same
+cache as the whole chunk would."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 from engine_fixtures import loaded, make_checkpoint, tiny_config
@@ -34,30 +36,28 @@ def _calibrated(monkeypatch, fixed: float, per_token: float, growth: float, piec
 
 
 def test_calibration_fits_a_run_s_cost_and_pieces_keep_to_the_time(monkeypatch):
-    """Runs costing 0.5 ms + 30 µs a token (+ 0.01 µs a token per position) are fitted back; pieces of a 512-token
-    chunk from position 0 take about 10 ms each, fewer tokens far into the context, and cover the chunk in order."""
+    """Runs costing 0.5 ms + 30 µs a token (+ 0.01 µs a token per position) are fitted back; a 512-token chunk's
+    first piece from position 0 takes about 10 ms, and has fewer tokens far into the context."""
     pieces = _calibrated(monkeypatch, 0.0005, 30e-6, 1e-11 * 1000, 0.010)
     fixed, per_token, growth = pieces.fit
     assert fixed == pytest.approx(0.0005, rel=1e-6) and per_token == pytest.approx(30e-6, rel=1e-6)
     assert growth == pytest.approx(1e-8, rel=1e-6)
     chunk = list(range(512))
-    near = pieces.split(chunk, 0)
-    assert [t for piece in near for t in piece] == chunk
-    assert len(near[0]) == int((0.010 - 0.0005) / 30e-6)  # 316 tokens: 9.5 ms of tokens beside 0.5 fixed
-    far = pieces.split(chunk, 3000)
-    assert len(far[0]) < len(near[0]) and [t for piece in far for t in piece] == chunk
+    near = pieces.first(chunk, 0)
+    assert near == chunk[: int((0.010 - 0.0005) / 30e-6)]  # 316 tokens: 9.5 ms of tokens beside 0.5 fixed
+    far = pieces.first(chunk, 3000)
+    assert far == chunk[: len(far)] and len(far) < len(near)
 
 
 def test_pieces_never_cut_so_short_that_a_run_s_fixed_cost_weighs(monkeypatch):
     """A run's fixed cost of 1 s (a CPU reading every expert at the real width) against 10 ms a token: pieces stay at
     least 1 s / (10% × 10 ms) = 1,000 tokens, so a 512-token chunk runs whole; pieces off (0) always run it whole."""
     heavy = _calibrated(monkeypatch, 1.0, 0.010, 0.0, 0.010)
-    assert heavy.split(list(range(512)), 0) == [list(range(512))]
+    assert heavy.first(list(range(512)), 0) == list(range(512))
     off = _calibrated(monkeypatch, 0.0005, 30e-6, 0.0, 0.0)
-    assert off.fit is None and off.split(list(range(512)), 0) == [list(range(512))]
-    assert off.split([], 0) == []
+    assert off.fit is None and off.first(list(range(512)), 0) == list(range(512))
     tiny = _calibrated(monkeypatch, 0.0, 0.010, 0.0, 0.001)  # 1 ms at 10 ms a token: the floor
-    assert {len(piece) for piece in tiny.split(list(range(64)), 0)} == {FLOOR_TOKENS}
+    assert len(tiny.first(list(range(64)), 0)) == FLOOR_TOKENS
 
 
 def _request(tenant: str, prompt_tokens: int, output: int) -> GenerateRequest:
@@ -66,41 +66,63 @@ def _request(tenant: str, prompt_tokens: int, output: int) -> GenerateRequest:
                            tenant=tenant)  # fmt: skip
 
 
+async def _scenario(
+    checkpoint: Path, tmp_path: Path, piece_ms: float, first: GenerateRequest, second: GenerateRequest
+) -> tuple[list[str], list[int]]:
+    """Run `first`, then `second` once `first` runs: the order of the tenants' tokens (runs of one tenant as one
+    entry) and tenant A's tokens."""
+    options = EngineOptions(
+        checkpoint=str(checkpoint), max_batch=4, max_positions=8192, prefill_chunk=8192,
+        prefill_piece_ms=piece_ms, cache_dir=str(tmp_path),
+    )  # fmt: skip
+    engine = await loaded(EngineBackend(options, load_harmony_encoding()))
+    order: list[str] = []
+    a_tokens: list[int] = []
+    try:
+
+        async def run(request: GenerateRequest) -> None:
+            async for chunk in engine.generate(request):
+                if not order or order[-1] != request.tenant:
+                    order.append(request.tenant)
+                if request.tenant == "a":
+                    a_tokens.extend(chunk.tokens)
+
+        started = time.monotonic()
+        running = asyncio.ensure_future(run(first))
+        while engine.engine_stats().running == 0 and time.monotonic() - started < 30:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)  # the first one's chunk (or decode) is running
+        await asyncio.gather(running, run(second))
+    finally:
+        await engine.aclose()
+    return order, a_tokens
+
+
 def test_another_tenant_s_first_token_waits_one_piece_not_the_whole_chunk(checkpoint, tmp_path):
     """Tenant A's 6,000-token prompt runs as one chunk; tenant B's short request sent once A's chunk runs. Chunks
     whole: B's first token comes after A's (B waited for all of A's chunk). In pieces of 5 ms: B's first token
     comes first, and A's answer is the same token for token (the pieces wrote the same cache)."""
 
-    async def scenario(piece_ms: float) -> tuple[list[str], list[int]]:
-        options = EngineOptions(
-            checkpoint=str(checkpoint), max_batch=4, max_positions=8192, prefill_chunk=8192,
-            prefill_piece_ms=piece_ms, cache_dir=str(tmp_path),
-        )  # fmt: skip
-        engine = await loaded(EngineBackend(options, load_harmony_encoding()))
-        order: list[str] = []
-        a_tokens: list[int] = []
-        try:
+    def scenario(piece_ms: float) -> tuple[list[str], list[int]]:
+        return asyncio.run(_scenario(checkpoint, tmp_path, piece_ms, _request("a", 6000, 4), _request("b", 20, 2)))
 
-            async def run(request: GenerateRequest, delay: float) -> None:
-                await asyncio.sleep(delay)
-                async for chunk in engine.generate(request):
-                    if not order or order[-1] != request.tenant:
-                        order.append(request.tenant)
-                    if request.tenant == "a":
-                        a_tokens.extend(chunk.tokens)
-
-            started = time.monotonic()
-            a = asyncio.ensure_future(run(_request("a", 6000, 4), 0.0))
-            while engine.engine_stats().running == 0 and time.monotonic() - started < 30:
-                await asyncio.sleep(0.001)
-            await asyncio.sleep(0.01)  # A's chunk is running
-            await asyncio.gather(a, run(_request("b", 20, 2), 0.0))
-        finally:
-            await engine.aclose()
-        return order, a_tokens
-
-    whole_order, whole_tokens = asyncio.run(scenario(0.0))
+    whole_order, whole_tokens = scenario(0.0)
     assert whole_order[0] == "a", f"B came before A's whole chunk ended: the scenario measured nothing ({whole_order})"
-    pieces_order, pieces_tokens = asyncio.run(scenario(5.0))
+    pieces_order, pieces_tokens = scenario(5.0)
     assert pieces_order[0] == "b", pieces_order
+    assert pieces_tokens == whole_tokens
+
+
+def test_a_running_answer_s_tokens_wait_one_piece_not_the_whole_chunk(checkpoint, tmp_path):
+    """Tenant B decodes; tenant A's 6,000-token prompt arrives. Chunks whole: B's next token waits for A's whole
+    chunk (A's first token comes before B's last). In pieces of 5 ms each step runs B's row beside one piece: B's
+    8 tokens all come before A's first, and A's answer is the same."""
+
+    def scenario(piece_ms: float) -> tuple[list[str], list[int]]:
+        return asyncio.run(_scenario(checkpoint, tmp_path, piece_ms, _request("b", 20, 8), _request("a", 6000, 4)))
+
+    whole_order, whole_tokens = scenario(0.0)
+    assert whole_order[:3] == ["b", "a", "b"], f"B ended before A's chunk ran: nothing measured ({whole_order})"
+    pieces_order, pieces_tokens = scenario(5.0)
+    assert pieces_order == ["b", "a"], pieces_order
     assert pieces_tokens == whole_tokens

@@ -16,4 +16,4 @@ def test_the_committed_page_is_what_the_models_render():
     assert page == config_reference.render(), "stale: python -m gateway.config_reference --write docs/configuration.md"
     for name in Settings.model_fields:  # every variable is on the page, with its default and meaning
         assert f"| `GATEWAY_{name.upper()}` |" in page
-    assert "| `prefill_piece_ms` | float | `10.0` |" in page
+    assert "| `prefill_piece_ms` | float | `5.0` |" in page
