@@ -63,9 +63,10 @@ from sampler_bench import measure
 from backends.base import Sampling
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.config import DEMO_CONFIG, GPT_OSS_20B, GPT_OSS_120B, ModelConfig
-from backends.engine.graph import GraphOptions, moe_layer_model
+from backends.engine.graph import GraphOptions
 from backends.engine.make_checkpoint import random_moe_layer, write_random_checkpoint
 from backends.engine.model_cache import compiled_model
+from backends.engine.op_models import moe_layer_model
 from backends.engine.paged_runner import PagedRunner
 from backends.engine.runtime import cuda_unavailable_reason
 from backends.engine.sampler import RowSpec, sampling_rows

@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 from report import markers, write_section  # noqa: E402
 
 from backends.engine.config import SHAPES  # noqa: E402
-from backends.engine.graph import moe_layer_model  # noqa: E402
 from backends.engine.kernels.build import build_library  # noqa: E402
 from backends.engine.make_checkpoint import random_moe_layer  # noqa: E402
+from backends.engine.op_models import moe_layer_model  # noqa: E402
 
 NAME = "moe_bench"
 STEPS = {"decode (1 token)": 1, "decode (4 tokens)": 4, "prefill (512 tokens)": 512}

@@ -11,7 +11,8 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from backends.engine.config import ModelConfig
-from backends.engine.graph import IR_VERSION, Dtype, GraphOptions, TensorWriter, moe_layer_graph
+from backends.engine.graph import IR_VERSION, Dtype, GraphOptions, TensorWriter
+from backends.engine.op_models import moe_layer_graph
 from backends.engine.qmoe import MS_DOMAIN, qmoe_node, qmoe_weights
 
 

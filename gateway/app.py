@@ -22,20 +22,20 @@ from .conversations.api import add_routes as add_conversation_routes
 from .errors import ApiError, error_response
 from .ids import new_id
 from .json_out import json_response
-from .lifecycle import SHUTTING_DOWN
-from .logs import AccessLog
-from .loop_watch import watch_the_loop
-from .metrics import STATS, RequestStats
 from .models_api import add_routes as add_models_routes
+from .observability.logs import AccessLog
+from .observability.loop_watch import watch_the_loop
+from .observability.metrics import STATS, RequestStats
+from .observability.tracing import exemplar, server_span, trace_id
 from .openapi import serve_openapi
+from .process.lifecycle import SHUTTING_DOWN
 from .responses.api import add_routes as add_responses_routes
 from .responses.api import create_response
-from .services import SERVICES, Services, build_services, report_store
+from .services import SERVICES, Services, attach, build_services, report_store
 from .sse import STREAM_OPENED
 from .tenants.auth import KEY_ID, LOOPBACK, LOOPBACK_KEY_HEADER, LOOPBACK_LINE_HEADER, LOOPBACK_TENANT_HEADER, TENANT
 from .tenants.service_tiers import FORCED_TIER
 from .tenants.tenancy import REQUEST_ID, valid_request_id
-from .tracing import exemplar, server_span, trace_id
 from .usage.api import add_routes as add_usage_routes
 from .usage.billing import BATCH_LINE
 from .usage.queues_api import add_routes as add_queue_routes
@@ -234,7 +234,7 @@ def create_app(settings: Settings, services: Services | None = None, warm_checke
         services = build_services(
             settings, Renderer(load_harmony_encoding(settings.vocab_path), recipient_in_channel=True)
         )
-    app[SERVICES] = services
+    attach(app, services)
     if settings.metrics_public:
         app.router.add_get("/metrics", serve_metrics)
     if settings.metrics_port is not None:

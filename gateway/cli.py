@@ -17,14 +17,14 @@ from harmony import VocabularyError, load_harmony_encoding
 from state import StoreUnavailable
 from state.keys import FileKeys, KeyAdminError, RedisKeys, new_record
 
-from . import event_loop
 from .app import create_app
 from .config import Settings, load_engine_server_settings, load_settings
-from .lifecycle import Lifecycle, Listening, bind, serve
-from .logs import configure_logging
-from .metrics import EngineCollector
+from .observability.logs import configure_logging
+from .observability.metrics import EngineCollector
+from .observability.tracing import configure_tracing
+from .process import event_loop
+from .process.lifecycle import Lifecycle, Listening, bind, serve
 from .services import MIN_KEY_SECRET_CHARS, SERVICES, ConfigError
-from .tracing import configure_tracing
 from .usage.export import add_command as add_usage_command
 
 YOUNG_PASS_OBJECTS = 20_000  # the collector's first threshold while serving

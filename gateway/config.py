@@ -9,9 +9,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 
 from state.store import DEFAULT_LEASE_S, DEFAULT_MAX_RECORD_BYTES, DEFAULT_TTL_S
 
-from .event_loop import EventLoopSetting
 from .hosted.settings import HostedToolsSettings
 from .limits import MAX_BODY_BYTES
+from .process.event_loop import EventLoopSetting
 from .tenants.limits import LimitsConfig
 
 

@@ -26,20 +26,22 @@ from state.redis_store import RedisStore
 from state.route_book import RedisRouteBook
 from state.usage_ledger import MemoryLedger, RedisLedger, UsageLedger
 
-from .checker_pool import CheckerPool
 from .config import Settings
-from .costly_work import CostlyWork
 from .encrypted_reasoning import ReasoningSealer, parse_keys
 from .errors import ApiError
 from .hosted.runtime import HostedRuntime
 from .hosted.settings import HostedToolsSettings
-from .lifecycle import Lifecycle
-from .metrics import Metrics
+from .intake.checker_pool import CheckerPool
+from .intake.costly_work import CostlyWork
+from .intake.json_body import INTAKE
+from .observability.metrics import Metrics
+from .observability.timed_store import TimedStore
+from .observability.tracing import configure_tracing
+from .process.lifecycle import Lifecycle
 from .responses.runs import RunRegistry
+from .sse import STREAMING
 from .tenants.admission import Admission
 from .tenants.auth import Authenticator
-from .timed_store import TimedStore
-from .tracing import configure_tracing
 
 log = structlog.get_logger("gateway.services")
 
@@ -353,3 +355,11 @@ async def report_store(services: Services) -> None:
 
 
 SERVICES = web.AppKey("services", Services)
+
+
+def attach(app: web.Application, services: Services) -> None:
+    """The services in `app` under every key its handlers read them by (intake and streaming see only their
+    part, so those modules import nothing above them)."""
+    app[SERVICES] = services
+    app[INTAKE] = services
+    app[STREAMING] = services

@@ -4,17 +4,43 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from state.fast_json import dumps
 
-from .services import SERVICES
-
 KEEPALIVE = b": keep-alive\n\n"
 STREAM_OPENED = web.RequestKey("stream_opened", bool)  # set when a request's SSE stream opens (for the gauge)
 DONE = b"data: [DONE]\n\n"  # the end of a Chat Completions stream
+
+
+class _StreamSettings(Protocol):
+    @property
+    def keepalive_s(self) -> float: ...
+    @property
+    def write_stall_s(self) -> float: ...
+
+
+class _Gauge(Protocol):
+    def inc(self) -> None: ...
+
+
+class _StreamMetrics(Protocol):
+    @property
+    def active_streams(self) -> _Gauge: ...
+
+
+class StreamServices(Protocol):
+    """What streaming needs of the app's services (gateway.services.Services has it)."""
+
+    @property
+    def settings(self) -> _StreamSettings: ...
+    @property
+    def metrics(self) -> _StreamMetrics: ...
+
+
+STREAMING = web.AppKey("streaming", StreamServices)  # the app's services, as a stream sees them
 
 
 class ClientGone(Exception):
@@ -32,7 +58,7 @@ async def open_stream(request: web.Request, headers: dict[str, str] | None = Non
     )
     await response.prepare(request)
     request[STREAM_OPENED] = True
-    request.app[SERVICES].metrics.active_streams.inc()
+    request.app[STREAMING].metrics.active_streams.inc()
     return response
 
 
@@ -75,7 +101,7 @@ async def pump(request: web.Request, response: web.StreamResponse, frames: Async
     Frames are awaited directly (nothing per frame but the write); a side task writes the comments, and
     when such a write finds the client gone it interrupts the wait for the next frame with ClientGone.
     """
-    settings = request.app[SERVICES].settings
+    settings = request.app[STREAMING].settings
     keepalive_s, stall_s = settings.keepalive_s, settings.write_stall_s
     write = Writer(request, response)
     loop = asyncio.get_running_loop()
@@ -138,7 +164,7 @@ async def end_stream(request: web.Request, response: web.StreamResponse) -> None
     """The stream's last bytes, under the same stall limit as every frame: write_eof waits for the client to
     take what is still buffered, and one that reads nothing more is cut, so the handler always ends."""
     try:
-        async with asyncio.timeout(request.app[SERVICES].settings.write_stall_s):
+        async with asyncio.timeout(request.app[STREAMING].settings.write_stall_s):
             await response.write_eof()
     except (TimeoutError, ConnectionError, RuntimeError):
         transport = request.transport

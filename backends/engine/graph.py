@@ -239,7 +239,7 @@ def _moe_function(config: ModelConfig, options: GraphOptions) -> onnx.FunctionPr
     )
 
 
-def _dense_bf16_function() -> onnx.FunctionProto:
+def dense_bf16_function() -> onnx.FunctionProto:
     """`DenseBF16(x [..., K] float, w [N, K] bfloat16) -> x . w^T [..., N]`, portable realization (the weight
     widened to float once, at load): what the compiled kernel computes, reading the 16 bits each step."""
     nodes = [
@@ -250,7 +250,7 @@ def _dense_bf16_function() -> onnx.FunctionProto:
     return helper.make_function(ENGINE_DOMAIN, "DenseBF16", ["x", "w"], ["y"], nodes, [helper.make_opsetid("", OPSET)])
 
 
-def _dense_int8_function() -> onnx.FunctionProto:
+def dense_int8_function() -> onnx.FunctionProto:
     """`DenseInt8(x [..., K] float, w [N, K] int8, scale [N] float) -> (x . w^T) * scale`, portable realization
     (the weight widened to float once, at load): what the compiled kernel computes, reading the 8 bits each step."""
     nodes = [
@@ -475,9 +475,9 @@ class _Builder:
             self.node("Cast", [logits], ["logits"], to=TensorProto.FLOAT)
         if progress is not None:
             progress(layers + 1, layers + 1)
-        return self._model()
+        return self.model_proto()
 
-    def _model(self) -> onnx.ModelProto:
+    def model_proto(self) -> onnx.ModelProto:
         c = self.config
         kv_type = self.options.onnx_type
         int32, int64 = TensorProto.INT32, TensorProto.INT64
@@ -497,18 +497,18 @@ class _Builder:
             inputs += [helper.make_tensor_value_info(name, kv_type, kv_shape) for name in (past_k, past_v)]
             outputs += [helper.make_tensor_value_info(name, kv_type, kv_shape) for name in (present_k, present_v)]
         graph = helper.make_graph(self.nodes, "gpt_oss", inputs, outputs, self.initializers)
-        return _model(graph, c, self.options)
+        return model_proto(graph, c, self.options)
 
 
-def _model(graph: onnx.GraphProto, config: ModelConfig, options: GraphOptions) -> onnx.ModelProto:
+def model_proto(graph: onnx.GraphProto, config: ModelConfig, options: GraphOptions) -> onnx.ModelProto:
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1), helper.make_opsetid(ENGINE_DOMAIN, 1)]
     functions = [paged_attention_function()]
     if options.moe == "mxfp4moe":
         functions.append(_moe_function(config, options))
     if options.dtype == "float32" and options.dense_bf16:
-        functions.append(_dense_bf16_function())
+        functions.append(dense_bf16_function())
         if options.dense_int8:
-            functions.append(_dense_int8_function())
+            functions.append(dense_int8_function())
     model = helper.make_model(graph, opset_imports=opsets, functions=functions, producer_name="gpt-oss-gateway")
     model.ir_version = IR_VERSION
     return model
@@ -524,55 +524,6 @@ def mxfp4_initializers(
     return codes, writer.tensor(name + ".e8m0", TensorProto.UINT8, scales.shape, scales)
 
 
-def moe_layer_model(
-    config: ModelConfig,
-    tensors: dict[str, np.ndarray],
-    directory: Path,
-    dtype: Dtype = "float32",
-    int8_activations: bool = False,
-) -> Path:
-    """One MXFP4MoE node (x [T, H], router_logits [T, E] in; y out) over one layer's checkpoint tensors
-    (`mlp1_weight.blocks`/`.scales`, `mlp1_bias`, the same for mlp2), written under `directory`: to check
-    and time realizations. The .onnx path."""
-    options = GraphOptions(16, dtype)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"moe-{dtype}{'-int8' if int8_activations else ''}.onnx"
-    writer = TensorWriter(path.with_suffix(".onnx.data"))
-    initializers: list[TensorProto] = []
-    inputs = ["x", "router_logits"]
-    try:
-        for fc in ("mlp1", "mlp2"):
-            codes, scales = mxfp4_initializers(
-                writer, fc, tensors[f"{fc}_weight.blocks"], tensors[f"{fc}_weight.scales"]
-            )
-            bias = writer.array(fc + ".bias", tensors[f"{fc}_bias"].astype(np.float32).astype(options.numpy_type))
-            initializers += [codes, scales, bias]
-            inputs += [codes.name, scales.name, bias.name]
-    finally:
-        writer.close()
-    node = helper.make_node("MXFP4MoE", inputs, ["y"], domain=ENGINE_DOMAIN, **moe_attributes(config, int8_activations))
-    graph = moe_layer_graph("mxfp4_moe", node, config, options, initializers)
-    path.write_bytes(_model(graph, config, options).SerializeToString())
-    return path
-
-
-def moe_layer_graph(
-    name: str, node: onnx.NodeProto, config: ModelConfig, options: GraphOptions, initializers: list[TensorProto]
-) -> onnx.GraphProto:
-    """A graph of one MoE layer's node: x [T, H] and router_logits [T, E] in, y [T, H] out."""
-    act = options.onnx_type
-    return helper.make_graph(
-        [node],
-        name,
-        [
-            helper.make_tensor_value_info("x", act, ["tokens", config.hidden_size]),
-            helper.make_tensor_value_info("router_logits", act, ["tokens", config.num_experts]),
-        ],
-        [helper.make_tensor_value_info("y", act, ["tokens", config.hidden_size])],
-        initializers,
-    )
-
-
 def write_model(
     checkpoint: Checkpoint,
     options: GraphOptions,
@@ -586,30 +537,3 @@ def write_model(
     finally:
         writer.close()
     path.write_bytes(model.SerializeToString())
-
-
-def dense_model(weight: np.ndarray, path: Path, scale: np.ndarray | None = None) -> Path:
-    """One DenseBF16 node (x [T, K] float in, y [T, N] out) over `weight` [N, K] bf16, or with `scale` [N] one
-    DenseInt8 node over `weight` in int8, written to `path`: to check and time their realizations."""
-    writer = TensorWriter(path.with_suffix(".onnx.data"))
-    try:
-        initializers = [writer.array("w", weight)]
-        if scale is not None:
-            initializers.append(writer.array("scale", scale))
-    finally:
-        writer.close()
-    rows, width = weight.shape
-    op, inputs = ("DenseBF16", ["x", "w"]) if scale is None else ("DenseInt8", ["x", "w", "scale"])
-    graph = helper.make_graph(
-        [helper.make_node(op, inputs, ["y"], domain=ENGINE_DOMAIN)],
-        "dense",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["tokens", rows])],
-        initializers,
-    )
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(ENGINE_DOMAIN, 1)]
-    function = _dense_bf16_function() if scale is None else _dense_int8_function()
-    model = helper.make_model(graph, opset_imports=opsets, functions=[function])
-    model.ir_version = IR_VERSION
-    path.write_bytes(model.SerializeToString())
-    return path

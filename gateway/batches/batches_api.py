@@ -17,7 +17,7 @@ from state.batches import TERMINAL
 
 from ..errors import ApiError, invalid, not_found, store_unavailable_as_503
 from ..ids import new_id
-from ..json_body import read_model
+from ..intake.json_body import read_model
 from ..json_out import json_response
 from ..pagination import page
 from ..services import SERVICES

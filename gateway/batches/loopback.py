@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ..services import SERVICES, Services
+from ..services import Services, attach
 from ..tenants.auth import LOOPBACK, LOOPBACK_KEY_HEADER, LOOPBACK_LINE_HEADER, LOOPBACK_TENANT_HEADER
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -30,7 +30,7 @@ class Loopback:
             middlewares=[middleware],
             handler_args={"auto_decompress": False},
         )
-        self._app[SERVICES] = services
+        attach(self._app, services)
         self._app[LOOPBACK] = True
         for path, handler in routes.items():
             self._app.router.add_post(path, handler)

@@ -19,11 +19,11 @@ from ..generation.constraints import NOT_ENFORCED
 from ..generation.cot_recovery import index_cot
 from ..generation.plan import off_the_loop_if_large, plan_turn, start_turn
 from ..ids import new_id
-from ..json_body import body_bytes, read_model
+from ..intake.json_body import body_bytes, read_model
 from ..json_out import json_response
-from ..lifecycle import SHUTTING_DOWN
 from ..limits import MAX_STREAM_BACKLOG
-from ..metrics import STATS
+from ..observability.metrics import STATS
+from ..process.lifecycle import SHUTTING_DOWN
 from ..services import SERVICES, Services
 from ..sse import DONE, ClientGone, end_stream, frame, open_stream, pump
 from ..tenants.service_tiers import applied_tier

@@ -9,11 +9,11 @@ from typing import Any
 
 from backends.base import Capabilities
 
-from ..checker_pool import checker_renderer
 from ..errors import invalid
 from ..generation.dialog import Call
 from ..generation.prompt import check_prompt_fits
-from ..json_body import parse_model
+from ..intake.checker_pool import checker_renderer
+from ..intake.json_body import parse_model
 from ..tenants.limits import TenantLimits
 from .input import checked_constraint, prompt_spec
 from .models import CHAT_UNION_TAGS, ChatRequest

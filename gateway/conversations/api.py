@@ -14,7 +14,7 @@ from state.conversations import StoredConversation
 
 from ..errors import not_found, unavailable
 from ..ids import new_id
-from ..json_body import read_model
+from ..intake.json_body import read_model
 from ..json_out import json_response
 from ..pagination import page
 from ..responses.input import item_dicts

@@ -12,7 +12,7 @@ from typing import Any
 
 from backends.base import Constraint
 
-from ..json_schemas import first_error
+from ..intake.json_schemas import first_error
 from .assembler import OutputItem
 
 NOT_ENFORCED = "constraint_not_enforced"

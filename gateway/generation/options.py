@@ -8,7 +8,7 @@ from backends.base import Constraint
 from harmony import ReasoningEffort, ResponseFormat
 
 from ..errors import invalid
-from ..json_schemas import validator_for
+from ..intake.json_schemas import validator_for
 
 JSON_OBJECT_FORMAT = ResponseFormat("json_object", {"type": "object"}, "Answer with one JSON object.")
 

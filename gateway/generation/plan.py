@@ -13,10 +13,10 @@ from harmony import HarmonyEncoding
 from harmony.render import Renderer
 from state import ResponseStore
 
-from ..costly_work import CostlyWork
-from ..lifecycle import Lifecycle
-from ..metrics import TurnObserver
-from ..tracing import traced
+from ..intake.costly_work import CostlyWork
+from ..observability.metrics import TurnObserver
+from ..observability.tracing import traced
+from ..process.lifecycle import Lifecycle
 from .assembler import CallRouting, OutputAssembler
 from .cot_recovery import recover_cot
 from .dialog import Entry

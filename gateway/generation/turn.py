@@ -17,9 +17,9 @@ import structlog
 from backends.base import Backend, BackendError, Constraint, GenerateRequest, Sampling, SchedulingTier
 from harmony import STOP_TOKENS_FOR_ASSISTANT_ACTIONS, HarmonyEncoding, StopReason
 
-from ..lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
-from ..metrics import TurnObserver
-from ..tracing import end_generation_span, generation_span
+from ..observability.metrics import TurnObserver
+from ..observability.tracing import end_generation_span, generation_span
+from ..process.lifecycle import CUT_MESSAGE, SHUTTING_DOWN, Lifecycle
 from .assembler import CallRouting, ItemEvent, OutputAssembler
 from .constraints import NOT_ENFORCED, violation
 

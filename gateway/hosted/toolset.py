@@ -11,7 +11,7 @@ import orjson
 from harmony import ToolDescription, ToolNamespace, browser_namespace, python_namespace
 
 from ..errors import ApiError, invalid
-from ..tracing import child_span
+from ..observability.tracing import child_span
 from .browser import BrowserSession
 from .mcp_servers import McpServer, McpToolInfo, McpUnavailable
 from .results import HostedKind, McpResult, PythonResult, SearchResult, ToolRun

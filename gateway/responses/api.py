@@ -14,7 +14,7 @@ from state import StoreUnavailable
 from ..errors import ApiError, invalid, not_found, unavailable
 from ..generation.plan import count_prompt
 from ..ids import new_id
-from ..json_body import body_bytes, parse_model, read_json, read_model
+from ..intake.json_body import body_bytes, parse_model, read_json, read_model
 from ..json_out import json_response
 from ..pagination import page
 from ..services import SERVICES

@@ -26,8 +26,8 @@ from ..generation.dialog import Instruction, Said
 from ..generation.plan import count_prompt, plan_turn, start_turn
 from ..generation.prompt import SUMMARY_HEADING, PromptSpec, dialog_entries, entry_text, summary_entry
 from ..ids import new_id
-from ..json_body import body_bytes
-from ..metrics import STATS
+from ..intake.json_body import body_bytes
+from ..observability.metrics import STATS
 from ..services import Services
 from ..tenants.tenancy import request_id_of
 from .input import SUMMARY_PURPOSE

@@ -22,9 +22,9 @@ from ..generation.prompt import PromptSpec
 from ..generation.turn import Turn
 from ..hosted.toolset import Toolset
 from ..ids import new_id
-from ..json_body import body_bytes as body_size
-from ..json_body import parse_model, read_model
-from ..metrics import STATS
+from ..intake.json_body import body_bytes as body_size
+from ..intake.json_body import parse_model, read_model
+from ..observability.metrics import STATS
 from ..services import SERVICES, Services
 from ..tenants.service_tiers import applied_tier
 from ..tenants.tenancy import key_id_of, request_id_of, tenant_of

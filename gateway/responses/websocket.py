@@ -37,10 +37,10 @@ from aiohttp import WSMsgType, web
 
 from state import StoredResponse
 
-from ..body_decoding import parse_json
 from ..errors import ApiError, invalid
-from ..json_body import OFFLOAD_BYTES
-from ..lifecycle import SHUTTING_DOWN
+from ..intake.body_decoding import parse_json
+from ..intake.json_body import OFFLOAD_BYTES
+from ..process.lifecycle import SHUTTING_DOWN
 from ..services import SERVICES
 from ..tenants.tenancy import tenant_of
 from .execution import start_job

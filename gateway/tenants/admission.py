@@ -22,7 +22,7 @@ from state import StoreUnavailable
 from state.limiter import Limiter, MemoryLimiter, RateDecision
 
 from ..errors import ApiError, unavailable
-from ..tracing import traced
+from ..observability.tracing import traced
 from .limits import LimitsConfig
 
 log = structlog.get_logger("gateway.admission")

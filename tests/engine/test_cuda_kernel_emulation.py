@@ -14,9 +14,10 @@ import pytest
 from emulated_kernels import compile_emulated
 
 from backends.engine.config import ModelConfig
-from backends.engine.graph import GraphOptions, moe_attributes, moe_layer_model
+from backends.engine.graph import GraphOptions, moe_attributes
 from backends.engine.kernels import build
 from backends.engine.make_checkpoint import random_moe_layer
+from backends.engine.op_models import moe_layer_model
 
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 SHAPES = [

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from engine_fixtures import kernel_builds, kernel_session
 
-from backends.engine.graph import dense_model
+from backends.engine.op_models import dense_model
 
 RELATIVE = 1e-5  # float sums in another order, against the magnitude of the row's products
 SHAPES = [  # (N, K, rows)

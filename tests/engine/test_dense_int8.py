@@ -20,9 +20,10 @@ from pydantic import ValidationError
 
 from backends.engine.backend import EngineOptions
 from backends.engine.checkpoint import Checkpoint
-from backends.engine.graph import GraphOptions, dense_model, int8_rows
+from backends.engine.graph import GraphOptions, int8_rows
 from backends.engine.kernels.build import kernel_library
 from backends.engine.model_cache import compiled_model
+from backends.engine.op_models import dense_model
 from backends.engine.paged_runner import PagedRunner
 
 RELATIVE = 1e-5  # float sums in another order, against the magnitude of the row's products

@@ -13,9 +13,10 @@ import pytest
 from engine_fixtures import export_model, kernel_builds, kernel_session, make_checkpoint, tiny_config
 
 from backends.engine.config import GPT_OSS_20B, ModelConfig
-from backends.engine.graph import GraphOptions, moe_layer_model
+from backends.engine.graph import GraphOptions
 from backends.engine.kernels import build
 from backends.engine.make_checkpoint import random_moe_layer
+from backends.engine.op_models import moe_layer_model
 from backends.engine.paged_runner import PagedRunner
 from gateway.cli import main
 

@@ -15,9 +15,10 @@ import pytest
 from paths import ROOT
 
 from backends.engine.config import ModelConfig
-from backends.engine.graph import GraphOptions, moe_layer_model
+from backends.engine.graph import GraphOptions
 from backends.engine.kernels.build import kernel_library
 from backends.engine.make_checkpoint import random_moe_layer
+from backends.engine.op_models import moe_layer_model
 from backends.engine.runtime import cuda_unavailable_reason
 
 sys.path.insert(0, str(ROOT / "bench"))

@@ -16,10 +16,11 @@ from pydantic import ValidationError
 from backends.engine.backend import EngineOptions
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.config import GPT_OSS_20B, ModelConfig
-from backends.engine.graph import SWIGLU_ALPHA, GraphOptions, moe_layer_model
+from backends.engine.graph import SWIGLU_ALPHA, GraphOptions
 from backends.engine.kernels.build import kernel_library
 from backends.engine.make_checkpoint import random_moe_layer
 from backends.engine.model_cache import compiled_model
+from backends.engine.op_models import moe_layer_model
 from backends.engine.paged_runner import PagedRunner
 
 TWICE_E2M1 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)

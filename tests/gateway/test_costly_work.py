@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from gateway.costly_work import MAX_WAITING, PER_TENANT, CostlyWork
 from gateway.errors import ApiError
-from gateway.pacing import pace
+from gateway.intake.costly_work import MAX_WAITING, PER_TENANT, CostlyWork
+from gateway.intake.pacing import pace
 
 
 def _hold(gate: threading.Event, log: list[str], name: str):

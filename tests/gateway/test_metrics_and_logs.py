@@ -14,7 +14,7 @@ from live_gateway import GatewayProcess
 from prometheus_client.parser import text_string_to_metric_families
 from redis_servers import free_port
 
-from gateway.metrics import INTER_TOKEN_WINDOW, MAX_TENANT_LABELS, OTHER, Metrics
+from gateway.observability.metrics import INTER_TOKEN_WINDOW, MAX_TENANT_LABELS, OTHER, Metrics
 
 MODEL = "gpt-oss-120b"
 KEYS = {"sk-metrics-acme": "acme", "sk-metrics-beta": "beta"}

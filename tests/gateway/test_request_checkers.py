@@ -24,8 +24,8 @@ from checker_checks import allocate, broken
 from gateway_fixtures import KEY_SECRET, write_keys
 from live_gateway import GatewayProcess
 
-from gateway.checker_pool import CheckerLost, CheckerPool
 from gateway.errors import ApiError
+from gateway.intake.checker_pool import CheckerLost, CheckerPool
 
 MODEL = "gpt-oss-120b"
 SCRIPT = {"rules": [{"emit": [{"final": "ok"}]}]}

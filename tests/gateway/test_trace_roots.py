@@ -13,7 +13,7 @@ from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceState
 
-from gateway.trace_roots import NOT_SAMPLED, DroppedRoot, kept, new_trace_id, sampler_from_env, w3c_only
+from gateway.observability.trace_roots import NOT_SAMPLED, DroppedRoot, kept, new_trace_id, sampler_from_env, w3c_only
 
 SETTINGS = [
     {},

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from ...json_schemas import schema_text
+from ...intake.json_schemas import schema_text
 from ...limits import (
     MAX_GRAMMAR_CHARS,
     MAX_NAMESPACE_DESCRIPTION_CHARS,

@@ -11,7 +11,7 @@ import pytest
 from backends.base import Capabilities, Chunk, Constraint, Sampling
 from gateway.generation import turn as turn_module
 from gateway.generation.turn import Turn
-from gateway.lifecycle import Lifecycle
+from gateway.process.lifecycle import Lifecycle
 
 ANSWER = "<|channel|>final<|message|>done<|return|>"
 RUN_ON = "<|start|>assistant<|channel|>final<|message|>" + " more" * 40

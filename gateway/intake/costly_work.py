@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 
 import structlog
 
+from ..errors import ApiError
 from .checker_pool import Accepted, Check, CheckerLost, CheckerPool
-from .errors import ApiError
 from .pacing import paced
 
-log = structlog.get_logger("gateway.costly_work")
+log = structlog.get_logger("gateway.intake.costly_work")
 T = TypeVar("T")
 PER_TENANT = 1
 MAX_WAITING = 16  # per tenant

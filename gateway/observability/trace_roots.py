@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags, TraceState
 
-log = structlog.get_logger("gateway.tracing")
+log = structlog.get_logger("gateway.observability.tracing")
 
 _LOW_64 = (1 << 64) - 1
 _KEEP_ALL = 1 << 64  # a bound no trace id's low 64 bits reach

@@ -31,9 +31,9 @@ import structlog
 from harmony import load_harmony_encoding
 from harmony.render import Renderer
 
-from .errors import ApiError
+from ..errors import ApiError
 
-log = structlog.get_logger("gateway.checker_pool")
+log = structlog.get_logger("gateway.intake.checker_pool")
 CHECKER_NICE = 10
 MAX_CHECKERS = 4  # processes at most (each holds its own tokenizer)
 WARM_WAIT_S = 5.0  # a call waits this long at most for the checker being started ahead

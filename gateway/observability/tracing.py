@@ -46,7 +46,7 @@ from .trace_roots import (
     w3c_only,
 )
 
-log = structlog.get_logger("gateway.tracing")
+log = structlog.get_logger("gateway.observability.tracing")
 
 SERVICE = "gpt-oss-gateway"
 _on = False  # set by configure_tracing: with tracing off, requests skip the propagation work too

@@ -10,19 +10,49 @@ the interpreter for its whole run: ~30 ms a MiB here).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from ..errors import ApiError, from_validation, invalid
 from .body_decoding import decode_body, parse_json
 from .checker_pool import Check
-from .errors import ApiError, from_validation, invalid
-from .services import SERVICES
+from .costly_work import CostlyWork
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 OFFLOAD_BYTES = 64 * 1024  # a body this large or larger is decoded in a worker thread
 BODY_BYTES = web.RequestKey("body_bytes", int)  # the decoded body's size, once read
+
+
+class _TenantBodyLimit(Protocol):
+    @property
+    def max_body_bytes(self) -> int | None: ...
+
+
+class _Limits(Protocol):
+    def for_tenant(self, tenant: str) -> _TenantBodyLimit: ...
+
+
+class _IntakeSettings(Protocol):
+    @property
+    def body_timeout_s(self) -> float: ...
+    @property
+    def max_body_bytes(self) -> int: ...
+    @property
+    def limits(self) -> _Limits: ...
+
+
+class IntakeServices(Protocol):
+    """What reading a body needs of the app's services (gateway.services.Services has it)."""
+
+    @property
+    def settings(self) -> _IntakeSettings: ...
+    @property
+    def costly(self) -> CostlyWork: ...
+
+
+INTAKE = web.AppKey("intake", IntakeServices)  # the app's services, as reading a body sees them
 
 
 async def read_json(request: web.Request, tenant: str, check: Check | None = None) -> Any:
@@ -33,14 +63,14 @@ async def read_json(request: web.Request, tenant: str, check: Check | None = Non
         if request.content.is_eof():  # all of it arrived with the head (a small body): nothing to wait for
             raw = await request.read()
         else:
-            async with asyncio.timeout(request.app[SERVICES].settings.body_timeout_s):
+            async with asyncio.timeout(request.app[INTAKE].settings.body_timeout_s):
                 raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise ApiError(413, f"Request body too large. {exc.text}", code="request_too_large") from exc
     except TimeoutError:
         raise ApiError(408, "The request body did not arrive in time.", code="request_timeout") from None
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    services = request.app[SERVICES]
+    services = request.app[INTAKE]
     settings = services.settings
     limit = min(settings.max_body_bytes, settings.limits.for_tenant(tenant).max_body_bytes or settings.max_body_bytes)
     if encoding == "identity" and len(raw) < OFFLOAD_BYTES:

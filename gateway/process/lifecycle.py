@@ -14,10 +14,10 @@ from typing import Protocol
 import structlog
 from aiohttp import web
 
+from ..intake.http_guard import GuardedAppRunner
 from .event_loop import loop_name
-from .http_guard import GuardedAppRunner
 
-log = structlog.get_logger("gateway.lifecycle")
+log = structlog.get_logger("gateway.process.lifecycle")
 
 SHUTTING_DOWN = "server_shutting_down"  # the error code of refused requests and of cut answers
 CUT_MESSAGE = "The gateway is shutting down and ended this answer before it was complete; retry the request."

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD, BrotliDecompressor, ZLibDecompressor, ZSTDDecompressor
 
-from .errors import ApiError, invalid
+from ..errors import ApiError, invalid
 from .pacing import pace
 
 MAX_DEPTH = 64  # JSON nesting levels of a request body (a JSON Schema inside counts with its own levels)

@@ -29,7 +29,7 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 from referencing import Registry
 from referencing.exceptions import NoSuchResource, Unresolvable
 
-from .errors import invalid
+from ..errors import invalid
 
 MAX_SCHEMA_CHARS = 512 * 1024
 MAX_DEPTH = 48
