@@ -1,10 +1,12 @@
 """`serve` runs the built-in engine by default (a random demo model, generated once, with a loud
-warning), and the engine's command-line tools write and convert checkpoints with progress."""
+warning), started as the README says (the installed `gpt-oss-gateway serve`), and the engine's command-line tools
+write and convert checkpoints with progress."""
 
 from __future__ import annotations
 
 import re
 import signal
+import sys
 from pathlib import Path
 
 import openai
@@ -19,11 +21,14 @@ from backends.engine.kernels.build import KERNELS_ENV, build_library
 from gateway.cli import main
 from gateway.config import Settings
 
+README_SERVE = (str(Path(sys.executable).parent / "gpt-oss-gateway"), "serve")  # the README's command, installed
+
 
 def _serve_default(tmp_path, name: str) -> GatewayProcess:
     # a fresh cache for the model and graph; the kernels built once for the whole suite, not again here
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), KERNELS_ENV: str(build_library())}
-    return GatewayProcess(env, tmp_path / f"{name}.log", unset=("GATEWAY_BACKEND",)).start(timeout_s=180)
+    unset = ("GATEWAY_BACKEND",)
+    return GatewayProcess(env, tmp_path / f"{name}.log", unset=unset, command=README_SERVE).start(timeout_s=180)
 
 
 def test_serve_with_no_backend_configured_runs_the_engine_on_a_random_model(tmp_path):

@@ -72,7 +72,7 @@ class LiveGateway:
 
 
 class GatewayProcess:
-    """`python -m gateway.cli serve` with the given environment, as an operator runs it."""
+    """`python -m gateway.cli serve` (or `command`) with the given environment, as an operator runs it."""
 
     def __init__(
         self,
@@ -84,8 +84,10 @@ class GatewayProcess:
         python_flags: tuple[str, ...] = (),  # e.g. -S: only PYTHONPATH's packages
         launcher: tuple[str, ...] = (),  # what runs the interpreter (e.g. another uid's setpriv)
         python: str = sys.executable,
+        command: tuple[str, ...] = (),  # the command line instead (e.g. the installed `gpt-oss-gateway serve`)
     ) -> None:
         self.port = port or free_port()
+        self._command = command
         self._python_flags = python_flags
         self._launcher = launcher
         self._python = python
@@ -103,7 +105,7 @@ class GatewayProcess:
     def start(self, timeout_s: float = 30) -> GatewayProcess:
         with self._log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [*self._launcher, self._python, *self._python_flags, "-m", "gateway.cli", "serve"],
+                self._command or [*self._launcher, self._python, *self._python_flags, "-m", "gateway.cli", "serve"],
                 env=self._env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
