@@ -289,7 +289,7 @@ def main() -> None:
         names = [n for n in args.engines if layers <= args.int8_max_layers or VARIANTS[n].base == "f16"]
         with tempfile.TemporaryDirectory() as scratch:  # each shape's checkpoint, graphs and GGUFs, then gone
             shapes.append(measure(layers, args.threads, Path(scratch), args.llama_cpp, args.convert_python, names))
-    print(json.dumps({"shapes": shapes}, indent=1))
+    print(json.dumps({"cpu": cpu_line(), "shapes": shapes}, indent=1))  # the CPU: bench/plots.py names it
     _publish(report(shapes, args.threads, args.llama_cpp is not None), args.write)
 
 

@@ -1,0 +1,115 @@
+"""The benchmarks' headline comparisons as pictures, drawn from the JSON the bench scripts wrote.
+
+    python bench/plots.py [--write docs/images]
+
+- `engine_vs_llama_cpp.svg`: the engine's decode (1 and 4 sequences) and prefill rates over llama.cpp f16's, per
+  configuration of the engine, from `bench/llama_cpp_bench.py`'s runs (docs/llama_cpp_6.json, llama_cpp_24.json);
+- `engine_gpu_batch.svg`: the engine's decode tokens a second by batch on a GPU, from `bench/engine_check.py`
+  (docs/engine_check.json).
+
+Each figure names the run it draws; a missing input skips its figure (and says so). SVG text, deterministic for a
+given matplotlib: reviewable in a diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("svg")
+import matplotlib.pyplot as plt
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+LLAMA_RUNS = (DOCS / "llama_cpp_6.json", DOCS / "llama_cpp_24.json")
+GPU_RUN = DOCS / "engine_check.json"
+MEASURES = (("decode_1", "decode\n1 sequence"), ("decode_4", "decode\n4 sequences"), ("prefill", "prefill"))
+ENGINES = (("bf16", "defaults (bf16 dense)"), ("bf16+act8", "moe_int8_activations"), ("int8+act8", "+ dense_int8"))
+GPU_BATCHES = (1, 8, 32, 64)
+
+plt.rcParams.update({"svg.hashsalt": "gpt-oss-gateway", "font.size": 9})
+
+
+def _save(figure: plt.Figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, format="svg", metadata={"Date": None})
+    plt.close(figure)
+    return path
+
+
+def llama_cpp_series(shape: dict) -> dict[str, list[float]]:
+    """An engine configuration's label → its rate over llama.cpp f16's for each of MEASURES (the configurations a
+    shape did not run left out)."""
+    series = {
+        label: [shape.get(f"{engine}/f16_{measure}", 0.0) for measure, _ in MEASURES] for engine, label in ENGINES
+    }
+    return {label: ratios for label, ratios in series.items() if any(ratios)}
+
+
+def engine_vs_llama_cpp(runs: list[Path], output: Path) -> Path | None:
+    """Grouped bars: each measure's rate over llama.cpp f16's (1.0, the line), per engine configuration and depth."""
+    loaded = [json.loads(run.read_text()) for run in runs if run.exists()]
+    shapes = [shape for run in loaded for shape in run["shapes"]]
+    if not shapes:
+        return None
+    cpus = {run["cpu"] for run in loaded if "cpu" in run}  # runs before it was recorded name none
+    where = f"{cpus.pop()}, 2 cores" if len(cpus) == 1 else "2 CPU cores"
+    figure, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.4), sharey=True, squeeze=False)
+    width = 0.8 / len(ENGINES)
+    highest = max(ratio for shape in shapes for ratios in llama_cpp_series(shape).values() for ratio in ratios)
+    for axis, shape in zip(axes[0], shapes, strict=True):
+        for index, (label, ratios) in enumerate(llama_cpp_series(shape).items()):
+            positions = [m + (index - (len(ENGINES) - 1) / 2) * width for m in range(len(MEASURES))]
+            axis.bar(positions, ratios, width, label=label)
+        axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        axis.set_xticks(range(len(MEASURES)), [name for _, name in MEASURES])
+        axis.set_title(f"{shape['layers']} layers at gpt-oss-20b's width")
+        axis.set_ylim(0, highest * 1.35)  # room for the legend above the bars
+    axes[0][0].set_ylabel("tokens a second over llama.cpp f16's")
+    axes[0][0].legend(loc="upper left", fontsize=8, ncol=2)
+    figure.suptitle(f"The engine against llama.cpp on {where} (bench/llama_cpp_bench.py)")
+    return _save(figure, output / "engine_vs_llama_cpp.svg")
+
+
+def engine_gpu_batch(run: Path, output: Path) -> Path | None:
+    """Bars: decode tokens a second by batch, as engine_check measured them."""
+    if not run.exists():
+        return None
+    check = json.loads(run.read_text())
+    scale = check.get("scale", {})
+    rates = [(batch, scale.get(f"decode_tok_s_batch_{batch}")) for batch in GPU_BATCHES]
+    rates = [(batch, rate) for batch, rate in rates if rate]
+    if not rates:
+        return None
+    figure, axis = plt.subplots(figsize=(5.6, 3.2))
+    bars = axis.bar([str(batch) for batch, _ in rates], [rate for _, rate in rates], color="tab:green")
+    axis.bar_label(bars, [f"{rate:,.0f}" for _, rate in rates], fontsize=8)
+    axis.set_xlabel("sequences decoding at once")
+    axis.set_ylabel("decode tokens a second")
+    axis.set_title(f"gpt-oss-20b's shape, {check.get('device_name', 'a GPU')} (bench/engine_check.py)")
+    return _save(figure, output / "engine_gpu_batch.svg")
+
+
+def render(output: Path) -> dict[str, Path | None]:
+    output.mkdir(parents=True, exist_ok=True)
+    return {
+        "engine_vs_llama_cpp": engine_vs_llama_cpp(list(LLAMA_RUNS), output),
+        "engine_gpu_batch": engine_gpu_batch(GPU_RUN, output),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", type=Path, default=DOCS / "images")
+    args = parser.parse_args()
+    for name, path in render(args.write).items():
+        print(f"{name}: {path or 'skipped (no run to draw)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

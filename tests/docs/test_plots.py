@@ -1,0 +1,44 @@
+"""bench/plots.py draws the benchmarks' headline comparisons from the runs' JSON: each figure the docs show is drawn
+from the committed runs, names what it compares, and a missing run skips its figure instead of failing."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import plots  # noqa: E402
+
+
+def test_every_figure_is_drawn_from_the_committed_runs_and_shown_in_the_docs(tmp_path):
+    drawn = plots.render(tmp_path)
+    assert all(drawn.values()), drawn
+    shown = set(re.findall(r"\]\(images/([\w.]+\.svg)\)", (ROOT / "docs" / "benchmarks.md").read_text()))
+    assert shown == {path.name for path in drawn.values()}
+    for path in drawn.values():
+        assert (ROOT / "docs" / "images" / path.name).is_file(), f"commit the drawn {path.name}"
+    llama = drawn["engine_vs_llama_cpp"].read_text()
+    assert "llama.cpp" in llama and "moe_int8_activations" in llama and "24 layers" in llama
+    assert "NVIDIA H200" in drawn["engine_gpu_batch"].read_text()
+
+
+def test_a_run_s_ratios_are_its_bars_and_its_cpu_is_named(tmp_path):
+    shape = {"layers": 2, "bf16/f16_decode_1": 1.0, "bf16/f16_decode_4": 2.0, "bf16/f16_prefill": 0.5,
+             "int8+act8/f16_decode_1": 1.5, "int8+act8/q8_0_decode_1": 9.0}  # fmt: skip
+    assert plots.llama_cpp_series(shape) == {  # moe_int8_activations did not run; against q8_0 is not drawn
+        "defaults (bf16 dense)": [1.0, 2.0, 0.5],
+        "+ dense_int8": [1.5, 0.0, 0.0],
+    }
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"cpu": "Test CPU (avx2)", "shapes": [shape]}))
+    svg = plots.engine_vs_llama_cpp([run], tmp_path).read_text()
+    assert "Test CPU (avx2), 2 cores" in svg and "2 layers" in svg
+
+
+def test_a_missing_run_skips_its_figure(tmp_path):
+    assert plots.engine_vs_llama_cpp([tmp_path / "none.json"], tmp_path) is None
+    assert plots.engine_gpu_batch(tmp_path / "none.json", tmp_path) is None
