@@ -87,7 +87,7 @@ def test_a_sampler_the_sdk_reads_is_asked_about_each_new_trace_on_the_id_its_spa
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from backends.base import GenerateRequest
-    from gateway import tracing
+    from gateway.observability import tracing
 
     provider = TracerProvider(
         sampler=ParentBased(TraceIdRatioBased(0.5)), id_generator=tracing._ids, shutdown_on_exit=False
