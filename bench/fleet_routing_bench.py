@@ -62,6 +62,9 @@ KEY = "bench-fleet-key"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
 FORMAT = {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}}
 CONVERSATIONS, TURNS, USERS = 6, 4, 9  # 6 on 3 servers: one conversation a server can balance them
+FIRST_WORDS, LATER_WORDS = 150, 40  # a turn's words (~5 tokens each): 6 conversations at once stay within a
+# 2-CPU fleet's reach (at 300 / 80, the one-server reference queued past its clients' patience)
+KV_CACHE_TOKENS = 65_536  # each server's pool: one server holds every conversation of a workload (the reference)
 
 
 @dataclass
@@ -131,7 +134,7 @@ def chained(url: str, result: Result, tag: str, halfway: threading.Event | None 
         client = openai.OpenAI(base_url=url + "/v1", api_key="sk-bench", max_retries=0, timeout=600)
         previous = None
         for turn in range(TURNS):
-            text = words(f"{tag}c{index}t{turn}", 300 if turn == 0 else 80)
+            text = words(f"{tag}c{index}t{turn}", FIRST_WORDS if turn == 0 else LATER_WORDS)
             asked = {"input": text, **({"previous_response_id": previous} if previous else {})}
             sample, previous = stream_response(client, **asked)
             result.add(sample)
@@ -152,7 +155,8 @@ def resent(url: str, result: Result, tag: str, key: bool = False) -> None:
         client = openai.OpenAI(base_url=url + "/v1", api_key="sk-bench", max_retries=0, timeout=600)
         history: list[dict] = []
         for turn in range(TURNS):
-            history.append({"role": "user", "content": words(f"{tag}c{index}t{turn}", 300 if turn == 0 else 80)})
+            text = words(f"{tag}c{index}t{turn}", FIRST_WORDS if turn == 0 else LATER_WORDS)
+            history.append({"role": "user", "content": text})
             if key:
                 sample, _ = stream_response(client, input=history, prompt_cache_key=f"{tag}-session-{index}")
                 answer = "noted"
@@ -388,7 +392,8 @@ def main() -> int:
     try:
         if not args.skip_engine:
             checkpoint = write_random_checkpoint(work / "model", config, "original", seed=4)
-            options = {"checkpoint": str(checkpoint), "max_batch": 4, "max_positions": 4096}
+            options = {"checkpoint": str(checkpoint), "max_batch": 4, "max_positions": 4096,
+                       "kv_cache_tokens": KV_CACHE_TOKENS}  # fmt: skip
             engines = Engines({**options, "cache_dir": str(work / "cache")})
             for workload in WORKLOADS:
                 for label, servers, routing in CONFIGURATIONS:
@@ -468,7 +473,8 @@ def render_engines(results: dict, killed: dict, layers: int) -> str:
         "",
         _setting(layers),
         "",
-        "The built-in engine's servers (`serve-engine`, float32, `max_batch` 4; routing by their published pages).",
+        "The built-in engine's servers (`serve-engine`, float32, `max_batch` 4, a pool of "
+        f"{KV_CACHE_TOKENS:,} positions; routing by their published pages).",
         "",
         *HEADER,
         *_rows(results, WORKLOADS),
