@@ -72,7 +72,8 @@ class Sample:
     prompt: int
     cached: int
     ok: bool = True
-    first_token_s: float | None = None  # from sending the request to its first token (reasoning or answer text)
+    first_token_s: float | None = None  # from sending the request to its first token (reasoning or answer text),
+    # also where a request failed after it
 
 
 @dataclass
@@ -99,6 +100,11 @@ class Result:
         return sum(not s.ok for s in self.samples)
 
     @property
+    def failed_streaming(self) -> int:
+        """Failed after their first token had streamed (a server killed mid-answer)."""
+        return sum(not s.ok and s.first_token_s is not None for s in self.samples)
+
+    @property
     def imbalance(self) -> float:
         mean = statistics.mean(self.per_server) if self.per_server else 0
         return max(self.per_server) / mean if mean else float("nan")
@@ -120,9 +126,9 @@ def stream_response(client: openai.OpenAI, **asked) -> tuple[Sample, str | None]
                 if event.type in ("response.completed", "response.incomplete"):
                     final = event.response
     except openai.APIError:
-        return Sample(0, 0, ok=False), None
-    if final is None:
-        return Sample(0, 0, ok=False), None
+        return Sample(0, 0, ok=False, first_token_s=first), None
+    if final is None:  # the stream ended without a completed or incomplete response (a failed one)
+        return Sample(0, 0, ok=False, first_token_s=first), None
     usage = final.usage
     return Sample(usage.input_tokens, usage.input_tokens_details.cached_tokens, first_token_s=first), final.id
 
@@ -192,9 +198,9 @@ def stream_chat(client: openai.OpenAI, messages: list[dict]) -> tuple[Sample, st
             if first is None and (any(text) or reasoning):
                 first = time.perf_counter() - started
     except openai.APIError:
-        return Sample(0, 0, ok=False), ""
+        return Sample(0, 0, ok=False, first_token_s=first), ""
     if usage is None:
-        return Sample(0, 0, ok=False), ""
+        return Sample(0, 0, ok=False, first_token_s=first), ""
     sample = Sample(usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens, first_token_s=first)
     return sample, "".join(text) or "ok"
 
@@ -464,7 +470,8 @@ def _setting(layers: int) -> str:
 def render_engines(results: dict, killed: dict, layers: int) -> str:
     start, end = markers(NAME)
     killings = "; ".join(
-        f"{label}: {result.failed} of {len(result.samples)} requests failed (the ones streaming from it)"
+        f"{label}: {result.failed} of {len(result.samples)} requests failed, {result.failed_streaming} of them after "
+        "their first token had streamed"
         for label, result in killed.items()
     )
     return "\n".join([
