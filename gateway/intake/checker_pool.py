@@ -182,11 +182,13 @@ class CheckerPool:
             return self._start()
 
     def _start(self) -> _Checker:
-        try:
-            checker = _Checker(self._vocab_path, self._memory_bytes, self._preload)
-        except OSError as exc:
-            raise CheckerLost(f"start: {exc}") from exc
-        with self._lock:
+        with self._lock:  # `close` waits for a process being started: one left half-started dies with a traceback
+            if self._closed:
+                raise CheckerLost("start: the pool is closed")
+            try:
+                checker = _Checker(self._vocab_path, self._memory_bytes, self._preload)
+            except OSError as exc:
+                raise CheckerLost(f"start: {exc}") from exc
             self._all.add(checker)
         try:  # it has loaded what a job needs when it says so
             if not checker.conn.poll(CHECK_TIMEOUT_S) or checker.conn.recv() != ("ready",):
@@ -231,8 +233,8 @@ class CheckerPool:
         return Accepted(marshal.loads(answer[1]), answer[2])
 
     def close(self) -> None:
-        self._closed = True
         with self._lock:
+            self._closed = True
             checkers, self._all = list(self._all), set()
         for checker in checkers:
             checker.stop()
