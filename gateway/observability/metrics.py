@@ -116,6 +116,12 @@ class Metrics:
             buckets=LOOP_LAG_BUCKETS,
             registry=r,
         )
+        self.loop_lag_descheduled = Histogram(
+            "gateway_event_loop_lag_descheduled_seconds",
+            "Of the event loop's lags, those the host caused: its thread waited for a CPU most of the late time",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=r,
+        )
 
     def start_at_zero(self, models: list[str]) -> None:
         """Error counters exist from the start at 0, so rates and alerts on them have series before any error."""
