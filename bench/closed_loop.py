@@ -11,8 +11,8 @@ from pathlib import Path
 
 import aiohttp
 
-DELTA = b"event: response.output_text.delta"
-COMPLETED = b"event: response.completed"
+DELTA = b'"type":"response.output_text.delta"'  # in the event's data: LiteLLM sends no `event:` lines
+COMPLETED = b'"type":"response.completed"'
 
 
 @dataclass

@@ -1,13 +1,17 @@
-"""The gateway against OpenAI's reference Responses server (`gpt-oss` package), both with an instant backend
-emitting the same Harmony tokens: short non-streaming requests per second and their latency, and SSE tokens
+"""The gateway against OpenAI's reference Responses server (`gpt-oss` package) and the LiteLLM proxy, each with an
+instant backend answering the same: short non-streaming requests per second and their latency, and SSE tokens
 per second and per server CPU second, at the same client concurrency in the same run. Then the latency the
-gateway adds, at that concurrency, to a backend that takes a while to answer.
+gateway and LiteLLM add, at that concurrency, to a backend that takes a while to answer.
 
-    python bench/gateway_bench.py --reference-python /path/to/python3.12 [--clients 50] [--duration 10]
-        [--backend-ms 1000 250] [--write docs/benchmarks.md]
+    python bench/gateway_bench.py --reference-python /path/to/python3.12 [--litellm /path/to/litellm]
+        [--clients 50] [--duration 10] [--backend-ms 1000 250] [--write docs/benchmarks.md]
+        [--json docs/gateway_bench.json]
 
-The reference needs Python 3.12 with `pip install gpt-oss`; it runs offline on the packaged vocabulary.
-Each server is one process; the load client runs in this process (closed loops on keep-alive connections).
+The reference needs Python 3.12 with `pip install gpt-oss`; it runs offline on the packaged vocabulary. LiteLLM
+(`pip install 'litellm[proxy]'`, its `litellm` command) proxies the Responses API to a bare server that
+answers with the gateway's own bytes (`bench/canned_server.py`), as it would to a model server; its rows are
+left out without `--litellm`. Each server is one process; the load client runs in this process (closed loops on
+keep-alive connections). `--json` keeps the figures for bench/plots.py.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from closed_loop import Load, LoopResult, closed_loop, closed_loops  # noqa: E402
+from engine_server_bench import cpu_name  # noqa: E402
 from live_gateway import GatewayProcess  # noqa: E402
 from redis_servers import free_port  # noqa: E402
 from reference import offline_vocab_dir  # noqa: E402
@@ -53,6 +58,14 @@ def stream_completion() -> str:
 
 def request_body(stream: bool) -> bytes:
     return json.dumps({"model": MODEL, "input": "Say hello.", "stream": stream}).encode()
+
+
+def post_stream(url: str) -> bytes:
+    """One streamed request's whole event stream."""
+    headers = {"Content-Type": "application/json"}
+    request = urllib.request.Request(url + "/v1/responses", data=request_body(True), headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.read()
 
 
 def post_short(url: str, timeout_s: float) -> bytes:
@@ -108,13 +121,56 @@ def start_reference(python: str, completion: list[int], scratch: Path) -> Server
     return _spawn("reference (gpt-oss)", command, env, f"http://127.0.0.1:{port}", scratch / "reference.log")
 
 
-def start_canned(body: bytes, delay_ms: int, scratch: Path) -> Server:
-    path = scratch / "canned.json"
-    path.write_bytes(body)
+def start_canned(body: bytes, delay_ms: int, scratch: Path, stream_body: bytes | None = None) -> Server:
     port = free_port()
+    path = scratch / f"canned-{port}.json"
+    path.write_bytes(body)
     command = [sys.executable, str(ROOT / "bench" / "canned_server.py"), "--port", str(port)]
     command += ["--delay-ms", str(delay_ms), "--body", str(path)]
+    if stream_body is not None:
+        streamed = scratch / f"canned-{port}.sse"
+        streamed.write_bytes(stream_body)
+        command += ["--stream-body", str(streamed)]
     return _spawn("canned", command, {}, f"http://127.0.0.1:{port}", scratch / "canned.log")
+
+
+def start_litellm(binary: str, backend: Server, scratch: Path) -> Server:
+    """The LiteLLM proxy in front of `backend` (one process, no database, no key: like the others here)."""
+    port = free_port()
+    config = scratch / f"litellm-{port}.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "model_list": [
+                    {
+                        "model_name": MODEL,
+                        "litellm_params": {"model": f"openai/{MODEL}", "api_base": backend.url + "/v1", "api_key": "x"},
+                    }
+                ]
+            }
+        )
+    )  # JSON is YAML
+    env = {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # offline
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+    }
+    command = [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    server = _spawn("LiteLLM", command, env, f"http://127.0.0.1:{port}", scratch / f"litellm-{port}.log", 120)
+
+    def stop() -> None:
+        server_stop()
+        backend.stop()
+
+    server_stop, server.stop = server.stop, stop
+    return server
+
+
+def litellm_version(binary: str) -> str:
+    python = Path(binary).with_name("python")
+    code = "import importlib.metadata as m, platform; print(platform.python_version(), m.version('litellm'))"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    return f"LiteLLM {out[1]} (Python {out[0]})"
 
 
 def start_gateway(marked: str, scratch: Path, first_delay_ms: int = 0) -> Server:
@@ -167,11 +223,19 @@ def throughput(args: argparse.Namespace, scratch: Path, short_tokens: list[int],
         "reference": lambda marked, tokens: start_reference(args.reference_python, tokens, scratch),
         "gateway": lambda marked, tokens: start_gateway(marked, scratch),
     }
+    if args.litellm:  # after the gateway, whose answers its backend sends back
+        starters["litellm"] = lambda marked, tokens: start_litellm(
+            args.litellm, start_canned(answer_bytes[SHORT], 0, scratch, answer_bytes.get(marked)), scratch
+        )
     servers: dict[tuple[str, str], Server] = {}
+    answer_bytes: dict[str, bytes] = {}
     try:
         for side, start in starters.items():
             servers[side, "short"] = start(SHORT, short_tokens)
             servers[side, "stream"] = start(stream_completion(), stream_tokens)
+            if side == "gateway":
+                answer_bytes[SHORT] = post_short(servers[side, "short"].url, 10)  # a stream request gets the
+                answer_bytes[stream_completion()] = post_stream(servers[side, "stream"].url)  # marked text's
             text = output_text(servers[side, "short"])
             if text != "Hello! How can I help you today?":
                 raise RuntimeError(f"{side} answered {text!r}")
@@ -229,6 +293,7 @@ class Added:
     isolated: bool  # each server alone on a core of its own, the client on the others; else side by side
     baseline: LoopResult
     gateway: LoopResult
+    litellm: LoopResult | None = None
 
 
 def added_latency(wait_ms: int, clients: int, args: argparse.Namespace, scratch: Path, isolated: bool) -> Added:
@@ -242,31 +307,37 @@ def added_latency(wait_ms: int, clients: int, args: argparse.Namespace, scratch:
     duration = args.added_duration / args.rounds if isolated else args.added_duration
     load = Load(request_body(False), clients, duration, warmup_s=1 + wait_s, stagger_s=wait_s)
     own_cpus = os.sched_getaffinity(0)
-    gateway = start_gateway(SHORT, scratch, first_delay_ms=wait_ms)
+    servers: list[Server] = []
     try:
-        canned = start_canned(post_short(gateway.url, 10), wait_ms, scratch)
-        try:
-            targets = [(canned.url + "/v1/responses", canned.pid), (gateway.url + "/v1/responses", gateway.pid)]
+        gateway = start_gateway(SHORT, scratch, first_delay_ms=wait_ms)
+        servers.append(gateway)
+        answer = post_short(gateway.url, 10)
+        servers.insert(0, start_canned(answer, wait_ms, scratch))
+        server_cpu = max(own_cpus)
+        if args.litellm:  # its backend (the same bare server) stays on the client's CPUs, as a remote one would
+            backend = start_canned(answer, wait_ms, scratch)
             if isolated:
-                server_cpu = max(own_cpus)
-                for server in (canned, gateway):
-                    os.sched_setaffinity(server.pid, {server_cpu})
-                os.sched_setaffinity(0, own_cpus - {server_cpu})
-                rounds: list[list[LoopResult]] = [[], []]
-                for _ in range(args.rounds):
-                    for side, (url, pid) in enumerate(targets):
-                        rounds[side].append(closed_loop(url, pid, load))
-                baseline, loaded = merged(rounds[0]), merged(rounds[1])
-            else:
-                baseline, loaded = closed_loops(targets, load)
-        finally:
-            os.sched_setaffinity(0, own_cpus)
-            canned.stop()
+                os.sched_setaffinity(backend.pid, own_cpus - {server_cpu})
+            servers.append(start_litellm(args.litellm, backend, scratch))
+        targets = [(server.url + "/v1/responses", server.pid) for server in servers]
+        if isolated:
+            for server in servers:
+                os.sched_setaffinity(server.pid, {server_cpu})
+            os.sched_setaffinity(0, own_cpus - {server_cpu})
+            rounds: list[list[LoopResult]] = [[] for _ in servers]
+            for _ in range(args.rounds):
+                for side, (url, pid) in enumerate(targets):
+                    rounds[side].append(closed_loop(url, pid, load))
+            results = [merged(side) for side in rounds]
+        else:
+            results = closed_loops(targets, load)
     finally:
-        gateway.stop()
-    _check(baseline, f"baseline at {wait_ms} ms")
-    _check(loaded, f"gateway at {wait_ms} ms")
-    return Added(wait_ms, clients, isolated, baseline, loaded)
+        os.sched_setaffinity(0, own_cpus)
+        for server in servers:
+            server.stop()
+    for server, result in zip(servers, results, strict=True):
+        _check(result, f"{server.name} at {wait_ms} ms")
+    return Added(wait_ms, clients, isolated, *results)
 
 
 def _versions(python: str) -> str:
@@ -289,8 +360,10 @@ def report(figures: dict, args: argparse.Namespace) -> str:
     def ms(seconds: float) -> str:
         return f"{seconds * 1e3:,.1f} ms"
 
+    peer: Measured | None = figures.get("litellm")
     rows = []
-    for name, m in (("reference (gpt-oss)", ref), ("gpt-oss-gateway", ours)):
+    sides = (("reference (gpt-oss)", ref), *((("LiteLLM", peer),) if peer else ()), ("gpt-oss-gateway", ours))
+    for name, m in sides:
         short, stream = m.short, m.stream
         rows.append(
             f"| {name} | {short.request_rate:,.0f} | {short.requests_per_cpu_s:,.0f} | {ms(short.percentile(0.5))} "
@@ -311,26 +384,49 @@ def report(figures: dict, args: argparse.Namespace) -> str:
         f"| ratio (gateway / reference) | {ratios[0]:.1f}x | {ratios[1]:.1f}x | | | {streams:.1f}x "
         f"| {first:.2f}x | {ratios[2]:.1f}x | {ratios[3]:.1f}x |"
     )
+    if peer:
+        ratio += (
+            f"\n| ratio (gateway / LiteLLM) | {ours.short.request_rate / peer.short.request_rate:.1f}x "
+            f"| {ours.short.requests_per_cpu_s / peer.short.requests_per_cpu_s:.1f}x | | "
+            f"| {ours.stream.request_rate / peer.stream.request_rate:.1f}x | "
+            f"| {ours.stream.delta_rate / peer.stream.delta_rate:.1f}x "
+            f"| {ours.stream.deltas_per_cpu_s / peer.stream.deltas_per_cpu_s:.1f}x |"
+        )
     added_rows = []
     for a in figures["added"]:
-        b, g = a.baseline, a.gateway
-        added_rows.append(
-            f"| {'own core each' if a.isolated else 'shared'} | {a.clients} | {a.wait_ms} ms | {g.request_rate:,.0f} "
-            f"| {ms(b.percentile(0.5))} / {ms(b.percentile(0.99))} | "
-            f"{ms(g.percentile(0.5))} / {ms(g.percentile(0.99))} | {ms(g.percentile(0.5) - b.percentile(0.5))} | "
-            f"{ms(g.percentile(0.99) - b.percentile(0.99))} | {g.server_cpu_s / g.wall_s:.0%} |"
+        b = a.baseline
+        row = (
+            f"| {'own core each' if a.isolated else 'shared'} | {a.clients} | {a.wait_ms} ms "
+            f"| {a.gateway.request_rate:,.0f} | {ms(b.percentile(0.5))} / {ms(b.percentile(0.99))} "
         )
+        for proxy in (a.gateway, *((a.litellm,) if peer else ())):
+            row += (
+                f"| {ms(proxy.percentile(0.5))} / {ms(proxy.percentile(0.99))} "
+                f"| {ms(proxy.percentile(0.5) - b.percentile(0.5))} "
+                f"| {ms(proxy.percentile(0.99) - b.percentile(0.99))} "
+                f"| {proxy.server_cpu_s / proxy.wall_s:.0%} "
+            )
+        added_rows.append(row + "|")
+    peer_head = " | LiteLLM p50 / p99 | its added p50 | its added p99 | LiteLLM CPU" if peer else ""
 
     return "\n".join(
         [
             start,
-            "## Gateway against the reference Responses server (`bench/gateway_bench.py`)",
+            "## Gateway against the reference Responses server and LiteLLM (`bench/gateway_bench.py`)",
             "",
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs. Gateway: Python {platform.python_version()}, "
+            f"CPU: {cpu_name()}, {os.cpu_count()} CPUs. Gateway: Python {platform.python_version()}, "
             f"aiohttp on {figures['gateway_loop']}, in-memory store, one process. "
             f"Reference: {_versions(args.reference_python)}, "
             "in-memory store, one process, its per-request prompt print sent to /dev/null. Both answer from an "
-            "instant backend emitting the same Harmony tokens; the client (aiohttp, this process, same machine) "
+            "instant backend emitting the same Harmony tokens. "
+            + (
+                f"{litellm_version(args.litellm)}: its proxy, one process, no database, in front of a bare server "
+                "(`bench/canned_server.py`, not counted in its CPU) that answers at once with the gateway's own "
+                "bytes (JSON, or the whole event stream), as a model server would answer it. "
+                if peer
+                else ""
+            )
+            + "The client (aiohttp, this process, same machine) "
             f"runs {args.clients} closed loops on keep-alive connections, timed for {args.duration:g} s per row in "
             f"{args.rounds} rounds that alternate between the servers, each after a warm-up (1 s; streams "
             f"{STREAM_WARMUP_S:g} s, the clients' starts spread over the first {STREAM_WARMUP_S - 1:g}). Server CPU "
@@ -356,11 +452,17 @@ def report(figures: dict, args: argparse.Namespace) -> str:
             "the client on one CPU, both servers pinned to the other and loaded in "
             f"{args.rounds} alternating rounds, so neither shares its CPU with the client or the other server "
             "(as a replica runs in a deployment); *shared*: both loaded side by side, client and servers on "
-            "the same two CPUs.",
+            "the same two CPUs."
+            + (
+                " LiteLLM: its proxy in front of a second bare server that waits as long (on the client's CPU: a "
+                "model server elsewhere), loaded the same way beside the other two."
+                if peer
+                else ""
+            ),
             "",
             "| placement | clients | backend wait | req/s | bare p50 / p99 | gateway p50 / p99 | added p50 "
-            "| added p99 | gateway CPU |",
-            "|---|---|---|---|---|---|---|---|---|",
+            f"| added p99 | gateway CPU{peer_head} |",
+            "|---|---|---|---|---|---|---|---|---|" + ("---|" * 4 if peer else ""),
             *added_rows,
             "",
             "Targets (issue 23): at least 10x the reference's short requests/s and 5x its streams; added p99 "
@@ -392,14 +494,44 @@ def main() -> None:
     parser.add_argument(
         "--added-clients", type=int, nargs="+", default=[10, 50], help="client counts for the added-latency rows"
     )
+    parser.add_argument("--litellm", default=os.environ.get("LITELLM_BIN"), help="LiteLLM's `litellm` command")
     parser.add_argument("--write", type=Path, help="markdown file whose section is replaced")
+    parser.add_argument("--json", type=Path, help="write the headline figures here, for bench/plots.py")
     args = parser.parse_args()
     if not args.reference_python:
         parser.error("--reference-python (or GPT_OSS_PYTHON) is required")
-    section = report(run(args), args)
+    figures = run(args)
+    section = report(figures, args)
     print(section)
     if args.write:
         write_section(args.write, NAME, section)
+    if args.json:
+        args.json.write_text(json.dumps(summary(figures), indent=1) + "\n")
+
+
+def _measured(m: Measured) -> dict[str, float]:
+    return {
+        "short_req_s": m.short.request_rate,
+        "short_req_per_cpu_s": m.short.requests_per_cpu_s,
+        "short_p50_ms": m.short.percentile(0.5) * 1e3,
+        "short_p99_ms": m.short.percentile(0.99) * 1e3,
+        "sse_tok_s": m.stream.delta_rate,
+        "sse_tok_per_cpu_s": m.stream.deltas_per_cpu_s,
+    }
+
+
+def summary(figures: dict) -> dict:
+    """What bench/plots.py draws: each server's rates, and each added-latency row's added p50 and p99."""
+    servers = {side: _measured(figures[side]) for side in ("reference", "litellm", "gateway") if side in figures}
+    added = []
+    for a in figures["added"]:
+        row = {"isolated": a.isolated, "clients": a.clients, "wait_ms": a.wait_ms}
+        for side, result in (("gateway", a.gateway), ("litellm", a.litellm)):
+            if result is not None:
+                row[f"{side}_added_p50_ms"] = (result.percentile(0.5) - a.baseline.percentile(0.5)) * 1e3
+                row[f"{side}_added_p99_ms"] = (result.percentile(0.99) - a.baseline.percentile(0.99)) * 1e3
+        added.append(row)
+    return {"cpu": cpu_name(), "servers": servers, "added": added}
 
 
 if __name__ == "__main__":

@@ -5,7 +5,12 @@
 - `engine_vs_llama_cpp.svg`: the engine's decode (1 and 4 sequences) and prefill rates over llama.cpp f16's, per
   configuration of the engine, from `bench/llama_cpp_bench.py`'s runs (docs/llama_cpp_6.json, llama_cpp_24.json);
 - `engine_gpu_batch.svg`: the engine's decode tokens a second by batch on a GPU, from `bench/engine_check.py`
-  (docs/engine_check.json).
+  (docs/engine_check.json);
+- `gateway_vs_peers.svg`: short requests and streamed tokens per CPU second of the gateway, OpenAI's reference
+  server and LiteLLM, and the latency the gateway and LiteLLM add in front of a slow backend, from
+  `bench/gateway_bench.py --json` (docs/gateway_bench.json);
+- `prefix_reuse_by_context.svg`: time to first token by context length with the engine's prefix reuse on and
+  off, from `bench/prefix_cache_bench.py --json` (docs/prefix_cache_bench.json).
 
 Each figure names the run it draws; a missing input skips its figure (and says so). SVG text, deterministic for a
 given matplotlib: reviewable in a diff.
@@ -27,6 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 LLAMA_RUNS = (DOCS / "llama_cpp_6.json", DOCS / "llama_cpp_24.json")
 GPU_RUN = DOCS / "engine_check.json"
+GATEWAY_RUN = DOCS / "gateway_bench.json"
+PREFIX_RUN = DOCS / "prefix_cache_bench.json"
+PEERS = (("reference", "OpenAI's reference server"), ("litellm", "LiteLLM"), ("gateway", "gpt-oss-gateway"))
+PEER_COLOURS = {"reference": "tab:blue", "litellm": "tab:orange", "gateway": "tab:green"}
 MEASURES = (("decode_1", "decode\n1 sequence"), ("decode_4", "decode\n4 sequences"), ("prefill", "prefill"))
 ENGINES = (("bf16", "defaults (bf16 dense)"), ("bf16+act8", "moe_int8_activations"), ("int8+act8", "+ dense_int8"))
 GPU_BATCHES = (1, 8, 32, 64)
@@ -94,11 +103,77 @@ def engine_gpu_batch(run: Path, output: Path) -> Path | None:
     return _save(figure, output / "engine_gpu_batch.svg")
 
 
+def gateway_vs_peers(run: Path, output: Path) -> Path | None:
+    """Left: short requests and SSE tokens per server CPU second, per server (log scale). Right: the latency added
+    in front of a slow backend, p50 and p99, by the gateway and LiteLLM (each server on a core of its own)."""
+    if not run.exists():
+        return None
+    bench = json.loads(run.read_text())
+    servers = [(side, label, bench["servers"][side]) for side, label in PEERS if side in bench["servers"]]
+    figure, (rates, added) = plt.subplots(1, 2, figsize=(10, 3.6))
+    measures = (("short_req_per_cpu_s", "short requests"), ("sse_tok_per_cpu_s", "streamed tokens"))
+    width = 0.8 / len(servers)
+    for index, (side, label, figures) in enumerate(servers):
+        positions = [m + (index - (len(servers) - 1) / 2) * width for m in range(len(measures))]
+        values = [figures[key] for key, _ in measures]
+        bars = rates.bar(positions, values, width, label=label, color=PEER_COLOURS[side])
+        rates.bar_label(bars, [f"{figures[key]:,.0f}" for key, _ in measures], fontsize=7)
+    rates.set_yscale("log")
+    rates.set_xticks(range(len(measures)), [name for _, name in measures])
+    rates.set_ylabel("per server CPU second")
+    rates.set_title("with an instant backend", fontsize=8)
+    rates.legend(loc="upper left", fontsize=8)
+    rows = [row for row in bench["added"] if row["isolated"]]
+    labels = [f"{row['clients']} clients\n{row['wait_ms']} ms backend" for row in rows]
+    proxies = [(side, label) for side, label in PEERS[1:] if all(f"{side}_added_p99_ms" in row for row in rows)]
+    width = 0.8 / (2 * len(proxies))
+    for index, (side, label) in enumerate(proxies):
+        for offset, quantile in enumerate(("p50", "p99")):
+            slot = 2 * index + offset
+            positions = [r + (slot - (2 * len(proxies) - 1) / 2) * width for r in range(len(rows))]
+            values = [max(row[f"{side}_added_{quantile}_ms"], 0.0) for row in rows]
+            bars = added.bar(positions, values, width, label=f"{label}, {quantile}", color=PEER_COLOURS[side],
+                             alpha=1.0 if offset else 0.5)  # fmt: skip
+            added.bar_label(bars, [f"{value:,.1f}" for value in values], fontsize=6, rotation=90, padding=2)
+    added.set_xticks(range(len(rows)), labels, fontsize=8)
+    added.set_ylabel("latency added (ms)")
+    added.set_title("in front of a slow backend, each server on a core of its own", fontsize=8)
+    added.set_ylim(0, max(max(bar.get_height() for bar in added.patches), 1.0) * 1.3)
+    added.legend(loc="upper left", fontsize=8)
+    figure.suptitle(f"The gateway against its peers, {bench.get('cpu', 'a CPU')} (bench/gateway_bench.py)")
+    return _save(figure, output / "gateway_vs_peers.svg")
+
+
+def prefix_reuse_by_context(run: Path, output: Path) -> Path | None:
+    """Lines: the gateway's time to first token by context length, prefix reuse off and on."""
+    if not run.exists():
+        return None
+    bench = json.loads(run.read_text())
+    figure, axis = plt.subplots(figsize=(5.6, 3.4))
+    for key, label in (("off", "reuse off"), ("on", "reuse on (default)")):
+        turns = bench[key]
+        axis.plot([t["context"] for t in turns], [t["ttft_s"] * 1e3 for t in turns], marker="o", markersize=3,
+                  label=label)  # fmt: skip
+    axis.set_yscale("log")
+    axis.set_xlabel("context tokens (a tool loop's turns)")
+    axis.set_ylabel("time to first token (ms)")
+    axis.legend(fontsize=8)
+    model = bench.get("model", {})
+    axis.set_title(
+        f"Prefix reuse, {model.get('layers', '?')} layers at hidden {model.get('hidden', '?')}, "
+        f"{bench.get('cpu', 'a CPU')}",
+        fontsize=8,
+    )
+    return _save(figure, output / "prefix_reuse_by_context.svg")
+
+
 def render(output: Path) -> dict[str, Path | None]:
     output.mkdir(parents=True, exist_ok=True)
     return {
         "engine_vs_llama_cpp": engine_vs_llama_cpp(list(LLAMA_RUNS), output),
         "engine_gpu_batch": engine_gpu_batch(GPU_RUN, output),
+        "gateway_vs_peers": gateway_vs_peers(GATEWAY_RUN, output),
+        "prefix_reuse_by_context": prefix_reuse_by_context(PREFIX_RUN, output),
     }
 
 

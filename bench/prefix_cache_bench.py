@@ -2,24 +2,27 @@
 with the engine's prefix cache on and off in one run.
 
     python bench/prefix_cache_bench.py [--turns 20] [--start 2000] [--end 8000] [--write docs/benchmarks.md]
+        [--json docs/prefix_cache_bench.json]
 
 A random-weight gpt-oss (8 layers, hidden 512, the real vocabulary) on the CPU. Turn 1 asks with a `start`-token
 message; every later turn continues by `previous_response_id` with a tool output sized so that the context
 reaches `end` tokens at the last turn (the model is forced to call the tool each turn). Per turn: time to first
 token as the gateway measures it (`gateway_time_to_first_token_seconds`: admission to the first generated
-token), the client's time to the first output event, and `usage.input_tokens_details.cached_tokens`.
+token), the client's time to the first output event, and `usage.input_tokens_details.cached_tokens`. `--json`
+keeps the turns for bench/plots.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
 
@@ -30,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
+from engine_server_bench import cpu_name  # noqa: E402
 from gateway_fixtures import gateway_settings  # noqa: E402
 from live_gateway import LiveGateway  # noqa: E402
 from report import markers, write_section  # noqa: E402
@@ -152,7 +156,7 @@ def _section(off: list[Turn], on: list[Turn], threads: int) -> str:
             start,
             "## Prefix reuse in the engine (`bench/prefix_cache_bench.py`)",
             "",
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, onnxruntime "
+            f"CPU: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, onnxruntime "
             f"{onnxruntime.__version__}, intra-op threads {threads or 'one per core'}. fp32 on the CPU.",
             f"Model (random weights): {CONFIG.num_hidden_layers} layers, {CONFIG.num_experts} MXFP4 experts top-"
             f"{CONFIG.experts_per_token}, hidden {CONFIG.hidden_size}, vocabulary 201,088. A {len(on)}-turn tool loop "
@@ -185,6 +189,7 @@ def main() -> None:
     parser.add_argument("--end", type=int, default=8000, help="tokens of context at the last turn")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
     parser.add_argument("--write", type=Path, help="write the section into this markdown file")
+    parser.add_argument("--json", type=Path, help="write the turns here, for bench/plots.py")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="prefix-bench-") as directory:
         workdir = Path(directory)
@@ -195,6 +200,10 @@ def main() -> None:
     print(section)
     if args.write:
         write_section(args.write, NAME, section)
+    if args.json:
+        run = {"cpu": cpu_name(), "model": {"layers": CONFIG.num_hidden_layers, "hidden": CONFIG.hidden_size},
+               "off": [asdict(turn) for turn in off], "on": [asdict(turn) for turn in on]}  # fmt: skip
+        args.json.write_text(json.dumps(run, indent=1) + "\n")
 
 
 if __name__ == "__main__":

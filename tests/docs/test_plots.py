@@ -24,6 +24,9 @@ def test_every_figure_is_drawn_from_the_committed_runs_and_shown_in_the_docs(tmp
     llama = drawn["engine_vs_llama_cpp"].read_text()
     assert "llama.cpp" in llama and "moe_int8_activations" in llama and "24 layers" in llama
     assert "NVIDIA H200" in drawn["engine_gpu_batch"].read_text()
+    peers = drawn["gateway_vs_peers"].read_text()
+    assert "LiteLLM" in peers and "reference server" in peers and "gpt-oss-gateway" in peers
+    assert "reuse on" in drawn["prefix_reuse_by_context"].read_text()
 
 
 def test_a_run_s_ratios_are_its_bars_and_its_cpu_is_named(tmp_path):
@@ -42,3 +45,15 @@ def test_a_run_s_ratios_are_its_bars_and_its_cpu_is_named(tmp_path):
 def test_a_missing_run_skips_its_figure(tmp_path):
     assert plots.engine_vs_llama_cpp([tmp_path / "none.json"], tmp_path) is None
     assert plots.engine_gpu_batch(tmp_path / "none.json", tmp_path) is None
+    assert plots.gateway_vs_peers(tmp_path / "none.json", tmp_path) is None
+    assert plots.prefix_reuse_by_context(tmp_path / "none.json", tmp_path) is None
+
+
+def test_the_peers_figure_draws_the_servers_a_run_measured(tmp_path):
+    rates = {"short_req_s": 1, "short_req_per_cpu_s": 2, "short_p50_ms": 3, "short_p99_ms": 4, "sse_tok_s": 5,
+             "sse_tok_per_cpu_s": 6}  # fmt: skip
+    added = {"isolated": True, "clients": 10, "wait_ms": 250, "gateway_added_p50_ms": 0.5, "gateway_added_p99_ms": 1}
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"cpu": "Test CPU", "servers": {"reference": rates, "gateway": rates}, "added": [added]}))
+    svg = plots.gateway_vs_peers(run, tmp_path).read_text()
+    assert "Test CPU" in svg and "reference server" in svg and "LiteLLM" not in svg  # a run without LiteLLM
