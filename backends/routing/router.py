@@ -10,12 +10,9 @@ conversation. A server holding less than `min_match` of the prompt counts as hol
 the same threshold), so the opening every conversation shares (Harmony's system message) does not pile new
 conversations onto one server; and when no server holds enough, a request with a `prompt_cache_key` goes to the
 server its key hashes to among those not overloaded (the key's affinity), one without to the least loaded.
-A prefix that several conversations continue differently (branch_points.py: a system prompt a tenant's users
-share) gives the servers holding it no preference over a less loaded one: it is copied to the next server as soon
-as its holders are busier than another, and then balanced by load among them.
-So a conversation goes back to the server that holds it, a prefix shared by many sessions spreads over the
-servers, and a miss goes to the least loaded server, never to an overloaded one; a load figure a moment stale (by
-one request) does not move a conversation.
+So a conversation goes back to the server that holds it, a prefix shared by many sessions spreads over more
+servers as the first one fills, and a miss goes to the least loaded server, never to an overloaded one; a load
+figure a moment stale (by one request) does not move a conversation.
 
 Page names are those of backends/page_names.py, in the request's namespace: its tenant (and, on the built-in
 engine, its `prompt_cache_key` and the server's prefix-cache scope), so one tenant's prefix never attracts or
@@ -37,7 +34,6 @@ from backends.cache_salt import TenantSalt
 from backends.page_names import chain, namespace_of
 from backends.upstreams import Upstream
 
-from .branch_points import BranchPoints
 from .held_pages import PublishedPages, RoutedPages
 from .vllm_events import salt_namespace
 
@@ -126,7 +122,6 @@ class PrefixRouter:
         self.salt = salt
         self._fleet = hashlib.blake2b("\0".join(sorted(urls)).encode(), digest_size=8).hexdigest()
         self.stats = RoutingStats()
-        self.branches = BranchPoints()
         self.servers = {
             url: ServerView(
                 RoutedPages(settings.routed_capacity_pages, settings.routed_ttl_s),
@@ -170,22 +165,15 @@ class PrefixRouter:
         prompt = len(request.prompt)
         names = names or self.pages(request)
         loads = {url: self.servers[url].load(outstanding) for url, outstanding in candidates.items()}
-        least = min(loads.values())
-        ceiling = least + self.settings.load_slack
+        ceiling = min(loads.values()) + self.settings.load_slack
         anchor = request.cache_key or self._anchor(request, names)
         enough = self.settings.min_match * prompt
-        helds = {}
+        scored = []
         for url, load in loads.items():
             if load > ceiling:
                 continue  # overloaded beside the others: whatever it holds, it gets no more
             held = min(self._held(self.servers[url], request, names, shared.get(url, 0)), max(prompt - 1, 0))
-            helds[url] = held if held >= enough else 0  # Harmony's system message alone pulls nowhere
-        opening_shared = self._continues(names, max(helds.values()))
-        scored = []
-        for url, held in helds.items():
-            load = loads[url]
-            if opening_shared and load > least:
-                held = 0  # a shared opening held by a busier server: the least loaded gets it (and a copy)
+            held = held if held >= enough else 0  # a shared opening alone (Harmony's system message) pulls nowhere
             scored.append((prompt - held, load, _rendezvous(anchor, url), held, url))
         if request.cache_key and all(score[3] == 0 for score in scored):
             # nothing of the prompt anywhere: the key's own server, unless it is overloaded (then it was left out)
@@ -199,18 +187,6 @@ class PrefixRouter:
         self.stats.prompt_tokens += prompt
         self.stats.matched_tokens += held
         return Decision(url, how, held)
-
-    def _continues(self, names: PromptPages, held: int) -> bool:
-        """Note how the prompt goes on after its longest held prefix; whether other conversations went on from
-        there in other ways (the prefix is a shared opening)."""
-        if held <= 0:
-            return False
-        chain = names.routed()
-        last = held // self.settings.page_tokens
-        if not 0 < last < len(chain):
-            return False
-        self.branches.note(chain[last - 1], chain[last])
-        return self.branches.shared(chain[last - 1])
 
     def chooser(
         self, request: GenerateRequest, shared: dict[str, int] | None = None, names: PromptPages | None = None
