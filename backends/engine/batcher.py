@@ -7,10 +7,11 @@ below its share of a full batch takes a slot from the one most above its own), i
 tenant; it starts from the longest prefix of its prompt that pages already hold in its namespace, by
 reference. Each step runs every decoding sequence's next token and one chunk of the prompt of the prefilling
 sequence whose tenant is furthest behind, together (with CUDA graphs: the chunk first, then the decode rows as
-the graph of their bucket); the chunk runs in pieces of a set time, the rest of them alone, and a request
-arriving meanwhile ends the step after the piece running (chunk_budget.py). Only a prompt's last piece has its
-logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the runtime's device
-where they are loaded. When a running sequence needs a page and none is left, the latest
+the graph of their bucket); the chunk runs a piece of a set time a step (chunk_budget.py), and a prompt of a worse
+service tier than an answer in its first FIRST_TOKENS (the Harmony header and its first text) waits for those
+steps, so that a better tier's first visible token never waits for a worse tier's prefill. Only a prompt's last
+piece has its logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the
+runtime's device where they are loaded. When a running sequence needs a page and none is left, the latest
 admitted sequence of the tenant furthest ahead of its share is preempted: its pages go back (the prefix cache
 keeps naming the full ones) and it waits at the head of its tenant's queue to be run again from what it had
 written, its answer continuing where it stopped. A finished or cancelled sequence gives its pages back at
@@ -85,6 +86,9 @@ class Sequence:
     def position(self) -> int:
         """Positions whose KV is written."""
         return len(self.written.tokens)
+
+
+FIRST_TOKENS = 4  # an answer's first: `<|channel|>analysis<|message|>` and its first text token
 
 
 class Batcher:
@@ -318,6 +322,8 @@ class Batcher:
             pools.extend(sequence.table, position, position + 1)
             decoding.append(sequence)
         filling = self._waiting.first([s for s in self._running if not s.decoding])  # the tenant furthest behind
+        if filling is not None and any(s.rank < filling.rank and s.generated < FIRST_TOKENS for s in decoding):
+            filling = None  # a worse tier's prompt waits while a better tier's answer begins
         piece: list[int] = []
         if filling is not None:
             start = filling.position

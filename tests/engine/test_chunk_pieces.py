@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -138,3 +138,42 @@ def test_a_running_answer_s_tokens_wait_one_piece_not_the_whole_chunk(checkpoint
     pieces = scenario(5.0)
     assert pieces.longest_gap("b") < whole.longest_gap("b") / 4, (pieces.longest_gap("b"), whole.longest_gap("b"))
     assert pieces.a_tokens == whole.a_tokens
+
+
+async def _prefill_during_b_s_start(checkpoint: Path, tmp_path: Path, a_tier: str) -> list[int]:
+    """A's 6,000-token prompt at `a_tier` runs in pieces of 5 ms; B's short default request arrives meanwhile: the
+    engine's prefill tokens (B's own prompt and A's pieces) as each of B's first two tokens arrives."""
+    options = EngineOptions(
+        checkpoint=str(checkpoint), max_batch=4, max_positions=8192, prefill_chunk=8192, prefill_piece_ms=5.0,
+        cache_dir=str(tmp_path),
+    )  # fmt: skip
+    engine = await loaded(EngineBackend(options, load_harmony_encoding()))
+    a_request = replace(_request("a", 6000, 2), tier=a_tier)
+    seen: list[int] = []
+    try:
+        a = asyncio.ensure_future(_drain(engine, a_request))
+        started = time.monotonic()
+        while engine.engine_stats().prefill_tokens == 0 and time.monotonic() - started < 30:
+            await asyncio.sleep(0.001)  # A's pieces are running
+        async for chunk in engine.generate(_request("b", 20, 8)):
+            seen += [engine.engine_stats().prefill_tokens] * len(chunk.tokens)
+            if len(seen) >= 2:
+                break
+        await a
+    finally:
+        await engine.aclose()
+    return seen
+
+
+async def _drain(engine: EngineBackend, request: GenerateRequest) -> None:
+    async for _ in engine.generate(request):
+        pass
+
+
+def test_a_worse_tier_s_prompt_waits_while_a_better_tier_s_answer_begins(checkpoint, tmp_path):
+    """Between B's first and second tokens (the first steps of B's Harmony header) A's prompt goes on by a piece
+    when A is of B's tier, and by nothing when A is `flex`: B's answer begins without A's pieces in its steps."""
+    same = asyncio.run(_prefill_during_b_s_start(checkpoint, tmp_path, "default"))
+    assert same[1] > same[0], f"A's prompt ended before B began: nothing measured ({same})"
+    flex = asyncio.run(_prefill_during_b_s_start(checkpoint, tmp_path, "flex"))
+    assert flex[1] == flex[0], flex
