@@ -9,7 +9,7 @@ reference. Each step runs every decoding sequence's next token and one chunk of 
 sequence whose tenant is furthest behind, together (with CUDA graphs: the chunk first, then the decode rows as
 the graph of their bucket); the chunk runs a piece of a set time a step (chunk_budget.py), and a prompt of a worse
 service tier than an answer in its first FIRST_TOKENS (the Harmony header and its first text) waits for those
-steps, so that a better tier's first visible token never waits for a worse tier's prefill. Only a prompt's last
+steps, so that a better tier's answer begins without a worse tier's pieces in its steps. Only a prompt's last
 piece has its logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the
 runtime's device where they are loaded. When a running sequence needs a page and none is left, the latest
 admitted sequence of the tenant furthest ahead of its share is preempted: its pages go back (the prefix cache
