@@ -43,6 +43,16 @@ GPU_BATCHES = (1, 8, 32, 64)
 plt.rcParams.update({"svg.hashsalt": "gpt-oss-gateway", "font.size": 9})
 
 
+def _run(path: Path) -> dict | None:
+    """A bench run's JSON, None where it was not written."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _slots(groups: int, slot: int, slots: int, width: float) -> list[float]:
+    """The x of bar `slot` of `slots` side by side in each of `groups` groups (groups at 0, 1, ...)."""
+    return [group + (slot - (slots - 1) / 2) * width for group in range(groups)]
+
+
 def _save(figure: plt.Figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, format="svg", metadata={"Date": None})
@@ -61,7 +71,7 @@ def llama_cpp_series(shape: dict) -> dict[str, list[float]]:
 
 def engine_vs_llama_cpp(runs: list[Path], output: Path) -> Path | None:
     """Grouped bars: each measure's rate over llama.cpp f16's (1.0, the line), per engine configuration and depth."""
-    loaded = [json.loads(run.read_text()) for run in runs if run.exists()]
+    loaded = [run for run in map(_run, runs) if run is not None]
     shapes = [shape for run in loaded for shape in run["shapes"]]
     if not shapes:
         return None
@@ -72,8 +82,7 @@ def engine_vs_llama_cpp(runs: list[Path], output: Path) -> Path | None:
     highest = max(ratio for shape in shapes for ratios in llama_cpp_series(shape).values() for ratio in ratios)
     for axis, shape in zip(axes[0], shapes, strict=True):
         for index, (label, ratios) in enumerate(llama_cpp_series(shape).items()):
-            positions = [m + (index - (len(ENGINES) - 1) / 2) * width for m in range(len(MEASURES))]
-            axis.bar(positions, ratios, width, label=label)
+            axis.bar(_slots(len(MEASURES), index, len(ENGINES), width), ratios, width, label=label)
         axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         axis.set_xticks(range(len(MEASURES)), [name for _, name in MEASURES])
         axis.set_title(f"{shape['layers']} layers at gpt-oss-20b's width")
@@ -86,9 +95,9 @@ def engine_vs_llama_cpp(runs: list[Path], output: Path) -> Path | None:
 
 def engine_gpu_batch(run: Path, output: Path) -> Path | None:
     """Bars: decode tokens a second by batch, as engine_check measured them."""
-    if not run.exists():
+    check = _run(run)
+    if check is None:
         return None
-    check = json.loads(run.read_text())
     scale = check.get("scale", {})
     rates = [(batch, scale.get(f"decode_tok_s_batch_{batch}")) for batch in GPU_BATCHES]
     rates = [(batch, rate) for batch, rate in rates if rate]
@@ -106,16 +115,16 @@ def engine_gpu_batch(run: Path, output: Path) -> Path | None:
 def gateway_vs_peers(run: Path, output: Path) -> Path | None:
     """Left: short requests and SSE tokens per server CPU second, per server (log scale). Right: the latency added
     in front of a slow backend, p50 and p99, by the gateway and LiteLLM (each server on a core of its own)."""
-    if not run.exists():
+    bench = _run(run)
+    if bench is None:
         return None
-    bench = json.loads(run.read_text())
     servers = [(side, label, bench["servers"][side]) for side, label in PEERS if side in bench["servers"]]
     figure, (rates, added) = plt.subplots(1, 2, figsize=(10, 3.6))
     measures = (("short_req_per_cpu_s", "short requests"), ("sse_tok_per_cpu_s", "streamed tokens"))
     width = 0.8 / len(servers)
     for index, (side, label, figures) in enumerate(servers):
-        positions = [m + (index - (len(servers) - 1) / 2) * width for m in range(len(measures))]
         values = [figures[key] for key, _ in measures]
+        positions = _slots(len(measures), index, len(servers), width)
         bars = rates.bar(positions, values, width, label=label, color=PEER_COLOURS[side])
         rates.bar_label(bars, [f"{figures[key]:,.0f}" for key, _ in measures], fontsize=7)
     rates.set_yscale("log")
@@ -129,8 +138,7 @@ def gateway_vs_peers(run: Path, output: Path) -> Path | None:
     width = 0.8 / (2 * len(proxies))
     for index, (side, label) in enumerate(proxies):
         for offset, quantile in enumerate(("p50", "p99")):
-            slot = 2 * index + offset
-            positions = [r + (slot - (2 * len(proxies) - 1) / 2) * width for r in range(len(rows))]
+            positions = _slots(len(rows), 2 * index + offset, 2 * len(proxies), width)
             values = [max(row[f"{side}_added_{quantile}_ms"], 0.0) for row in rows]
             bars = added.bar(positions, values, width, label=f"{label}, {quantile}", color=PEER_COLOURS[side],
                              alpha=1.0 if offset else 0.5)  # fmt: skip
@@ -146,9 +154,9 @@ def gateway_vs_peers(run: Path, output: Path) -> Path | None:
 
 def prefix_reuse_by_context(run: Path, output: Path) -> Path | None:
     """Lines: the gateway's time to first token by context length, prefix reuse off and on."""
-    if not run.exists():
+    bench = _run(run)
+    if bench is None:
         return None
-    bench = json.loads(run.read_text())
     figure, axis = plt.subplots(figsize=(5.6, 3.4))
     for key, label in (("off", "reuse off"), ("on", "reuse on (default)")):
         turns = bench[key]

@@ -50,14 +50,17 @@ class _RunQueueWait:
 async def _watch(metrics: Metrics) -> None:
     loop = asyncio.get_running_loop()
     waited = _RunQueueWait()  # opened here: the loop's own thread
+    wait_before = waited()
     try:
         while True:
-            started, wait_before = loop.time(), waited()
+            started = loop.time()
             await asyncio.sleep(INTERVAL_S)
             lag = max(0.0, loop.time() - started - INTERVAL_S)
+            wait_now = waited()  # one read a tick: this tick's end is the next one's start
             metrics.loop_lag.observe(lag)
-            if lag and waited() - wait_before >= lag / 2:
+            if lag and wait_now - wait_before >= lag / 2:
                 metrics.loop_lag_descheduled.observe(lag)
+            wait_before = wait_now
     finally:
         waited.close()
 
