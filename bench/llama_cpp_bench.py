@@ -53,13 +53,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dense_bf16_bench import copy_bandwidth, prefill_rate, rates, step_bytes  # noqa: E402
-from report import markers, write_section  # noqa: E402
+from report import cpu_line, markers, write_section  # noqa: E402
 
 from backends.engine.checkpoint import Checkpoint  # noqa: E402
 from backends.engine.config import GPT_OSS_20B  # noqa: E402
 from backends.engine.graph import GraphOptions  # noqa: E402
 from backends.engine.kernels.build import KERNELS_ENV, build_library, kernel_choice  # noqa: E402
-from backends.engine.kernels.variants import X86_VARIANTS, cpu_flags  # noqa: E402
+from backends.engine.kernels.variants import X86_VARIANTS  # noqa: E402
 from backends.engine.make_checkpoint import write_random_checkpoint  # noqa: E402
 from backends.engine.model_cache import compiled_model  # noqa: E402
 from backends.engine.paged_runner import PagedRunner  # noqa: E402
@@ -304,17 +304,6 @@ def _section_name() -> str:
     choice = kernel_choice()
     level = "none" if choice is None else choice.level
     return NAME if level.startswith("x86-64-v4") else f"{NAME}_{level}"
-
-
-def cpu_line() -> str:
-    """The CPU's name and the vector extensions that choose the kernels' paths."""
-    name = platform.processor() or platform.machine()
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
-        if line.startswith("model name"):
-            name = line.split(":", 1)[1].strip()
-            break
-    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "asimd", "sve")
-    return f"{name} ({', '.join(flag for flag in wanted if flag in cpu_flags()) or 'no vector extensions listed'})"
 
 
 def _rate(figures: dict, measure_name: str, name: str) -> str:

@@ -45,69 +45,25 @@ struct E8M0Table {
 };
 const E8M0Table kE8M0;
 
+// A vector quantized for the int8 path (QuantizePairs): int8 values, block scales and offset sums.
+struct QuantizedRow {
+  const int8_t* q;
+  const float* d;
+  const int32_t* offset_sums;
+};
+
 // Scratch of one task, kept per thread: the vectors its rows meet, their dot products, decoded rows and
 // per-vector accumulators (nothing is allocated per row or per step once it has grown).
 struct Scratch {
   std::vector<const float*> xs;
-  std::vector<const int8_t*> qs;  // the int8 path's quantized vectors and their block scales
-  std::vector<const float*> ds;
+  std::vector<QuantizedRow> quantized;  // the int8 path's vectors
   std::vector<float> dots, decoded, acc;
 };
 // Dot products of one MXFP4 row (cols / 2 code bytes, cols / 32 scales) with `count` vectors:
 // out[t] = row . xs[t]. Each block of 32 codes is decoded once and used for every vector.
 #if defined(__AVX2__) && defined(__FMA__)
-// A block's 32 values (twice each E2M1 value, as int8: exact) in order, as four vectors of 8 floats times `scale`.
-inline void DecodeBlock(const uint8_t* codes, __m256 scale, __m256 v[4]) {
-  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m128i low_nibble = _mm_set1_epi8(0x0F);
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes));
-  const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibble));
-  const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble));
-  const __m128i first = _mm_unpacklo_epi8(even, odd), second = _mm_unpackhi_epi8(even, odd);
-  v[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first)), scale);
-  v[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(first, 8))), scale);
-  v[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second)), scale);
-  v[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(second, 8))), scale);
-}
-
-// The decode path (fewer than kTiledFrom vectors, N of them): the sums stay in registers over the whole row, A
-// independent ones a vector so that no chain of multiply-adds waits on the one before (one a quarter-block with one
-// or two vectors, two with three: AVX2's 16 registers), and the code bytes are asked for ahead of their use. Sums
-// carried through memory each block ran the row at a sixth of the int8 path's rate (bench/moe_bench.py).
-template <int N>
-void FewRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* xs, float* out) {
-  constexpr int A = N <= 2 ? 4 : 2;
-  __m256 acc[N][A];
-  for (int t = 0; t < N; ++t) {
-    for (int a = 0; a < A; ++a) acc[t][a] = _mm256_setzero_ps();
-  }
-  for (int64_t block = 0; block < cols / kBlock; ++block) {
-    const uint8_t* bytes = codes + block * (kBlock / 2);
-    if (block % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(bytes) + kPrefetchBytes, _MM_HINT_T0);
-    __m256 v[4];
-    DecodeBlock(bytes, _mm256_set1_ps(kE8M0.values[scales[block]] * 0.5f), v);
-    for (int t = 0; t < N; ++t) {
-      const float* x = xs[t] + block * kBlock;
-      for (int q = 0; q < 4; ++q) acc[t][q % A] = _mm256_fmadd_ps(v[q], _mm256_loadu_ps(x + 8 * q), acc[t][q % A]);
-    }
-  }
-  for (int t = 0; t < N; ++t) {
-    __m256 sum = acc[t][0];
-    for (int a = 1; a < A; ++a) sum = _mm256_add_ps(sum, acc[t][a]);
-    __m128 half = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    out[t] = _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
-  }
-}
-
 void RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* xs, int64_t count,
              float* out, std::vector<float>& acc) {
-  switch (count) {
-    case 1: return FewRowDots<1>(codes, scales, cols, xs, out);
-    case 2: return FewRowDots<2>(codes, scales, cols, xs, out);
-    case 3: return FewRowDots<3>(codes, scales, cols, xs, out);
-    default: break;
-  }
   // twice each E2M1 value, as int8 (exact): scaled back by half the block scale
   const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   const __m128i low_nibble = _mm_set1_epi8(0x0F);
@@ -269,6 +225,69 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
   if (block < blocks) step(block, 0);
   for (int t = 0; t < Count; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
+#else
+// Few vectors (decode) on AVX2: each half block's 8 code bytes widened to 8 int32 lanes, whose low and high nibbles
+// index the E2M1 values as floats, against the block's even and odd x values (each vector reordered once per phase:
+// evens, then odds, per block of 32). A permute is the lookup; it reads an index's low three bits (the magnitude),
+// and the table's entries carry those bits xored into their top, so that xoring in the whole nibble shifted to the
+// top of the lane leaves only its sign bit (2.3x the rate of widening the codes through int8 on a 2-core AMD EPYC,
+// bench/moe_bench.py).
+void PermuteBlocks(const float* x, int64_t cols, float* out) {
+  for (int64_t c = 0; c < cols; c += kBlock) {
+    for (int i = 0; i < kBlock / 2; ++i) {
+      out[c + i] = x[c + 2 * i];
+      out[c + kBlock / 2 + i] = x[c + 2 * i + 1];
+    }
+  }
+}
+
+template <int Count>
+void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* permuted,
+                     float* out) {
+  alignas(32) float entries[8];
+  const float magnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (uint32_t i = 0; i < 8; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &magnitudes[i], sizeof bits);
+    bits ^= i << 28;
+    std::memcpy(&entries[i], &bits, sizeof bits);
+  }
+  const __m256 table = _mm256_load_ps(entries);
+  // the lookup of 8 nibbles (the low 4 bits of each int32 lane)
+  const auto values = [table](__m256i nibbles) {
+    return _mm256_xor_ps(_mm256_permutevar8x32_ps(table, nibbles), _mm256_castsi256_ps(_mm256_slli_epi32(nibbles, 28)));
+  };
+  __m256 acc[Count][2];  // even blocks' sums and odd blocks', each named statically (see the AVX-512 path)
+  for (int t = 0; t < Count; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  auto step = [&](int64_t block, int parity) {
+    if (block % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + block * 16 + kPrefetchBytes), _MM_HINT_T0);
+    __m256 low[2], high[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bytes =
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + block * 16 + 8 * h)));
+      low[h] = values(bytes);
+      high[h] = values(_mm256_srli_epi32(bytes, 4));
+    }
+    const __m256 scale = _mm256_set1_ps(kE8M0.values[scales[block]]);
+    for (int t = 0; t < Count; ++t) {
+      const float* x = permuted[t] + block * kBlock;
+      __m256 sum = _mm256_mul_ps(low[0], _mm256_loadu_ps(x));
+      sum = _mm256_fmadd_ps(low[1], _mm256_loadu_ps(x + 8), sum);
+      sum = _mm256_fmadd_ps(high[0], _mm256_loadu_ps(x + 16), sum);
+      sum = _mm256_fmadd_ps(high[1], _mm256_loadu_ps(x + 24), sum);
+      acc[t][parity] = _mm256_fmadd_ps(sum, scale, acc[t][parity]);
+    }
+  };
+  const int64_t blocks = cols / kBlock;
+  int64_t block = 0;
+  for (; block + 2 <= blocks; block += 2) {
+    step(block, 0);
+    step(block + 1, 1);
+  }
+  if (block < blocks) step(block, 0);
+  for (int t = 0; t < Count; ++t) out[t] = Sum8(_mm256_add_ps(acc[t][0], acc[t][1]));
+}
+#endif
 
 // out[r * count + t] = row r . vector t for `rows` consecutive rows and up to three vectors, each already reordered
 // by PermuteBlocks (once per phase: PrepareRows).
@@ -285,7 +304,6 @@ void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, in
     }
   }
 }
-#endif
 
 // out[r * count + t] = row (first_row + r) . xs[t], for `rows` consecutive rows of one matrix.
 void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
@@ -351,9 +369,13 @@ void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t row
 // nibbles), then their odds (high nibbles), two pairs at a time (both pairs' evens, then both pairs' odds: one
 // 512-bit load each) and a last odd pair alone; each block's scale is repeated over the four int32 lanes its sums
 // land in. A block's dot product is then taken in integers (twice each E2M1 value as int8, exact) and scaled by
-// half its E8M0 scale times the vector block's scale.
+// half its E8M0 scale times the vector block's scale. For AVX2's byte multiply-add, whose first operand is unsigned,
+// the weights are taken as twice their E2M1 value plus kWeightOffset (0 to 24) and each int32 lane's share of that
+// offset, kWeightOffset times the sum of the lane's eight x values, is stored with the vector and taken back off.
 constexpr int64_t kPair = 2 * kBlock;  // columns per quantized pair of blocks
 constexpr int64_t kPairScales = 8;     // scales stored per pair (each block's, four times)
+constexpr int64_t kPairLanes = 8;      // int32 lanes of a pair's sums (four a block), and offset sums stored a pair
+constexpr int32_t kWeightOffset = 12;
 constexpr int64_t kInt8Below = 4;      // experts with fewer tokens than this in a step take the int8 path
 
 bool Int8Fits(int64_t cols) { return cols % kPair == 0; }
@@ -364,7 +386,8 @@ int64_t EvensAt(int64_t pair, int64_t pairs) {
 }
 int64_t OddsGap(int64_t pair, int64_t pairs) { return pair < pairs / 2 * 2 ? kPair : kBlock; }
 
-void QuantizePairs(const float* x, int64_t cols, int8_t* q, float* d) {
+// x's `cols` values into q (int8, laid out as above), d (the blocks' scales) and offset_sums (kPairLanes a pair).
+void QuantizePairs(const float* x, int64_t cols, int8_t* q, float* d, int32_t* offset_sums) {
   const int64_t pairs = cols / kPair;
   for (int64_t pair = 0; pair < pairs; ++pair) {
     int8_t* evens = q + EvensAt(pair, pairs);
@@ -379,17 +402,24 @@ void QuantizePairs(const float* x, int64_t cols, int8_t* q, float* d) {
         odds[half * 16 + i] = static_cast<int8_t>(std::nearbyint(xb[2 * i + 1] * inverse));
       }
       std::fill(d + pair * kPairScales + half * 4, d + pair * kPairScales + half * 4 + 4, amax / 127.0f);
+      for (int lane = 0; lane < 4; ++lane) {  // a lane sums the products of 4 consecutive code bytes
+        int32_t sum = 0;
+        for (int i = half * 16 + 4 * lane; i < half * 16 + 4 * lane + 4; ++i) sum += evens[i] + odds[i];
+        offset_sums[pair * kPairLanes + half * 4 + lane] = kWeightOffset * sum;
+      }
     }
   }
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// acc + the sums of four adjacent u8 x s8 products in each int32 lane (no overflow: |a| <= 12, |b| <= 127).
-inline __m256i DotU8S8(__m256i acc, __m256i a, __m256i b) {
+// In each int32 lane, the sum of the eight u8 x s8 products of its four bytes of a . b and of c . d (no overflow:
+// a and c <= 24, |b| and |d| <= 127, so the byte multiply-add's int16 sums stay within 4 x 24 x 127).
+inline __m256i DotPairU8S8(__m256i a, __m256i b, __m256i c, __m256i d) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, a, b);
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b), c, d);
 #else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+  const __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(a, b), _mm256_maddubs_epi16(c, d));
+  return _mm256_madd_epi16(sums, _mm256_set1_epi16(1));
 #endif
 }
 
@@ -399,8 +429,8 @@ inline __m256i DotU8S8(__m256i acc, __m256i a, __m256i b) {
 // magnitudes come from a table and each negative code's x byte is negated under the code's sign bit as a mask.
 // Adds the steps' scaled sums to `acc` and returns the first pair not taken.
 template <int Count>
-int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs, const int8_t* const* qs,
-                      const float* const* ds, __m256* acc) {
+int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs, const QuantizedRow* xs,
+                      __m256* acc) {
   const __m512i magnitudes = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12));
   const __m512i low_nibble = _mm512_set1_epi8(0x0F), low_sign = _mm512_set1_epi8(0x08);
   const __m512i high_sign = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
@@ -425,12 +455,12 @@ int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs
     const __m512i exponents = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(four_scales)), each_four_times);
     const __m512 weight_scales = _mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(exponents, 23), smallest));
     for (int t = 0; t < Count; ++t) {
-      const int8_t* q = qs[t] + EvensAt(pair, pairs);  // both pairs' evens, then (kPair on) their odds
+      const int8_t* q = xs[t].q + EvensAt(pair, pairs);  // both pairs' evens, then (kPair on) their odds
       const __m512i even_x = _mm512_loadu_si512(q), odd_x = _mm512_loadu_si512(q + kPair);
       const __m512i sums = _mm512_dpbusd_epi32(
           _mm512_dpbusd_epi32(zero, even_magnitudes, _mm512_mask_sub_epi8(even_x, even_negative, zero, even_x)),
           odd_magnitudes, _mm512_mask_sub_epi8(odd_x, odd_negative, zero, odd_x));
-      const __m512 scale = _mm512_mul_ps(weight_scales, _mm512_loadu_ps(ds[t] + pair * kPairScales));
+      const __m512 scale = _mm512_mul_ps(weight_scales, _mm512_loadu_ps(xs[t].d + pair * kPairScales));
       wide[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, wide[t]);
     }
   }
@@ -442,50 +472,59 @@ int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs
 #endif
 
 template <int Count>
-void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const int8_t* const* qs,
-                 const float* const* ds, float* out) {
-  const __m256i table = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const QuantizedRow* xs, float* out) {
+  // twice each E2M1 value plus kWeightOffset
+  const __m256i table =
+      _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m256i low_nibble = _mm256_set1_epi8(0x0F);
   __m256 acc[Count];
   for (int t = 0; t < Count; ++t) acc[t] = _mm256_setzero_ps();
   const int64_t pairs = cols / kPair;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-  int64_t pair = Int8PairSteps<Count>(codes, scales, pairs, qs, ds, acc);
+  int64_t pair = Int8PairSteps<Count>(codes, scales, pairs, xs, acc);
 #else
   int64_t pair = 0;
 #endif
-  for (; pair < pairs; ++pair) {
+  // one pair's sums into sums[t], its evens at `evens_at` in each vector and its odds `odds_gap` after them
+  const auto step = [&](int64_t pair, int64_t evens_at, int64_t odds_gap, __m256* sums) {
+    if (pair % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + pair * kBlock + kPrefetchBytes), _MM_HINT_T0);
     const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + pair * kBlock));
     const __m256i evens = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, low_nibble));
     const __m256i odds = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibble));
-    const __m256i even_magnitudes = _mm256_sign_epi8(evens, evens), odd_magnitudes = _mm256_sign_epi8(odds, odds);
-    const __m256 weight_scales = _mm256_set_m128(_mm_set1_ps(kE8M0.values[scales[2 * pair + 1]]),
-                                                 _mm_set1_ps(kE8M0.values[scales[2 * pair]]));
+    const __m256 weight_scales = _mm256_set_m128(_mm_broadcast_ss(&kE8M0.values[scales[2 * pair + 1]]),
+                                                 _mm_broadcast_ss(&kE8M0.values[scales[2 * pair]]));
     for (int t = 0; t < Count; ++t) {
-      const int8_t* q = qs[t] + EvensAt(pair, pairs);
-      const __m256i even_x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), evens);
-      const __m256i odd_x =
-          _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + OddsGap(pair, pairs))), odds);
-      const __m256i sums =
-          DotU8S8(DotU8S8(_mm256_setzero_si256(), even_magnitudes, even_x), odd_magnitudes, odd_x);
-      const __m256 scale = _mm256_mul_ps(weight_scales, _mm256_loadu_ps(ds[t] + pair * kPairScales));
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[t]);
+      const int8_t* q = xs[t].q + evens_at;
+      const __m256i even_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+      const __m256i odd_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + odds_gap));
+      const __m256i offset = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[t].offset_sums + pair * kPairLanes));
+      const __m256i dots = _mm256_sub_epi32(DotPairU8S8(evens, even_x, odds, odd_x), offset);
+      const __m256 scale = _mm256_mul_ps(weight_scales, _mm256_loadu_ps(xs[t].d + pair * kPairScales));
+      sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), scale, sums[t]);
     }
+  };
+  __m256 second[Count];  // the second pair of each two: its own sums, so that two chains are in flight
+  for (int t = 0; t < Count; ++t) second[t] = _mm256_setzero_ps();
+  for (; pair + 2 <= pairs; pair += 2) {  // two pairs laid out together (EvensAt)
+    step(pair, pair * kPair, kPair, acc);
+    step(pair + 1, pair * kPair + kBlock, kPair, second);
   }
+  if (pair < pairs) step(pair, pair * kPair, kBlock, acc);
+  for (int t = 0; t < Count; ++t) acc[t] = _mm256_add_ps(acc[t], second[t]);
   for (int t = 0; t < Count; ++t) out[t] = 0.5f * Sum8(acc[t]);
 }
 
 // out[r * count + t] = row r . (quantized) vector t, for `rows` consecutive rows and fewer than kTiledFrom vectors.
 void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
-                            const int8_t* const* qs, const float* const* ds, int64_t count, float* out) {
+                            const QuantizedRow* xs, int64_t count, float* out) {
   for (int64_t row = 0; row < rows; ++row) {
     const uint8_t* row_codes = codes + row * cols / 2;
     const uint8_t* row_scales = scales + row * cols / kBlock;
     float* row_out = out + row * count;
     switch (count) {
-      case 1: Int8RowDots<1>(row_codes, row_scales, cols, qs, ds, row_out); break;
-      case 2: Int8RowDots<2>(row_codes, row_scales, cols, qs, ds, row_out); break;
-      default: Int8RowDots<3>(row_codes, row_scales, cols, qs, ds, row_out); break;
+      case 1: Int8RowDots<1>(row_codes, row_scales, cols, xs, row_out); break;
+      case 2: Int8RowDots<2>(row_codes, row_scales, cols, xs, row_out); break;
+      default: Int8RowDots<3>(row_codes, row_scales, cols, xs, row_out); break;
     }
   }
 }
@@ -493,7 +532,7 @@ void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t
 constexpr int32_t kTwiceE2M1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
-                            const int8_t* const* qs, const float* const* ds, int64_t count, float* out) {
+                            const QuantizedRow* xs, int64_t count, float* out) {
   for (int64_t row = 0; row < rows; ++row) {
     const uint8_t* row_codes = codes + row * cols / 2;
     for (int64_t t = 0; t < count; ++t) {
@@ -502,7 +541,7 @@ void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t
       for (int64_t pair = 0; pair < pairs; ++pair) {
         for (int half = 0; half < 2; ++half) {
           const uint8_t* bytes = row_codes + pair * kBlock + half * 16;
-          const int8_t* q = qs[t] + EvensAt(pair, pairs) + half * 16;
+          const int8_t* q = xs[t].q + EvensAt(pair, pairs) + half * 16;
           const int8_t* odd_q = q + OddsGap(pair, pairs);
           int32_t sum = 0;
           for (int i = 0; i < 16; ++i) {
@@ -511,7 +550,7 @@ void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t
           }
           const int64_t block = 2 * pair + half;
           total += static_cast<float>(sum) * kE8M0.values[scales[row * cols / kBlock + block]] *
-                   ds[t][pair * kPairScales + half * 4];
+                   xs[t].d[pair * kPairScales + half * 4];
         }
       }
       out[row * count + t] = 0.5f * total;
@@ -532,6 +571,7 @@ struct Route {
 struct PreparedRows {
   std::vector<int8_t> q;
   std::vector<float> d, permuted;
+  std::vector<int32_t> offset_sums;
 };
 
 // The layer's inputs, and how this step's tokens are spread over the experts.
@@ -557,7 +597,7 @@ bool Int8Path(const Problem& p, int64_t count, int64_t cols) {
 
 // Whether it takes the float path on reordered rows (FewVectorDots) instead.
 bool PermutedPath(const Problem& p, int64_t count, int64_t cols) {
-#if defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
   static_assert(kTiledFrom == 4, "FewVectorDots takes up to three vectors");
   return !Int8Path(p, count, cols) && count < kTiledFrom && cols % kBlock == 0;
 #else
@@ -584,6 +624,7 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
     if (int8) {
       prepared.q.resize(total * cols);
       prepared.d.resize(total * scales_per_row);
+      prepared.offset_sums.resize(total * cols / kPair * kPairLanes);
     } else if (PermutedPath(p, count, cols)) {
       prepared.permuted.resize(total * cols);
     } else {
@@ -595,9 +636,10 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
       done[row] = true;
       if (int8) {
         QuantizePairs(values + row * cols, cols, prepared.q.data() + row * cols,
-                      prepared.d.data() + row * scales_per_row);
+                      prepared.d.data() + row * scales_per_row,
+                      prepared.offset_sums.data() + row * cols / kPair * kPairLanes);
       } else {
-#if defined(__AVX512F__)  // PermutedPath is false without it
+#if defined(__AVX2__) && defined(__FMA__)  // PermutedPath is false without it
         PermuteBlocks(values + row * cols, cols, prepared.permuted.data() + row * cols);
 #endif
       }
@@ -613,19 +655,17 @@ void ExpertDots(const Problem& p, size_t a, const uint8_t* codes, const uint8_t*
   scratch.dots.resize(rows * count);
   scratch.xs.resize(count);
   if (Int8Path(p, count, cols)) {
-    const int64_t scales_per_row = cols / kPair * kPairScales;
-    scratch.qs.resize(count);
-    scratch.ds.resize(count);
+    const int64_t pairs = cols / kPair;
+    scratch.quantized.resize(count);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = row_of(p, a, i);
-      scratch.qs[i] = prepared.q.data() + row * cols;
-      scratch.ds[i] = prepared.d.data() + row * scales_per_row;
+      scratch.quantized[i] = {prepared.q.data() + row * cols, prepared.d.data() + row * pairs * kPairScales,
+                              prepared.offset_sums.data() + row * pairs * kPairLanes};
     }
-    Int8ConsecutiveRowDots(codes, scales, rows, cols, scratch.qs.data(), scratch.ds.data(), count,
-                           scratch.dots.data());
+    Int8ConsecutiveRowDots(codes, scales, rows, cols, scratch.quantized.data(), count, scratch.dots.data());
     return;
   }
-#if defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
   if (PermutedPath(p, count, cols)) {
     for (int64_t i = 0; i < count; ++i) scratch.xs[i] = prepared.permuted.data() + row_of(p, a, i) * cols;
     FewVectorDots(codes, scales, rows, cols, scratch.xs.data(), count, scratch.dots.data());
