@@ -24,6 +24,13 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define GPTOSS_MOE_NEON 1
+#endif
+// The decode's float path on vectors reordered by block (PermuteBlocks, PermutedRowDots): AVX-512, AVX2 or NEON.
+#if (defined(__AVX2__) && defined(__FMA__)) || defined(GPTOSS_MOE_NEON)
+#define GPTOSS_MOE_PERMUTED 1
 #endif
 
 namespace gptoss {
@@ -31,6 +38,7 @@ namespace {
 
 constexpr int kBlock = 32;
 constexpr int64_t kRowsPerTask = 16;
+constexpr int64_t kTiledFrom = 4;  // experts with this many tokens in a step take the tiled path (prefill)
 // Code bytes a decode step asks the cache for ahead of the one it reads (about a row of 2880 values): with the
 // step's arithmetic between its loads, the hardware prefetcher alone leaves the loads waiting on memory
 // (bench/moe_bench.py and llama_cpp_bench.py show the decode rates).
@@ -97,7 +105,7 @@ void RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const fl
 // Rows decoded to floats (scales applied) four at a time, then dot products tiled over them and the vectors so that
 // every load feeds several multiply-adds (PairTiles; WideTiles with AVX-512): the path for experts with many tokens
 // (prefill).
-constexpr int64_t kTileRows = 4, kTiledFrom = 4;
+constexpr int64_t kTileRows = 4;
 
 void DecodeRows(const uint8_t* codes, const uint8_t* scales, int64_t cols, float* out) {
   const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
@@ -215,15 +223,6 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
 // and the table's entries carry those bits xored into their top, so that xoring in the whole nibble shifted to the
 // top of the lane leaves only its sign bit (2.3x the rate of widening the codes through int8 on a 2-core AMD EPYC,
 // bench/moe_bench.py).
-void PermuteBlocks(const float* x, int64_t cols, float* out) {
-  for (int64_t c = 0; c < cols; c += kBlock) {
-    for (int i = 0; i < kBlock / 2; ++i) {
-      out[c + i] = x[c + 2 * i];
-      out[c + kBlock / 2 + i] = x[c + 2 * i + 1];
-    }
-  }
-}
-
 template <int Count>
 void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* permuted,
                      float* out) {
@@ -271,22 +270,6 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
   for (int t = 0; t < Count; ++t) out[t] = Sum8(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 #endif
-
-// out[r * count + t] = row r . vector t for `rows` consecutive rows and up to three vectors, each already reordered
-// by PermuteBlocks (once per phase: PrepareRows).
-void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
-                   const float* const* permuted, int64_t count, float* out) {
-  for (int64_t row = 0; row < rows; ++row) {
-    const uint8_t* row_codes = codes + row * cols / 2;
-    const uint8_t* row_scales = scales + row * cols / kBlock;
-    float* row_out = out + row * count;
-    switch (count) {
-      case 1: PermutedRowDots<1>(row_codes, row_scales, cols, permuted, row_out); break;
-      case 2: PermutedRowDots<2>(row_codes, row_scales, cols, permuted, row_out); break;
-      default: PermutedRowDots<3>(row_codes, row_scales, cols, permuted, row_out); break;
-    }
-  }
-}
 
 // AVX2's tiles: kPairRows decoded rows x up to kPairVectors vectors over whole rows, 12 sums, the rows' two vectors
 // and one vector of x in AVX2's 16 registers, each x load feeding two multiply-adds from a register. Four rows x three
@@ -383,6 +366,85 @@ void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t row
     RowDots(codes + row * cols / 2, scales + row * cols / kBlock, cols, xs, count, out + row * count, scratch.acc);
   }
 }
+#endif
+
+#if defined(GPTOSS_MOE_NEON)
+// Few vectors (decode) on NEON: each block's 16 code bytes give the E2M1 values of their low nibbles (the block's
+// evens) and high nibbles (its odds) as bfloat16 halves, two table lookups (their high and their low bytes) zipped,
+// each widened to a float by a shift (exact), against the block's even and odd x values (each vector reordered once
+// per phase, as for AVX2).
+template <int Count>
+void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* permuted,
+                     float* out) {
+  const uint8x16_t high_bytes = {0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
+                                 0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0};
+  const uint8x16_t low_bytes = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0,
+                                0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0};
+  // 16 codes' values as four vectors of floats, in order
+  const auto widen = [&](uint8x16_t nibbles, float32x4_t* v) {
+    const uint8x16_t high = vqtbl1q_u8(high_bytes, nibbles), low = vqtbl1q_u8(low_bytes, nibbles);
+    const uint16x8_t first = vreinterpretq_u16_u8(vzip1q_u8(low, high));
+    const uint16x8_t second = vreinterpretq_u16_u8(vzip2q_u8(low, high));
+    v[0] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(first), 16));
+    v[1] = vreinterpretq_f32_u32(vshll_high_n_u16(first, 16));
+    v[2] = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(second), 16));
+    v[3] = vreinterpretq_f32_u32(vshll_high_n_u16(second, 16));
+  };
+  float32x4_t acc[Count][2];  // even blocks' sums and odd blocks'
+  for (int t = 0; t < Count; ++t) acc[t][0] = acc[t][1] = vdupq_n_f32(0.0f);
+  auto step = [&](int64_t block, int parity) {
+    const uint8x16_t packed = vld1q_u8(codes + block * 16);
+    float32x4_t v[8];
+    widen(vandq_u8(packed, vdupq_n_u8(0x0F)), v);
+    widen(vshrq_n_u8(packed, 4), v + 4);
+    const float scale = kE8M0.values[scales[block]];
+    for (int t = 0; t < Count; ++t) {
+      const float* x = permuted[t] + block * kBlock;
+      float32x4_t sum = vmulq_f32(v[0], vld1q_f32(x));
+      for (int j = 1; j < 8; ++j) sum = vfmaq_f32(sum, v[j], vld1q_f32(x + 4 * j));
+      acc[t][parity] = vfmaq_n_f32(acc[t][parity], sum, scale);
+    }
+  };
+  const int64_t blocks = cols / kBlock;
+  int64_t block = 0;
+  for (; block + 2 <= blocks; block += 2) {
+    step(block, 0);
+    step(block + 1, 1);
+  }
+  if (block < blocks) step(block, 0);
+  for (int t = 0; t < Count; ++t) out[t] = vaddvq_f32(vaddq_f32(acc[t][0], acc[t][1]));
+}
+#endif
+
+#if defined(GPTOSS_MOE_PERMUTED)
+#if !defined(__AVX512F__)
+// Each block of 32 values as its 16 evens, then its 16 odds (AVX-512 permutes in registers).
+void PermuteBlocks(const float* x, int64_t cols, float* out) {
+  for (int64_t c = 0; c < cols; c += kBlock) {
+    for (int i = 0; i < kBlock / 2; ++i) {
+      out[c + i] = x[c + 2 * i];
+      out[c + kBlock / 2 + i] = x[c + 2 * i + 1];
+    }
+  }
+}
+#endif
+
+// out[r * count + t] = row r . vector t for `rows` consecutive rows and up to three vectors, each already reordered
+// by PermuteBlocks (once per phase: PrepareRows).
+void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
+                   const float* const* permuted, int64_t count, float* out) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const uint8_t* row_codes = codes + row * cols / 2;
+    const uint8_t* row_scales = scales + row * cols / kBlock;
+    float* row_out = out + row * count;
+    switch (count) {
+      case 1: PermutedRowDots<1>(row_codes, row_scales, cols, permuted, row_out); break;
+      case 2: PermutedRowDots<2>(row_codes, row_scales, cols, permuted, row_out); break;
+      default: PermutedRowDots<3>(row_codes, row_scales, cols, permuted, row_out); break;
+    }
+  }
+}
+
 #endif
 
 // Int8 activations (the `int8_activations` attribute, decode: fewer than kInt8Below tokens per expert). Each
@@ -536,6 +598,46 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
   for (int t = 0; t < Count; ++t) out[t] = 0.5f * Sum8(acc[t]);
 }
 
+#elif defined(GPTOSS_MOE_NEON)
+// The int8 path on NEON: each block's 16 code bytes looked up as twice their E2M1 values (signed int8) and met by
+// the block's int8 x values, evens and odds: with the dot-product extension four products a lane at once, else
+// widening multiplies summed pairwise; a block's int32 sums are scaled by its E8M0 scale times the x block's scale.
+template <int Count>
+void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const QuantizedRow* xs, float* out) {
+  const int8x16_t table = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  float32x4_t acc[Count];
+  for (int t = 0; t < Count; ++t) acc[t] = vdupq_n_f32(0.0f);
+  const int64_t pairs = cols / kPair;
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t evens_at = EvensAt(pair, pairs), odds_gap = OddsGap(pair, pairs);
+    for (int half = 0; half < 2; ++half) {
+      const int64_t block = 2 * pair + half;
+      const uint8x16_t packed = vld1q_u8(codes + block * 16);
+      const int8x16_t evens = vqtbl1q_s8(table, vandq_u8(packed, vdupq_n_u8(0x0F)));
+      const int8x16_t odds = vqtbl1q_s8(table, vshrq_n_u8(packed, 4));
+      const float weight_scale = kE8M0.values[scales[block]];
+      for (int t = 0; t < Count; ++t) {
+        const int8_t* q = xs[t].q + evens_at + half * 16;
+        const int8x16_t even_x = vld1q_s8(q), odd_x = vld1q_s8(q + odds_gap);
+#if defined(__ARM_FEATURE_DOTPROD)
+        const int32x4_t sums = vdotq_s32(vdotq_s32(vdupq_n_s32(0), evens, even_x), odds, odd_x);
+#else
+        // |12 x 127| twice fits an int16 lane
+        const int16x8_t low = vmlal_s8(vmull_s8(vget_low_s8(evens), vget_low_s8(even_x)), vget_low_s8(odds),
+                                       vget_low_s8(odd_x));
+        const int16x8_t high = vmlal_high_s8(vmull_high_s8(evens, even_x), odds, odd_x);
+        const int32x4_t sums = vpadalq_s16(vpaddlq_s16(low), high);
+#endif
+        const float scale = weight_scale * xs[t].d[pair * kPairScales + half * 4];
+        acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sums), scale);
+      }
+    }
+  }
+  for (int t = 0; t < Count; ++t) out[t] = 0.5f * vaddvq_f32(acc[t]);
+}
+#endif
+
+#if (defined(__AVX2__) && defined(__FMA__)) || defined(GPTOSS_MOE_NEON)
 // out[r * count + t] = row r . (quantized) vector t, for `rows` consecutive rows and fewer than kTiledFrom vectors.
 void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                             const QuantizedRow* xs, int64_t count, float* out) {
@@ -619,7 +721,7 @@ bool Int8Path(const Problem& p, int64_t count, int64_t cols) {
 
 // Whether it takes the float path on reordered rows (FewVectorDots) instead.
 bool PermutedPath(const Problem& p, int64_t count, int64_t cols) {
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(GPTOSS_MOE_PERMUTED)
   static_assert(kTiledFrom == 4, "FewVectorDots takes up to three vectors");
   return !Int8Path(p, count, cols) && count < kTiledFrom && cols % kBlock == 0;
 #else
@@ -661,7 +763,7 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
                       prepared.d.data() + row * scales_per_row,
                       prepared.offset_sums.data() + row * cols / kPair * kPairLanes);
       } else {
-#if defined(__AVX2__) && defined(__FMA__)  // PermutedPath is false without it
+#if defined(GPTOSS_MOE_PERMUTED)  // PermutedPath is false without it
         PermuteBlocks(values + row * cols, cols, prepared.permuted.data() + row * cols);
 #endif
       }
@@ -687,7 +789,7 @@ void ExpertDots(const Problem& p, size_t a, const uint8_t* codes, const uint8_t*
     Int8ConsecutiveRowDots(codes, scales, rows, cols, scratch.quantized.data(), count, scratch.dots.data());
     return;
   }
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(GPTOSS_MOE_PERMUTED)
   if (PermutedPath(p, count, cols)) {
     for (int64_t i = 0; i < count; ++i) scratch.xs[i] = prepared.permuted.data() + row_of(p, a, i) * cols;
     FewVectorDots(codes, scales, rows, cols, scratch.xs.data(), count, scratch.dots.data());

@@ -1,0 +1,134 @@
+// The MoE kernel's dot products of MXFP4 rows with vectors (mxfp4_moe_cpu.cc, included whole: its internals are
+// this file's) run without ONNX Runtime against a double-precision reference at gpt-oss's width (2880 columns): the
+// decode's float path (1 to 3 vectors an expert, reordered by block where the build has that path), its int8 path
+// (the same vectors quantized as the kernel quantizes them; the reference takes the quantized values) and the tiled
+// path (prefill: 4 and 7 vectors). What a build for another CPU (ARM under qemu-user, an x86-64 level the host
+// lacks) is checked with where the ORT library cannot be loaded. Prints the vector width the build's MoE paths use,
+// then one line per check; exits 1 if any dot product is off by more than 1e-5 of the magnitude of its products.
+#include "mxfp4_moe_cpu.cc"
+#include "mxfp4_moe_op.cc"  // the op's argument reading, which the kernel's Compute links to
+
+#include <cstdio>
+#include <random>
+
+namespace {
+
+constexpr int64_t kRows = 18;  // a task's 16 rows and a partial group
+constexpr int64_t kCols = 2880;
+constexpr float kValues[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+struct Rows {
+  std::vector<uint8_t> codes, scales;
+  double Value(int64_t row, int64_t col) const {
+    const uint8_t byte = codes[(row * kCols + col) / 2];
+    const int nibble = col % 2 == 0 ? byte & 0x0F : byte >> 4;
+    return static_cast<double>(kValues[nibble]) * std::ldexp(1.0, scales[(row * kCols + col) / 32] - 127);
+  }
+};
+
+Rows RandomRows(std::mt19937& rng) {
+  Rows rows{std::vector<uint8_t>(kRows * kCols / 2), std::vector<uint8_t>(kRows * kCols / 32)};
+  for (auto& byte : rows.codes) byte = static_cast<uint8_t>(rng());
+  for (auto& scale : rows.scales) scale = static_cast<uint8_t>(118 + rng() % 12);
+  return rows;
+}
+
+// The largest |out - reference| over the magnitude of the products, for `count` vectors `xs` against `rows`.
+double Worst(const Rows& rows, const std::vector<std::vector<float>>& xs, const std::vector<float>& out) {
+  const int64_t count = static_cast<int64_t>(xs.size());
+  double worst = 0.0;
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t t = 0; t < count; ++t) {
+      double sum = 0.0, magnitude = 0.0;
+      for (int64_t c = 0; c < kCols; ++c) {
+        const double product = rows.Value(r, c) * xs[t][c];
+        sum += product;
+        magnitude += std::fabs(product);
+      }
+      worst = std::max(worst, std::fabs(out[r * count + t] - sum) / (magnitude + 1e-30));
+    }
+  }
+  return worst;
+}
+
+std::vector<std::vector<float>> RandomVectors(int64_t count, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<std::vector<float>> xs(count, std::vector<float>(kCols));
+  for (auto& x : xs)
+    for (auto& v : x) v = uniform(rng);
+  return xs;
+}
+
+double CheckFloat(int64_t count, std::mt19937& rng) {
+  const Rows rows = RandomRows(rng);
+  const auto xs = RandomVectors(count, rng);
+  std::vector<float> out(kRows * count);
+  std::vector<const float*> pointers;
+  for (const auto& x : xs) pointers.push_back(x.data());
+#if defined(GPTOSS_MOE_PERMUTED)
+  std::vector<std::vector<float>> permuted(count, std::vector<float>(kCols));
+  if (count < gptoss::kTiledFrom) {
+    for (int64_t t = 0; t < count; ++t) {
+      gptoss::PermuteBlocks(xs[t].data(), kCols, permuted[t].data());
+      pointers[t] = permuted[t].data();
+    }
+    gptoss::FewVectorDots(rows.codes.data(), rows.scales.data(), kRows, kCols, pointers.data(), count, out.data());
+    return Worst(rows, xs, out);
+  }
+#endif
+  gptoss::Scratch scratch;
+  gptoss::ConsecutiveRowDots(rows.codes.data(), rows.scales.data(), kRows, kCols, pointers.data(), count, out.data(),
+                             scratch);
+  return Worst(rows, xs, out);
+}
+
+double CheckInt8(int64_t count, std::mt19937& rng) {
+  const Rows rows = RandomRows(rng);
+  auto xs = RandomVectors(count, rng);
+  const int64_t pairs = kCols / gptoss::kPair;
+  std::vector<std::vector<int8_t>> q(count, std::vector<int8_t>(kCols));
+  std::vector<std::vector<float>> d(count, std::vector<float>(pairs * gptoss::kPairScales));
+  std::vector<std::vector<int32_t>> offsets(count, std::vector<int32_t>(pairs * gptoss::kPairLanes));
+  std::vector<gptoss::QuantizedRow> quantized;
+  for (int64_t t = 0; t < count; ++t) {
+    gptoss::QuantizePairs(xs[t].data(), kCols, q[t].data(), d[t].data(), offsets[t].data());
+    quantized.push_back({q[t].data(), d[t].data(), offsets[t].data()});
+    for (int64_t block = 0; block < kCols / 32; ++block) {  // the reference meets the values the kernel quantized
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xs[t][block * 32 + j]));
+      for (int j = 0; j < 32; ++j) {
+        float& v = xs[t][block * 32 + j];
+        v = amax > 0.0f ? std::nearbyint(v * (127.0f / amax)) * (amax / 127.0f) : 0.0f;
+      }
+    }
+  }
+  std::vector<float> out(kRows * count);
+  gptoss::Int8ConsecutiveRowDots(rows.codes.data(), rows.scales.data(), kRows, kCols, quantized.data(), count,
+                                 out.data());
+  return Worst(rows, xs, out);
+}
+
+}  // namespace
+
+int main() {
+#if defined(__AVX512F__)
+  std::printf("vector lanes 16\n");
+#elif defined(__AVX2__) && defined(__FMA__)
+  std::printf("vector lanes 8\n");
+#elif defined(GPTOSS_MOE_NEON)
+  std::printf("vector lanes 4\n");
+#else
+  std::printf("vector lanes 0\n");  // plain C++
+#endif
+  std::mt19937 rng(7);
+  bool ok = true;
+  const auto report = [&ok](const char* path, int64_t count, double worst) {
+    const bool good = worst < 1e-5;
+    ok = ok && good;
+    std::printf("%s %s vectors=%lld %.2e\n", good ? "ok" : "FAIL", path, static_cast<long long>(count), worst);
+  };
+  for (int64_t count : {1, 2, 3, 4, 7}) report("float", count, CheckFloat(count, rng));
+  for (int64_t count : {1, 2, 3}) report("int8", count, CheckInt8(count, rng));
+  return ok ? 0 : 1;
+}
