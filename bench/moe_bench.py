@@ -5,12 +5,13 @@
 Decode steps (1 and 4 tokens) and a prefill (512 tokens) through the same one-node model, in one process:
 the pure-ONNX realization (GatherBlockQuantized of the routed experts + contrib MoE), the compiled kernel (MXFP4
 decoded in registers, one pass over the packed bytes) and the kernel with int8 activations (the engine's
-`moe_int8_activations`: experts with fewer than four tokens take integer dot products). Each repeat of a step
-routes its tokens to experts drawn afresh, so that, as in a model's step whose other layers pass between, the
-experts' weights mostly come from memory, not from a cache the last repeat filled; the decode rows also give the
-routed experts' packed bytes a second. The outputs are compared too: the kernel's against the pure-ONNX one, the
-int8 path's against the kernel's float one. The section is named after the kernels' CPU level (an AVX2 machine's
-run does not replace an AVX-512 one's) and names the CPU.
+`moe_int8_activations`: experts with fewer than four tokens take integer dot products), the kernel's sessions
+first (a pure-ONNX run, which dequantizes its experts into new float buffers, slowed the kernel's next steps by up
+to 1.7x on a 2-core AMD EPYC). Each repeat of a step routes its tokens to experts drawn afresh, so that, as in a
+model's step whose other layers pass between, the experts' weights mostly come from memory, not from a cache the
+last repeat filled; the decode rows also give the routed experts' packed bytes a second. The outputs are compared
+too: the kernel's against the pure-ONNX one, the int8 path's against the kernel's float one. The section is named
+after the kernels' CPU level (an AVX2 machine's run does not replace an AVX-512 one's) and names the CPU.
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ def run(shape: str, threads: int, repeats: int, directory: Path) -> list[Row]:
     int8 = _session(moe_layer_model(config, layer, directory, int8_activations=True), threads, library)
     rng = np.random.default_rng(0)
     expert_bytes = 3 * config.hidden_size * config.intermediate_size * 17 / 32
-    rows = []
-    for step, tokens in STEPS.items():
+    top = config.experts_per_token
+    taken: dict[str, dict] = {}
+    for step, tokens in STEPS.items():  # the kernel's sessions first: a pure-ONNX run slowed the next ones here
         steps = [  # fresh routing each repeat: the last repeat's experts are mostly not the next one's
             {
                 "x": rng.standard_normal((tokens, config.hidden_size)).astype(np.float32),
@@ -88,13 +90,15 @@ def run(shape: str, threads: int, repeats: int, directory: Path) -> list[Row]:
             }
             for _ in range(repeats)
         ]
-        top = config.experts_per_token
+        taken[step] = {"steps": steps, "kernel": _median(compiled, steps), "int8": _median(int8, steps)}
+    rows = []
+    for step, tokens in STEPS.items():
+        steps = taken[step]["steps"]
+        (kernel_s, got), (int8_s, got_int8) = taken[step]["kernel"], taken[step]["int8"]
+        pure_s, expected = _median(pure, steps[:1] if tokens > 4 else steps)  # the pure prefill: minutes a run
         routed = statistics.mean(
             len(np.unique(np.argsort(-feeds["router_logits"], axis=1)[:, :top])) for feeds in steps
         )
-        pure_s, expected = _median(pure, steps[:1] if tokens > 4 else steps)  # the pure prefill: minutes a run
-        kernel_s, got = _median(compiled, steps)
-        int8_s, got_int8 = _median(int8, steps)
         difference = max(_relative(g, e) for g, e in zip(got, expected, strict=False))  # pure prefill: one
         int8_difference = max(_relative(g, e) for g, e in zip(got_int8, got, strict=True))
         rows.append((step, pure_s, kernel_s, int8_s, difference, int8_difference, routed * expert_bytes))
@@ -118,8 +122,9 @@ def report(shape: str, rows: list[Row], threads: int) -> str:
         f"CPU: {cpu_line()}, {os.cpu_count()} CPUs, onnxruntime {ort.__version__}, intra-op threads "
         f"{threads or 'one per core'}. One {shape}-shaped layer: {config.num_experts} experts, "
         f"top-{config.experts_per_token}, hidden {config.hidden_size}, {packed_mb:,.0f} MB of packed MXFP4 "
-        "weights. Medians of the repeats, all in the same process; each repeat routes to experts drawn afresh (the "
-        "weights mostly from memory). GB/s: the routed experts' packed bytes over the step's time.",
+        "weights. Medians of the repeats, all in the same process, the kernel's steps before the pure-ONNX ones; each "
+        "repeat routes to experts drawn afresh (the weights mostly from memory). GB/s: the routed experts' packed "
+        "bytes over the step's time.",
         "",
         "| step | pure ONNX | compiled kernel | speed-up | kernel GB/s | largest difference (relative) "
         "| kernel, int8 activations | int8 GB/s | int8 speed-up over the kernel "
