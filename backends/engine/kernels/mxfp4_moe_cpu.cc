@@ -8,10 +8,11 @@
 // gate/linear rows of gpt-oss: gate = min(g, limit), lin = clamp(l, -limit, limit),
 // out = gate * sigmoid(alpha * gate) * (lin + 1).
 //
-// Each weight row is decoded once into a row buffer (a lookup and a multiply per value) and then used
-// for every token routed to that expert, so the packed bytes are read once per step; the work is split
-// over (expert, block of rows) on ONNX Runtime's intra-op thread pool, a thread taking a batch of consecutive
-// weights at a time (weight_batches.h).
+// Each weight row is decoded once and used for every token routed to that expert, so the packed bytes are read
+// once per step: an expert with few tokens (decode) looks its codes up in registers as it reads them (float, or
+// int8 with `int8_activations`; AVX-512, AVX2 or NEON, else plain C++), one with more (prefill) decodes four rows
+// into floats and tiles them against its tokens. The work is split over (expert, block of rows) on ONNX Runtime's
+// intra-op thread pool, a thread taking a batch of consecutive weights at a time (weight_batches.h).
 
 #include "mxfp4_moe_op.h"
 #include "weight_batches.h"
