@@ -15,6 +15,7 @@
 // intra-op thread pool, a thread taking a batch of consecutive weights at a time (weight_batches.h).
 
 #include "mxfp4_moe_op.h"
+#include "simd_cpu.h"
 #include "weight_batches.h"
 
 #include <algorithm>
@@ -23,14 +24,8 @@
 #include <numeric>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#elif defined(__aarch64__) && defined(__ARM_NEON)
-#include <arm_neon.h>
-#define GPTOSS_MOE_NEON 1
-#endif
 // The decode's float path on vectors reordered by block (PermuteBlocks, PermutedRowDots): AVX-512, AVX2 or NEON.
-#if (defined(__AVX2__) && defined(__FMA__)) || defined(GPTOSS_MOE_NEON)
+#if (defined(__AVX2__) && defined(__FMA__)) || defined(GPTOSS_SIMD_NEON)
 #define GPTOSS_MOE_PERMUTED 1
 #endif
 
@@ -104,8 +99,7 @@ void RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const fl
 }
 
 // Rows decoded to floats (scales applied) four at a time, then dot products tiled over them and the vectors so that
-// every load feeds several multiply-adds (PairTiles; WideTiles with AVX-512): the path for experts with many tokens
-// (prefill).
+// every load feeds several multiply-adds (Tiles): the path for experts with many tokens (prefill).
 constexpr int64_t kTileRows = 4;
 
 void DecodeRows(const uint8_t* codes, const uint8_t* scales, int64_t cols, float* out) {
@@ -134,44 +128,6 @@ inline float Sum8(__m256 v) {
 }
 
 #if defined(__AVX512F__)
-// kTileRows decoded rows x Vectors vectors in 512-bit registers over the whole row: the sums stay in registers
-// from the first column to the last, and each vector load feeds four FMAs from a register (sums carried to
-// memory between column chunks, and each x load folded into every FMA as GCC chose, ran the prefill about half
-// as fast on 2 AMD EPYC cores; bench/moe_bench.py's prefill row shows the rate).
-constexpr int kWideVectors = 6;  // 24 sums, 4 rows and a vector in 32 registers
-
-template <int Vectors>
-void WideTile(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride) {
-  __m512 sums[kTileRows][Vectors];
-  for (auto& row : sums)
-    for (auto& sum : row) sum = _mm512_setzero_ps();
-  for (int64_t c = 0; c < cols; c += 16) {
-    __m512 w[kTileRows];
-    for (int r = 0; r < kTileRows; ++r) w[r] = _mm512_loadu_ps(rows + r * cols + c);
-    for (int v = 0; v < Vectors; ++v) {
-      __m512 x = _mm512_loadu_ps(xs[v] + c);
-      __asm__("" : "+v"(x));  // one load feeds the four rows (left to itself, GCC folds it into each FMA)
-      for (int r = 0; r < kTileRows; ++r) sums[r][v] = _mm512_fmadd_ps(w[r], x, sums[r][v]);
-    }
-  }
-  for (int r = 0; r < kTileRows; ++r)
-    for (int v = 0; v < Vectors; ++v) out[r * stride + v] = _mm512_reduce_add_ps(sums[r][v]);
-}
-
-template <int Vectors>
-void WideTileAt(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride, int vectors) {
-  if (vectors == Vectors) return WideTile<Vectors>(rows, cols, xs, out, stride);
-  if constexpr (Vectors > 1) WideTileAt<Vectors - 1>(rows, cols, xs, out, stride, vectors);
-}
-
-// out[r * count + t] = rows[r] . xs[t] for the kTileRows decoded rows and every vector.
-void WideTiles(const float* rows, int64_t cols, const float* const* xs, int64_t count, float* out) {
-  for (int64_t t = 0; t < count; t += kWideVectors) {
-    const int vectors = static_cast<int>(std::min<int64_t>(kWideVectors, count - t));
-    WideTileAt<kWideVectors>(rows, cols, xs + t, out + t, count, vectors);
-  }
-}
-
 // Few vectors (decode): each block's 16 code bytes index the E2M1 values as floats (a permute is the lookup),
 // low nibbles against the block's even x values and high nibbles against its odd ones, so each vector is
 // reordered once per task (evens, then odds, per block of 32) and every code byte is read once, straight
@@ -222,8 +178,9 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
 // index the E2M1 values as floats, against the block's even and odd x values (each vector reordered once per phase:
 // evens, then odds, per block of 32). A permute is the lookup; it reads an index's low three bits (the magnitude),
 // and the table's entries carry those bits xored into their top, so that xoring in the whole nibble shifted to the
-// top of the lane leaves only its sign bit (2.3x the rate of widening the codes through int8 on a 2-core AMD EPYC,
-// bench/moe_bench.py).
+// top of the lane leaves only its sign bit (in a standalone probe on 2 AMD EPYC cores, about twice the rate of
+// widening the codes through int8 to int32 to float, as this path did before; bench/moe_bench.py's decode rows show
+// its rate).
 template <int Count>
 void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* permuted,
                      float* out) {
@@ -272,45 +229,48 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
 }
 #endif
 
-// AVX2's tiles: kPairRows decoded rows x up to kPairVectors vectors over whole rows, 12 sums, the rows' two vectors
-// and one vector of x in AVX2's 16 registers, each x load feeding two multiply-adds from a register. Four rows x three
-// vectors left GCC to fold an x load into every multiply-add (16 loads for 12 of them): a 512-token prefill of a
-// 20b-shaped layer took 1.45-1.49 s that way against 1.05-1.13 s this way on a 2-core AMD EPYC (column chunks that
-// keep the rows in L1 gave no more).
-constexpr int64_t kPairRows = 2, kPairVectors = 6;
+// The prefill's tiles, in the widest vectors of the build (simd_cpu.h): kPassRows decoded rows x up to kTileVectors
+// vectors over the whole row, the sums in registers from the first column to the last and each x load feeding every
+// row's multiply-add from a register: 4 rows (24 sums) in AVX-512's 32 registers, 2 rows (12 sums) in AVX2's 16. Left
+// to itself GCC folds an x load into every multiply-add (AVX2's former 4 rows x 3 vectors: 16 loads for 12 of them);
+// sums carried to memory between column chunks ran AVX-512's prefill about half as fast on 2 AMD EPYC cores, and
+// chunks that keep AVX2's rows in L1 gave nothing measurable (bench/moe_bench.py's prefill row shows the rate).
+constexpr int kPassRows = Simd::kRegisters == 32 ? 4 : 2;
+constexpr int64_t kTileVectors = 6;
+static_assert(kTileRows % kPassRows == 0, "a pass takes whole rows of the decoded ones");
 
-// out[r * stride + v] = rows[r] . xs[v] for the kPairRows rows and Vectors vectors.
+// out[r * stride + v] = rows[r] . xs[v] for the kPassRows rows and Vectors vectors (cols a multiple of the lanes:
+// MXFP4 rows come in blocks of 32).
 template <int Vectors>
-void PairTile(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride) {
-  __m256 acc[kPairRows][Vectors];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm256_setzero_ps();
-  for (int64_t c = 0; c < cols; c += 8) {
-    __m256 w[kPairRows];
-    for (int r = 0; r < kPairRows; ++r) w[r] = _mm256_loadu_ps(rows + r * cols + c);
+void Tile(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride) {
+  Simd::F sums[kPassRows][Vectors];
+  for (auto& row : sums)
+    for (auto& sum : row) sum = Simd::Zero();
+  for (int64_t c = 0; c < cols; c += Simd::kLanes) {
+    Simd::F w[kPassRows];
+    for (int r = 0; r < kPassRows; ++r) w[r] = Simd::Load(rows + r * cols + c);
     for (int v = 0; v < Vectors; ++v) {
-      __m256 x = _mm256_loadu_ps(xs[v] + c);
-      __asm__("" : "+x"(x));  // one load for both rows
-      for (int r = 0; r < kPairRows; ++r) acc[r][v] = _mm256_fmadd_ps(w[r], x, acc[r][v]);
+      Simd::F x = Simd::Load(xs[v] + c);
+      __asm__("" : "+v"(x));  // one load feeds every row
+      for (int r = 0; r < kPassRows; ++r) sums[r][v] = Simd::Fma(w[r], x, sums[r][v]);
     }
   }
-  for (int r = 0; r < kPairRows; ++r)
-    for (int v = 0; v < Vectors; ++v) out[r * stride + v] = Sum8(acc[r][v]);
+  for (int r = 0; r < kPassRows; ++r)
+    for (int v = 0; v < Vectors; ++v) out[r * stride + v] = Simd::Sum(sums[r][v]);
 }
 
 template <int Vectors>
-void PairTileOf(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride, int64_t vectors) {
-  if (vectors == Vectors) return PairTile<Vectors>(rows, cols, xs, out, stride);
-  if constexpr (Vectors > 1) PairTileOf<Vectors - 1>(rows, cols, xs, out, stride, vectors);
+void TileOf(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride, int64_t vectors) {
+  if (vectors == Vectors) return Tile<Vectors>(rows, cols, xs, out, stride);
+  if constexpr (Vectors > 1) TileOf<Vectors - 1>(rows, cols, xs, out, stride, vectors);
 }
 
 // out[r * count + t] = rows[r] . xs[t] for the kTileRows decoded rows and every vector: each tile of vectors meets
-// every pair of rows.
-void PairTiles(const float* rows, int64_t cols, const float* const* xs, int64_t count, float* out) {
-  for (int64_t t = 0; t < count; t += kPairVectors) {
-    for (int64_t r = 0; r < kTileRows; r += kPairRows) {
-      PairTileOf<kPairVectors>(rows + r * cols, cols, xs + t, out + r * count + t, count,
-                               std::min(kPairVectors, count - t));
+// every pass of rows.
+void Tiles(const float* rows, int64_t cols, const float* const* xs, int64_t count, float* out) {
+  for (int64_t t = 0; t < count; t += kTileVectors) {
+    for (int64_t r = 0; r < kTileRows; r += kPassRows) {
+      TileOf<kTileVectors>(rows + r * cols, cols, xs + t, out + r * count + t, count, std::min(kTileVectors, count - t));
     }
   }
 }
@@ -324,13 +284,7 @@ void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t row
     decoded.resize(static_cast<size_t>(kTileRows * cols));
     for (; row + kTileRows <= rows; row += kTileRows) {
       DecodeRows(codes + row * cols / 2, scales + row * cols / kBlock, cols, decoded.data());
-#if defined(__AVX512F__)
-      if (cols % 16 == 0) {
-        WideTiles(decoded.data(), cols, xs, count, out + row * count);
-        continue;
-      }
-#endif
-      PairTiles(decoded.data(), cols, xs, count, out + row * count);
+      Tiles(decoded.data(), cols, xs, count, out + row * count);
     }
   }
   for (; row < rows; ++row) {
@@ -369,7 +323,7 @@ void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t row
 }
 #endif
 
-#if defined(GPTOSS_MOE_NEON)
+#if defined(GPTOSS_SIMD_NEON)
 // Few vectors (decode) on NEON: each block's 16 code bytes give the E2M1 values of their low nibbles (the block's
 // evens) and high nibbles (its odds) as bfloat16 halves, two table lookups (their high and their low bytes) zipped,
 // each widened to a float by a shift (exact), against the block's even and odd x values (each vector reordered once
@@ -599,7 +553,7 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
   for (int t = 0; t < Count; ++t) out[t] = 0.5f * Sum8(acc[t]);
 }
 
-#elif defined(GPTOSS_MOE_NEON)
+#elif defined(GPTOSS_SIMD_NEON)
 // The int8 path on NEON: each block's 16 code bytes looked up as twice their E2M1 values (signed int8) and met by
 // the block's int8 x values, evens and odds: with the dot-product extension four products a lane at once, else
 // widening multiplies summed pairwise; a block's int32 sums are scaled by its E8M0 scale times the x block's scale.
@@ -638,7 +592,7 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
 }
 #endif
 
-#if (defined(__AVX2__) && defined(__FMA__)) || defined(GPTOSS_MOE_NEON)
+#if (defined(__AVX2__) && defined(__FMA__)) || defined(GPTOSS_SIMD_NEON)
 // out[r * count + t] = row r . (quantized) vector t, for `rows` consecutive rows and fewer than kTiledFrom vectors.
 void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                             const QuantizedRow* xs, int64_t count, float* out) {

@@ -116,7 +116,7 @@ int main() {
   std::printf("vector lanes 16\n");
 #elif defined(__AVX2__) && defined(__FMA__)
   std::printf("vector lanes 8\n");
-#elif defined(GPTOSS_MOE_NEON)
+#elif defined(GPTOSS_SIMD_NEON)
   std::printf("vector lanes 4\n");
 #else
   std::printf("vector lanes 0\n");  // plain C++
