@@ -9,7 +9,8 @@ reference. Each step runs every decoding sequence's next token and one chunk of 
 sequence whose tenant is furthest behind, together (with CUDA graphs: the chunk first, then the decode rows as
 the graph of their bucket); the chunk runs a piece of a set time a step (chunk_budget.py), and a prompt of a worse
 service tier than an answer in its first FIRST_TOKENS (the Harmony header and its first text) waits for those
-steps, so that a better tier's answer begins without a worse tier's pieces in its steps. Only a prompt's last
+steps, as does a `flex` answer's next token, so that a better tier's answer begins without a worse tier's pieces,
+or flex rows, in its steps (on a CPU each row costs its logits over the whole vocabulary). Only a prompt's last
 piece has its logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the
 runtime's device where they are loaded. When a running sequence needs a page and none is left, the latest
 admitted sequence of the tenant furthest ahead of its share is preempted: its pages go back (the prefix cache
@@ -313,9 +314,13 @@ class Batcher:
     def _step(self) -> None:
         pools = self.pools
         decoding: list[Sequence] = []
-        for sequence in [s for s in self._running if s.decoding]:
+        runnable = [s for s in self._running if s.decoding]
+        beginning = min((s.rank for s in runnable if s.generated < FIRST_TOKENS), default=None)
+        for sequence in runnable:
             if sequence not in self._running:  # preempted to make room for an earlier one
                 continue
+            if beginning is not None and sequence.request.tier == "flex" and sequence.rank > beginning:
+                continue  # a flex answer waits while a better tier's begins: those steps run without its row
             position = sequence.position
             if not self._make_room(sequence, pools.needed(sequence.table, position, position + 1)):
                 continue

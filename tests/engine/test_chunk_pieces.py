@@ -16,6 +16,7 @@ from engine_fixtures import loaded, make_checkpoint, tiny_config
 from backends.base import GenerateRequest, Sampling
 from backends.engine import chunk_budget
 from backends.engine.backend import EngineBackend, EngineOptions
+from backends.engine.batcher import FIRST_TOKENS
 from backends.engine.chunk_budget import FLOOR_TOKENS, ChunkPieces
 from harmony import load_harmony_encoding
 
@@ -177,3 +178,54 @@ def test_a_worse_tier_s_prompt_waits_while_a_better_tier_s_answer_begins(checkpo
     assert same[1] > same[0], f"A's prompt ended before B began: nothing measured ({same})"
     flex = asyncio.run(_prefill_during_b_s_start(checkpoint, tmp_path, "flex"))
     assert flex[1] == flex[0], flex
+
+
+class _StepRows:
+    """The engine's runtime, with each step's rows written down: (which page table, how many tokens)."""
+
+    def __init__(self, runtime) -> None:
+        self.inner = runtime
+        self.steps: list[list[tuple[int, int]]] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def run(self, step):
+        self.steps.append([(id(table), len(tokens)) for table, tokens in zip(step.tables, step.tokens, strict=True)])
+        return self.inner.run(step)
+
+
+async def _steps_as_b_begins(checkpoint: Path, tmp_path: Path, a_tier: str) -> tuple[list[list[int]], int, int]:
+    """A decodes a long answer at `a_tier`; B's short default request arrives meanwhile and takes 8 tokens: every
+    step's rows (page tables) from B's arrival, A's table and B's."""
+    options = EngineOptions(checkpoint=str(checkpoint), max_batch=4, max_positions=1024, cache_dir=str(tmp_path))
+    engine = await loaded(EngineBackend(options, load_harmony_encoding()))
+    recorder = _StepRows(engine._batcher.runtime)
+    engine._batcher.runtime = recorder
+    a = engine.generate(replace(_request("a", 30, 600), tier=a_tier))
+    try:
+        for _ in range(3):
+            await anext(a)  # A is decoding
+        a_table = recorder.steps[-1][0][0]
+        arrived = len(recorder.steps)
+        async for _ in engine.generate(_request("b", 20, 8)):
+            pass
+    finally:
+        await a.aclose()
+        await engine.aclose()
+    steps = recorder.steps[arrived:]
+    b_table = next(table for rows in steps for table, _ in rows if table != a_table)
+    return steps, a_table, b_table
+
+
+@pytest.mark.parametrize("a_tier", ["flex", "default"])
+def test_a_flex_answer_pauses_while_a_better_tier_s_answer_begins(checkpoint, tmp_path, a_tier):
+    """B's first decode steps (its Harmony header, up to its first text) run without the row of A's flex answer, which
+    goes on once B's has begun; beside a default answer of A they run both rows."""
+    steps, a_table, b_table = asyncio.run(_steps_as_b_begins(checkpoint, tmp_path, a_tier))
+    b_decode_steps = [{table for table, _ in rows} for rows in steps if (b_table, 1) in rows]
+    assert len(b_decode_steps) == 7, steps  # B's first token came from its prompt's step
+    beginning = [a_table in tables for tables in b_decode_steps[: FIRST_TOKENS - 1]]
+    assert beginning == [a_tier != "flex"] * (FIRST_TOKENS - 1), steps
+    later = b_decode_steps[FIRST_TOKENS - 1 :]  # A goes on beside B's answer once it has begun
+    assert all(a_table in tables for tables in later), steps
