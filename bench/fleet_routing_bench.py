@@ -11,8 +11,12 @@ be served from cache). Workloads, each with its own prompts, conversations run s
 
 - `previous_response_id`: Responses conversations continued by id (tool-free turns);
 - Chat Completions resend: the whole history sent again each turn;
-- shared system prompt: a tenant's users, each one request, sharing one long system prompt;
+- shared system prompt: a tenant's users, each one request, sharing one long system prompt (the first user alone,
+  then six at a time: more than one server's batch);
 - Codex-like: Responses conversations with `prompt_cache_key`, every turn resending the input.
+
+Conversations are shaped as an agent's session: a long opening (~1,400 tokens: its instructions and task) and
+short turns after it (~100 tokens with the answer before them), six turns, six conversations at a time.
 
 Per workload: prompt tokens served from cache as a fraction of the one-server reference, time to first token
 (the first token a JSON-schema answer streams, reasoning or answer text, as the client sees it)
@@ -61,9 +65,14 @@ MODEL = "gpt-oss-20b"
 KEY = "bench-fleet-key"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
 FORMAT = {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA, "strict": True}}
-CONVERSATIONS, TURNS, USERS = 6, 4, 9  # 6 on 3 servers: one conversation a server can balance them
-FIRST_WORDS, LATER_WORDS = 150, 40  # a turn's words (~5 tokens each): 6 conversations at once stay within a
-# 2-CPU fleet's reach (at 300 / 80, the one-server reference queued past its clients' patience)
+CONVERSATIONS, TURNS = 6, 6  # 6 on 3 servers: one conversation a server can balance them
+# An agent's session: a long opening (its instructions, tools and task) and short turns after it; a word is ~7
+# tokens, so the opening is ~1,400 tokens and each later turn ~100 (with the answer before it)
+FIRST_WORDS, LATER_WORDS = 200, 15
+USERS, USERS_AT_ONCE = 24, 6  # a shared system prompt's users: the first alone, then more at once than a batch
+# One intra-op thread a server: three servers share this machine's CPUs, and a server running two would wait, at
+# every operator, for its other thread while another server's ran (a fleet's servers each have their own machine)
+SERVER_THREADS = 1
 KV_CACHE_TOKENS = 65_536  # each server's pool: one server holds every conversation of a workload (the reference)
 
 
@@ -214,8 +223,9 @@ def shared_system(url: str, result: Result, tag: str) -> None:
         sample, _ = stream_response(client, instructions=system, input=question)
         result.add(sample)
 
-    with ThreadPoolExecutor(3) as pool:
-        list(pool.map(user, range(USERS)))
+    user(0)  # the prompt in use before the others come
+    with ThreadPoolExecutor(USERS_AT_ONCE) as pool:
+        list(pool.map(user, range(1, USERS)))
 
 
 WORKLOADS = {
@@ -386,6 +396,9 @@ def main() -> int:
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp source tree with build/bin/llama-server")
     parser.add_argument("--convert-python", default=sys.executable, help="a Python with llama.cpp's converter needs")
     parser.add_argument("--skip-engine", action="store_true", help="only the llama.cpp rows (with --llama-cpp)")
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS),
+                        help="the engine's workloads to run (a trial: --write needs them all)")  # fmt: skip
+    parser.add_argument("--skip-killed", action="store_true", help="a trial: no run with a server killed")
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     os.environ[KERNELS_ENV] = str(build_library())
@@ -399,13 +412,14 @@ def main() -> int:
         if not args.skip_engine:
             checkpoint = write_random_checkpoint(work / "model", config, "original", seed=4)
             options = {"checkpoint": str(checkpoint), "max_batch": 4, "max_positions": 4096,
-                       "kv_cache_tokens": KV_CACHE_TOKENS}  # fmt: skip
+                       "kv_cache_tokens": KV_CACHE_TOKENS, "threads": SERVER_THREADS}  # fmt: skip
             engines = Engines({**options, "cache_dir": str(work / "cache")})
-            for workload in WORKLOADS:
+            for workload in args.workloads:
                 for label, servers, routing in CONFIGURATIONS:
                     results[(workload, label)] = run_workload(work, engines, redis, workload, servers, routing)
-                    print(workload, label, results[(workload, label)].cached, flush=True)
-            for label, routing in (("prefix", True), ("least loaded", False)):
+                    result = results[(workload, label)]
+                    print(workload, label, result.cached, [round(v) for v in result.per_server], flush=True)
+            for label, routing in (("prefix", True), ("least loaded", False)) if not args.skip_killed else ():
                 killed[label] = run_killed(work, engines, redis, routing)
         if args.llama_cpp is not None:
             from llama_cpp_bench import to_gguf
@@ -421,8 +435,8 @@ def main() -> int:
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)
     sections = {}
-    if results:
-        sections[NAME] = render_engines(results, killed, config.num_hidden_layers)
+    if results and (args.write is None or (args.workloads == list(WORKLOADS) and killed)):
+        sections[NAME] = render_engines(results, killed, config.num_hidden_layers, args.workloads)
     if llama:
         sections[LLAMA_NAME] = render_llama(llama, config.num_hidden_layers)
     for name, section in sections.items():
@@ -463,11 +477,14 @@ def _setting(layers: int) -> str:
         "served from cache over that one server's. First token: p50 / p90 of the time from sending a request to "
         "its first token, reasoning or answer text, as the SDK client saw it (a JSON-schema answer); ratio: "
         "least loaded over prefix at p50. Busiest: the most prompt tokens a server was given over the "
-        f"mean. The model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU."
+        f"mean. The model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU. "
+        f"Conversations: {CONVERSATIONS} at a time, {TURNS} turns, shaped as an agent's session (an opening of "
+        f"{FIRST_WORDS} words, ~{FIRST_WORDS * 7:,} tokens, then {LATER_WORDS} words a turn); the shared system "
+        f"prompt: {USERS} users, the first alone, then {USERS_AT_ONCE} at a time."
     )
 
 
-def render_engines(results: dict, killed: dict, layers: int) -> str:
+def render_engines(results: dict, killed: dict, layers: int, workloads: list[str]) -> str:
     start, end = markers(NAME)
     killings = "; ".join(
         f"{label}: {result.failed} of {len(result.samples)} requests failed, {result.failed_streaming} of them after "
@@ -480,11 +497,11 @@ def render_engines(results: dict, killed: dict, layers: int) -> str:
         "",
         _setting(layers),
         "",
-        "The built-in engine's servers (`serve-engine`, float32, `max_batch` 4, a pool of "
-        f"{KV_CACHE_TOKENS:,} positions; routing by their published pages).",
+        f"The built-in engine's servers (`serve-engine`, float32, `max_batch` 4, {SERVER_THREADS} intra-op thread "
+        f"each, a pool of {KV_CACHE_TOKENS:,} positions; routing by their published pages).",
         "",
         *HEADER,
-        *_rows(results, WORKLOADS),
+        *_rows(results, workloads),
         "",
         f"A server killed (SIGKILL) halfway through the previous_response_id workload: {killings}.",
         end,
