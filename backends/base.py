@@ -73,6 +73,10 @@ class GenerateRequest:
     top_logprobs: int | None = None  # None: no logprobs; else each token's, with this many alternatives (0-20)
     weight: float = 1.0  # the tenant's weight in an engine's fair share (its tokens count 1/weight)
     tier: SchedulingTier = "default"  # priority runs ahead of default, flex only on what the others leave
+    # the answer's first tokens, written by a server that failed before the answer ended: the prompt ends with them
+    # and max_new_tokens counts what is left; a backend takes them as its own output so far (the constraint's state,
+    # the penalties' counts)
+    continues: tuple[int, ...] = ()
     # W3C trace context of the generation's span (`traceparent`, ...): remote backends send it as headers, so the
     # model server's spans join the trace; empty when tracing is off
     trace_context: dict[str, str] = field(default_factory=dict)

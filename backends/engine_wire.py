@@ -1,6 +1,7 @@
 """The engine server's token protocol: a GenerateRequest as JSON in, the generation's chunks as SSE out.
 
-POST `/v1/engine/generate` with the body `request_body(request)` gives a `text/event-stream` of `data:` events,
+POST `/v1/engine/generate` with the body `request_body(request)` (`continues`: the last prompt tokens are the
+answer's first, written by a server that failed) gives a `text/event-stream` of `data:` events,
 each a JSON object: `{"tokens": [...], "logprobs": [...]?, "cached_tokens": n?}` as tokens come (the first
 carries `cached_tokens`), then `{"tokens": [], "finished": true}`; a failure after the stream began is one
 `{"error": {"message", "type"}}` event. A request refused before it starts is an HTTP error with the same
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import Chunk, Constraint, GenerateRequest, Sampling, SchedulingTier, TokenLogprob
 from .wire import Step, UpstreamProtocolError, count, raise_reported, token_ids
@@ -48,6 +49,8 @@ def request_body(request: GenerateRequest) -> dict[str, Any]:
     }
     if request.cache_key is not None:
         body["cache_key"] = request.cache_key
+    if request.continues:
+        body["continues"] = list(request.continues)
     if request.top_logprobs is not None:
         body["top_logprobs"] = request.top_logprobs
     if constraint != Constraint():
@@ -95,6 +98,15 @@ class WireRequest(_Strict):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     sampling: WireSampling = Field(default_factory=WireSampling)
     constraint: WireConstraint = Field(default_factory=WireConstraint)
+    continues: list[int] = Field(default_factory=list, max_length=MAX_PROMPT_TOKENS)
+
+    @model_validator(mode="after")
+    def _continues_ends_the_prompt(self) -> WireRequest:
+        if self.continues and (
+            len(self.continues) >= len(self.prompt) or self.prompt[-len(self.continues) :] != self.continues
+        ):
+            raise ValueError("continues must be the last tokens of the prompt, after at least one other")
+        return self
 
     def generate_request(self, trace_context: dict[str, str]) -> GenerateRequest:
         sampling, constraint = self.sampling, self.constraint
@@ -117,6 +129,7 @@ class WireRequest(_Strict):
             weight=self.weight,
             tier=self.tier,
             top_logprobs=self.top_logprobs,
+            continues=tuple(self.continues),
             trace_context=trace_context,
         )
 

@@ -1,9 +1,10 @@
 """A backend that streams tokens from remote token servers over HTTP, in one of several dialects.
 
 Connections are pooled (one aiohttp session per backend). A generation goes to the upstream with the
-fewest requests in flight; before its first token arrives, a failure (unreachable, 5xx, 429, silence,
-stream cut) moves it to another upstream, up to `retries` times; after it, a failure fails the
-generation. The gateway's Turn enforces the stop ids and the token limit on every backend: once either is
+fewest requests in flight; a failure (unreachable, 5xx, 429, silence, stream cut) moves it to another upstream,
+up to `retries` times: before its first token, the same request; after it, the answer continues there from the
+tokens already given (the prompt followed by them, `GenerateRequest.continues`), so a server that dies mid-answer
+loses no stream. The gateway's Turn enforces the stop ids and the token limit on every backend: once either is
 reached it reads no more tokens, and closing the generation closes the upstream connection, which
 every supported server treats as an abort.
 """
@@ -16,6 +17,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -59,7 +61,8 @@ class RemoteOptions(BaseModel):
     token_timeout_s: float = Field(default=60.0, gt=0)
     """The longest silence between tokens."""
     retries: int = Field(default=2, ge=0)
-    """Further upstreams tried before the first token."""
+    """Further upstreams tried when an attempt fails: before its first token, the request again; after it, the
+    answer continued from the tokens given."""
     max_connections: int = Field(default=256, gt=0)
     """Connections kept to the upstreams together."""
     eject_after: int = Field(default=3, gt=0)
@@ -259,8 +262,12 @@ class RemoteBackend:
         if self._session is not None:
             await self._session.close()
 
+    def _body(self, request: GenerateRequest) -> bytes:
+        return json.dumps(self.dialect.body(request, self.options.model), separators=(",", ":")).encode()
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Chunk]:
-        body = json.dumps(self.dialect.body(request, self.options.model), separators=(",", ":")).encode()
+        sent, body = request, self._body(request)  # what the next attempt sends
+        answered: list[int] = []  # tokens given by earlier attempts, which the next one continues
         tried: list[Upstream] = []
         router, record = self.router, self.shared
         pages = shared = None
@@ -278,17 +285,18 @@ class RemoteBackend:
                 record.note(scope, names, upstream.url)
             generated: list[int] = []
             try:
-                async with aclosing(self._attempt(upstream, request, body)) as chunks:
+                async with aclosing(self._attempt(upstream, sent, body)) as chunks:
                     async for chunk in chunks:
                         generated += chunk.tokens
                         yield chunk
             except _Failure as failure:
-                delivered = bool(generated)
+                answered += generated
+                left = request.max_new_tokens - len(answered)
                 if failure.upstream_fault:
                     self.pool.failed(upstream, failure.reason)
                     if router is not None and not upstream.healthy:
                         router.forget(upstream.url)
-                last = delivered or not failure.retryable or attempt == self.options.retries
+                last = not failure.retryable or attempt == self.options.retries or left <= 0
                 log.warning(
                     "upstream_failed",
                     backend=self.dialect.name,
@@ -297,13 +305,22 @@ class RemoteBackend:
                     request_id=request.request_id,
                     attempt=attempt,
                     retrying=not last,
+                    continuing=len(answered),
                 )
                 if last:
                     raise BackendError(failure.message) from None
+                if generated:
+                    sent = replace(
+                        request,
+                        prompt=request.prompt + answered,
+                        max_new_tokens=left,
+                        continues=(*request.continues, *answered),
+                    )
+                    body = self._body(sent)
                 continue
             self.pool.succeeded(upstream)
             if router is not None and pages is not None:
-                answer = router.record(upstream.url, request, generated, pages)
+                answer = router.record(upstream.url, request, answered + generated, pages)
                 if record is not None:
                     record.note(scope, router.shared_names(names + answer)[len(names) :], upstream.url)
             return

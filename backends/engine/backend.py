@@ -35,12 +35,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from backends.base import BackendError, Capabilities, Chunk, EngineStats, GenerateRequest, parse_options
 from backends.page_names import namespace_of
 from harmony import HarmonyEncoding
-from harmony.tokens import LAST_SPECIAL
+from harmony.tokens import FIRST_SPECIAL, LAST_SPECIAL
 
 from .batcher import Batcher, Sequence
 from .checkpoint import Checkpoint
 from .config import DEMO_CONFIG, CheckpointError
-from .grammar import GrammarCompiler
+from .grammar import GrammarCompiler, TokenGuide
 from .graph import Dtype, GraphOptions
 from .kernels.build import kernel_choice
 from .make_checkpoint import write_random_checkpoint
@@ -284,15 +284,17 @@ class EngineBackend:
         loop = asyncio.get_running_loop()
         guide = None
         if not request.constraint.is_free:
-            guide = await loop.run_in_executor(None, grammars.guide, request.constraint, request.max_new_tokens)
+            guide = await loop.run_in_executor(None, _guide, grammars, request)
         arrivals: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue()
         seed = request.sampling.seed
+        penalized = request.sampling.presence_penalty or request.sampling.frequency_penalty
         sequence = Sequence(
             request,
             lambda item: loop.call_soon_threadsafe(arrivals.put_nowait, item),
             np.random.default_rng(seed),
             namespace=namespace_of(request.tenant, request.cache_key, self.options.prefix_cache_scope == "shared"),
             guide=guide,
+            counts=_text_counts(request.continues) if penalized else {},
         )
         submitted = time.time_ns()
         batcher.submit(sequence)
@@ -315,6 +317,26 @@ class EngineBackend:
     async def aclose(self) -> None:
         if self._batcher is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._batcher.close)
+
+
+def _guide(grammars: GrammarCompiler, request: GenerateRequest) -> TokenGuide:
+    """The constraint's grammar for the request, past the answer tokens it continues from."""
+    guide = grammars.guide(request.constraint, request.max_new_tokens + len(request.continues))
+    try:
+        for token in request.continues:
+            guide.accept(token)
+    except RuntimeError as exc:
+        raise BackendError(f"The answer to continue does not match its constraint: {exc}") from None
+    return guide
+
+
+def _text_counts(tokens: tuple[int, ...]) -> dict[int, int]:
+    """How often each text token occurs in `tokens` (what the penalties count)."""
+    counts: dict[int, int] = {}
+    for token in tokens:
+        if token < FIRST_SPECIAL:
+            counts[token] = counts.get(token, 0) + 1
+    return counts
 
 
 def _trace_phases(carrier: dict[str, str], sequence: Sequence, submitted: int, first_token: int) -> None:

@@ -279,17 +279,30 @@ def test_silence_before_the_first_token_moves_to_another_upstream():
     assert stalled.calls and all(call.aborted_at is not None for call in stalled.calls)
 
 
-def test_silence_after_tokens_fails_the_response_without_retry():
-    stalled = _fake("vllm", stall_after=5)
-    other = _fake("vllm")
-    with _serving("vllm", [stalled, other], token_timeout_s=0.3) as (gateway, client):
+@pytest.mark.parametrize("dialect", ["vllm", "llamacpp"])
+def test_silence_after_tokens_continues_the_answer_on_another_upstream(dialect):
+    """The stalled server's 5 tokens stay; the other server is sent the prompt followed by them, with 5 tokens less
+    to write, and the client gets the answer one server gives (streamed: every token once)."""
+    whole = _fake(dialect)
+    with _serving(_kind(dialect), [whole]) as (_, client):
+        expected = client.responses.create(model=MODEL, input="thanks", max_output_tokens=200)
+    stalled = _fake(dialect, stall_after=5)
+    other = _fake(dialect)
+    with _serving(_kind(dialect), [stalled, other], token_timeout_s=0.3) as (gateway, client):
         _pool(gateway).upstreams[1].outstanding = 1  # the stalling server is chosen first
-        response = client.responses.create(model=MODEL, input="thanks")
-        assert response.status == "failed"
-        assert response.error.message == "The model server sent nothing for 0.3 s."
+        with client.responses.stream(model=MODEL, input="thanks", max_output_tokens=200) as stream:
+            deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+            response = stream.get_final_response()
         assert stalled.wait_for(lambda: stalled.calls[0].aborted_at is not None)
         _pool(gateway).upstreams[1].outstanding = 0
-    assert other.calls == []
+    assert (response.status, response.output_text) == ("completed", expected.output_text)
+    assert "".join(deltas) == expected.output_text
+    first, second = stalled.calls[0].body, other.calls[0].body
+    sent = whole.calls[0].body
+    key = "prompt"
+    assert second[key][: len(first[key])] == first[key] and len(second[key]) == len(first[key]) + 5
+    limit = "n_predict" if dialect == "llamacpp" else "max_tokens"
+    assert second[limit] == sent[limit] - 5
 
 
 def test_an_upstream_400_fails_with_its_message_and_is_not_retried():

@@ -263,7 +263,40 @@ def test_the_engine_server_asks_for_its_key_and_names_what_is_wrong_with_a_reque
     assert status == 400 and "prompt" in error["error"]["message"] and "max_new_tokens" in error["error"]["message"]
     status, error = post(json.dumps({"prompt": [1] * 3000, "max_new_tokens": 2}).encode(), ENGINE_KEY)
     assert status == 400 and "exceeds the model's context" in error["error"]["message"]
+    status, error = post(json.dumps({"prompt": [1, 2, 3], "max_new_tokens": 2, "continues": [2]}).encode(), ENGINE_KEY)
+    assert status == 400 and "continues must be the last tokens of the prompt" in error["error"]["message"]
     assert post(body, ENGINE_KEY)[0] == 200
+
+
+async def _answer(url: str, request: GenerateRequest) -> list[int]:
+    options = {"urls": [url], "api_key": ENGINE_KEY, "context_length": 2048}
+    backend = create_backend("engine", options, load_harmony_encoding())
+    try:
+        return [token async for chunk in backend.generate(request) for token in chunk.tokens]
+    finally:
+        await backend.aclose()
+
+
+def test_an_answer_continued_from_its_first_tokens_ends_as_the_whole_one(fleet):
+    """What a server that failed mid-answer leaves to another: the prompt followed by the answer's first tokens
+    (`continues`), and the tokens left. With a JSON-schema constraint (its grammar taken past those tokens) and a
+    penalty (their counts), greedy, the rest is the whole answer's rest."""
+    from backends.base import Constraint
+
+    url = fleet["servers"][1].url
+    prompt = [200006, 17360, 200008, *range(3000, 3040), 200007, 200006, 173781]
+    asked = GenerateRequest(
+        prompt, 40, (200002, 200012), "whole", sampling=Sampling(temperature=0, presence_penalty=1.5),
+        constraint=Constraint(final_json_schema=ANSWER_SCHEMA),
+    )  # fmt: skip
+    whole = asyncio.run(_answer(url, asked))
+    begun = whole[:6]
+    assert len(whole) > len(begun)
+    rest = GenerateRequest(
+        prompt + begun, 40 - len(begun), asked.stop_ids, "rest", sampling=asked.sampling,
+        constraint=asked.constraint, continues=tuple(begun),
+    )  # fmt: skip
+    assert asyncio.run(_answer(url, rest)) == whole[len(begun) :]
 
 
 def test_engine_spans_join_the_request_s_trace(fleet, tmp_path):
@@ -328,6 +361,40 @@ def test_a_killed_engine_server_s_requests_go_to_the_other_and_none_fails(fleet,
             server.stop()
 
 
+def test_a_server_killed_mid_answer_leaves_the_rest_to_the_other_and_the_stream_goes_on(fleet, tmp_path):
+    """SIGKILL to the engine server writing a streamed answer, after its first text: the answer continues on the other
+    server from the tokens given, and the client's stream ends as the in-process engine's whole answer does."""
+    servers = [EngineServer(fleet["options"], tmp_path / f"m{i}.log", api_key=ENGINE_KEY).start() for i in range(2)]
+    options = {"api_key": ENGINE_KEY, "context_length": 2048, "probe_interval_s": 0.5}
+    gateway = GatewayProcess(
+        {
+            "GATEWAY_MODELS": MODEL,
+            "GATEWAY_AUTH": "off",
+            "GATEWAY_BACKEND": "engine",
+            "GATEWAY_BACKEND_URLS": ",".join(s.url for s in servers),
+            "GATEWAY_BACKEND_OPTIONS": json.dumps(options),
+        },
+        tmp_path / "gateway.log",
+    ).start()
+    asked = {"model": MODEL, "input": "Tell me a long story.", "temperature": 0, "max_output_tokens": 600}
+    try:
+        killed, streamed = None, None
+        for event in _client(gateway).responses.create(**asked, stream=True):
+            if killed is None and event.type in ("response.reasoning_text.delta", "response.output_text.delta"):
+                killed = next(s for s in servers if s.metrics()["vllm:num_requests_running"] == 1)
+                killed.kill()
+            if event.type in ("response.completed", "response.incomplete", "response.failed"):
+                streamed = event.response
+        assert killed is not None and streamed is not None and streamed.status != "failed", streamed
+        assert "upstream_failed" in gateway.log_text()  # the cut was seen, and the answer went on
+    finally:
+        gateway.stop()
+        for server in servers:
+            server.stop()
+    whole = _client(fleet["local"]).responses.create(**asked)
+    assert _comparable(streamed) == _comparable(whole)
+
+
 def test_every_field_of_a_generation_request_crosses_the_wire_unchanged():
     """The token protocol carries all the in-process engine is given: sampling, the tenant and cache key, logprobs
     and every kind of output constraint (function schemas, freeform grammars, the hosted tools' headers), and the
@@ -354,6 +421,7 @@ def test_every_field_of_a_generation_request_crosses_the_wire_unchanged():
         top_logprobs=3,
         weight=2.5,
         tier="flex",
+        continues=(5, 6),
         trace_context={"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"},
     )
     body = json.loads(json.dumps(request_body(request)))  # as it travels

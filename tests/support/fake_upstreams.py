@@ -174,8 +174,12 @@ class FakeUpstream:
             return web.json_response({"object": "error", "message": message, "code": self.status}, status=self.status)
         prompt = body.get("input_ids") or body.get("prompt")
         stops = () if self.ignore_stops else tuple(STOPS)
-        mock_request = GenerateRequest(prompt, self._limit(body), stops, "fake", Sampling())
+        limit = self._limit(body)
+        mock_request = GenerateRequest(prompt, limit + len(prompt), stops, "fake", Sampling())
         tokens = [t for chunk in [c async for c in self.mock.generate(mock_request)] for t in chunk.tokens]
+        # a prompt that ends with the script's first tokens (an answer another server began): the script goes on
+        begun = next((k for k in range(min(len(tokens), len(prompt)), 0, -1) if prompt[-k:] == tokens[:k]), 0)
+        tokens = tokens[begun : begun + limit]
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         try:
