@@ -399,6 +399,7 @@ def main() -> int:
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS),
                         help="the engine's workloads to run (a trial: --write needs them all)")  # fmt: skip
     parser.add_argument("--skip-killed", action="store_true", help="a trial: no run with a server killed")
+    parser.add_argument("--killed-only", action="store_true", help="only the runs with a server killed (printed)")
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     os.environ[KERNELS_ENV] = str(build_library())
@@ -414,7 +415,7 @@ def main() -> int:
             options = {"checkpoint": str(checkpoint), "max_batch": 4, "max_positions": 4096,
                        "kv_cache_tokens": KV_CACHE_TOKENS, "threads": SERVER_THREADS}  # fmt: skip
             engines = Engines({**options, "cache_dir": str(work / "cache")})
-            for workload in args.workloads:
+            for workload in args.workloads if not args.killed_only else ():
                 for label, servers, routing in CONFIGURATIONS:
                     results[(workload, label)] = run_workload(work, engines, redis, workload, servers, routing)
                     result = results[(workload, label)]
@@ -434,6 +435,8 @@ def main() -> int:
     finally:
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)
+    if killed and not results:
+        print(f"A server killed (SIGKILL) halfway through the previous_response_id workload: {_killings(killed)}.")
     sections = {}
     if results and (args.write is None or (args.workloads == list(WORKLOADS) and killed)):
         sections[NAME] = render_engines(results, killed, config.num_hidden_layers, args.workloads)
@@ -484,13 +487,17 @@ def _setting(layers: int) -> str:
     )
 
 
-def render_engines(results: dict, killed: dict, layers: int, workloads: list[str]) -> str:
-    start, end = markers(NAME)
-    killings = "; ".join(
+def _killings(killed: dict) -> str:
+    return "; ".join(
         f"{label}: {result.failed} of {len(result.samples)} requests failed, {result.failed_streaming} of them after "
         "their first token had streamed"
         for label, result in killed.items()
     )
+
+
+def render_engines(results: dict, killed: dict, layers: int, workloads: list[str]) -> str:
+    start, end = markers(NAME)
+    killings = _killings(killed)
     return "\n".join([
         start,
         "## Routing by prefix over a fleet (`bench/fleet_routing_bench.py`)",
