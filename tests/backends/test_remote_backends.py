@@ -279,7 +279,7 @@ def test_silence_before_the_first_token_moves_to_another_upstream():
     assert stalled.calls and all(call.aborted_at is not None for call in stalled.calls)
 
 
-@pytest.mark.parametrize("dialect", ["vllm", "llamacpp"])
+@pytest.mark.parametrize("dialect", ["vllm", "sglang", "llamacpp"])
 def test_silence_after_tokens_continues_the_answer_on_another_upstream(dialect):
     """The stalled server's 5 tokens stay; the other server is sent the prompt followed by them, with 5 tokens less
     to write, and the client gets the answer one server gives (streamed: every token once)."""

@@ -121,11 +121,17 @@ def test_answers_through_the_wire_equal_the_in_process_engine_s_token_for_token(
         assert set(json.loads(remote.output_text)) == {"answer", "sure"}
 
 
+def _engine_backend(url: str):
+    """The gateway's `engine` backend kind, on the one engine server at `url`."""
+    return create_backend(
+        "engine", {"urls": [url], "api_key": ENGINE_KEY, "context_length": 2048}, load_harmony_encoding()
+    )
+
+
 async def _generate(url: str, prompt: list[int], tenant: str, **fields) -> tuple[list[int], int | None]:
     """Greedy tokens for `prompt` from the engine server at `url`, through the `engine` backend kind, and the
     prompt tokens it reports cached."""
-    options = {"urls": [url], "api_key": ENGINE_KEY, "context_length": 2048}
-    backend = create_backend("engine", options, load_harmony_encoding())
+    backend = _engine_backend(url)
     request = GenerateRequest(prompt, 4, (), f"req-{tenant}", sampling=Sampling(temperature=0), tenant=tenant, **fields)
     tokens, cached = [], None
     try:
@@ -269,8 +275,7 @@ def test_the_engine_server_asks_for_its_key_and_names_what_is_wrong_with_a_reque
 
 
 async def _answer(url: str, request: GenerateRequest) -> list[int]:
-    options = {"urls": [url], "api_key": ENGINE_KEY, "context_length": 2048}
-    backend = create_backend("engine", options, load_harmony_encoding())
+    backend = _engine_backend(url)
     try:
         return [token async for chunk in backend.generate(request) for token in chunk.tokens]
     finally:
@@ -331,8 +336,9 @@ def test_engine_spans_join_the_request_s_trace(fleet, tmp_path):
     assert len({s["trace"] for s in receiver.spans}) == 1
 
 
-def test_a_killed_engine_server_s_requests_go_to_the_other_and_none_fails(fleet, tmp_path):
-    servers = [EngineServer(fleet["options"], tmp_path / f"k{i}.log", api_key=ENGINE_KEY).start() for i in range(2)]
+def _two_servers_behind_a_gateway(fleet, tmp_path, tag: str) -> tuple[list[EngineServer], GatewayProcess]:
+    """Two engine servers of the fleet's options, a test's own (it may kill them), and an API replica before them."""
+    servers = [EngineServer(fleet["options"], tmp_path / f"{tag}{i}.log", api_key=ENGINE_KEY).start() for i in range(2)]
     options = {"api_key": ENGINE_KEY, "context_length": 2048, "probe_interval_s": 0.5}
     gateway = GatewayProcess(
         {
@@ -344,6 +350,11 @@ def test_a_killed_engine_server_s_requests_go_to_the_other_and_none_fails(fleet,
         },
         tmp_path / "gateway.log",
     ).start()
+    return servers, gateway
+
+
+def test_a_killed_engine_server_s_requests_go_to_the_other_and_none_fails(fleet, tmp_path):
+    servers, gateway = _two_servers_behind_a_gateway(fleet, tmp_path, "k")
     try:
         client = _client(gateway)
         warm = [client.responses.create(model=MODEL, input=f"warm {i}", max_output_tokens=16) for i in range(4)]
@@ -364,18 +375,7 @@ def test_a_killed_engine_server_s_requests_go_to_the_other_and_none_fails(fleet,
 def test_a_server_killed_mid_answer_leaves_the_rest_to_the_other_and_the_stream_goes_on(fleet, tmp_path):
     """SIGKILL to the engine server writing a streamed answer, after its first text: the answer continues on the other
     server from the tokens given, and the client's stream ends as the in-process engine's whole answer does."""
-    servers = [EngineServer(fleet["options"], tmp_path / f"m{i}.log", api_key=ENGINE_KEY).start() for i in range(2)]
-    options = {"api_key": ENGINE_KEY, "context_length": 2048, "probe_interval_s": 0.5}
-    gateway = GatewayProcess(
-        {
-            "GATEWAY_MODELS": MODEL,
-            "GATEWAY_AUTH": "off",
-            "GATEWAY_BACKEND": "engine",
-            "GATEWAY_BACKEND_URLS": ",".join(s.url for s in servers),
-            "GATEWAY_BACKEND_OPTIONS": json.dumps(options),
-        },
-        tmp_path / "gateway.log",
-    ).start()
+    servers, gateway = _two_servers_behind_a_gateway(fleet, tmp_path, "m")
     asked = {"model": MODEL, "input": "Tell me a long story.", "temperature": 0, "max_output_tokens": 600}
     try:
         killed, streamed = None, None
