@@ -83,6 +83,10 @@ class RemoteOptions(BaseModel):
     """vLLM: send the service tier as `priority` (the servers run with --scheduling-policy priority)."""
     load_slack: float = Field(default=2, ge=0)
     """A server this much more loaded than the least gets no request."""
+    server_slots: int | None = Field(default=None, ge=1)
+    """Requests each server runs at once (vLLM's --max-num-seqs, llama.cpp's --parallel): a server with this many
+    gets none while another has room (None: a server is full when it says requests wait; the built-in engine's
+    servers say their own)."""
     routing_page_tokens: int = Field(default=32, ge=1, le=4096)
     """The page size, in tokens, of the index of what was routed where."""
     routing_ttl_s: float = Field(default=600.0, gt=0)
@@ -94,8 +98,8 @@ class RemoteOptions(BaseModel):
     load_metrics_interval_s: float = Field(default=1.0, ge=0)
     """How often servers' /metrics are read (0: never)."""
     kv_events_endpoints: list[str] | None = None
-    """vLLM: each server's KV-cache events (its --kv-events-config ZMQ PUB endpoint, e.g. tcp://vllm-0:5557), one a URL.
-    VLLM: each server's KV-cache events (its --kv-events-config ZMQ PUB endpoint, e.g. tcp://vllm-0:5557), one a URL."""
+    """vLLM: each server's KV-cache events (its --kv-events-config ZMQ PUB endpoint, e.g. tcp://vllm-0:5557), one
+    a URL."""
 
     @field_validator("urls")
     @classmethod
@@ -192,6 +196,7 @@ class RemoteBackend:
                 options.routing_ttl_s,
                 options.routing_capacity_pages,
                 options.routing_min_match,
+                options.server_slots,
             )
             published = dialect.publishes_pages or options.kv_events_endpoints is not None
             self.router = PrefixRouter([u.url for u in self.pool.upstreams], settings, published, salt)
@@ -238,7 +243,7 @@ class RemoteBackend:
             if view.published is not None and url in endpoints:
                 self._watchers.append(asyncio.ensure_future(vllm_events.follow(endpoints[url], view.published)))
             elif view.published is not None:
-                self._watchers.append(asyncio.ensure_future(kv_events.follow(session, url, view.published)))
+                self._watchers.append(asyncio.ensure_future(kv_events.follow(session, url, view)))
             if self.options.load_metrics_interval_s:
                 interval = self.options.load_metrics_interval_s
                 self._watchers.append(asyncio.ensure_future(load_metrics.poll(session, url, view, interval)))

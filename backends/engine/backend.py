@@ -270,6 +270,10 @@ class EngineBackend:
     def engine_stats(self) -> EngineStats | None:
         return None if self._batcher is None else self._batcher.stats()
 
+    def engine_load(self) -> tuple[int, int]:
+        """Sequences running and waiting; (0, 0) before the model is loaded."""
+        return (0, 0) if self._batcher is None else self._batcher.load()
+
     async def _runtime(self) -> tuple[Batcher, GrammarCompiler]:
         if not self._loaded.is_set():
             await asyncio.get_running_loop().run_in_executor(None, self._loaded.wait)

@@ -138,9 +138,10 @@ class Batcher:
         """Read from other threads: each figure is one the engine thread last wrote."""
         prefix = self._prefix_stats
         full, window = self._pool_stats
+        running, waiting = self.load()
         return EngineStats(
-            running=len(self._running),
-            waiting=self._incoming.qsize() + len(self._waiting),
+            running=running,
+            waiting=waiting,
             max_batch=self.max_batch,
             kv_tokens=self._kv_tokens,
             kv_capacity_tokens=full.pages * self.pools.page_size,
@@ -155,6 +156,10 @@ class Batcher:
             preemptions=self._preemptions,
             queues=self._queues,
         )
+
+    def load(self) -> tuple[int, int]:
+        """Sequences running and waiting (submitted, not yet running), read from other threads."""
+        return len(self._running), self._incoming.qsize() + len(self._waiting)
 
     def submit(self, sequence: Sequence) -> None:
         self._incoming.put(sequence)

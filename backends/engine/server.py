@@ -1,12 +1,12 @@
 """The engine server: the built-in engine alone, behind the token protocol (backends/engine_wire.py).
 
 Routes: POST /v1/engine/generate (a generation as SSE), GET /v1/engine/kv_events (the pages its prefix cache
-names, as SSE: a snapshot, then the events in order), GET /v1/engine/info, GET /health and /readyz (200 once the
-model is loaded, 503 while loading, failed or draining), GET /livez (the process answers), GET /metrics
-(Prometheus: the load and KV use under vLLM's names, which the Kubernetes Gateway API Inference Extension
-reads, beside the engine's own). Nothing of the public API: the gateway's API replicas speak to it with the
-`engine` backend kind. With an API key set, every route but /livez, /health, /readyz and /metrics asks for it
-as a Bearer token.
+names, as SSE: a snapshot, then the events in order, and its running and waiting requests as they change),
+GET /v1/engine/info, GET /health and /readyz (200 once the model is loaded, 503 while loading, failed or
+draining), GET /livez (the process answers), GET /metrics (Prometheus: the load and KV use under vLLM's names,
+which the Kubernetes Gateway API Inference Extension reads, beside the engine's own). Nothing of the public API:
+the gateway's API replicas speak to it with the `engine` backend kind. With an API key set, every route but
+/livez, /health, /readyz and /metrics asks for it as a Bearer token.
 
 A client that goes away cancels its generation: the sequence leaves the batch before the engine's next step.
 """
@@ -45,7 +45,7 @@ log = structlog.get_logger("backends.engine.server")
 
 TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
 EVENTS_POLL_S = 0.02  # how often a kv_events stream looks for new events
-EVENTS_HEARTBEAT_S = 5.0  # an idle kv_events stream says it is alive this often
+EVENTS_HEARTBEAT_S = 5.0  # an idle kv_events stream says it is alive (and its load) this often
 MAX_EVENT_STREAMS = 64
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -172,10 +172,11 @@ class EngineServer:
         return response
 
     async def _publish(self, response: web.StreamResponse, events: PageEvents) -> None:
-        """A snapshot, then each batch of events after it (a snapshot again after falling behind), until the
-        client goes or the server drains."""
+        """A snapshot, then each batch of events after it (a snapshot again after falling behind), and the load
+        whenever it changes, until the client goes or the server drains."""
         loop = asyncio.get_running_loop()
         seq = await self._snapshot(response, events)
+        load = self.engine.engine_load()
         quiet_since = loop.time()
         while not self.lifecycle.draining:
             batch = events.since(seq)
@@ -187,8 +188,10 @@ class EngineServer:
                 seq = batch[-1].seq
                 quiet_since = loop.time()
                 continue
-            if loop.time() - quiet_since >= EVENTS_HEARTBEAT_S:
-                await response.write(_sse({"instance": events.instance, "seq": seq}, "heartbeat"))
+            now = self.engine.engine_load()
+            if now != load or loop.time() - quiet_since >= EVENTS_HEARTBEAT_S:
+                load = now
+                await response.write(_sse({"instance": events.instance, "seq": seq, **_load(load)}, "load"))
                 quiet_since = loop.time()
             await asyncio.sleep(EVENTS_POLL_S)
 
@@ -197,6 +200,8 @@ class EngineServer:
         payload = {
             **self._identity(),
             "seq": snapshot.seq,
+            "slots": self.engine.options.max_batch,
+            **_load(self.engine.engine_load()),
             "pages": [[name.hex(), parent.hex()] for name, parent in snapshot.names.items()],
         }
         await response.write(_sse(payload, "snapshot"))
@@ -228,6 +233,11 @@ class EngineServer:
 
     async def livez(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})
+
+
+def _load(load: tuple[int, int]) -> dict[str, int]:
+    running, waiting = load
+    return {"running": running, "waiting": waiting}
 
 
 def _batch_payload(instance: str, batch: list) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Following an engine server's page events (`GET /v1/engine/kv_events`, see backends/engine_wire.py) into a
-PublishedPages: a snapshot, then each batch in order. A stream that ends, stalls past three heartbeats, skips a
+"""Following an engine server's page events (`GET /v1/engine/kv_events`, see backends/engine_wire.py) into its
+ServerView: a snapshot (with the requests it runs at once), then each batch in order, and its load (running and
+waiting requests) as it changes. A stream that ends, stalls past three heartbeats, skips a
 sequence number or sends what cannot be read leaves the pages out of sync (routing falls back to what was routed
 there) until a new connection brings a new snapshot; a restarted server (another `instance`) starts from its own.
 """
@@ -17,6 +18,7 @@ from backends.engine_wire import EVENTS_PATH
 from backends.sse_reader import sse_events
 
 from .held_pages import PublishedPages
+from .router import ServerView
 
 log = structlog.get_logger("backends.routing")
 
@@ -29,8 +31,10 @@ class OutOfOrder(ValueError):
     """The stream skipped events or sent something it should not."""
 
 
-async def follow(session: aiohttp.ClientSession, url: str, pages: PublishedPages) -> None:
-    """Keep `pages` in step with the server at `url` until cancelled."""
+async def follow(session: aiohttp.ClientSession, url: str, view: ServerView) -> None:
+    """Keep `view`'s published pages, slots and load in step with the server at `url` until cancelled."""
+    pages = view.published
+    assert pages is not None
     while True:
         try:
             async with session.get(
@@ -38,26 +42,36 @@ async def follow(session: aiohttp.ClientSession, url: str, pages: PublishedPages
             ) as response:
                 if response.status == 200:
                     async for event in sse_events(response.content.iter_any(), MAX_EVENT_BYTES):
-                        _apply(pages, json.loads(event.value))
+                        _apply(view, pages, json.loads(event.value))
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             if pages.in_sync:
                 log.warning("kv_events_lost", upstream=url, reason=type(exc).__name__)
         pages.lose()
+        view.pushed = None
         await asyncio.sleep(RECONNECT_S)
 
 
-def _apply(pages: PublishedPages, payload: Any) -> None:
+def _apply(view: ServerView, pages: PublishedPages, payload: Any) -> None:
     if not isinstance(payload, dict):
         raise OutOfOrder("an event is not an object")
     if "pages" in payload:
         names = (bytes.fromhex(name) for name, _ in payload["pages"])
         shared = payload["prefix_cache_scope"] == "shared"
         pages.reset(payload["instance"], int(payload["page_size"]), shared, int(payload["seq"]), names)
+        if "slots" in payload:
+            view.slots = _count(payload["slots"]) or None
+    elif payload.get("instance") != pages.instance:
+        raise OutOfOrder("an event of another instance")
     elif "events" in payload:
-        if payload["instance"] != pages.instance:
-            raise OutOfOrder("events of another instance")
         events = ((event[0], bytes.fromhex(event[1])) for event in payload["events"])
         if not pages.apply(int(payload["first"]), int(payload["seq"]), events):
             raise OutOfOrder("a gap in the events")
-    elif payload.get("instance") != pages.instance:
-        raise OutOfOrder("a heartbeat of another instance")
+    if "running" in payload:
+        view.pushed = (_count(payload["running"]), _count(payload["waiting"]))
+
+
+def _count(value: Any) -> int:
+    """A non-negative count from the stream."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise OutOfOrder("a count that is not one")
+    return value

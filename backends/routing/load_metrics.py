@@ -12,31 +12,32 @@ from .router import ServerView
 
 # running and waiting requests, by the names each server exports them under (the built-in engine's servers use
 # vLLM's); llama.cpp's with --metrics
-LOAD_SERIES = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-    "llamacpp:requests_processing",
-    "llamacpp:requests_deferred",
-)
+RUNNING_SERIES = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing")
+WAITING_SERIES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
 MAX_METRICS_BYTES = 4 * 1024 * 1024
 
 
-def reported_load(text: str) -> float | None:
-    """The sum of the load series' samples in a Prometheus text exposition; None when it has none of them."""
-    total, found = 0.0, False
+def reported_load(text: str) -> tuple[float, float] | None:
+    """Running and waiting requests (each the sum of its series' samples) in a Prometheus text exposition; None
+    when it has none of the series."""
+    running, waiting, found = 0.0, 0.0, False
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in LOAD_SERIES:
+        if name in RUNNING_SERIES or name in WAITING_SERIES:
             try:
-                total += float(line.rsplit(" ", 1)[1])
+                value = float(line.rsplit(" ", 1)[1])
             except (IndexError, ValueError):
                 continue
+            if value != value or value < 0 or value == float("inf"):
+                continue  # NaN or nonsense: not a count
+            if name in RUNNING_SERIES:
+                running += value
+            else:
+                waiting += value
             found = True
-    return total if found else None
+    return (running, waiting) if found else None
 
 
 async def poll(session: aiohttp.ClientSession, url: str, view: ServerView, interval_s: float) -> None:
@@ -49,7 +50,7 @@ async def poll(session: aiohttp.ClientSession, url: str, view: ServerView, inter
                         text = (await response.content.read(MAX_METRICS_BYTES)).decode("utf-8", "replace")
                         load = reported_load(text)
                         if load is not None:
-                            view.reported_load, view.reported_at = load, time.monotonic()
+                            view.reported, view.reported_at = load, time.monotonic()
         except (aiohttp.ClientError, TimeoutError):
             pass
         await asyncio.sleep(interval_s)

@@ -1,18 +1,21 @@
 """Which model server gets a generation: among those not overloaded, the one that holds most of its prompt.
 
 For each healthy server: its load (requests in flight from this replica, or the server's own count of running and
-waiting requests from its `/metrics`, whichever is larger: the servers' counts include other replicas' requests)
+waiting requests, whichever is larger: the servers' counts include other replicas' requests; the built-in
+engine's servers push theirs on their page-event stream as it changes, others are read from their `/metrics`)
 and the prompt's leading pages it holds (`held_pages.py`: precise from the built-in engine's page events, else
 approximate from what was routed to it). A server whose load exceeds the least loaded one's by more than
-`load_slack` is passed over; among the rest, the fewest prompt tokens to prefill wins, then the least load, then
-the server the prompt's first page hashes to, so that every replica makes the same choice for the same
-conversation. A server holding less than `min_match` of the prompt counts as holding none (SGLang's router has
-the same threshold), so the opening every conversation shares (Harmony's system message) does not pile new
-conversations onto one server; and when no server holds enough, a request with a `prompt_cache_key` goes to the
-server its key hashes to among those not overloaded (the key's affinity), one without to the least loaded.
-So a conversation goes back to the server that holds it, a prefix shared by many sessions spreads over more
-servers as the first one fills, and a miss goes to the least loaded server, never to an overloaded one; a load
-figure a moment stale (by one request) does not move a conversation.
+`load_slack` is passed over, and so is a full one while another has a free slot: one with as many requests as
+it runs at once (the `slots` the built-in engine's servers publish, or `server_slots`), or that says requests
+are waiting. Among the rest, the fewest
+prompt tokens to prefill wins, then the least load, then the server the prompt's first page hashes to, so that
+every replica makes the same choice for the same conversation. A server holding less than `min_match` of the
+prompt counts as holding none (SGLang's router has the same threshold), so the opening every conversation
+shares (Harmony's system message) does not pile new conversations onto one server; and when no server holds
+enough, a request with a `prompt_cache_key` goes to the server its key hashes to among those left (the key's
+affinity), one without to the least loaded. So a conversation goes back to the server that holds it while that
+server has room, a prefix shared by many sessions spreads over the servers as the first one fills, and a miss
+goes to the least loaded server, never to an overloaded one.
 
 Page names are those of backends/page_names.py, in the request's namespace: its tenant (and, on the built-in
 engine, its `prompt_cache_key` and the server's prefix-cache scope), so one tenant's prefix never attracts or
@@ -49,6 +52,7 @@ class RoutingSettings:
     routed_ttl_s: float
     routed_capacity_pages: int
     min_match: float = 0.3  # a server holding less of a prompt than this share is no reason to go there
+    server_slots: int | None = None  # requests a server runs at once, where it does not say (None: unknown)
 
 
 @dataclass(slots=True)
@@ -57,12 +61,25 @@ class ServerView:
 
     routed: RoutedPages
     published: PublishedPages | None = None  # None: the server publishes no page events
-    reported_load: float = 0.0
+    reported: tuple[float, float] = (0.0, 0.0)  # running and waiting, read from its /metrics at `reported_at`
     reported_at: float = -1e9
+    pushed: tuple[int, int] | None = None  # running and waiting, from its event stream as they change
+    slots: int | None = None  # requests it runs at once; one more waits (None: unknown)
+
+    def _counts(self) -> tuple[float, float]:
+        """The server's own running and waiting requests, as last known ((0, 0): not known)."""
+        if self.pushed is not None:
+            return self.pushed
+        fresh = time.monotonic() - self.reported_at < LOAD_FRESH_S
+        return self.reported if fresh else (0.0, 0.0)
 
     def load(self, outstanding: int) -> float:
-        fresh = time.monotonic() - self.reported_at < LOAD_FRESH_S
-        return max(float(outstanding), self.reported_load if fresh else 0.0)
+        running, waiting = self._counts()
+        return max(float(outstanding), running + waiting)
+
+    def full(self, load: float) -> bool:
+        """Whether one more request would wait for a slot: as many as its slots, or some already waiting."""
+        return (self.slots is not None and load >= self.slots) or self._counts()[1] > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +143,7 @@ class PrefixRouter:
             url: ServerView(
                 RoutedPages(settings.routed_capacity_pages, settings.routed_ttl_s),
                 PublishedPages() if published else None,
+                slots=settings.server_slots,
             )
             for url in urls
         }
@@ -166,17 +184,20 @@ class PrefixRouter:
         names = names or self.pages(request)
         loads = {url: self.servers[url].load(outstanding) for url, outstanding in candidates.items()}
         ceiling = min(loads.values()) + self.settings.load_slack
+        # overloaded beside the others: whatever it holds, it gets no more; nor does a full server while another
+        # has a free slot (a request queued there would wait for a whole answer to end)
+        loads = {url: load for url, load in loads.items() if load <= ceiling}
+        with_room = {url: load for url, load in loads.items() if not self.servers[url].full(load)}
+        loads = with_room or loads
         anchor = request.cache_key or self._anchor(request, names)
         enough = self.settings.min_match * prompt
         scored = []
         for url, load in loads.items():
-            if load > ceiling:
-                continue  # overloaded beside the others: whatever it holds, it gets no more
             held = min(self._held(self.servers[url], request, names, shared.get(url, 0)), max(prompt - 1, 0))
             held = held if held >= enough else 0  # a shared opening alone (Harmony's system message) pulls nowhere
             scored.append((prompt - held, load, _rendezvous(anchor, url), held, url))
         if request.cache_key and all(score[3] == 0 for score in scored):
-            # nothing of the prompt anywhere: the key's own server, unless it is overloaded (then it was left out)
+            # nothing of the prompt anywhere: the key's own server, unless it was left out above
             _, load, _, held, url = max(scored, key=lambda score: int.from_bytes(score[2]))
             how: How = "key"
         else:
@@ -253,6 +274,7 @@ class PrefixRouter:
         view = self.servers[url]
         view.routed.clear()
         view.reported_at = -1e9
+        view.pushed = None
         if view.published is not None:
             view.published.lose()  # its follower takes it up again when the server is back
 

@@ -5,6 +5,7 @@ pile new conversations onto one server, a conversation still goes back to the se
 from __future__ import annotations
 
 import collections
+import time
 
 from backends.base import GenerateRequest
 from backends.routing.router import PrefixRouter, RoutingSettings
@@ -63,3 +64,55 @@ def test_with_a_key_and_nothing_held_the_key_s_server_is_chosen_by_every_replica
     assert len(set(chosen.values())) > 1  # keys spread, not all to the least loaded
     overloaded = dict.fromkeys(URLS, 0) | {chosen["session-0"]: 5}
     assert _router().choose(keyed[0], overloaded).url != chosen["session-0"]  # never to an overloaded server
+
+
+def _slotted(slots: int) -> PrefixRouter:
+    settings = RoutingSettings(32, 2, 600.0, 65_536, 0.3, server_slots=slots)
+    return PrefixRouter(URLS, settings, published=False)
+
+
+def _session(index: int) -> GenerateRequest:
+    """A session of a tenant whose users share one long system prompt: most of its prompt is the shared part."""
+    return GenerateRequest(OPENING * 5 + [30_000 + index], 16, (), f"s{index}", tenant="acme")
+
+
+def test_a_shared_prompt_fills_its_server_s_slots_then_spreads():
+    """Six sessions at once, servers running two each: the server holding the shared prompt takes two, then a
+    full server is passed over for one with room (slots unknown: the holder takes three, the slack's worth, and
+    the next server to hold it three, leaving one idle)."""
+    for router, expected in ((_slotted(2), [2, 2, 2]), (_router(), [3, 3, 0])):
+        in_flight = dict.fromkeys(URLS, 0)
+        router.choose(_session(0), dict(in_flight))  # the first session, ended: its server holds the prompt
+        for index in range(1, 7):
+            in_flight[router.choose(_session(index), dict(in_flight)).url] += 1
+        assert sorted(in_flight.values(), reverse=True) == expected, in_flight
+
+
+def test_a_conversation_stays_while_its_server_has_room_and_moves_when_it_is_full():
+    router = _slotted(2)
+    first = router.choose(_conversation(3), dict.fromkeys(URLS, 0))
+    longer = _conversation(3, turns=2)
+    busy = dict.fromkeys(URLS, 0) | {first.url: 1}
+    assert router.choose(longer, busy).url == first.url  # one slot left: it stays
+    full = dict.fromkeys(URLS, 0) | {first.url: 2}
+    moved = router.choose(longer, full)
+    assert moved.url != first.url and moved.how == "load"
+    everywhere = dict.fromkeys(URLS, 2)
+    assert router.choose(longer, everywhere).url == first.url  # no room anywhere: the prefix decides again
+
+
+def test_a_server_that_says_requests_wait_counts_as_full():
+    """No slots known: the server's own count of waiting requests (its /metrics or its event stream) marks it
+    full, though this replica has nothing in flight there."""
+    router = _router()
+    first = router.choose(_conversation(4), dict.fromkeys(URLS, 0))
+    longer = _conversation(4, turns=2)
+    router.servers[first.url].pushed = (1, 0)
+    assert router.choose(longer, dict.fromkeys(URLS, 0)).url == first.url
+    router.servers[first.url].pushed = (1, 1)
+    assert router.choose(longer, dict.fromkeys(URLS, 0)).url != first.url
+    router.servers[first.url].pushed = None
+    router.servers[first.url].reported, router.servers[first.url].reported_at = (0.0, 1.0), time.monotonic()
+    assert router.choose(longer, dict.fromkeys(URLS, 0)).url != first.url
+    router.servers[first.url].reported_at -= 60  # a stale figure counts for nothing
+    assert router.choose(longer, dict.fromkeys(URLS, 0)).url == first.url

@@ -128,11 +128,14 @@ def _engine_backend(url: str):
     )
 
 
-async def _generate(url: str, prompt: list[int], tenant: str, **fields) -> tuple[list[int], int | None]:
+async def _generate(
+    url: str, prompt: list[int], tenant: str, new_tokens: int = 4, **fields
+) -> tuple[list[int], int | None]:
     """Greedy tokens for `prompt` from the engine server at `url`, through the `engine` backend kind, and the
     prompt tokens it reports cached."""
     backend = _engine_backend(url)
-    request = GenerateRequest(prompt, 4, (), f"req-{tenant}", sampling=Sampling(temperature=0), tenant=tenant, **fields)
+    greedy = Sampling(temperature=0)
+    request = GenerateRequest(prompt, new_tokens, (), f"req-{tenant}", sampling=greedy, tenant=tenant, **fields)
     tokens, cached = [], None
     try:
         async for chunk in backend.generate(request):
@@ -212,6 +215,28 @@ def test_the_pages_a_server_stores_are_published_under_the_names_a_router_comput
     batches = [payload for kind, payload in pairs[1:] if kind == "pages"]
     assert batches and batches[0]["first"] == pairs[0][1]["seq"] + 1
     assert all(b["first"] == a["seq"] + 1 for a, b in itertools.pairwise(batches))
+
+
+def test_the_event_stream_says_the_server_s_slots_and_its_load_as_it_changes(fleet):
+    """What every replica routes by: the snapshot names the requests the server runs at once and its load; a
+    generation's start and end each come as a `load` event within moments, not at the next heartbeat."""
+    server = fleet["servers"][1]
+    prompt = [200006, 17360, 200008, *range(5000, 5040)]
+
+    def started_and_ended(pairs) -> bool:
+        if len(pairs) == 1:
+            threading.Thread(target=asyncio.run, args=(_generate(server.url, prompt, "tenant-load", 200),)).start()
+        loads = [(payload["running"], payload["waiting"]) for kind, payload in pairs[1:] if kind == "load"]
+        return (1, 0) in loads and loads[-1] == (0, 0)
+
+    started = time.monotonic()
+    pairs = _read_events(server.url, started_and_ended)
+    (kind, snapshot), *rest = pairs
+    assert kind == "snapshot" and snapshot["slots"] == fleet["options"]["max_batch"]
+    assert (snapshot["running"], snapshot["waiting"]) == (0, 0)
+    loads = [payload for kind, payload in rest if kind == "load"]
+    assert all(payload["instance"] == snapshot["instance"] for payload in loads)
+    assert time.monotonic() - started < 4  # the heartbeat's 5 s did not bring them
 
 
 def test_metrics_say_load_and_kv_use_under_the_inference_gateway_s_names(fleet):

@@ -20,8 +20,9 @@ from live_gateway import GatewayProcess
 from threaded_server import ThreadedServer
 
 from backends.base import GenerateRequest, Sampling
-from backends.routing.held_pages import PublishedPages
+from backends.routing.held_pages import PublishedPages, RoutedPages
 from backends.routing.kv_events import follow
+from backends.routing.router import ServerView
 from harmony import load_harmony_encoding
 
 MODEL = "gpt-oss-20b"
@@ -240,7 +241,7 @@ def test_an_event_stream_with_a_gap_leaves_the_server_out_of_sync_until_a_new_sn
 
     async def run() -> None:
         async with aiohttp.ClientSession() as session:
-            task = asyncio.ensure_future(follow(session, server.url, pages))
+            task = asyncio.ensure_future(follow(session, server.url, ServerView(RoutedPages(16, 60.0), pages)))
             deadline = time.monotonic() + 8
             while time.monotonic() < deadline and (True, "i2") not in seen:
                 await asyncio.sleep(0.01)
