@@ -6,8 +6,8 @@ engine's servers push theirs on their page-event stream as it changes, others ar
 and the prompt's leading pages it holds (`held_pages.py`: precise from the built-in engine's page events, else
 approximate from what was routed to it). A server whose load exceeds the least loaded one's by more than
 `load_slack` is passed over, and so is a full one while another has a free slot: one with as many requests as
-it runs at once (the `slots` the built-in engine's servers publish, or `server_slots`), or that says requests
-are waiting. Among the rest, the fewest
+it runs at once (the `slots` the built-in engine's servers publish, or `server_slots`), or, its slots unknown,
+that says requests are waiting. Among the rest, the fewest
 prompt tokens to prefill wins, then the least load, then the server the prompt's first page hashes to, so that
 every replica makes the same choice for the same conversation. A server holding less than `min_match` of the
 prompt counts as holding none (SGLang's router has the same threshold), so the opening every conversation
@@ -78,8 +78,12 @@ class ServerView:
         return max(float(outstanding), running + waiting)
 
     def full(self, load: float) -> bool:
-        """Whether one more request would wait for a slot: as many as its slots, or some already waiting."""
-        return (self.slots is not None and load >= self.slots) or self._counts()[1] > 0
+        """Whether one more request would wait for a slot: as many as its slots, or (slots unknown) some already
+        waiting. A request just arrived counts as waiting until the server's next step takes it in: where the
+        slots are known, the count is what says."""
+        if self.slots is not None:
+            return load >= self.slots
+        return self._counts()[1] > 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,3 +116,7 @@ def test_a_server_that_says_requests_wait_counts_as_full():
     assert router.choose(longer, dict.fromkeys(URLS, 0)).url != first.url
     router.servers[first.url].reported_at -= 60  # a stale figure counts for nothing
     assert router.choose(longer, dict.fromkeys(URLS, 0)).url == first.url
+    slotted = _slotted(4)
+    first = slotted.choose(_conversation(4), dict.fromkeys(URLS, 0))
+    slotted.servers[first.url].pushed = (1, 1)  # slots known: one just arrived is no sign of a full server
+    assert slotted.choose(longer, dict.fromkeys(URLS, 0)).url == first.url
