@@ -103,6 +103,9 @@ class EngineOptions(BaseModel):
     """Replay decode steps as CUDA graphs, one per bucket of rows."""
     threads: int = Field(default=0, ge=0)
     """ONNX Runtime intra-op threads (0: one per core)."""
+    spinning: bool = False
+    """The decoder's ONNX Runtime intra-op threads spin awaiting work between operators (False: they sleep, leaving
+    the cores to the gateway's event loop and other processes; bench/spinning_bench.py). The sampler's sleep."""
     cache_dir: str | None = None
     """Where converted graphs are kept (default ~/.cache/gpt-oss-gateway/graphs)."""
     prefix_cache_tokens: int | None = Field(default=None, ge=0)
@@ -230,6 +233,7 @@ class EngineBackend:
                 device_id=options.device_id,
                 dtype=dtype,
                 cuda_graph=options.cuda_graph,
+                spinning=options.spinning,
             )
             self._placement["sampler"] = "kernel" if runtime.samples_on_device else "numpy"
             self._batcher = Batcher(

@@ -180,16 +180,19 @@ class DecoderRuntime:
         dtype: Dtype = "float32",
         cuda_graph: bool = False,
         buckets: bool | None = None,
+        spinning: bool = True,
     ) -> None:
         """`max_rows`: the most rows a step runs (decode rows plus a prefill chunk); `full_pages`, `window_pages`:
         the pools' pages of `page_size` positions (page 0 of each is scratch). `kernels`: a compiled kernel
         library; its ops replace the graph's portable realizations and its SampleTokens samples on this
         runtime's device. `dtype`: the graph's activation and KV dtype. `buckets`: decode steps padded to the
-        bucket sizes, their inputs in fixed buffers (None: with CUDA graphs, which replay them)."""
+        bucket sizes, their inputs in fixed buffers (None: with CUDA graphs, which replay them). `spinning`: the
+        decoder's intra-op threads spin awaiting work between operators (False: they sleep; the sampler's sleep)."""
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         if kernels is not None:
             options.register_custom_ops_library(str(kernels))
         # the sampler's session: its inputs come from the host each step, so it is never replayed as a CUDA graph

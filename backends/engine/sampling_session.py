@@ -55,11 +55,20 @@ class SamplingSession:
     """SampleTokens over `logits` ([rows, vocab] float32, in the place the decoder writes it)."""
 
     def __init__(
-        self, kernels: Path, providers: list, place: tuple[str, int], logits: ort.OrtValue, threads: int = 0
+        self,
+        kernels: Path,
+        providers: list,
+        place: tuple[str, int],
+        logits: ort.OrtValue,
+        threads: int = 0,
+        spinning: bool = False,
     ) -> None:
+        """`spinning`: its threads spin awaiting work when done (by default they sleep: spinning, they would hold
+        the cores the decoder's next step needs)."""
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         options.register_custom_ops_library(str(kernels))
         self.session = ort.InferenceSession(sampler_model(), options, providers=providers)
         self._logits = logits  # bound by address below: held as long as the session

@@ -319,3 +319,27 @@ def test_a_pool_too_small_for_the_load_preempts_and_every_answer_completes(check
     assert stats.preemptions > 0
     assert together == alone and all(len(tokens) == 100 for tokens in together)
     assert stats.kv_pages["full"].in_use == 0
+
+
+@pytest.mark.parametrize("spinning", [None, True])
+def test_the_engine_s_threads_sleep_between_operators_unless_asked_to_spin(checkpoint, spinning):
+    """By default both of the engine's ONNX Runtime pools sleep when idle (spinning, each held the cores the
+    other, and the gateway's event loop, needed: bench/spinning_bench.py); `spinning` makes the decoder's spin,
+    never the sampler's."""
+    extra = {} if spinning is None else {"spinning": spinning}
+
+    async def scenario() -> tuple[str, str, list[int]]:
+        backend = EngineBackend(_options(checkpoint, max_batch=2, **extra), ENCODING)
+        try:
+            tokens = await _collect(backend, PROMPTS[0], 4, Sampling(temperature=0))
+            runtime = backend._batcher.runtime
+            key = "session.intra_op.allow_spinning"
+            decoder = runtime.session.get_session_options().get_session_config_entry(key)
+            sampler = runtime._sampler.session.get_session_options().get_session_config_entry(key)
+            return decoder, sampler, tokens
+        finally:
+            await backend.aclose()
+
+    decoder, sampler, tokens = asyncio.run(scenario())
+    assert (decoder, sampler) == ("1" if spinning else "0", "0")
+    assert len(tokens) == 4
