@@ -7,15 +7,15 @@ and the prompt's leading pages it holds (`held_pages.py`: precise from the built
 approximate from what was routed to it). A server whose load exceeds the least loaded one's by more than
 `load_slack` is passed over, and so is a full one while another has a free slot: one with as many requests as
 it runs at once (the `slots` the built-in engine's servers publish, or `server_slots`), or, its slots unknown,
-that says requests are waiting. Among the rest, the fewest
-prompt tokens to prefill wins, then the least load, then the server the prompt's first page hashes to, so that
-every replica makes the same choice for the same conversation. A server holding less than `min_match` of the
-prompt counts as holding none (SGLang's router has the same threshold), so the opening every conversation
-shares (Harmony's system message) does not pile new conversations onto one server; and when no server holds
-enough, a request with a `prompt_cache_key` goes to the server its key hashes to among those left (the key's
-affinity), one without to the least loaded. So a conversation goes back to the server that holds it while that
-server has room, a prefix shared by many sessions spreads over the servers as the first one fills, and a miss
-goes to the least loaded server, never to an overloaded one.
+that says requests are waiting. Among the rest, the fewest prompt tokens to prefill wins, then the least load,
+then the server the prompt's first page hashes to, so that every replica makes the same choice for the same
+conversation. A server holding less than `min_match` of the prompt counts as holding none (SGLang's router has
+the same threshold), so the opening every conversation shares (Harmony's system message) does not pile new
+conversations onto one server; and when no server holds enough, a request with a `prompt_cache_key` goes to the
+server its key hashes to among those left (the key's affinity), one without to the least loaded. So a
+conversation goes back to the server that holds it while that server has room, a prefix shared by many sessions
+spreads over the servers as the first one fills, and a miss goes to the least loaded server, never to an
+overloaded one.
 
 Page names are those of backends/page_names.py, in the request's namespace: its tenant (and, on the built-in
 engine, its `prompt_cache_key` and the server's prefix-cache scope), so one tenant's prefix never attracts or
