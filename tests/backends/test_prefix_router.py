@@ -1,14 +1,19 @@
 """The prefix router's choice on its own: an opening every conversation shares (Harmony's system message) does not
 pile new conversations onto one server, a conversation still goes back to the server that holds it, and with a
-`prompt_cache_key` and nothing held anywhere the key's own server is chosen, by every replica alike."""
+`prompt_cache_key` and nothing held anywhere the key's own server is chosen, by every replica alike; a full server
+is passed over while another has room, and a server's pushed load is read as untrusted input."""
 
 from __future__ import annotations
 
 import collections
 import time
 
+import pytest
+
 from backends.base import GenerateRequest
-from backends.routing.router import PrefixRouter, RoutingSettings
+from backends.routing.held_pages import PublishedPages, RoutedPages
+from backends.routing.kv_events import OutOfOrder, _apply
+from backends.routing.router import PrefixRouter, RoutingSettings, ServerView
 
 URLS = ["http://a", "http://b", "http://c"]
 OPENING = list(range(1000, 1160))  # 160 tokens every conversation starts with
@@ -120,3 +125,21 @@ def test_a_server_that_says_requests_wait_counts_as_full():
     first = slotted.choose(_conversation(4), dict.fromkeys(URLS, 0))
     slotted.servers[first.url].pushed = (1, 1)  # slots known: one just arrived is no sign of a full server
     assert slotted.choose(longer, dict.fromkeys(URLS, 0)).url == first.url
+
+
+def test_a_server_s_pushed_load_is_taken_only_from_its_own_well_formed_events():
+    """What an engine server's event stream says of its load, read as untrusted input: a `load` event of the
+    snapshot's instance sets it; another instance's, or a count that is not one, breaks the stream (the follower
+    starts again from a snapshot) and leaves the load as it was."""
+    view = ServerView(RoutedPages(16, 60.0), PublishedPages())
+    snapshot = {"instance": "i1", "page_size": 16, "prefix_cache_scope": "tenant", "seq": 3, "pages": []}
+    _apply(view, view.published, {**snapshot, "slots": 4, "running": 1, "waiting": 0})
+    assert (view.slots, view.pushed) == (4, (1, 0))
+    _apply(view, view.published, {"instance": "i1", "seq": 3, "running": 4, "waiting": 2})
+    assert view.pushed == (4, 2) and view.full(view.load(0))
+    for bad in ({"instance": "i2", "seq": 3, "running": 0, "waiting": 0}, {"instance": "i1", "running": -1,
+                "waiting": 0}, {"instance": "i1", "running": "2", "waiting": 0}, {"instance": "i1", "running": True,
+                "waiting": 0}):  # fmt: skip
+        with pytest.raises(OutOfOrder):
+            _apply(view, view.published, bad)
+        assert view.pushed == (4, 2), bad
