@@ -91,7 +91,8 @@ def runtime_rates(model: str, threads: int, sizes: Sizes) -> dict[int, tuple[flo
     return rates
 
 
-async def _generate(backend: EngineBackend, prompt: list[int], new_tokens: int) -> int:
+async def generated_tokens(backend: EngineBackend, prompt: list[int], new_tokens: int) -> int:
+    """Greedy tokens the engine gives `prompt`, up to `new_tokens`."""
     request = GenerateRequest(prompt, new_tokens, (), "bench", Sampling(temperature=0))
     count = 0
     async for chunk in backend.generate(request):
@@ -113,14 +114,14 @@ def batcher_throughput(checkpoint: Path, cache: Path, threads: int, sizes: Sizes
         backend = EngineBackend(options, load_harmony_encoding())
         rng = np.random.default_rng(1)
         prompts = [_prompt(rng, sizes.prompt) for _ in range(sizes.requests)]
-        await _generate(backend, prompts[0], 2)  # load and warm up
+        await generated_tokens(backend, prompts[0], 2)  # load and warm up
         started = time.perf_counter()
-        together = sum(await asyncio.gather(*(_generate(backend, p, sizes.new_tokens) for p in prompts)))
+        together = sum(await asyncio.gather(*(generated_tokens(backend, p, sizes.new_tokens) for p in prompts)))
         batched = together / (time.perf_counter() - started)
         started = time.perf_counter()
         alone = 0
         for prompt in prompts:
-            alone += await _generate(backend, prompt, sizes.new_tokens)
+            alone += await generated_tokens(backend, prompt, sizes.new_tokens)
         sequential = alone / (time.perf_counter() - started)
         await backend.aclose()
         assert together == alone == sizes.requests * sizes.new_tokens

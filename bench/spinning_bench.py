@@ -32,11 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
+from engine_bench import generated_tokens  # noqa: E402
 from engine_fixtures import make_checkpoint, tiny_config  # noqa: E402
-from engine_server_bench import cpu_name  # noqa: E402
-from report import markers, write_section  # noqa: E402
+from report import cpu_line, markers, write_section  # noqa: E402
 
-from backends.base import GenerateRequest, Sampling  # noqa: E402
 from backends.engine import runtime  # noqa: E402
 from backends.engine.backend import EngineBackend, EngineOptions  # noqa: E402
 from backends.engine.sampling_session import SamplingSession  # noqa: E402
@@ -56,14 +55,6 @@ WAYS = {
 }
 
 
-async def _generate(backend: EngineBackend, prompt: list[int], new_tokens: int) -> int:
-    request = GenerateRequest(prompt, new_tokens, (), "bench", Sampling(temperature=0))
-    count = 0
-    async for chunk in backend.generate(request):
-        count += len(chunk.tokens)
-    return count
-
-
 def measure(checkpoint: Path, cache: Path, spinning: bool, sampler_spinning: bool) -> dict[str, float]:
     """Tokens a second for each figure, on a fresh engine."""
     runtime.SamplingSession = functools.partial(SamplingSession, spinning=sampler_spinning)
@@ -79,15 +70,15 @@ def measure(checkpoint: Path, cache: Path, spinning: bool, sampler_spinning: boo
             return rng.integers(0, 199_000, length).tolist()
 
         try:
-            await _generate(backend, prompt(32), 2)  # load and warm up
+            await generated_tokens(backend, prompt(32), 2)  # load and warm up
             started = time.perf_counter()
-            one = await _generate(backend, prompt(64), 200) / (time.perf_counter() - started)
+            one = await generated_tokens(backend, prompt(64), 200) / (time.perf_counter() - started)
             prompts = [prompt(64) for _ in range(8)]
             started = time.perf_counter()
-            eight = sum(await asyncio.gather(*(_generate(backend, p, 128) for p in prompts)))
+            eight = sum(await asyncio.gather(*(generated_tokens(backend, p, 128) for p in prompts)))
             eight /= time.perf_counter() - started
             started = time.perf_counter()
-            await _generate(backend, prompt(2000), 1)
+            await generated_tokens(backend, prompt(2000), 1)
             prefill = 2000 / (time.perf_counter() - started)
         finally:
             await backend.aclose()
@@ -103,7 +94,7 @@ def render(medians: dict[str, dict[str, float]], rounds: int) -> str:
         start,
         "## The engine's threads spinning or sleeping between operators (`bench/spinning_bench.py`)",
         "",
-        f"CPU: {cpu_name()} ({', '.join(_vector_flags()) or 'no AVX-512'}), {os.cpu_count()} CPUs, Python "
+        f"CPU: {cpu_line()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}. The built-in engine (a random checkpoint of the real vocabulary, 201,088, at "
         f"small widths; `max_batch` 8; greedy); its decoder's and its sampler's ONNX Runtime pools spinning between "
         f"operators or sleeping; medians of {rounds} alternating rounds, each way over both spinning.",
@@ -117,14 +108,6 @@ def render(medians: dict[str, dict[str, float]], rounds: int) -> str:
         lines.append(f"| {label} | {' | '.join(cells)} |")
     lines.append(end)
     return "\n".join(lines)
-
-
-def _vector_flags() -> list[str]:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-    return [flag for flag in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f" {flag}" in flags]
 
 
 def main() -> None:

@@ -17,7 +17,6 @@ import structlog
 from backends.engine_wire import EVENTS_PATH
 from backends.sse_reader import sse_events
 
-from .held_pages import PublishedPages
 from .router import ServerView
 
 log = structlog.get_logger("backends.routing")
@@ -42,7 +41,7 @@ async def follow(session: aiohttp.ClientSession, url: str, view: ServerView) -> 
             ) as response:
                 if response.status == 200:
                     async for event in sse_events(response.content.iter_any(), MAX_EVENT_BYTES):
-                        _apply(view, pages, json.loads(event.value))
+                        _apply(view, json.loads(event.value))
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             if pages.in_sync:
                 log.warning("kv_events_lost", upstream=url, reason=type(exc).__name__)
@@ -51,9 +50,11 @@ async def follow(session: aiohttp.ClientSession, url: str, view: ServerView) -> 
         await asyncio.sleep(RECONNECT_S)
 
 
-def _apply(view: ServerView, pages: PublishedPages, payload: Any) -> None:
+def _apply(view: ServerView, payload: Any) -> None:
     if not isinstance(payload, dict):
         raise OutOfOrder("an event is not an object")
+    pages = view.published
+    assert pages is not None
     if "pages" in payload:
         names = (bytes.fromhex(name) for name, _ in payload["pages"])
         shared = payload["prefix_cache_scope"] == "shared"

@@ -17,7 +17,7 @@ WAITING_SERIES = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacp
 MAX_METRICS_BYTES = 4 * 1024 * 1024
 
 
-def reported_load(text: str) -> tuple[float, float] | None:
+def reported_counts(text: str) -> tuple[float, float] | None:
     """Running and waiting requests (each the sum of its series' samples) in a Prometheus text exposition; None
     when it has none of the series."""
     running, waiting, found = 0.0, 0.0, False
@@ -48,7 +48,7 @@ async def poll(session: aiohttp.ClientSession, url: str, view: ServerView, inter
                 async with session.get(url + "/metrics") as response:
                     if response.status == 200:
                         text = (await response.content.read(MAX_METRICS_BYTES)).decode("utf-8", "replace")
-                        load = reported_load(text)
+                        load = reported_counts(text)
                         if load is not None:
                             view.reported, view.reported_at = load, time.monotonic()
         except (aiohttp.ClientError, TimeoutError):

@@ -133,13 +133,13 @@ def test_a_server_s_pushed_load_is_taken_only_from_its_own_well_formed_events():
     starts again from a snapshot) and leaves the load as it was."""
     view = ServerView(RoutedPages(16, 60.0), PublishedPages())
     snapshot = {"instance": "i1", "page_size": 16, "prefix_cache_scope": "tenant", "seq": 3, "pages": []}
-    _apply(view, view.published, {**snapshot, "slots": 4, "running": 1, "waiting": 0})
+    _apply(view, {**snapshot, "slots": 4, "running": 1, "waiting": 0})
     assert (view.slots, view.pushed) == (4, (1, 0))
-    _apply(view, view.published, {"instance": "i1", "seq": 3, "running": 4, "waiting": 2})
+    _apply(view, {"instance": "i1", "seq": 3, "running": 4, "waiting": 2})
     assert view.pushed == (4, 2) and view.full(view.load(0))
     for bad in ({"instance": "i2", "seq": 3, "running": 0, "waiting": 0}, {"instance": "i1", "running": -1,
                 "waiting": 0}, {"instance": "i1", "running": "2", "waiting": 0}, {"instance": "i1", "running": True,
                 "waiting": 0}):  # fmt: skip
         with pytest.raises(OutOfOrder):
-            _apply(view, view.published, bad)
+            _apply(view, bad)
         assert view.pushed == (4, 2), bad
