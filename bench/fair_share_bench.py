@@ -7,7 +7,8 @@ issue's set-up): B's time to its first token as its client sees it (streamed Cha
 first delta of reasoning or answer text), alone and beside A's flood sent through the same gateway. The other
 tenants' clients (A's flood, the batch's lines) run in a process of their own, as tenants do: parsing A's thousands
 of chunks a second on B's client's event loop would delay B's client, not the gateway. And the engine alone, below,
-without HTTP or rendering: the scheduler's own figures.
+without HTTP or rendering: the scheduler's own figures, to the token where a Harmony answer's first text comes (its
+fourth: the header `<|channel|>analysis<|message|>` before it), as through the gateway.
 
 One in-process engine (a random checkpoint of the real vocabulary, 201,088, at small widths; the default batch of
 8) on the CPU. Tenant A keeps 24 long prompts (1.5-3k tokens, 64 output tokens) in flight, a new one as each
@@ -44,6 +45,7 @@ from report import markers, write_section  # noqa: E402
 
 from backends.base import GenerateRequest, Sampling  # noqa: E402
 from backends.engine.backend import EngineBackend, EngineOptions  # noqa: E402
+from backends.engine.batcher import FIRST_TOKENS  # noqa: E402
 from harmony import load_harmony_encoding  # noqa: E402
 
 NAME = "fair_share_bench"
@@ -95,12 +97,16 @@ class Flood:
 
 
 async def b_first_tokens(engine: EngineBackend, tier: str, offset: int) -> list[float]:
+    """B's time from submitting to its FIRST_TOKENS-th token (where a Harmony answer's first text comes), in turn."""
     times = []
     for index in range(B_REQUESTS):
         started = time.perf_counter()
-        async for _ in engine.generate(request("b", offset + index, 100, 8, tier)):
-            times.append(time.perf_counter() - started)
-            break
+        tokens = 0
+        async for chunk in engine.generate(request("b", offset + index, 100, 8, tier)):
+            tokens += len(chunk.tokens)
+            if tokens >= FIRST_TOKENS:
+                times.append(time.perf_counter() - started)
+                break
         await asyncio.sleep(0.2)
     return times
 
@@ -389,7 +395,8 @@ def render(gateway: dict, engine: dict, seconds: float, extra: dict[str, Any]) -
         "",
         throughput(gateway, seconds),
         "",
-        "The engine alone (in-process, no HTTP or rendering; B's first token):",
+        f"The engine alone (in-process, no HTTP or rendering; B's {FIRST_TOKENS}th token, where a Harmony answer's "
+        "first text comes, as through the gateway):",
         "",
         *header,
         *rows_of(engine),

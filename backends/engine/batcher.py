@@ -10,7 +10,9 @@ sequence whose tenant is furthest behind, together (with CUDA graphs: the chunk 
 the graph of their bucket); the chunk runs a piece of a set time a step (chunk_budget.py), and a prompt of a worse
 service tier than an answer in its first FIRST_TOKENS (the Harmony header and its first text) waits for those
 steps, as does a `flex` answer's next token, so that a better tier's answer begins without a worse tier's pieces,
-or flex rows, in its steps (on a CPU each row costs its logits over the whole vocabulary). Only a prompt's last
+or flex rows, in its steps (on a CPU each row costs its logits over the whole vocabulary); within a tier, a prompt
+gives way likewise to the beginning answer of a tenant running fewer sequences, for at most a tenth of the engine's
+time (chunk_budget.GiveWay). Only a prompt's last
 piece has its logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the
 runtime's device where they are loaded. When a running sequence needs a page and none is left, the latest
 admitted sequence of the tenant furthest ahead of its share is preempted: its pages go back (the prefix cache
@@ -20,6 +22,7 @@ once."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import queue
 import threading
@@ -33,7 +36,7 @@ import structlog
 from backends.base import TIER_RANK, Chunk, EngineStats, GenerateRequest, TenantQueue, TokenLogprob
 from harmony.tokens import FIRST_SPECIAL
 
-from .chunk_budget import ChunkPieces
+from .chunk_budget import ChunkPieces, GiveWay
 from .fair_share import FairShare
 from .grammar import TokenGuide
 from .page_events import PageEvents
@@ -111,6 +114,7 @@ class Batcher:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self._pieces = ChunkPieces(piece_s)
+        self._give_way = GiveWay()
         self.prefix = PrefixCache(pools, prefix_budget, events=page_events)
         self._prefix_stats = self.prefix.stats()
         self._pool_stats = (pools.full.stats(), pools.window.stats())
@@ -334,6 +338,10 @@ class Batcher:
         filling = self._waiting.first([s for s in self._running if not s.decoding])  # the tenant furthest behind
         if filling is not None and any(s.rank < filling.rank and s.generated < FIRST_TOKENS for s in decoding):
             filling = None  # a worse tier's prompt waits while a better tier's answer begins
+        held = filling is not None and self._gives_way(filling, decoding) and self._give_way.open()
+        if held:
+            filling = None
+        started = time.perf_counter()
         piece: list[int] = []
         if filling is not None:
             start = filling.position
@@ -354,6 +362,18 @@ class Batcher:
             self._run(decoding, None, [])
         elif decoding or piece:
             self._run(decoding, filling if piece else None, piece)
+        if held:
+            self._give_way.spend(time.perf_counter() - started)
+
+    def _gives_way(self, filling: Sequence, decoding: list[Sequence]) -> bool:
+        """Whether the prompt filling waits this step for an answer beginning: one of its tier, of a tenant running
+        fewer sequences than the prompt's."""
+        beginning = {s.tenant for s in decoding if s.generated < FIRST_TOKENS and s.rank == filling.rank}
+        beginning.discard(filling.tenant)
+        if not beginning:
+            return False
+        counts = collections.Counter(s.tenant for s in self._running)
+        return any(counts[tenant] < counts[filling.tenant] for tenant in beginning)
 
     def _run(self, decoding: list[Sequence], filling: Sequence | None, chunk: list[int]) -> None:
         step = StepRows()

@@ -13,6 +13,11 @@ A run's fixed cost F and its cost a token c (growing with the token's position: 
 measured when the engine starts, by runs of a prompt piece into the scratch page; a piece takes n = (piece_s - F) / c
 tokens, but never so few that F is more than a tenth of its time: where a run's fixed cost is large (a CPU reading
 every expert's weights at the real width), pieces stay long.
+
+A piece also gives way, for a few steps, to a lighter tenant's answer as it begins (GiveWay): those steps then run
+only decode rows, so the answer's Harmony header and first text come at decode speed. That waiting is drawn from a
+bank refilled at a tenth of the clock's time, so a tenant's prompts lose at most a tenth of the engine's time to it,
+however many answers begin.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ FLOOR_TOKENS = 16  # a piece is never cut below this
 OVERHEAD = 0.1  # a piece is never cut so short that a run's fixed cost exceeds this share of it
 PROBE_TOKENS = (8, 64)  # the runs' sizes that calibrate measures
 PROBE_RUNS = 3  # the fastest of these runs of each kind counts (the first may pay for allocations)
+GIVE_WAY_SHARE = 0.1  # of the clock's time, the most that prompt pieces wait for lighter tenants' answers to begin
+GIVE_WAY_BANK_S = 0.05  # the most of that waiting banked while nothing waits (an answer's beginning is a few steps)
 
 
 class ChunkPieces:
@@ -64,3 +71,31 @@ class ChunkPieces:
         cost = per_token + growth * start
         tokens = int(max(FLOOR_TOKENS, (self.piece_s - fixed) / cost, fixed / (OVERHEAD * cost)))
         return chunk[:tokens]
+
+
+class GiveWay:
+    """The time prompt pieces may still wait for answers beginning: a bank refilled at `share` of the clock's time,
+    up to `bank_s`; steps run without a piece draw their time from it, and with the bank empty the pieces run."""
+
+    def __init__(
+        self,
+        share: float = GIVE_WAY_SHARE,
+        bank_s: float = GIVE_WAY_BANK_S,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.share = share
+        self.bank_s = bank_s
+        self._clock = clock
+        self._left = bank_s
+        self._at = clock()
+
+    def open(self) -> bool:
+        """Whether a piece may wait this step."""
+        now = self._clock()
+        self._left = min(self.bank_s, self._left + (now - self._at) * self.share)
+        self._at = now
+        return self._left > 0
+
+    def spend(self, seconds: float) -> None:
+        """A step ran without its piece for `seconds`."""
+        self._left -= seconds

@@ -14,10 +14,10 @@ import pytest
 from engine_fixtures import loaded, make_checkpoint, tiny_config
 
 from backends.base import GenerateRequest, Sampling
-from backends.engine import chunk_budget
+from backends.engine import batcher, chunk_budget
 from backends.engine.backend import EngineBackend, EngineOptions
 from backends.engine.batcher import FIRST_TOKENS
-from backends.engine.chunk_budget import FLOOR_TOKENS, ChunkPieces
+from backends.engine.chunk_budget import FLOOR_TOKENS, ChunkPieces, GiveWay
 from harmony import load_harmony_encoding
 
 
@@ -178,6 +178,64 @@ def test_a_worse_tier_s_prompt_waits_while_a_better_tier_s_answer_begins(checkpo
     assert same[1] > same[0], f"A's prompt ended before B began: nothing measured ({same})"
     flex = asyncio.run(_prefill_during_b_s_start(checkpoint, tmp_path, "flex"))
     assert flex[1] == flex[0], flex
+
+
+async def _prefill_as_lighter_b_begins(checkpoint: Path, tmp_path: Path) -> list[int]:
+    """Tenant A decodes a long answer while its 6,000-token prompt runs in pieces of 5 ms; B's short request (one
+    sequence against A's two, the same tier) arrives meanwhile: the engine's prefill tokens as each of B's first
+    FIRST_TOKENS tokens arrives."""
+    options = EngineOptions(
+        checkpoint=str(checkpoint), max_batch=4, max_positions=8192, prefill_chunk=8192, prefill_piece_ms=5.0,
+        cache_dir=str(tmp_path),
+    )  # fmt: skip
+    engine = await loaded(EngineBackend(options, load_harmony_encoding()))
+    seen: list[int] = []
+    try:
+        answer = engine.generate(_request("a", 30, 600))
+        await anext(answer)  # A is decoding
+        prompt = asyncio.ensure_future(_drain(engine, _request("a", 6000, 2)))
+        started = time.monotonic()
+        while engine.engine_stats().prefill_tokens <= 30 and time.monotonic() - started < 30:
+            await asyncio.sleep(0.001)  # A's pieces are running
+        async for chunk in engine.generate(_request("b", 20, 8)):
+            seen += [engine.engine_stats().prefill_tokens] * len(chunk.tokens)
+            if len(seen) >= FIRST_TOKENS:
+                break
+        await answer.aclose()
+        await prompt
+    finally:
+        await engine.aclose()
+    return seen
+
+
+def test_a_prompt_gives_way_while_a_lighter_tenant_s_answer_begins(checkpoint, tmp_path, monkeypatch):
+    """Between B's first token and its FIRST_TOKENS-th (its Harmony header and first text) A's prompt goes on by no
+    piece: B runs fewer sequences than A. With the bank of that waiting empty, A's pieces go on in those steps."""
+    waited = asyncio.run(_prefill_as_lighter_b_begins(checkpoint, tmp_path))
+    assert len(set(waited)) == 1, waited
+    monkeypatch.setattr(batcher, "GiveWay", lambda: GiveWay(share=0.0, bank_s=0.0))
+    ran = asyncio.run(_prefill_as_lighter_b_begins(checkpoint, tmp_path))
+    assert ran[-1] > ran[0], f"A's prompt ended before B began: nothing measured ({ran})"
+
+
+def test_the_give_way_bank_fills_at_its_share_of_the_clock_up_to_its_cap():
+    """Waiting spends the bank; it refills at a tenth of the time passed, never past its cap, and an empty bank says
+    no until it has refilled."""
+    clock = [0.0]
+    bank = GiveWay(share=0.1, bank_s=0.05, clock=lambda: clock[0])
+    assert bank.open()
+    bank.spend(0.05)
+    assert not bank.open()
+    clock[0] += 0.2  # refills 0.02
+    assert bank.open()
+    bank.spend(0.03)
+    assert not bank.open()
+    clock[0] += 10.0  # a long quiet: the cap, not 1 s
+    assert bank.open()
+    bank.spend(0.049)
+    assert bank.open()
+    bank.spend(0.002)
+    assert not bank.open()
 
 
 class _StepRows:
