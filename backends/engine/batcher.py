@@ -9,8 +9,8 @@ reference. Each step runs every decoding sequence's next token and one chunk of 
 sequence whose tenant is furthest behind, together (with CUDA graphs: the chunk first, then the decode rows as
 the graph of their bucket); the chunk runs a piece of a set time a step (chunk_budget.py), and a prompt of a worse
 service tier than an answer in its first FIRST_TOKENS (the Harmony header and its first text) waits for those
-steps, as does a `flex` answer's next token, so that a better tier's answer begins without a worse tier's pieces,
-or flex rows, in its steps (on a CPU each row costs its logits over the whole vocabulary); within a tier, a prompt
+steps, as does a worse tier's answer's next token, so that a better tier's answer begins without a worse tier's
+pieces, or rows, in its steps (on a CPU each row costs its logits over the whole vocabulary); within a tier, a prompt
 gives way likewise to the beginning answer of a tenant running fewer sequences, for at most a tenth of the engine's
 time (chunk_budget.GiveWay). Only a prompt's last
 piece has its logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the
@@ -328,8 +328,8 @@ class Batcher:
         for sequence in runnable:
             if sequence not in self._running:  # preempted to make room for an earlier one
                 continue
-            if beginning is not None and sequence.request.tier == "flex" and sequence.rank > beginning:
-                continue  # a flex answer waits while a better tier's begins: those steps run without its row
+            if beginning is not None and sequence.rank > beginning:
+                continue  # a worse tier's answer waits while a better tier's begins: those steps run without its row
             position = sequence.position
             if not self._make_room(sequence, pools.needed(sequence.table, position, position + 1)):
                 continue

@@ -253,8 +253,10 @@ class _StepRows:
         return self.inner.run(step)
 
 
-async def _steps_as_b_begins(checkpoint: Path, tmp_path: Path, a_tier: str) -> tuple[list[list[int]], int, int]:
-    """A decodes a long answer at `a_tier`; B's short default request arrives meanwhile and takes 8 tokens: every
+async def _steps_as_b_begins(
+    checkpoint: Path, tmp_path: Path, a_tier: str, b_tier: str
+) -> tuple[list[list[int]], int, int]:
+    """A decodes a long answer at `a_tier`; B's short request at `b_tier` arrives meanwhile and takes 8 tokens: every
     step's rows (page tables) from B's arrival, A's table and B's."""
     options = EngineOptions(checkpoint=str(checkpoint), max_batch=4, max_positions=1024, cache_dir=str(tmp_path))
     engine = await loaded(EngineBackend(options, load_harmony_encoding()))
@@ -266,7 +268,7 @@ async def _steps_as_b_begins(checkpoint: Path, tmp_path: Path, a_tier: str) -> t
             await anext(a)  # A is decoding
         a_table = recorder.steps[-1][0][0]
         arrived = len(recorder.steps)
-        async for _ in engine.generate(_request("b", 20, 8)):
+        async for _ in engine.generate(replace(_request("b", 20, 8), tier=b_tier)):
             pass
     finally:
         await a.aclose()
@@ -276,14 +278,15 @@ async def _steps_as_b_begins(checkpoint: Path, tmp_path: Path, a_tier: str) -> t
     return steps, a_table, b_table
 
 
-@pytest.mark.parametrize("a_tier", ["flex", "default"])
-def test_a_flex_answer_pauses_while_a_better_tier_s_answer_begins(checkpoint, tmp_path, a_tier):
-    """B's first decode steps (its Harmony header, up to its first text) run without the row of A's flex answer, which
-    goes on once B's has begun; beside a default answer of A they run both rows."""
-    steps, a_table, b_table = asyncio.run(_steps_as_b_begins(checkpoint, tmp_path, a_tier))
+@pytest.mark.parametrize(("a_tier", "b_tier"), [("flex", "default"), ("default", "priority"), ("default", "default")])
+def test_a_worse_tier_s_answer_pauses_while_a_better_tier_s_answer_begins(checkpoint, tmp_path, a_tier, b_tier):
+    """B's first decode steps (its Harmony header, up to its first text) run without the row of A's answer of a worse
+    tier (flex beside default, default beside priority), which goes on once B's has begun; beside an answer of A of
+    B's own tier they run both rows."""
+    steps, a_table, b_table = asyncio.run(_steps_as_b_begins(checkpoint, tmp_path, a_tier, b_tier))
     b_decode_steps = [{table for table, _ in rows} for rows in steps if (b_table, 1) in rows]
     assert len(b_decode_steps) == 7, steps  # B's first token came from its prompt's step
     beginning = [a_table in tables for tables in b_decode_steps[: FIRST_TOKENS - 1]]
-    assert beginning == [a_tier != "flex"] * (FIRST_TOKENS - 1), steps
+    assert beginning == [a_tier == b_tier] * (FIRST_TOKENS - 1), steps
     later = b_decode_steps[FIRST_TOKENS - 1 :]  # A goes on beside B's answer once it has begun
     assert all(a_table in tables for tables in later), steps
