@@ -32,6 +32,7 @@ from harmony import load_harmony_encoding
 PROMPT = REAL_WIDTH_PROMPT
 GENERATED = 4
 TOLERANCE = 2e-4  # float32 sums over 2880-wide rows against float64
+RELATIVE_TOLERANCE = 2e-5  # the same, over the reference's largest logit (a tenth of it measured: a drift shows)
 PAGE = 8  # the prompt spans pages; reuse takes whole pages by reference and copies the rest
 
 
@@ -116,13 +117,18 @@ def test_a_real_width_checkpoint_converts_serves_and_matches_the_reference(tmp_p
     log_softmax = wide - (wide.max() + np.log(np.exp(wide - wide.max()).sum()))
     assert abs(logprobs[0].logprob - log_softmax[tokens[0]]) < 2 * TOLERANCE
     assert all(entry.top[0] == (token, entry.logprob) for entry, token in zip(logprobs, tokens, strict=True))
-    worst, reference_tokens = float(np.abs(logits - expected).max()), []
+    differences = [np.abs(logits - expected).max() / (1, np.abs(expected).max())]
+    reference_tokens = []
     for position, token in enumerate(tokens, start=len(PROMPT)):
         reference_tokens.append(int(np.argmax(expected)))
         logits, expected = runtime.decode([(0, token, position)])[0], reference.step(token, position)
-        worst = max(worst, float(np.abs(logits - expected).max()))
+        differences.append(np.abs(logits - expected).max() / (1, np.abs(expected).max()))
+    worst, relative = (float(value) for value in np.max(differences, axis=0))
     assert reference_tokens == tokens
     assert worst < TOLERANCE, f"largest logit difference {worst:.2e}"
+    # of the largest logit: 2.2e-6 with this machine kind's kernels (AVX-512, and its x86-64-v3 build), 3.4e-6 with
+    # the portable x86-64 build; a float32 evaluation of the reference's own maths, 5.7e-7
+    assert relative < RELATIVE_TOLERANCE, f"largest logit difference {relative:.2e} of the largest logit"
     del runtime
     gc.collect()
     _qmoe_graph_at_real_width(Checkpoint(checkpoint), cache)
