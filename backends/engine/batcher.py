@@ -357,6 +357,8 @@ class Batcher:
         # a prompt's last piece runs alone first: its first token waits for no decode row; and with CUDA graphs, the
         # decode rows run padded as the graph of their bucket, the piece always alone
         last = bool(piece) and filling is not None and filling.position + len(piece) == len(filling.fill)
+        if last and not filling.resumed:  # its answer begins with this piece: a worse tier's rows wait from here
+            decoding = [s for s in decoding if s.rank <= filling.rank]
         if piece and decoding and (last or self.runtime.buckets):
             self._run([], filling, piece)
             self._run(decoding, None, [])
