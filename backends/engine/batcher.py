@@ -1,24 +1,22 @@
 """Continuous batching on one engine thread, over the paged KV pools (page_pool.py).
 
-A sequence is admitted when the pools can give it the pages of its whole prompt (beyond what the prefix
-cache already holds for it: prefix_cache.py, and what the prompts admitted before it still need) and the
-window pages of its first chunk, the tenant furthest behind its fair share first (fair_share.py: a tenant
-below its share of a full batch takes a slot from the one most above its own), in arrival order within a
-tenant; it starts from the longest prefix of its prompt that pages already hold in its namespace, by
-reference. Each step runs every decoding sequence's next token and one chunk of the prompt of the prefilling
-sequence whose tenant is furthest behind, together (with CUDA graphs: the chunk first, then the decode rows as
-the graph of their bucket); the chunk runs a piece of a set time a step (chunk_budget.py), and a prompt of a worse
-service tier than an answer in its first FIRST_TOKENS (the Harmony header and its first text) waits for those
-steps, as does a worse tier's answer's next token, so that a better tier's answer begins without a worse tier's
-pieces, or rows, in its steps (on a CPU each row costs its logits over the whole vocabulary); within a tier, a prompt
-gives way likewise to the beginning answer of a tenant running fewer sequences, for at most a tenth of the engine's
-time (chunk_budget.GiveWay). Only a prompt's last
-piece has its logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the
-runtime's device where they are loaded. When a running sequence needs a page and none is left, the latest
-admitted sequence of the tenant furthest ahead of its share is preempted: its pages go back (the prefix cache
-keeps naming the full ones) and it waits at the head of its tenant's queue to be run again from what it had
-written, its answer continuing where it stopped. A finished or cancelled sequence gives its pages back at
-once."""
+A sequence is admitted when the pools can give it the pages of its whole prompt (beyond what the prefix cache
+already holds for it: prefix_cache.py, and what the prompts admitted before it still need) and the window pages of
+its first chunk, the tenant furthest behind its fair share first (fair_share.py: a tenant below its share of a full
+batch takes a slot from the one most above its own), in arrival order within a tenant; it starts from the longest
+prefix of its prompt that pages already hold in its namespace, by reference. Each step runs every decoding
+sequence's next token and one chunk of the prompt of the prefilling sequence whose tenant is furthest behind,
+together (with CUDA graphs: the chunk first, then the decode rows as the graph of their bucket); the chunk runs a
+piece of a set time a step (chunk_budget.py), and a prompt of a worse service tier than an answer in its first
+FIRST_TOKENS (the Harmony header and its first text) waits for those steps, as does a worse tier's answer's next
+token, so that a better tier's answer begins without a worse tier's pieces, or rows, in its steps (on a CPU each row
+costs its logits over the whole vocabulary); within a tier, a prompt gives way likewise to the beginning answer of a
+tenant running fewer sequences, for at most a tenth of the engine's time (chunk_budget.GiveWay). Only a prompt's
+last piece has its logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the
+runtime's device where they are loaded. When a running sequence needs a page and none is left, the latest admitted
+sequence of the tenant furthest ahead of its share is preempted: its pages go back (the prefix cache keeps naming
+the full ones) and it waits at the head of its tenant's queue to be run again from what it had written, its answer
+continuing where it stopped. A finished or cancelled sequence gives its pages back at once."""
 
 from __future__ import annotations
 
