@@ -191,12 +191,13 @@ async def _prefill_as_lighter_b_begins(checkpoint: Path, tmp_path: Path) -> list
     engine = await loaded(EngineBackend(options, load_harmony_encoding()))
     seen: list[int] = []
     try:
-        answer = engine.generate(_request("a", 30, 600))
+        first = _request("a", 30, 600)
+        answer = engine.generate(first)
         await anext(answer)  # A is decoding
         prompt = asyncio.ensure_future(_drain(engine, _request("a", 6000, 2)))
         started = time.monotonic()
-        while engine.engine_stats().prefill_tokens <= 30 and time.monotonic() - started < 30:
-            await asyncio.sleep(0.001)  # A's pieces are running
+        while engine.engine_stats().prefill_tokens <= len(first.prompt) and time.monotonic() - started < 30:
+            await asyncio.sleep(0.001)  # A's long prompt's pieces are running
         async for chunk in engine.generate(_request("b", 20, 8)):
             seen += [engine.engine_stats().prefill_tokens] * len(chunk.tokens)
             if len(seen) >= FIRST_TOKENS:
@@ -210,7 +211,9 @@ async def _prefill_as_lighter_b_begins(checkpoint: Path, tmp_path: Path) -> list
 
 def test_a_prompt_gives_way_while_a_lighter_tenant_s_answer_begins(checkpoint, tmp_path, monkeypatch):
     """Between B's first token and its FIRST_TOKENS-th (its Harmony header and first text) A's prompt goes on by no
-    piece: B runs fewer sequences than A. With the bank of that waiting empty, A's pieces go on in those steps."""
+    piece: B runs fewer sequences than A. With the bank of that waiting empty, A's pieces go on in those steps. (The
+    first run's bank is deep, so a slow machine's steps cannot drain it: its arithmetic is tested below.)"""
+    monkeypatch.setattr(batcher, "GiveWay", lambda: GiveWay(bank_s=60.0))
     waited = asyncio.run(_prefill_as_lighter_b_begins(checkpoint, tmp_path))
     assert len(set(waited)) == 1, waited
     monkeypatch.setattr(batcher, "GiveWay", lambda: GiveWay(share=0.0, bank_s=0.0))
