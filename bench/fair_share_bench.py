@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import platform
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ import openai  # noqa: E402
 from engine_fixtures import loaded, make_checkpoint, tiny_config  # noqa: E402
 from gateway_fixtures import KEY_SECRET, write_keys  # noqa: E402
 from live_gateway import GatewayProcess  # noqa: E402
-from report import markers, write_section  # noqa: E402
+from report import cpu_line, markers, write_section  # noqa: E402
 
 from backends.base import GenerateRequest, Sampling  # noqa: E402
 from backends.engine.backend import EngineBackend, EngineOptions  # noqa: E402
@@ -52,13 +51,6 @@ from harmony import load_harmony_encoding  # noqa: E402
 NAME = "fair_share_bench"
 FLOOD = 24
 B_REQUESTS = 60  # a p90 of 60 first tokens (24 left it to the two slowest)
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def request(tenant: str, index: int, prompt_tokens: int, output: int, tier: str) -> GenerateRequest:
@@ -390,7 +382,7 @@ def render(gateway: dict, engine: dict, seconds: float, extra: dict[str, Any]) -
         start,
         "## Tenants sharing one engine: fair queuing and service tiers (`bench/fair_share_bench.py`)",
         "",
-        f"CPU: {cpu_name()}; the built-in engine, a random checkpoint of the real vocabulary (201,088) at small "
+        f"CPU: {cpu_line()}; the built-in engine, a random checkpoint of the real vocabulary (201,088) at small "
         f"widths, batch of {engine['max_batch']}. Tenant A keeps {FLOOD} prompts of 1.5-3k tokens in flight; tenant "
         f"B sends {B_REQUESTS} short requests one after another. Engine options: {options}. One run; ratios against B "
         f"alone in the same table ({B_REQUESTS} requests before the other tenants' and {B_REQUESTS} after them).",

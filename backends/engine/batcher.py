@@ -48,6 +48,8 @@ QUEUES_EVERY_S = 0.25  # how often the tenants' queue figures are published for 
 
 Emit = Callable[[Chunk | BaseException | None], None]  # a token (and its logprob), a failure, or None at the end
 
+FIRST_TOKENS = 4  # an answer's first: `<|channel|>analysis<|message|>` and its first text token
+
 
 @dataclass(eq=False)
 class Sequence:
@@ -89,8 +91,10 @@ class Sequence:
         """Positions whose KV is written."""
         return len(self.written.tokens)
 
-
-FIRST_TOKENS = 4  # an answer's first: `<|channel|>analysis<|message|>` and its first text token
+    @property
+    def beginning(self) -> bool:
+        """Its answer is in its first FIRST_TOKENS (the Harmony header and its first text)."""
+        return self.generated < FIRST_TOKENS
 
 
 class Batcher:
@@ -322,7 +326,7 @@ class Batcher:
         pools = self.pools
         decoding: list[Sequence] = []
         runnable = [s for s in self._running if s.decoding]
-        beginning = min((s.rank for s in runnable if s.generated < FIRST_TOKENS), default=None)
+        beginning = min((s.rank for s in runnable if s.beginning), default=None)
         for sequence in runnable:
             if sequence not in self._running:  # preempted to make room for an earlier one
                 continue
@@ -334,12 +338,12 @@ class Batcher:
             pools.extend(sequence.table, position, position + 1)
             decoding.append(sequence)
         filling = self._waiting.first([s for s in self._running if not s.decoding])  # the tenant furthest behind
-        if filling is not None and any(s.rank < filling.rank and s.generated < FIRST_TOKENS for s in decoding):
+        if filling is not None and any(s.rank < filling.rank and s.beginning for s in decoding):
             filling = None  # a worse tier's prompt waits while a better tier's answer begins
         held = filling is not None and self._gives_way(filling, decoding) and self._give_way.open()
         if held:
             filling = None
-        started = time.perf_counter()
+        started = time.perf_counter() if held else 0.0
         piece: list[int] = []
         if filling is not None:
             start = filling.position
@@ -368,7 +372,7 @@ class Batcher:
     def _gives_way(self, filling: Sequence, decoding: list[Sequence]) -> bool:
         """Whether the prompt filling waits this step for an answer beginning: one of its tier, of a tenant running
         fewer sequences than the prompt's."""
-        beginning = {s.tenant for s in decoding if s.generated < FIRST_TOKENS and s.rank == filling.rank}
+        beginning = {s.tenant for s in decoding if s.beginning and s.rank == filling.rank}
         beginning.discard(filling.tenant)
         if not beginning:
             return False
