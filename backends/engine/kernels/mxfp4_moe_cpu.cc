@@ -132,6 +132,8 @@ inline float Sum8(__m256 v) {
 // low nibbles against the block's even x values and high nibbles against its odd ones, so each vector is
 // reordered once per task (evens, then odds, per block of 32) and every code byte is read once, straight
 // from memory, whatever the number of vectors.
+constexpr int64_t kPermutedCols = kBlock;
+
 void PermuteBlocks(const float* x, int64_t cols, float* out) {
   const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
@@ -174,57 +176,89 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
   for (int t = 0; t < Count; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 #else
-// Few vectors (decode) on AVX2: each half block's 8 code bytes widened to 8 int32 lanes, whose low and high nibbles
-// index the E2M1 values as floats, against the block's even and odd x values (each vector reordered once per phase:
-// evens, then odds, per block of 32). A permute is the lookup; it reads an index's low three bits (the magnitude),
-// and the table's entries carry those bits xored into their top, so that xoring in the whole nibble shifted to the
-// top of the lane leaves only its sign bit (in a standalone probe on 2 AMD EPYC cores, about twice the rate of
-// widening the codes through int8 to int32 to float, as this path did before; bench/moe_bench.py's decode rows show
-// its rate).
+// Few vectors (decode) on AVX2: a pair of blocks a step, its 32 code bytes in one register (block j in 128-bit lane
+// j). Each nibble's E2M1 value is a bfloat16 whose two bytes come from two byte-table lookups (a bfloat16 is a
+// float's top half: exact), zipped into 16-bit words; a word pair's low word becomes a float by a 16-bit shift and
+// its high word by masking the low one off. The vectors are laid out once per phase in the order those floats come
+// (LayoutPairs), so every lookup is in-lane and half the conversions are plain logic, not shuffles: in a standalone
+// probe on 2 AMD EPYC cores (AVX2, no AVX-512) about 1.5x the rate of widening the codes to int32 lanes and looking
+// each nibble up as a float by a cross-lane permute, as this path did before (bench/moe_bench.py's decode rows
+// show its rate).
+constexpr int64_t kPermutedCols = 2 * kBlock;
+
+// x's `cols` values (a multiple of a pair of blocks) in the order PermutedRowDots meets them: per pair, for the low
+// nibbles then the high ones (each block's evens, then its odds), for code bytes 0-7 then 8-15, the words' low
+// halves then their high halves (bytes 0, 2, 4, 6, then 1, 3, 5, 7 of the eight), block 0's four values then block
+// 1's.
+void PermuteBlocks(const float* x, int64_t cols, float* out) {
+  for (int64_t c = 0; c < cols; c += kPermutedCols) {
+    float* o = out + c;
+    for (int nibble = 0; nibble < 2; ++nibble) {
+      for (int half = 0; half < 2; ++half) {
+        for (int word_half = 0; word_half < 2; ++word_half) {
+          for (int block = 0; block < 2; ++block) {
+            for (int i = 0; i < 4; ++i) *o++ = x[c + block * kBlock + 2 * (half * 8 + 2 * i + word_half) + nibble];
+          }
+        }
+      }
+    }
+  }
+}
+
 template <int Count>
 void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* permuted,
                      float* out) {
-  alignas(32) float entries[8];
-  const float magnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  for (uint32_t i = 0; i < 8; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &magnitudes[i], sizeof bits);
-    bits ^= i << 28;
-    std::memcpy(&entries[i], &bits, sizeof bits);
-  }
-  const __m256 table = _mm256_load_ps(entries);
-  // the lookup of 8 nibbles (the low 4 bits of each int32 lane)
-  const auto values = [table](__m256i nibbles) {
-    return _mm256_xor_ps(_mm256_permutevar8x32_ps(table, nibbles), _mm256_castsi256_ps(_mm256_slli_epi32(nibbles, 28)));
-  };
-  __m256 acc[Count][2];  // even blocks' sums and odd blocks', each named statically (see the AVX-512 path)
+  // each E2M1 value's bfloat16: its high byte (sign and exponent) and its low byte
+  const __m256i high_bytes = _mm256_broadcastsi128_si256(
+      _mm_setr_epi8(0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40, static_cast<char>(0x80), static_cast<char>(0xBF),
+                    static_cast<char>(0xBF), static_cast<char>(0xBF), static_cast<char>(0xC0), static_cast<char>(0xC0),
+                    static_cast<char>(0xC0), static_cast<char>(0xC0)));
+  const __m256i low_bytes = _mm256_broadcastsi128_si256(
+      _mm_setr_epi8(0x00, 0x00, static_cast<char>(0x80), static_cast<char>(0xC0), 0x00, 0x40, static_cast<char>(0x80),
+                    static_cast<char>(0xC0), 0x00, 0x00, static_cast<char>(0x80), static_cast<char>(0xC0), 0x00, 0x40,
+                    static_cast<char>(0x80), static_cast<char>(0xC0)));
+  const __m256i low_nibble = _mm256_set1_epi8(0x0F);
+  const __m256i high_word = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  // a pair's sums in two chains for one vector (its first and second 16-bit words), one chain for more; the pairs'
+  // scaled sums alternate between two accumulators (both named statically, as the AVX-512 path's)
+  constexpr int kChains = Count == 1 ? 2 : 1;
+  __m256 acc[Count][2];
   for (int t = 0; t < Count; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-  auto step = [&](int64_t block, int parity) {
-    if (block % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + block * 16 + kPrefetchBytes), _MM_HINT_T0);
-    __m256 low[2], high[2];
-    for (int h = 0; h < 2; ++h) {
-      const __m256i bytes =
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + block * 16 + 8 * h)));
-      low[h] = values(bytes);
-      high[h] = values(_mm256_srli_epi32(bytes, 4));
+  auto step = [&](int64_t pair, int parity) {
+    if (pair % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + pair * 32 + kPrefetchBytes), _MM_HINT_T0);
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + pair * 32));
+    const __m256i nibbles[2] = {_mm256_and_si256(packed, low_nibble),
+                                _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibble)};
+    __m256 sums[Count][kChains];
+    for (int t = 0; t < Count; ++t)
+      for (int c = 0; c < kChains; ++c) sums[t][c] = _mm256_setzero_ps();
+    for (int n = 0; n < 2; ++n) {
+      const __m256i high = _mm256_shuffle_epi8(high_bytes, nibbles[n]), low = _mm256_shuffle_epi8(low_bytes, nibbles[n]);
+      const __m256i words[2] = {_mm256_unpacklo_epi8(low, high), _mm256_unpackhi_epi8(low, high)};
+      for (int h = 0; h < 2; ++h) {
+        const __m256 first = _mm256_castsi256_ps(_mm256_slli_epi32(words[h], 16));
+        const __m256 second = _mm256_castsi256_ps(_mm256_and_si256(words[h], high_word));
+        for (int t = 0; t < Count; ++t) {
+          const float* x = permuted[t] + pair * kPermutedCols + n * 32 + h * 16;
+          sums[t][0] = _mm256_fmadd_ps(first, _mm256_loadu_ps(x), sums[t][0]);
+          sums[t][kChains - 1] = _mm256_fmadd_ps(second, _mm256_loadu_ps(x + 8), sums[t][kChains - 1]);
+        }
+      }
     }
-    const __m256 scale = _mm256_set1_ps(kE8M0.values[scales[block]]);
+    const __m256 scale = _mm256_setr_m128(_mm_set1_ps(kE8M0.values[scales[2 * pair]]),
+                                          _mm_set1_ps(kE8M0.values[scales[2 * pair + 1]]));
     for (int t = 0; t < Count; ++t) {
-      const float* x = permuted[t] + block * kBlock;
-      __m256 sum = _mm256_mul_ps(low[0], _mm256_loadu_ps(x));
-      sum = _mm256_fmadd_ps(low[1], _mm256_loadu_ps(x + 8), sum);
-      sum = _mm256_fmadd_ps(high[0], _mm256_loadu_ps(x + 16), sum);
-      sum = _mm256_fmadd_ps(high[1], _mm256_loadu_ps(x + 24), sum);
+      const __m256 sum = kChains == 1 ? sums[t][0] : _mm256_add_ps(sums[t][0], sums[t][kChains - 1]);
       acc[t][parity] = _mm256_fmadd_ps(sum, scale, acc[t][parity]);
     }
   };
-  const int64_t blocks = cols / kBlock;
-  int64_t block = 0;
-  for (; block + 2 <= blocks; block += 2) {
-    step(block, 0);
-    step(block + 1, 1);
+  const int64_t pairs = cols / kPermutedCols;
+  int64_t pair = 0;
+  for (; pair + 2 <= pairs; pair += 2) {
+    step(pair, 0);
+    step(pair + 1, 1);
   }
-  if (block < blocks) step(block, 0);
+  if (pair < pairs) step(pair, 0);
   for (int t = 0; t < Count; ++t) out[t] = Sum8(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 #endif
@@ -371,9 +405,10 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
 }
 #endif
 
-#if defined(GPTOSS_MOE_PERMUTED)
-#if !defined(__AVX512F__)
-// Each block of 32 values as its 16 evens, then its 16 odds (AVX-512 permutes in registers).
+#if defined(GPTOSS_SIMD_NEON)
+constexpr int64_t kPermutedCols = kBlock;
+
+// Each block of 32 values as its 16 evens, then its 16 odds.
 void PermuteBlocks(const float* x, int64_t cols, float* out) {
   for (int64_t c = 0; c < cols; c += kBlock) {
     for (int i = 0; i < kBlock / 2; ++i) {
@@ -384,6 +419,7 @@ void PermuteBlocks(const float* x, int64_t cols, float* out) {
 }
 #endif
 
+#if defined(GPTOSS_MOE_PERMUTED)
 // out[r * count + t] = row r . vector t for `rows` consecutive rows and up to three vectors, each already reordered
 // by PermuteBlocks (once per phase: PrepareRows).
 void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
@@ -678,7 +714,7 @@ bool Int8Path(const Problem& p, int64_t count, int64_t cols) {
 bool PermutedPath(const Problem& p, int64_t count, int64_t cols) {
 #if defined(GPTOSS_MOE_PERMUTED)
   static_assert(kTiledFrom == 4, "FewVectorDots takes up to three vectors");
-  return !Int8Path(p, count, cols) && count < kTiledFrom && cols % kBlock == 0;
+  return !Int8Path(p, count, cols) && count < kTiledFrom && cols % kPermutedCols == 0;
 #else
   return false;
 #endif
