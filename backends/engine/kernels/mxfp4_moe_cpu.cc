@@ -224,7 +224,8 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
   constexpr int kChains = Count == 1 ? 2 : 1;
   __m256 acc[Count][2];
   for (int t = 0; t < Count; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-  auto step = [&](int64_t pair, int parity) {
+  // a pair's scaled sums: `scale` holds its first block's E8M0 scale in the low four lanes, its second's in the high
+  auto step = [&](int64_t pair, int parity, __m256 scale) {
     if (pair % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(codes + pair * 32 + kPrefetchBytes), _MM_HINT_T0);
     const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + pair * 32));
     const __m256i nibbles[2] = {_mm256_and_si256(packed, low_nibble),
@@ -245,20 +246,27 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
         }
       }
     }
-    const __m256 scale = _mm256_setr_m128(_mm_set1_ps(kE8M0.values[scales[2 * pair]]),
-                                          _mm_set1_ps(kE8M0.values[scales[2 * pair + 1]]));
     for (int t = 0; t < Count; ++t) {
       const __m256 sum = kChains == 1 ? sums[t][0] : _mm256_add_ps(sums[t][0], sums[t][kChains - 1]);
       acc[t][parity] = _mm256_fmadd_ps(sum, scale, acc[t][parity]);
     }
   };
+  // four pairs' eight scales a load: E8M0 e is the float 2^(e-127) whose exponent field is e (e = 0, 2^-127, is a
+  // subnormal: the shift's 0 raised to it), spread over each pair's lanes by a permute
+  const __m256i smallest = _mm256_set1_epi32(0x00400000);
+  const __m256i spread[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                             _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
   const int64_t pairs = cols / kPermutedCols;
   int64_t pair = 0;
-  for (; pair + 2 <= pairs; pair += 2) {
-    step(pair, 0);
-    step(pair + 1, 1);
+  for (; pair + 4 <= pairs; pair += 4) {
+    const __m256i exponents = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 2 * pair)));
+    const __m256 eight = _mm256_castsi256_ps(_mm256_max_epi32(_mm256_slli_epi32(exponents, 23), smallest));
+    for (int i = 0; i < 4; ++i) step(pair + i, i % 2, _mm256_permutevar8x32_ps(eight, spread[i]));
   }
-  if (pair < pairs) step(pair, 0);
+  for (; pair < pairs; ++pair) {
+    step(pair, pair % 2,
+         _mm256_setr_m128(_mm_set1_ps(kE8M0.values[scales[2 * pair]]), _mm_set1_ps(kE8M0.values[scales[2 * pair + 1]])));
+  }
   for (int t = 0; t < Count; ++t) out[t] = Sum8(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 #endif
