@@ -10,7 +10,10 @@ first (a pure-ONNX run, which dequantizes its experts into new float buffers, sl
 to 1.7x on a 2-core AMD EPYC). Each repeat of a step routes its tokens to experts drawn afresh, so that, as in a
 model's step whose other layers pass between, the experts' weights mostly come from memory, not from a cache the
 last repeat filled; the decode rows also give the routed experts' packed bytes a second. The outputs are compared
-too: the kernel's against the pure-ONNX one, the int8 path's against the kernel's float one. The section is named
+too: the kernel's against the pure-ONNX one, the int8 path's against the kernel's float one. Every expert is read
+once before the timed steps, and the sessions' threads sleep between steps: three pools spinning in one process
+took the CPUs from each other's steps (the kernel's 1-token step 7.7 ms beside them, 3.9 ms alone, on 2 AMD EPYC
+cores with AVX2; the AVX-512 section predates this and was taken with spinning pools). The section is named
 after the kernels' CPU level (an AVX2 machine's run does not replace an AVX-512 one's) and names the CPU.
 """
 
@@ -48,9 +51,17 @@ def _session(model: Path, threads: int, library: Path | None) -> ort.InferenceSe
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if library is not None:
         options.register_custom_ops_library(str(library))
     return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
+def _touch_experts(session: ort.InferenceSession, hidden: int, experts: int) -> None:
+    """One step that routes to every expert (token i to expert i first), so that no timed step is the first to read
+    an expert's weights."""
+    router_logits = np.eye(experts, dtype=np.float32)
+    session.run(None, {"x": np.ones((experts, hidden), np.float32), "router_logits": router_logits})
 
 
 def _median(session: ort.InferenceSession, steps: list[dict[str, np.ndarray]]) -> tuple[float, list[np.ndarray]]:
@@ -78,6 +89,8 @@ def run(shape: str, threads: int, repeats: int, directory: Path) -> list[Row]:
     pure = _session(model, threads, None)
     compiled = _session(model, threads, library)
     int8 = _session(moe_layer_model(config, layer, directory, int8_activations=True), threads, library)
+    for session in (pure, compiled, int8):
+        _touch_experts(session, config.hidden_size, config.num_experts)
     rng = np.random.default_rng(0)
     expert_bytes = 3 * config.hidden_size * config.intermediate_size * 17 / 32
     top = config.experts_per_token
@@ -122,7 +135,8 @@ def report(shape: str, rows: list[Row], threads: int) -> str:
         f"CPU: {cpu_line()}, {os.cpu_count()} CPUs, onnxruntime {ort.__version__}, intra-op threads "
         f"{threads or 'one per core'}. One {shape}-shaped layer: {config.num_experts} experts, "
         f"top-{config.experts_per_token}, hidden {config.hidden_size}, {packed_mb:,.0f} MB of packed MXFP4 "
-        "weights. Medians of the repeats, all in the same process, the kernel's steps before the pure-ONNX ones; each "
+        "weights. Medians of the repeats, all in the same process (each session's threads sleeping between its steps, "
+        "every expert read once before the timed steps), the kernel's steps before the pure-ONNX ones; each "
         "repeat routes to experts drawn afresh (the weights mostly from memory). GB/s: the routed experts' packed "
         "bytes over the step's time.",
         "",
