@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from engine_servers import EngineServer  # noqa: E402
 from live_gateway import GatewayProcess  # noqa: E402
-from report import markers, write_section  # noqa: E402
+from report import cpu_line, markers, write_section  # noqa: E402
 
 from backends.engine.config import GPT_OSS_20B  # noqa: E402
 from backends.engine.kernels.build import KERNELS_ENV, build_library  # noqa: E402
@@ -63,16 +63,6 @@ ANSWER = {
     "required": ["answer", "unit"],
     "additionalProperties": False,
 }
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def prompt_text(index: int, words: int = 160) -> str:
@@ -288,7 +278,7 @@ def render(rows: dict, wire: dict, freed_s: list[float], killed: dict, layers: i
         start,
         "## The engine as a model server (`bench/engine_server_bench.py`)",
         "",
-        f"CPU: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. A random checkpoint of "
+        f"CPU: {cpu_line()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. A random checkpoint of "
         f"gpt-oss-20b's width (hidden 2880, vocabulary 201,088, 32 experts, 4 a token) at {layers} layers, float32 "
         f"on the CPU, `max_batch` 8. The same engine in-process against an API replica in front of an engine server "
         f"(`serve-engine`), {args.rounds} alternated rounds, medians; each request its own {prompt}-token prompt, "

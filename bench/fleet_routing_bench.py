@@ -48,11 +48,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from engine_server_bench import cpu_name  # noqa: E402
 from engine_servers import EngineServer  # noqa: E402
 from live_gateway import GatewayProcess  # noqa: E402
 from redis_servers import RedisServer, free_port  # noqa: E402
-from report import markers, write_section  # noqa: E402
+from report import cpu_line, markers, write_section  # noqa: E402
 from server_process import ServerProcess  # noqa: E402
 
 from backends.engine.config import GPT_OSS_20B  # noqa: E402
@@ -473,7 +472,7 @@ HEADER = (
 
 def _setting(layers: int) -> str:
     return (
-        f"CPU: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. Three model servers and two "
+        f"CPU: {cpu_line()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. Three model servers and two "
         "gateway replicas on one Redis behind a round-robin HAProxy (a conversation's turns alternate between the "
         "replicas); each workload on fresh servers with prefix routing, with least-loaded routing "
         "(`prefix_routing: false`), and on one server alone, which holds everything: cache is the prompt tokens "

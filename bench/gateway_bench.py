@@ -36,11 +36,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from closed_loop import Load, LoopResult, closed_loop, closed_loops  # noqa: E402
-from engine_server_bench import cpu_name  # noqa: E402
 from live_gateway import GatewayProcess  # noqa: E402
 from redis_servers import free_port  # noqa: E402
 from reference import offline_vocab_dir  # noqa: E402
-from report import markers, write_section  # noqa: E402
+from report import cpu_line, markers, write_section  # noqa: E402
 
 from harmony import load_harmony_encoding  # noqa: E402
 
@@ -414,7 +413,7 @@ def report(figures: dict, args: argparse.Namespace) -> str:
             start,
             "## Gateway against the reference Responses server and LiteLLM (`bench/gateway_bench.py`)",
             "",
-            f"CPU: {cpu_name()}, {os.cpu_count()} CPUs. Gateway: Python {platform.python_version()}, "
+            f"CPU: {cpu_line()}, {os.cpu_count()} CPUs. Gateway: Python {platform.python_version()}, "
             f"aiohttp on {figures['gateway_loop']}, in-memory store, one process. "
             f"Reference: {_versions(args.reference_python)}, "
             "in-memory store, one process, its per-request prompt print sent to /dev/null. Both answer from an "
@@ -531,7 +530,7 @@ def summary(figures: dict) -> dict:
                 row[f"{side}_added_p50_ms"] = (result.percentile(0.5) - a.baseline.percentile(0.5)) * 1e3
                 row[f"{side}_added_p99_ms"] = (result.percentile(0.99) - a.baseline.percentile(0.99)) * 1e3
         added.append(row)
-    return {"cpu": cpu_name(), "servers": servers, "added": added}
+    return {"cpu": cpu_line(), "servers": servers, "added": added}
 
 
 if __name__ == "__main__":

@@ -33,10 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from engine_server_bench import cpu_name  # noqa: E402
 from gateway_fixtures import gateway_settings  # noqa: E402
 from live_gateway import LiveGateway  # noqa: E402
-from report import markers, write_section  # noqa: E402
+from report import cpu_line, markers, write_section  # noqa: E402
 
 from backends.engine.config import ModelConfig  # noqa: E402
 from backends.engine.make_checkpoint import write_random_checkpoint  # noqa: E402
@@ -156,7 +155,7 @@ def _section(off: list[Turn], on: list[Turn], threads: int) -> str:
             start,
             "## Prefix reuse in the engine (`bench/prefix_cache_bench.py`)",
             "",
-            f"CPU: {cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, onnxruntime "
+            f"CPU: {cpu_line()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, onnxruntime "
             f"{onnxruntime.__version__}, intra-op threads {threads or 'one per core'}. fp32 on the CPU.",
             f"Model (random weights): {CONFIG.num_hidden_layers} layers, {CONFIG.num_experts} MXFP4 experts top-"
             f"{CONFIG.experts_per_token}, hidden {CONFIG.hidden_size}, vocabulary 201,088. A {len(on)}-turn tool loop "
@@ -201,7 +200,7 @@ def main() -> None:
     if args.write:
         write_section(args.write, NAME, section)
     if args.json:
-        run = {"cpu": cpu_name(), "model": {"layers": CONFIG.num_hidden_layers, "hidden": CONFIG.hidden_size},
+        run = {"cpu": cpu_line(), "model": {"layers": CONFIG.num_hidden_layers, "hidden": CONFIG.hidden_size},
                "off": [asdict(turn) for turn in off], "on": [asdict(turn) for turn in on]}  # fmt: skip
         args.json.write_text(json.dumps(run, indent=1) + "\n")
 
