@@ -98,14 +98,16 @@ void RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const fl
   }
 }
 
-// Rows decoded to floats (scales applied) four at a time, then dot products tiled over them and the vectors so that
-// every load feeds several multiply-adds (Tiles): the path for experts with many tokens (prefill).
-constexpr int64_t kTileRows = 4;
+// Rows decoded to floats (scales applied) kTileRows at a time (4 in AVX-512 builds, 6 in AVX2 ones: two passes of 3,
+// kPassRows below), then dot products tiled over them and the vectors so that every load feeds several multiply-adds
+// (Tiles): the path for experts with many tokens (prefill).
+constexpr int64_t kTileRows = Simd::kRegisters == 32 ? 4 : 6;
 
-void DecodeRows(const uint8_t* codes, const uint8_t* scales, int64_t cols, float* out) {
+// `rows` consecutive rows (at most kTileRows) decoded into out, `cols` floats apart.
+void DecodeRows(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, float* out) {
   const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   const __m128i low_nibble = _mm_set1_epi8(0x0F);
-  for (int64_t block = 0; block < kTileRows * cols / kBlock; ++block) {
+  for (int64_t block = 0; block < rows * cols / kBlock; ++block) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * (kBlock / 2)));
     const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibble));
     const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble));
@@ -271,48 +273,64 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
 }
 #endif
 
-// The prefill's tiles, in the widest vectors of the build (simd_cpu.h): kPassRows decoded rows x up to kTileVectors
-// vectors over the whole row, the sums in registers from the first column to the last and each x load feeding every
-// row's multiply-add from a register: 4 rows (24 sums) in AVX-512's 32 registers, 2 rows (12 sums) in AVX2's 16. Left
-// to itself GCC folds an x load into every multiply-add (AVX2's former 4 rows x 3 vectors: 16 loads for 12 of them);
-// sums carried to memory between column chunks ran AVX-512's prefill about half as fast on 2 AMD EPYC cores, and
-// chunks that keep AVX2's rows in L1 gave nothing measurable (bench/moe_bench.py's prefill row shows the rate).
-constexpr int kPassRows = Simd::kRegisters == 32 ? 4 : 2;
-constexpr int64_t kTileVectors = 6;
-static_assert(kTileRows % kPassRows == 0, "a pass takes whole rows of the decoded ones");
+// The prefill's tiles, in the widest vectors of the build (simd_cpu.h): up to kPassRows decoded rows x up to
+// kTileVectors vectors over the whole row, the sums in registers from the first column to the last and each x load
+// feeding every row's multiply-add from a register: 4 rows x 6 vectors (24 sums) in AVX-512's 32 registers, 3 x 4
+// (12 sums) in AVX2's 16, whose 7 loads a column step feed 12 multiply-adds where 2 rows x 6 vectors took 8 (on 2 AMD
+// EPYC cores with AVX2 only, a 20b layer's 512-token step in 954 ms against 1,079 with 2 x 6, alternated in one
+// process; bench/moe_bench.py's prefill row shows the rate). Left to itself GCC folds a load into every multiply-add
+// (AVX2's former 4 rows x 3 vectors: 16 loads for 12 of them; tuned for znver3, the rows' loads), so each load is
+// pinned to a register; sums carried to memory between column chunks ran AVX-512's prefill about half as fast on 2
+// AMD EPYC cores, and chunks that keep AVX2's rows in L1 gave nothing measurable.
+constexpr int kPassRows = Simd::kRegisters == 32 ? 4 : 3;
+constexpr int64_t kTileVectors = Simd::kRegisters == 32 ? 6 : 4;
 
-// out[r * stride + v] = rows[r] . xs[v] for the kPassRows rows and Vectors vectors (cols a multiple of the lanes:
-// MXFP4 rows come in blocks of 32).
-template <int Vectors>
+// out[r * stride + v] = rows[r] . xs[v] for Rows rows and Vectors vectors (cols a multiple of the lanes: MXFP4 rows
+// come in blocks of 32).
+template <int Rows, int Vectors>
 void Tile(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride) {
-  Simd::F sums[kPassRows][Vectors];
+  Simd::F sums[Rows][Vectors];
   for (auto& row : sums)
     for (auto& sum : row) sum = Simd::Zero();
   for (int64_t c = 0; c < cols; c += Simd::kLanes) {
-    Simd::F w[kPassRows];
-    for (int r = 0; r < kPassRows; ++r) w[r] = Simd::Load(rows + r * cols + c);
+    Simd::F w[Rows];
+    for (int r = 0; r < Rows; ++r) {
+      w[r] = Simd::Load(rows + r * cols + c);
+      __asm__("" : "+v"(w[r]));  // one load feeds every vector
+    }
     for (int v = 0; v < Vectors; ++v) {
       Simd::F x = Simd::Load(xs[v] + c);
       __asm__("" : "+v"(x));  // one load feeds every row
-      for (int r = 0; r < kPassRows; ++r) sums[r][v] = Simd::Fma(w[r], x, sums[r][v]);
+      for (int r = 0; r < Rows; ++r) sums[r][v] = Simd::Fma(w[r], x, sums[r][v]);
     }
   }
-  for (int r = 0; r < kPassRows; ++r)
+  for (int r = 0; r < Rows; ++r)
     for (int v = 0; v < Vectors; ++v) out[r * stride + v] = Simd::Sum(sums[r][v]);
 }
 
-template <int Vectors>
+template <int Rows, int Vectors>
 void TileOf(const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride, int64_t vectors) {
-  if (vectors == Vectors) return Tile<Vectors>(rows, cols, xs, out, stride);
-  if constexpr (Vectors > 1) TileOf<Vectors - 1>(rows, cols, xs, out, stride, vectors);
+  if (vectors == Vectors) return Tile<Rows, Vectors>(rows, cols, xs, out, stride);
+  if constexpr (Vectors > 1) TileOf<Rows, Vectors - 1>(rows, cols, xs, out, stride, vectors);
 }
 
-// out[r * count + t] = rows[r] . xs[t] for the kTileRows decoded rows and every vector: each tile of vectors meets
-// every pass of rows.
-void Tiles(const float* rows, int64_t cols, const float* const* xs, int64_t count, float* out) {
+template <int Rows>
+void PassOf(int64_t pass_rows, const float* rows, int64_t cols, const float* const* xs, float* out, int64_t stride,
+            int64_t vectors) {
+  if (pass_rows == Rows) return TileOf<Rows, kTileVectors>(rows, cols, xs, out, stride, vectors);
+  if constexpr (Rows > 1) PassOf<Rows - 1>(pass_rows, rows, cols, xs, out, stride, vectors);
+}
+
+// How many of `left` decoded rows the next pass takes: kPassRows, except that 4 left of passes of 3 go as 2 and 2.
+int64_t PassRows(int64_t left) { return kPassRows == 3 && left == 4 ? 2 : std::min<int64_t>(kPassRows, left); }
+
+// out[r * count + t] = rows[r] . xs[t] for `decoded` rows (at most kTileRows) and every vector: each tile of vectors
+// meets every pass of rows.
+void Tiles(const float* rows, int64_t decoded, int64_t cols, const float* const* xs, int64_t count, float* out) {
   for (int64_t t = 0; t < count; t += kTileVectors) {
-    for (int64_t r = 0; r < kTileRows; r += kPassRows) {
-      TileOf<kTileVectors>(rows + r * cols, cols, xs + t, out + r * count + t, count, std::min(kTileVectors, count - t));
+    for (int64_t r = 0, n = 0; r < decoded; r += n) {
+      n = PassRows(decoded - r);
+      PassOf<kPassRows>(n, rows + r * cols, cols, xs + t, out + r * count + t, count, std::min(kTileVectors, count - t));
     }
   }
 }
@@ -320,17 +338,18 @@ void Tiles(const float* rows, int64_t cols, const float* const* xs, int64_t coun
 // out[r * count + t] = row (first_row + r) . xs[t], for `rows` consecutive rows of one matrix.
 void ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                         const float* const* xs, int64_t count, float* out, Scratch& scratch) {
-  int64_t row = 0;
-  if (count >= kTiledFrom) {
-    std::vector<float>& decoded = scratch.decoded;
-    decoded.resize(static_cast<size_t>(kTileRows * cols));
-    for (; row + kTileRows <= rows; row += kTileRows) {
-      DecodeRows(codes + row * cols / 2, scales + row * cols / kBlock, cols, decoded.data());
-      Tiles(decoded.data(), cols, xs, count, out + row * count);
+  if (count < kTiledFrom) {
+    for (int64_t row = 0; row < rows; ++row) {
+      RowDots(codes + row * cols / 2, scales + row * cols / kBlock, cols, xs, count, out + row * count, scratch.acc);
     }
+    return;
   }
-  for (; row < rows; ++row) {
-    RowDots(codes + row * cols / 2, scales + row * cols / kBlock, cols, xs, count, out + row * count, scratch.acc);
+  std::vector<float>& decoded = scratch.decoded;
+  decoded.resize(static_cast<size_t>(kTileRows * cols));
+  for (int64_t row = 0; row < rows; row += kTileRows) {
+    const int64_t group = std::min(kTileRows, rows - row);
+    DecodeRows(codes + row * cols / 2, scales + row * cols / kBlock, group, cols, decoded.data());
+    Tiles(decoded.data(), group, cols, xs, count, out + row * count);
   }
 }
 #else
