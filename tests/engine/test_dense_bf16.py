@@ -17,6 +17,7 @@ RELATIVE = 1e-5  # float sums in another order, against the magnitude of the row
 SHAPES = [  # (N, K, rows)
     (5120, 2880, 1),  # QKV at decode
     (2880, 4096, 4),  # the attention output
+    (2880, 4096, 8),  # the same at 8 sequences (AVX2: two groups of 4 rows over each block)
     (32, 2880, 9),  # the router, past the dot-product path
     (201_088, 2880, 3),  # the unembedding
     (5120, 2880, 40),  # prefill: five full register groups

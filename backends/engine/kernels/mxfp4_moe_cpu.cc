@@ -296,11 +296,11 @@ void Tile(const float* rows, int64_t cols, const float* const* xs, float* out, i
     Simd::F w[Rows];
     for (int r = 0; r < Rows; ++r) {
       w[r] = Simd::Load(rows + r * cols + c);
-      __asm__("" : "+v"(w[r]));  // one load feeds every vector
+      Simd::Pin(w[r]);  // one load feeds every vector
     }
     for (int v = 0; v < Vectors; ++v) {
       Simd::F x = Simd::Load(xs[v] + c);
-      __asm__("" : "+v"(x));  // one load feeds every row
+      Simd::Pin(x);  // one load feeds every row
       for (int r = 0; r < Rows; ++r) sums[r][v] = Simd::Fma(w[r], x, sums[r][v]);
     }
   }

@@ -46,6 +46,9 @@ struct Simd {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values))));
   }
   static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  // keeps a loaded vector in its register: left to itself GCC may fold the load into every instruction that reads
+  // it (one load feeding several multiply-adds becomes several loads)
+  static void Pin(F& v) { __asm__("" : "+v"(v)); }
 };
 #elif defined(GPTOSS_SIMD_AVX2)
 struct Simd {
@@ -72,6 +75,9 @@ struct Simd {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(values))));
   }
   static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  // keeps a loaded vector in its register: left to itself GCC may fold the load into every instruction that reads
+  // it (one load feeding several multiply-adds becomes several loads)
+  static void Pin(F& v) { __asm__("" : "+v"(v)); }
 };
 #elif defined(GPTOSS_SIMD_NEON)
 struct Simd {
@@ -93,6 +99,7 @@ struct Simd {
     return vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide)));
   }
   static void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+  static void Pin(F& v) { __asm__("" : "+w"(v)); }
 };
 #endif
 
