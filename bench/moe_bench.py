@@ -1,6 +1,6 @@
 """One gpt-oss MoE layer on the CPU: our compiled MXFP4MoE kernel against the pure-ONNX realization.
 
-    python bench/moe_bench.py [--shape gpt-oss-20b] [--threads 0] [--repeats 5] [--write docs/benchmarks.md]
+    python bench/moe_bench.py [--shape gpt-oss-20b] [--threads 0] [--repeats 9] [--write docs/benchmarks.md]
 
 Decode steps (1 and 4 tokens) and a prefill (512 tokens) through the same one-node model, in one process:
 the pure-ONNX realization (GatherBlockQuantized of the routed experts + contrib MoE), the compiled kernel (MXFP4
@@ -166,7 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="gpt-oss-20b")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--write", type=Path, help="markdown file whose MoE section is replaced")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="moe-bench-") as scratch:  # the layer's models: gone after the run
