@@ -182,7 +182,7 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
 // j). Each nibble's E2M1 value is a bfloat16 whose two bytes come from two byte-table lookups (a bfloat16 is a
 // float's top half: exact), zipped into 16-bit words; a word pair's low word becomes a float by a 16-bit shift and
 // its high word by masking the low one off. The vectors are laid out once per phase in the order those floats come
-// (LayoutPairs), so every lookup is in-lane and half the conversions are plain logic, not shuffles: in a standalone
+// (PermuteBlocks), so every lookup is in-lane and half the conversions are plain logic, not shuffles: in a standalone
 // probe on 2 AMD EPYC cores (AVX2, no AVX-512) about 1.5x the rate of widening the codes to int32 lanes and looking
 // each nibble up as a float by a cross-lane permute, as this path did before (bench/moe_bench.py's decode rows
 // show its rate).
