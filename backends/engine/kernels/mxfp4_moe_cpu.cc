@@ -709,7 +709,7 @@ struct Route {
 };
 
 // A phase's input rows prepared once for the experts with few tokens: quantized by pairs of blocks (the int8 path:
-// QuantizePairs), or reordered by blocks (the float path with AVX-512: PermuteBlocks); indexed as the inputs are.
+// QuantizePairs), or reordered for the float path's lookups (PermuteBlocks); indexed as the inputs are.
 struct PreparedRows {
   std::vector<int8_t> q;
   std::vector<float> d, permuted;
