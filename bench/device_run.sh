@@ -14,18 +14,25 @@
 #   bash bench/device_run.sh attention20b  after an attention change, in about 4 minutes: the attention step
 #                                        (prefill and decode on the tensor cores against the CUDA cores), the 20b
 #                                        shape, paged20b, pytest -m gpu
+#   bash bench/device_run.sh sweep       the MoE kernel's launch variants at every step size, 20b's and 120b's
+#                                        layers (about 3 minutes; bench/moe_sweep.py): $OUT/sweep/moe_tuning.json,
+#                                        the table the engine reads; the parts run after it on this machine (it
+#                                        keeps /tmp while warm) run with it. A window: sweep, then recheck20b.
 #
 # Back here: python bench/engine_check.py --render OUT/20b/engine_check.json OUT/kernels/engine_check.json \
-#            OUT/120b/engine_check.json OUT/paged/engine_check.json
-#            --docs docs/benchmarks.md, and commit the JSON files as docs/engine_check*.json.
+#            OUT/120b/engine_check.json OUT/paged/engine_check.json OUT/sweep/engine_check.json
+#            --docs docs/benchmarks.md, commit the JSON files as docs/engine_check*.json and the sweep's
+#            moe_tuning.json as backends/engine/kernels/moe_tuning.json.
 set -uo pipefail
-part=${1:?usage: device_run.sh check20b|tests|kernels|check120b|paged20b|recheck20b|attention20b}
+part=${1:?usage: device_run.sh check20b|tests|kernels|check120b|paged20b|recheck20b|attention20b|sweep}
 out=${OUT:?the device tool sets OUT}
 site=/tmp/gateway-site
 if [ ! -f "$site/.installed" ]; then
   mkdir -p "$site" && tar -xJf /tmp/device-site.tar.xz -C "$site" && touch "$site/.installed" || exit 1
 fi
 export PYTHONPATH="$site:$PWD" GATEWAY_ENGINE_KERNELS="$site/libgptoss_engine_kernels.so" PYTHONUNBUFFERED=1
+tuned=/tmp/moe_tuning.json  # an earlier sweep on this machine: its table in this copy of the tree
+if [ -f "$tuned" ]; then cp "$tuned" backends/engine/kernels/moe_tuning.json; fi
 mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -63,6 +70,9 @@ case "$part" in
     check 20b 135 --cuda-graph --no-qmoe-decode --steps scale
     check paged 90 --steps paged
     gpu_tests 40 ;;
+  sweep)
+    check sweep 400 --steps sweep
+    if [ -f "$out/sweep/moe_tuning.json" ]; then cp "$out/sweep/moe_tuning.json" "$tuned"; fi ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac
 } 2>&1 | tee "$out/$part.log"

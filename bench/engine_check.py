@@ -24,6 +24,9 @@ Steps (each reported, a failure recorded and the next step run):
    the engine serves: on the device with the kernels; 20b also 256 sequences at 2,048 positions each),
    time to first token (20b: 1k and 8k prompts; 120b: 1k), KV capacity, and batch-1 decode as a fraction of
    the HBM bound (bytes read per token / measured copy bandwidth);
+   sweep (its own step: `--steps sweep`, on a GPU; bench/moe_sweep.py): every launch variant of the MoE kernel
+   at every step size, the fastest per size written as the table the engine reads (DIR/moe_tuning.json and the
+   package's backends/engine/kernels/moe_tuning.json); the scale step reports the variants it ran with;
 5. paged (its own run: `--steps paged`): gpt-oss-20b's shape on the paged KV pools: 512 sequences at 2,048
    positions each decoded together (the full-attention pool holding their positions, the window pool only
    their windows), then a 131,000-token prompt prefilled in chunks of 2,048, each chunk in one step beside 64
@@ -56,6 +59,7 @@ import numpy as np
 from attention_layer import attention_timing
 from engine_check_report import GEMM_ENV, MMA_ENV, PREFETCH_ENV, SECTION, markdown
 from kernel_session import kernel_session
+from moe_sweep import moe_sweep, time_layer
 from qmoe_layer import qmoe_layer_model
 from report import write_section
 from sampler_bench import measure
@@ -64,6 +68,7 @@ from backends.base import Sampling
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.config import DEMO_CONFIG, GPT_OSS_20B, GPT_OSS_120B, ModelConfig
 from backends.engine.graph import GraphOptions
+from backends.engine.kernels import moe_tuning
 from backends.engine.make_checkpoint import random_moe_layer, write_random_checkpoint
 from backends.engine.model_cache import compiled_model
 from backends.engine.op_models import moe_layer_model
@@ -284,49 +289,9 @@ def qmoe_vs_kernel(work: Path, config: ModelConfig, layer: dict[str, np.ndarray]
     return {"columns": rows}
 
 
-def expert_bytes(config: ModelConfig, value_bytes: int) -> int:
-    """What one routed expert's rows weigh: MXFP4 codes, E8M0 scales and biases of fc1 and fc2."""
-    h, i = config.hidden_size, config.intermediate_size
-    return (2 * i * h + h * i) // 2 + (2 * i * h + h * i) // 32 + (2 * i + h) * value_bytes
-
-
 def kernel_timing(session, device: str, config: ModelConfig, options: GraphOptions) -> dict[str, Any]:
-    """The layer alone on the device, inputs and output in device memory bound by address: µs per session
-    run (ONNX Runtime's per-run overhead included) and the expert bytes it must read per µs."""
-    import onnxruntime as ort
-
-    timing = {}
-    value_bytes = options.numpy_type.itemsize
-    for tokens in (1, 8, 64, 1024):
-        rng = np.random.default_rng(tokens)
-        x = rng.standard_normal((tokens, config.hidden_size)).astype(np.float32).astype(options.numpy_type)
-        logits = rng.standard_normal((tokens, config.num_experts)).astype(np.float32)
-        routed = len(np.unique(np.argsort(-logits, axis=1)[:, : config.experts_per_token]))
-        buffers = {
-            "x": x.view(np.uint16),
-            "router_logits": logits.astype(options.numpy_type).view(np.uint16),
-            "y": np.zeros((tokens, config.hidden_size), np.uint16),
-        }
-        values = {name: ort.OrtValue.ortvalue_from_numpy(array, device, 0) for name, array in buffers.items()}
-        binding = session.io_binding()
-        for name, value in values.items():
-            bind = binding.bind_output if name == "y" else binding.bind_input
-            bind(name, device, 0, options.onnx_type, list(buffers[name].shape), value.data_ptr())
-        for _ in range(3):
-            session.run_with_iobinding(binding)
-        repeats = 50 if tokens < 1024 else 10
-        started = time.perf_counter()
-        for _ in range(repeats):
-            session.run_with_iobinding(binding)
-        seconds = (time.perf_counter() - started) / repeats
-        read = routed * expert_bytes(config, value_bytes)
-        timing[f"tokens_{tokens}"] = {
-            "us": round(seconds * 1e6, 1),
-            "experts_routed": routed,
-            "expert_bytes": read,
-            "gb_per_s": round(read / seconds / 1e9, 1),
-        }
-    return timing
+    """The layer alone on the device at 1 to 1,024 tokens (moe_sweep.time_layer)."""
+    return {f"tokens_{tokens}": time_layer(session, device, config, options, tokens) for tokens in (1, 8, 64, 1024)}
 
 
 def bytes_per_token(config: ModelConfig, dtype_bytes: int) -> dict[str, float]:
@@ -514,6 +479,8 @@ def scale(
     )
     report["checkpoint_write_s"] = round(time.perf_counter() - started, 1)
     report["experts"] = "zero, read in place from the checkpoint's files"
+    if device == "cuda" and kernels is not None:  # the MoE's launch variants, as the engine picks them at load
+        report["moe_variants"] = moe_tuning.apply(config.num_experts, moe_tuning.cuda_gpu(0))
     started = time.perf_counter()
     model = compiled_model(Checkpoint(directory), GraphOptions(positions, SCALE_DTYPE), work / "graphs")
     report["convert_s"] = round(time.perf_counter() - started, 1)
@@ -745,7 +712,7 @@ def merged(paths: list[str]) -> dict[str, Any]:
             if key == "run":
                 results["runs"].append(value)
                 continue
-            later_wins = key in ("parity", "kernel", "attention", "sampler", "scale", "scale_120b", "paged")
+            later_wins = key in ("parity", "sweep", "kernel", "attention", "sampler", "scale", "scale_120b", "paged")
             if value is not None and (key not in results or later_wins):
                 results[key] = value
     return results
@@ -788,6 +755,8 @@ def main() -> int:
     steps = args.steps.split(",")
     if "parity" in steps:
         step(results, "parity", lambda: parity(work, args.device, kernels, args.cuda_graph))
+    if "sweep" in steps and kernels is not None:
+        step(results, "sweep", lambda: moe_sweep(work, kernels, args.device, out, log))
     if "kernel" in steps and kernels is not None:
         step(results, "kernel", lambda: kernel_vs_cpu(work, args.device, kernels))
     if "attention" in steps and kernels is not None:

@@ -106,6 +106,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"the output's magnitude (1, 3, 64, 256 tokens); per layer: {times}.",
                 "",
             ]
+    lines += sweep_lines(results.get("sweep", {}))
     lines += attention_lines(results.get("attention", {}))
     sampler = results.get("sampler", {})
     if sampler and "error" not in sampler:
@@ -266,6 +267,37 @@ def kernel_name(signature: str) -> str:
     """A profiled kernel's name without its return type, anonymous namespace and arguments."""
     name = signature.replace("(anonymous namespace)::", "").removeprefix("void ")
     return name.split("(")[0][:90]
+
+
+def sweep_lines(sweep: dict[str, Any]) -> list[str]:
+    """The MoE kernel's launch variants by step size (bench/moe_sweep.py): the fastest per size, against the
+    kernel's built-in rule and ONNX Runtime's QMoE."""
+    if not sweep or "error" in sweep:
+        return [f"**MoE launch variants**: the sweep failed: {sweep['error']}", ""] if sweep else []
+    lines = []
+    for name in ("20b", "120b"):
+        shape = sweep.get(name)
+        if not shape:
+            continue
+        qmoe = shape.get("qmoe_us", {})
+        qmoe = {} if "error" in qmoe else qmoe
+        lines += [
+            f"**MoE launch variants, gpt-oss-{name}'s layer** ({shape['experts']} experts, {sweep['dtype']}, on "
+            f"{sweep['device']}; every variant timed at every size, the layer alone; the table the engine now reads: "
+            f"`{shape['variants']}`; each variant's largest difference from the CUDA cores' output: "
+            + ", ".join(f"{v} {d:.1e}" for v, d in shape.get("largest_difference_from_cores", {}).items())
+            + "):",
+            "",
+            "| tokens | fastest | µs | the built-in rule, µs | rule ÷ fastest | QMoE, µs |",
+            "|---|---|---|---|---|---|",
+            *(
+                f"| {size} | {fastest} | {shape['us'][fastest][size]} | {shape['us']['rule'][size]} "
+                f"| {shape['rule_over_fastest'][size]} | {qmoe.get(size, '')} |"
+                for size, fastest in shape["fastest"].items()
+            ),
+            "",
+        ]
+    return lines
 
 
 def _profiled(key: str) -> tuple[str, str]:

@@ -42,6 +42,7 @@ from .checkpoint import Checkpoint
 from .config import DEMO_CONFIG, CheckpointError
 from .grammar import GrammarCompiler, TokenGuide
 from .graph import Dtype, GraphOptions
+from .kernels import moe_tuning
 from .kernels.build import kernel_choice
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
@@ -217,6 +218,9 @@ class EngineBackend:
             kernels = None if choice is None else choice.path
             if cpu:
                 self._placement["cpu_kernels"] = "none" if choice is None else choice.variant
+            elif kernels is not None and options.moe != "qmoe":  # the MoE kernel's launch variants for this GPU
+                gpu = moe_tuning.cuda_gpu(options.device_id)
+                self._placement["moe_variants"] = moe_tuning.apply(checkpoint.config.num_experts, gpu)
             window = checkpoint.config.sliding_window
             pools = KvPools(options.full_pages(), options.window_pages(window), options.page_size, window)
             runtime = DecoderRuntime(

@@ -16,6 +16,7 @@ from emulated_kernels import compile_emulated
 from backends.engine.config import ModelConfig
 from backends.engine.graph import GraphOptions, moe_attributes
 from backends.engine.kernels import build
+from backends.engine.kernels.moe_tuning import CANDIDATES
 from backends.engine.make_checkpoint import random_moe_layer
 from backends.engine.op_models import moe_layer_model
 
@@ -60,9 +61,10 @@ def _widen(raw: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _emulated_and_cpu(
-    emulated, config, tokens, dtype, tmp_path, gemm_min_tokens, capturing=False, mma_min_tokens=0
+    emulated, config, tokens, dtype, tmp_path, gemm_min_tokens, capturing=False, mma_min_tokens=0, variants=None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The emulated CUDA kernel's output and the CPU kernel's, widened to float32, on a random layer."""
+    """The emulated CUDA kernel's output and the CPU kernel's, widened to float32, on a random layer; `variants`:
+    a tuned table (GATEWAY_MOE_VARIANTS's text) applied over the thresholds, as the ONNX Runtime op applies it."""
     layer = random_moe_layer(config, seed=tokens)
     numpy_type = GraphOptions(16, dtype).numpy_type  # type: ignore[arg-type]
     rng = np.random.default_rng(tokens)
@@ -89,6 +91,7 @@ def _emulated_and_cpu(
         pointer(layer["mlp1_weight.blocks"]), pointer(layer["mlp1_weight.scales"]), pointer(biases["mlp1_bias"]),
         pointer(layer["mlp2_weight.blocks"]), pointer(layer["mlp2_weight.scales"]), pointer(biases["mlp2_bias"]),
         pointer(out), ctypes.c_int64(gemm_min_tokens), ctypes.c_int(capturing), ctypes.c_int64(mma_min_tokens),
+        None if variants is None else ctypes.c_char_p(variants.encode()),
     )  # fmt: skip
     assert error is None
     return _widen(out, dtype), expected
@@ -173,6 +176,41 @@ def _assert_within_rounded_swiglu(got: np.ndarray, expected: np.ndarray, dtype: 
     assert error.max() <= 1.0, f"largest error {error.max():.3f} of the bound"
 
 
+# gpt-oss's width on fc1's K (2,880: 90 blocks, split into 2, 4 and 8 parts, the last shorter) and fc2's rows
+GPT_OSS_WIDTH = ModelConfig(num_experts=4, experts_per_token=2, hidden_size=2880, intermediate_size=64)
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_every_variant_a_gpu_sweep_times_computes_what_the_cpu_kernel_does(emulated, tokens, tmp_path):
+    """Each launch variant the sweep (engine_check --steps sweep) may write into the table, forced for every step
+    size through the table's own text, at one token (the batch-1 kernels) and five: within the 16-bit bound of the
+    CPU kernel, and the CUDA cores' not the tiles' output (the tiles' split counts and the GEMMs differ from the rule's
+    only below bfloat16's rounding)."""
+    rule = _emulated_and_cpu(emulated, GPT_OSS_WIDTH, tokens, "bfloat16", tmp_path / "rule", 128, False, 1)[0]
+    for variant in CANDIDATES:
+        table = f"4096={variant}"
+        got, expected = _emulated_and_cpu(
+            emulated, GPT_OSS_WIDTH, tokens, "bfloat16", tmp_path / variant.replace("/", ""), 128, False, 1, table
+        )
+        _assert_within_rounded_swiglu(got, expected, "bfloat16")
+        if variant == ("tiles/4" if tokens * 2 <= 8 else "tiles/1"):  # the rule's own choice
+            assert np.array_equal(got, rule)
+        elif variant == "cores":  # fc2 on the float swiglu output, not rounded to 16 bits as the tiles' input
+            assert not np.array_equal(got, rule)
+
+
+def test_a_table_of_variants_picks_by_step_size_and_leaves_larger_steps_to_the_rule(emulated, tmp_path):
+    """`1=cores;4=tiles/2`: one token on the CUDA cores, three on the tiles in two parts, nine past the table
+    (the built-in rule: tiles, unsplit); text that is not a table is refused."""
+    config, table = SHAPES[1][0], "1=cores;4=tiles/2"
+    for tokens, forced in ((1, "4096=cores"), (3, "4096=tiles/2"), (9, "4096=tiles/1")):
+        tabled = _emulated_and_cpu(emulated, config, tokens, "bfloat16", tmp_path / f"t{tokens}", 0, False, 1, table)
+        alone = _emulated_and_cpu(emulated, config, tokens, "bfloat16", tmp_path / f"f{tokens}", 0, False, 1, forced)
+        assert np.array_equal(tabled[0], alone[0])
+    with pytest.raises(AssertionError):
+        _emulated_and_cpu(emulated, config, 1, "bfloat16", tmp_path / "bad", 0, False, 1, "4=tiles/0")
+
+
 def test_a_step_captured_into_a_cuda_graph_stays_off_the_gemm_path(emulated, tmp_path):
     """That path waits for the host (the experts' row counts), which a capture cannot: the CUDA-core kernel runs."""
     config, tokens = SHAPES[1]
@@ -206,7 +244,7 @@ def test_the_emulated_routing_is_a_softmax_over_the_top_k(emulated, tmp_path):
             ctypes.c_float(attributes["swiglu_limit"]), ctypes.c_float(attributes["activation_alpha"]), ctypes.c_int(0),
             pointer(x), pointer(routed), pointer(layer["mlp1_weight.blocks"]), pointer(layer["mlp1_weight.scales"]),
             pointer(biases[0]), pointer(layer["mlp2_weight.blocks"]), pointer(layer["mlp2_weight.scales"]),
-            pointer(biases[1]), pointer(out), ctypes.c_int64(0), ctypes.c_int(0), ctypes.c_int64(0),
+            pointer(biases[1]), pointer(out), ctypes.c_int64(0), ctypes.c_int(0), ctypes.c_int64(0), None,
         ) is None  # fmt: skip
         outputs.append(out)
     first = 1 / (1 + np.exp(6.03 - 6.75))

@@ -16,6 +16,7 @@ from paths import ROOT
 
 from backends.engine.config import ModelConfig
 from backends.engine.graph import GraphOptions
+from backends.engine.kernels import moe_tuning
 from backends.engine.kernels.build import kernel_library
 from backends.engine.make_checkpoint import random_moe_layer
 from backends.engine.op_models import moe_layer_model
@@ -23,6 +24,7 @@ from backends.engine.runtime import cuda_unavailable_reason
 
 sys.path.insert(0, str(ROOT / "bench"))
 from engine_check import layer_inputs, layer_session, parity, run_layer
+from kernel_session import kernel_session
 
 pytestmark = pytest.mark.gpu
 
@@ -64,6 +66,24 @@ def test_the_cuda_moe_kernel_computes_what_the_cpu_kernel_does_on_both_paths(ker
             assert tile_error.max() <= 1.0, ("tiles", tokens, float(tile_error.max()))
         if rounded:  # it did run: the CUDA-core kernel's output differs in its rounding
             assert not np.array_equal(got, run_layer(cores, x, logits, options))
+
+
+@pytest.mark.parametrize("variant", moe_tuning.CANDIDATES)
+def test_every_launch_variant_a_sweep_may_choose_computes_what_the_cpu_kernel_does(kernels, variant, tmp_path):
+    """Each variant forced for every step size (GATEWAY_MOE_VARIANTS), at a decode step of 1 and 3 tokens and
+    a prefill's of 256, in bfloat16; and the GPU is one the driver names, as the tuning table keys it."""
+    gpu = moe_tuning.cuda_gpu(0)
+    assert gpu is not None and gpu.name and gpu.capability.replace(".", "").isdigit()
+    model = moe_layer_model(LAYER, random_moe_layer(LAYER, seed=5), tmp_path, "bfloat16")
+    cpu = layer_session(model, kernels, "cpu")
+    forced = kernel_session(model, kernels, DEVICE, {moe_tuning.VARIANTS_ENV: f"4096={variant}"})
+    options = GraphOptions(16, "bfloat16")
+    for tokens in (1, 3, 256):
+        x, logits = layer_inputs(tokens, LAYER, options)
+        expected, got = run_layer(cpu, x, logits, options), run_layer(forced, x, logits, options)
+        room = float(np.abs(expected).max()) / 4  # swiglu's output rounded to 16 bits (the cores keep it float)
+        error = np.abs(got - expected) / (ULP["bfloat16"] * (np.abs(expected) + room))
+        assert error.max() <= 1.0, (variant, tokens, float(error.max()))
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,7 @@ SOURCES = (
 HEADERS = (
     "mxfp4_moe_op.h",
     "mxfp4_moe_launch.h",
+    "moe_variants.h",
     "sample_tokens_op.h",
     "sample_tokens_launch.h",
     "cuda_launch.h",

@@ -683,7 +683,9 @@ constexpr int64_t kSplitChoices = 8;
 constexpr int64_t kMmaSplits = 4;
 
 int64_t MmaSplits(const MoeArgs& a) {
-  return UsesMma(a) && a.tokens * a.k <= kSplitChoices && !UsesGemms(a) ? kMmaSplits : 1;
+  if (!UsesMma(a) || UsesGemms(a)) return 1;
+  if (a.mma_splits > 0) return a.mma_splits;  // a tuned variant's (moe_variants.h)
+  return a.tokens * a.k <= kSplitChoices ? kMmaSplits : 1;
 }
 
 constexpr size_t kAlign = 256;

@@ -36,6 +36,9 @@ struct MoeArgs {
   // CUDA tensor-core tiles on Hopper: each warp first asks L2 for all of its rows' codes it will read (bulk
   // prefetch), so its rounds of loads find them there; GATEWAY_MOE_L2_PREFETCH=0: off. Other kernels ignore it.
   bool l2_prefetch;
+  // CUDA tensor-core tiles: the parts of K a step splits into, as a tuned variant says (moe_variants.h); 0: the
+  // built-in rule (kMmaSplits for steps of few choices, else none). Other kernels ignore it.
+  int64_t mma_splits;
 };
 
 constexpr int64_t kDefaultGemmMinTokens = 128;  // above the largest decode batch a CUDA graph captures

@@ -25,6 +25,12 @@ MoeAttributes::MoeAttributes(const OrtKernelInfo* info) {
   mma_min_tokens = mma && *mma ? std::strtoll(mma, nullptr, 10) : kDefaultMmaMinTokens;
   const char* prefetch = std::getenv("GATEWAY_MOE_L2_PREFETCH");
   l2_prefetch = !(prefetch && std::string(prefetch) == "0");
+  const char* tuned = std::getenv("GATEWAY_MOE_VARIANTS");
+  if (tuned && !ParseMoeVariants(tuned, &variants)) {
+    ORT_CXX_API_THROW(std::string("MXFP4MoE: GATEWAY_MOE_VARIANTS is not a list of TOKENS=cores|tiles/SPLITS|gemm "
+                                  "entries, bounds increasing, separated by ';': ") + std::string(tuned).substr(0, 200),
+                      ORT_INVALID_ARGUMENT);
+  }
 }
 
 ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType activation) {
@@ -66,6 +72,7 @@ MoeArgs ReadMoeArgs(Ort::KernelContext& context, const MoeAttributes& attributes
   a.mma_min_tokens = attributes.mma_min_tokens;
   a.int8_activations = attributes.int8_activations;
   a.l2_prefetch = attributes.l2_prefetch;
+  ApplyMoeVariant(a, attributes.variants);  // after the tokens are known
   if (w1_shape[1] != 2 * a.inter || w1_shape[2] != a.hidden || w2_shape[0] != a.experts || w2_shape[1] != a.hidden ||
       a.hidden % kBlock || a.inter % kBlock || a.k < 1 || a.k > a.experts || a.k > kMaxTopK ||
       a.experts > kMaxExperts) {

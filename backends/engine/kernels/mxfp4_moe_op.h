@@ -10,6 +10,7 @@
 #include <onnxruntime_cxx_api.h>
 
 #include "mxfp4_moe_launch.h"
+#include "moe_variants.h"
 
 namespace gptoss {
 
@@ -22,6 +23,7 @@ struct MoeAttributes {
   int64_t mma_min_tokens;   // GATEWAY_MOE_MMA_MIN_TOKENS, else kDefaultMmaMinTokens
   bool int8_activations;    // the node's int8_activations (0 when absent)
   bool l2_prefetch;         // GATEWAY_MOE_L2_PREFETCH: "0" off, else on
+  MoeVariants variants;     // GATEWAY_MOE_VARIANTS (moe_variants.h): the CUDA path by step size, else none
 };
 
 ONNXTensorElementDataType MoeInputType(size_t index, ONNXTensorElementDataType activation);

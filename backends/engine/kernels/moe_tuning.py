@@ -1,0 +1,111 @@
+"""The CUDA MoE's launch variant by step size, per GPU model: the table a sweep on that GPU wrote
+(`bench/engine_check.py --steps sweep`: every variant timed at every step size, the fastest kept), committed as
+moe_tuning.json beside this file and handed to the kernel in GATEWAY_MOE_VARIANTS (moe_variants.h) for the device
+and model shape the engine runs. A device or shape the table does not name keeps the kernel's built-in rule; an
+operator's own GATEWAY_MOE_VARIANTS wins over the table."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger()
+
+VARIANTS_ENV = "GATEWAY_MOE_VARIANTS"
+TABLE = Path(__file__).with_name("moe_tuning.json")
+# what a sweep times: the CUDA-core kernels, the tensor-core tiles with K in 1, 2, 4 or 8 parts, cuBLAS GEMMs
+CANDIDATES = ("cores", "tiles/1", "tiles/2", "tiles/4", "tiles/8", "gemm")
+# the step sizes a sweep times: every decode bucket a CUDA graph captures, then prefill steps
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+MAX_ENTRIES = 32  # moe_variants.h's kMaxMoeVariants
+_ENTRY = re.compile(r"([1-9][0-9]{0,9})=(cores|gemm|tiles/(?:[1-9]|1[0-6]))")
+_CU_COMPUTE_MAJOR, _CU_COMPUTE_MINOR = 75, 76  # CUdevice_attribute
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    name: str  # as the driver names it, e.g. "NVIDIA H200"
+    capability: str  # compute capability, e.g. "9.0"
+
+
+def valid(text: str) -> bool:
+    """Whether `text` is a table the kernel reads: TOKENS=VARIANT entries, bounds increasing, ';' between."""
+    bounds = []
+    for entry in text.split(";"):
+        match = _ENTRY.fullmatch(entry)
+        if match is None:
+            return False
+        bounds.append(int(match.group(1)))
+    return len(bounds) <= MAX_ENTRIES and all(a < b for a, b in itertools.pairwise(bounds))
+
+
+def compact(fastest: dict[int, str]) -> str:
+    """The table text of the fastest variant per step size: a run of sizes with one variant as one entry (its
+    largest size its bound)."""
+    entries: list[tuple[int, str]] = []
+    for size in sorted(fastest):
+        if entries and entries[-1][1] == fastest[size]:
+            entries[-1] = (size, fastest[size])
+        else:
+            entries.append((size, fastest[size]))
+    return ";".join(f"{size}={variant}" for size, variant in entries)
+
+
+def lookup(table: dict[str, Any], gpu: GpuModel, experts: int) -> str | None:
+    """The table's variants for this GPU model and number of experts, if it has them (and they are well formed)."""
+    for entry in table.get("tables", []):
+        if (entry.get("device"), entry.get("compute_capability"), entry.get("experts")) == (
+            gpu.name,
+            gpu.capability,
+            experts,
+        ):
+            text = entry.get("variants")
+            return text if isinstance(text, str) and valid(text) else None
+    return None
+
+
+def cuda_gpu(ordinal: int = 0) -> GpuModel | None:
+    """The GPU at `ordinal` as the CUDA driver names it (None without a driver or such a device)."""
+    with contextlib.suppress(OSError, AttributeError):
+        driver = ctypes.CDLL("libcuda.so.1")
+        device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        name = ctypes.create_string_buffer(256)
+        if (
+            driver.cuInit(0) == 0
+            and driver.cuDeviceGet(ctypes.byref(device), ordinal) == 0
+            and driver.cuDeviceGetName(name, len(name), device) == 0
+            and driver.cuDeviceGetAttribute(ctypes.byref(major), _CU_COMPUTE_MAJOR, device) == 0
+            and driver.cuDeviceGetAttribute(ctypes.byref(minor), _CU_COMPUTE_MINOR, device) == 0
+        ):
+            return GpuModel(name.value.decode(errors="replace"), f"{major.value}.{minor.value}")
+    return None
+
+
+def apply(experts: int, gpu: GpuModel | None, table_path: Path | None = None) -> str:
+    """Sets GATEWAY_MOE_VARIANTS for a model of `experts` experts on `gpu` from the table, unless the operator set
+    it; says which applies (for the log and /readyz). Read by the kernel when a session is created."""
+    own = os.environ.get(VARIANTS_ENV)
+    if own is not None:
+        return f"{VARIANTS_ENV} as set: {own[:200]}"
+    try:
+        table = json.loads((table_path or TABLE).read_text())
+    except (OSError, ValueError):
+        table = {}
+    text = None if gpu is None else lookup(table, gpu, experts)
+    if text is None:
+        where = "no GPU named" if gpu is None else f"{gpu.name} ({gpu.capability}) with {experts} experts"
+        log.info("engine_moe_variants", source="built-in rule", reason=f"the table has no entry for {where}")
+        return "built-in rule"
+    os.environ[VARIANTS_ENV] = text
+    assert gpu is not None
+    log.info("engine_moe_variants", source="table", device=gpu.name, experts=experts, variants=text)
+    return f"tuned for {gpu.name} ({gpu.capability}): {text}"
