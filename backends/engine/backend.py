@@ -333,7 +333,7 @@ class EngineBackend:
 
 def _guide(grammars: GrammarCompiler, request: GenerateRequest) -> TokenGuide:
     """The constraint's grammar for the request, past the answer tokens it continues from."""
-    guide = grammars.guide(request.constraint, request.max_new_tokens + len(request.continues))
+    guide = grammars.guide(request.constraint, request.max_new_tokens + len(request.continues), request.tenant)
     try:
         for token in request.continues:
             guide.accept(token)

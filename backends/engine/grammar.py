@@ -14,6 +14,8 @@ token budget, so that the constrained answer always has room to come out.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import llguidance
@@ -107,8 +109,17 @@ def top_level_grammar(constraint: Constraint, main: str) -> str:
     return json.dumps({"grammars": grammars})
 
 
+# Compiled grammars kept, by tenant and grammar text: a generation takes a copy of its grammar's pristine matcher
+# (microseconds) instead of compiling it again (3.2 ms for a JSON-schema answer at the real vocabulary, on an AMD
+# EPYC core). Per tenant, so that how soon a generation starts says nothing of another tenant's schemas; grammars
+# longer than KEPT_GRAMMAR_CHARS are compiled each time (a large schema's matcher is not kept in memory).
+KEPT_GRAMMARS = 256
+KEPT_GRAMMAR_CHARS = 65_536
+
+
 class GrammarCompiler:
-    """The engine's tokenizer for llguidance (built once: about a second) and per-request matchers."""
+    """The engine's tokenizer for llguidance (built once: about a second) and per-request matchers, copied from
+    the tenant's compiled grammars when the same grammar was compiled before."""
 
     def __init__(self, encoding: HarmonyEncoding, vocab_size: int) -> None:
         specials = {text: token for text, token in SPECIAL_TOKENS.items() if token < vocab_size}
@@ -120,21 +131,38 @@ class GrammarCompiler:
             eos_token=RETURN,
             n_vocab=vocab_size,
         )
+        self._kept: OrderedDict[tuple[str, str], llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()  # generations start on several executor threads
 
-    def guide(self, constraint: Constraint, max_new_tokens: int) -> TokenGuide:
-        """A matcher for one generation; BackendError when the constraint cannot be compiled."""
+    def guide(self, constraint: Constraint, max_new_tokens: int, tenant: str = "") -> TokenGuide:
+        """A matcher for one generation of `tenant`'s; BackendError when the constraint cannot be compiled."""
         reasoning = max_new_tokens // 2
-        matcher = self._matcher(constraint, harmony_grammar(constraint, reasoning))
+        matcher = self._matcher(tenant, constraint, harmony_grammar(constraint, reasoning))
         if matcher.is_error() and constraint.tool_parameters:
             # a parameters schema llguidance cannot compile: the arguments are still held to a JSON object
             loose = {name: ANY_OBJECT for name in constraint.tool_parameters}
-            matcher = self._matcher(constraint, harmony_grammar(constraint, reasoning, loose))
+            matcher = self._matcher(tenant, constraint, harmony_grammar(constraint, reasoning, loose))
         if matcher.is_error():
             raise BackendError(f"The output constraint cannot be enforced by this engine: {matcher.get_error()}")
         return TokenGuide(matcher, self.vocab_size)
 
-    def _matcher(self, constraint: Constraint, lark: str) -> llguidance.LLMatcher:
-        return llguidance.LLMatcher(self._tokenizer, top_level_grammar(constraint, lark), log_level=0)
+    def _matcher(self, tenant: str, constraint: Constraint, lark: str) -> llguidance.LLMatcher:
+        """A fresh matcher of the grammar: a copy of the tenant's kept one, or compiled (and kept when small)."""
+        grammar = top_level_grammar(constraint, lark)
+        key = (tenant, grammar)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+                return kept.deep_copy()
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if matcher.is_error() or len(grammar) > KEPT_GRAMMAR_CHARS:
+            return matcher
+        with self._lock:
+            self._kept[key] = matcher
+            while len(self._kept) > KEPT_GRAMMARS:
+                self._kept.popitem(last=False)
+            return matcher.deep_copy()  # the kept one stays at the grammar's start
 
 
 class TokenGuide:

@@ -16,6 +16,7 @@ from live_gateway import LiveGateway
 from reference import harmony_module, reference_encoding
 
 from backends.base import Constraint
+from backends.engine import grammar as grammar_module
 from backends.engine.grammar import GrammarCompiler, harmony_grammar
 from gateway.config import Settings
 from harmony import load_harmony_encoding
@@ -234,3 +235,33 @@ CODEX_LARK = (
     'change_context: ("@@" | "@@ " /(.+)/) LF\nchange_line: ("+" | "-" | " ") /(.*)/ LF\n'
     'eof_line: "*** End of File" LF\n\n%import common.LF\n'
 )
+
+
+def test_a_grammar_compiled_once_is_copied_for_each_generation_of_its_tenant(monkeypatch):
+    """The second generation of a tenant's grammar starts from a copy of the first's compiled matcher, at the
+    grammar's start however far the first went; another tenant's compiles its own; the kept grammars are bounded
+    in number (the least recently used go) and in size (a longer grammar is compiled every time)."""
+    compiled = []
+    real = grammar_module.llguidance.LLMatcher
+    monkeypatch.setattr(grammar_module.llguidance, "LLMatcher", lambda *a, **k: compiled.append(a[1]) or real(*a, **k))
+    compiler = GrammarCompiler(load_harmony_encoding(), 201088)
+    constraint = Constraint("none", (), VERDICT)
+    first = compiler.guide(constraint, 40, "tenant-a")
+    start = first.allowed().copy()
+    rng = np.random.default_rng(2)
+    for _ in range(6):
+        first.accept(int(np.argmax(_masked(first, rng.standard_normal(201088).astype(np.float32)))))
+    assert not np.array_equal(first.allowed(), start)
+    second = compiler.guide(constraint, 40, "tenant-a")
+    assert len(compiled) == 1 and np.array_equal(second.allowed(), start)
+    compiler.guide(constraint, 40, "tenant-b")
+    assert len(compiled) == 2
+    monkeypatch.setattr(grammar_module, "KEPT_GRAMMARS", 2)
+    for budget in (50, 60):  # other reasoning budgets: other grammars; tenant-a's first is the oldest, then gone
+        compiler.guide(constraint, budget, "tenant-a")
+    compiler.guide(constraint, 40, "tenant-a")
+    assert len(compiled) == 5
+    monkeypatch.setattr(grammar_module, "KEPT_GRAMMAR_CHARS", 10)
+    compiler.guide(Constraint("none", (), {"type": "object"}), 40, "tenant-a")
+    compiler.guide(Constraint("none", (), {"type": "object"}), 40, "tenant-a")
+    assert len(compiled) == 7
