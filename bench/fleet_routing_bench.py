@@ -20,16 +20,19 @@ short turns after it (~100 tokens with the answer before them), six turns, six c
 
 Per workload: prompt tokens served from cache as a fraction of the one-server reference, time to first token
 (the first token a JSON-schema answer streams, reasoning or answer text, as the client sees it)
-p50 and p90, and the busiest server's prompt tokens over the mean. Then the previous_response_id workload again with one
+p50 and p90, and the busiest server's requests in flight (averaged over the run) and prompt tokens, each over the
+servers' mean. Then the previous_response_id workload again with one
 server killed halfway: requests failed, and the cache fraction.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -73,6 +76,12 @@ USERS, USERS_AT_ONCE = 24, 6  # a shared system prompt's users: the first alone,
 # every operator, for its other thread while another server's ran (a fleet's servers each have their own machine)
 SERVER_THREADS = 1
 KV_CACHE_TOKENS = 65_536  # each server's pool: one server holds every conversation of a workload (the reference)
+# An agent's pause between turns (its tool running, its user reading), drawn per conversation and turn from a seeded
+# generator; the conversations start as far apart. Without it the conversations moved in lock step, and
+# least-loaded routing's round robin sent each one back to the same server every turn (a fleet's traffic does not
+# keep such step: 0.87 of the cache in an earlier run of this script without pauses)
+PAUSE_S = 1.5
+LOAD_EVERY_S = 0.25  # how often each server's requests in flight are read from its /metrics
 
 
 @dataclass
@@ -88,6 +97,7 @@ class Sample:
 class Result:
     samples: list[Sample] = field(default_factory=list)
     per_server: list[float] = field(default_factory=list)  # prompt tokens each server was given
+    load: list[float] = field(default_factory=list)  # each server's requests in flight (running + waiting), averaged
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, sample: Sample) -> None:
@@ -114,8 +124,22 @@ class Result:
 
     @property
     def imbalance(self) -> float:
-        mean = statistics.mean(self.per_server) if self.per_server else 0
-        return max(self.per_server) / mean if mean else float("nan")
+        """The busiest server's prompt tokens over the servers' mean."""
+        return _over_mean(self.per_server)
+
+    @property
+    def load_imbalance(self) -> float:
+        """The busiest server's requests in flight, averaged over the run, over the servers' mean."""
+        return _over_mean(self.load)
+
+
+def _over_mean(values: list[float]) -> float:
+    mean = statistics.mean(values) if values else 0
+    return max(values) / mean if mean else float("nan")
+
+
+def pause(rng: random.Random) -> None:
+    time.sleep(rng.uniform(0, PAUSE_S))
 
 
 def words(tag: str, count: int) -> str:
@@ -146,8 +170,9 @@ def chained(url: str, result: Result, tag: str, halfway: threading.Event | None 
 
     def conversation(index: int) -> None:
         client = openai.OpenAI(base_url=url + "/v1", api_key="sk-bench", max_retries=0, timeout=600)
-        previous = None
+        previous, rng = None, random.Random(index)  # the same pauses under every routing
         for turn in range(TURNS):
+            pause(rng)
             text = words(f"{tag}c{index}t{turn}", FIRST_WORDS if turn == 0 else LATER_WORDS)
             asked = {"input": text, **({"previous_response_id": previous} if previous else {})}
             sample, previous = stream_response(client, **asked)
@@ -168,7 +193,9 @@ def resent(url: str, result: Result, tag: str, key: bool = False) -> None:
     def conversation(index: int) -> None:
         client = openai.OpenAI(base_url=url + "/v1", api_key="sk-bench", max_retries=0, timeout=600)
         history: list[dict] = []
+        rng = random.Random(index)  # the same pauses under every routing
         for turn in range(TURNS):
+            pause(rng)
             text = words(f"{tag}c{index}t{turn}", FIRST_WORDS if turn == 0 else LATER_WORDS)
             history.append({"role": "user", "content": text})
             if key:
@@ -253,6 +280,11 @@ class Engines:
     def prompt_tokens(server: EngineServer) -> float:
         return server.metrics()["vllm:prefix_cache_queries_total"]
 
+    @staticmethod
+    def load(server: EngineServer) -> float:
+        metrics = server.metrics()
+        return metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"]
+
 
 class LlamaServer(ServerProcess):
     """`llama-server` on a GGUF, with its metrics."""
@@ -284,6 +316,12 @@ class LlamaServers:
         return metrics.get("llamacpp:prompt_tokens_total", float("nan")) + metrics.get(
             "llamacpp:prompt_tokens_cached_total", 0.0
         )
+
+    @staticmethod
+    def load(server: LlamaServer) -> float:
+        """Requests in its slots and deferred for want of one."""
+        metrics = server.metrics()
+        return metrics["llamacpp:requests_processing"] + metrics["llamacpp:requests_deferred"]
 
 
 class Fleet:
@@ -348,6 +386,17 @@ class Fleet:
                 out.append(float("nan"))
         return out
 
+    def sample_load(self, done: threading.Event) -> list[float]:
+        """Each server's requests in flight, read every LOAD_EVERY_S until `done`, averaged (a server that stopped
+        answering counts from then on as empty)."""
+        totals, samples = [0.0] * len(self.servers), 0
+        while not done.wait(LOAD_EVERY_S):
+            for index, server in enumerate(self.servers):
+                with contextlib.suppress(OSError):
+                    totals[index] += self.kind.load(server)
+            samples += 1
+        return [total / max(samples, 1) for total in totals]
+
     def stop(self) -> None:
         if self.lb is not None:
             self.lb.terminate()
@@ -361,11 +410,17 @@ def run_workload(
 ) -> Result:
     fleet = Fleet(work, kind, servers, routing, redis).start()
     result = Result()
-    try:
-        WORKLOADS[workload](fleet.url, result, f"{kind.kind[:2]}{workload[:3]}{servers}{int(routing)}".replace(" ", ""))
-        result.per_server = fleet.prompt_tokens()
-    finally:
-        fleet.stop()
+    done = threading.Event()
+    with ThreadPoolExecutor(1) as sampler:
+        loads = sampler.submit(fleet.sample_load, done)
+        try:
+            tag = f"{kind.kind[:2]}{workload[:3]}{servers}{int(routing)}".replace(" ", "")
+            WORKLOADS[workload](fleet.url, result, tag)
+            result.per_server = fleet.prompt_tokens()
+        finally:
+            done.set()
+            result.load = loads.result()
+            fleet.stop()
     return result
 
 
@@ -418,7 +473,8 @@ def main() -> int:
                 for label, servers, routing in CONFIGURATIONS:
                     results[(workload, label)] = run_workload(work, engines, redis, workload, servers, routing)
                     result = results[(workload, label)]
-                    print(workload, label, result.cached, [round(v) for v in result.per_server], flush=True)
+                    loads = [round(v, 2) for v in result.load]
+                    print(workload, label, result.cached, [round(v) for v in result.per_server], loads, flush=True)
             for label, routing in (("prefix", True), ("least loaded", False)) if not args.skip_killed else ():
                 killed[label] = run_killed(work, engines, redis, routing)
         if args.llama_cpp is not None:
@@ -458,15 +514,16 @@ def _rows(results: dict, workloads: tuple[str, ...] | dict) -> list[str]:
             f"{prefix.first_token(0.5) * 1000:.0f} / {prefix.first_token(0.9) * 1000:.0f} ms | "
             f"{least.first_token(0.5) * 1000:.0f} / {least.first_token(0.9) * 1000:.0f} ms | "
             f"**{least.first_token(0.5) / prefix.first_token(0.5):.2f}x** | "
-            f"{prefix.imbalance:.2f} | {least.imbalance:.2f} |"
+            f"{prefix.load_imbalance:.2f} | {least.load_imbalance:.2f} | "
+            f"{prefix.imbalance:.2f} / {least.imbalance:.2f} |"
         )
     return rows
 
 
 HEADER = (
     "| workload | cache, prefix | cache, least loaded | first token, prefix | least loaded | ratio "
-    "| busiest, prefix | least loaded |",
-    "|---|---|---|---|---|---|---|---|",
+    "| busiest, prefix | least loaded | prompt tokens, busiest: prefix / least loaded |",
+    "|---|---|---|---|---|---|---|---|---|",
 )
 
 
@@ -478,10 +535,13 @@ def _setting(layers: int) -> str:
         "(`prefix_routing: false`), and on one server alone, which holds everything: cache is the prompt tokens "
         "served from cache over that one server's. First token: p50 / p90 of the time from sending a request to "
         "its first token, reasoning or answer text, as the SDK client saw it (a JSON-schema answer); ratio: "
-        "least loaded over prefix at p50. Busiest: the most prompt tokens a server was given over the "
-        f"mean. The model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU. "
+        "least loaded over prefix at p50. Busiest: the busiest server's requests in flight (running and waiting, "
+        f"read from its /metrics every {LOAD_EVERY_S} s and averaged over the run) over the servers' mean; prompt "
+        "tokens: the most prompt tokens a server was given (computed or served from its cache) over the mean. The "
+        f"model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU. "
         f"Conversations: {CONVERSATIONS} at a time, {TURNS} turns, shaped as an agent's session (an opening of "
-        f"{FIRST_WORDS} words, ~{FIRST_WORDS * 7:,} tokens, then {LATER_WORDS} words a turn); the shared system "
+        f"{FIRST_WORDS} words, ~{FIRST_WORDS * 7:,} tokens, then {LATER_WORDS} words a turn, each turn after a pause "
+        f"drawn between 0 and {PAUSE_S} s, the same under every routing); the shared system "
         f"prompt: {USERS} users, the first alone, then {USERS_AT_ONCE} at a time."
     )
 
@@ -523,7 +583,8 @@ def render_llama(llama: dict, layers: int) -> str:
         _setting(layers),
         "",
         "llama.cpp's `llama-server` (built from source, the same checkpoint converted by its own converter, f16, "
-        "2 slots, 1 thread each; routing by what was sent where). Busiest: by `llamacpp:prompt_tokens_total` + "
+        "2 slots, 1 thread each; routing by what was sent where). Busiest: by `llamacpp:requests_processing` + "
+        "`llamacpp:requests_deferred`; prompt tokens: `llamacpp:prompt_tokens_total` + "
         "`llamacpp:prompt_tokens_cached_total`.",
         "",
         *HEADER,
