@@ -12,8 +12,7 @@ then the server the prompt's first page hashes to, so that every replica makes t
 conversation. A server holding less than `min_match` of the prompt counts as holding none (SGLang's router has
 the same threshold), so the opening every conversation shares (Harmony's system message) does not pile new
 conversations onto one server; and when no server holds enough, a request with a `prompt_cache_key` goes to the
-server its key hashes to among the least loaded (every replica alike where they see the same loads), one without
-to the least loaded. So a
+server its key hashes to among those left (the key's affinity), one without to the least loaded. So a
 conversation goes back to the server that holds it while that server has room, a prefix shared by many sessions
 spreads over the servers as the first one fills, and a miss goes to the least loaded server, never to an
 overloaded one.
@@ -202,12 +201,8 @@ class PrefixRouter:
             held = held if held >= enough else 0  # a shared opening alone (Harmony's system message) pulls nowhere
             scored.append((prompt - held, load, _rendezvous(anchor, url), held, url))
         if request.cache_key and all(score[3] == 0 for score in scored):
-            # nothing of the prompt anywhere: the key's own server among the least loaded (with the whole slack,
-            # six Codex sessions' keys, hashed 3, 2 and 1 over three servers, ran 2.9, 1.6 and 0.6 requests at a
-            # time there in bench/fleet_routing_bench.py)
-            lightest = min(score[1] for score in scored)
-            near = [score for score in scored if score[1] <= lightest]
-            _, load, _, held, url = max(near, key=lambda score: int.from_bytes(score[2]))
+            # nothing of the prompt anywhere: the key's own server, unless it was left out above
+            _, load, _, held, url = max(scored, key=lambda score: int.from_bytes(score[2]))
             how: How = "key"
         else:
             _, load, _, held, url = min(scored, key=lambda score: (score[0], score[1], -int.from_bytes(score[2])))

@@ -1,8 +1,7 @@
 """The prefix router's choice on its own: an opening every conversation shares (Harmony's system message) does not
 pile new conversations onto one server, a conversation still goes back to the server that holds it, and with a
-`prompt_cache_key` and nothing held anywhere the key's own server among the least loaded is chosen, by every
-replica alike; a full server is passed over while another has room, and a server's pushed load is read as untrusted
-input."""
+`prompt_cache_key` and nothing held anywhere the key's own server is chosen, by every replica alike; a full server
+is passed over while another has room, and a server's pushed load is read as untrusted input."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import pytest
 from backends.base import GenerateRequest
 from backends.routing.held_pages import PublishedPages, RoutedPages
 from backends.routing.kv_events import OutOfOrder, _apply
-from backends.routing.router import PrefixRouter, RoutingSettings, ServerView, _rendezvous
+from backends.routing.router import PrefixRouter, RoutingSettings, ServerView
 
 URLS = ["http://a", "http://b", "http://c"]
 OPENING = list(range(1000, 1160))  # 160 tokens every conversation starts with
@@ -62,14 +61,14 @@ def test_a_conversation_goes_back_to_the_server_that_holds_it():
 def test_with_a_key_and_nothing_held_the_key_s_server_is_chosen_by_every_replica():
     keyed = [GenerateRequest(_conversation(i).prompt, 16, (), f"k{i}", cache_key=f"session-{i % 4}", tenant="acme")
              for i in range(12)]  # fmt: skip
-    loads = dict.fromkeys(URLS, 1)
+    loads = {"http://a": 0, "http://b": 1, "http://c": 1}  # within the slack of one another
     for request in keyed:
         one, other = _router().choose(request, loads), _router().choose(request, loads)  # two replicas
         assert one.url == other.url and one.how == "key"
     chosen = {request.cache_key: _router().choose(request, loads).url for request in keyed}
-    assert len(set(chosen.values())) > 1  # keys spread by their hash, not all to one server
-    busier = dict.fromkeys(URLS, 0) | {chosen["session-0"]: 1}
-    assert _router().choose(keyed[0], busier).url != chosen["session-0"]  # among the least loaded only
+    assert len(set(chosen.values())) > 1  # keys spread, not all to the least loaded
+    overloaded = dict.fromkeys(URLS, 0) | {chosen["session-0"]: 5}
+    assert _router().choose(keyed[0], overloaded).url != chosen["session-0"]  # never to an overloaded server
 
 
 def _slotted(slots: int) -> PrefixRouter:
@@ -144,18 +143,3 @@ def test_a_server_s_pushed_load_is_taken_only_from_its_own_well_formed_events():
         with pytest.raises(OutOfOrder):
             _apply(view, bad)
         assert view.pushed == (4, 2), bad
-
-
-def test_keys_that_hash_to_one_server_still_start_evenly():
-    """Six sessions' first requests, their keys all hashed to the same server, none ended: each goes to its key's
-    server only while that is among the least loaded, so the servers end one apart at most."""
-    owner = lambda key: max(URLS, key=lambda url: _rendezvous(key, url))  # noqa: E731
-    keys = [key for key in (f"codex-{i}" for i in range(200)) if owner(key) == URLS[0]][:6]
-    in_flight = dict.fromkeys(URLS, 0)
-    router = _router()
-    for index, key in enumerate(keys):
-        request = GenerateRequest(_conversation(index).prompt, 16, (), f"k{index}", cache_key=key, tenant="acme")
-        decision = router.choose(request, dict(in_flight))
-        assert decision.how == "key"
-        in_flight[decision.url] += 1
-    assert max(in_flight.values()) - min(in_flight.values()) <= 1, in_flight
