@@ -123,6 +123,26 @@ def test_every_turn_of_a_conversation_reaches_the_server_holding_it_through_eith
     assert _metric(fleet["replicas"][1], "gateway_routing_decisions_total", how="prefix") > 0
 
 
+def test_a_keyed_session_resending_its_input_reaches_the_server_holding_it_through_either_replica(fleet):
+    """Codex's shape: Responses input resent whole each turn with a `prompt_cache_key`, alternating between the
+    replicas: each later turn is served from the server holding the earlier ones (by the pages it holds, in the
+    key's namespace), whichever server the key's first request went to."""
+    for index in range(3):
+        items: list[dict] = []
+        turns = []
+        for turn in range(4):
+            words = 120 if turn == 0 else 40
+            items.append({"role": "user", "content": " ".join(f"k{index}t{turn}w{i}" for i in range(words))})
+            replica = fleet["replicas"][turn % 2]
+            response = _chat(replica).responses.create(
+                model=MODEL, input=items, max_output_tokens=16, temperature=0, prompt_cache_key=f"codex-{index}"
+            )
+            turns.append((response.usage.input_tokens, response.usage.input_tokens_details.cached_tokens))
+            items.append({"role": "assistant", "content": response.output_text or "ok"})
+        for (previous, _), (_, cached) in itertools.pairwise(turns):
+            assert cached >= previous - 2 * PAGE, turns
+
+
 def test_a_replica_started_later_routes_by_what_the_servers_hold_within_seconds(fleet, tmp_path):
     """A new (or restarted) replica has routed nothing: it takes each server's snapshot and sends a conversation
     that an older replica began to the server that holds it."""
