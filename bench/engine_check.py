@@ -59,7 +59,7 @@ import numpy as np
 from attention_layer import attention_timing
 from engine_check_report import GEMM_ENV, MMA_ENV, PREFETCH_ENV, SECTION, markdown
 from kernel_session import kernel_session
-from moe_sweep import moe_sweep, time_layer
+from moe_sweep import layer_inputs, moe_sweep, run_layer, time_layer
 from qmoe_layer import qmoe_layer_model
 from report import write_section
 from sampler_bench import measure
@@ -194,28 +194,6 @@ def top_margin(logits: np.ndarray) -> float:
     """How far the largest logit stands above the second."""
     top_two = np.partition(logits.astype(np.float64), -2)[-2:]
     return float(top_two[1] - top_two[0])
-
-
-def run_layer(session, x: np.ndarray, logits: np.ndarray, options: GraphOptions) -> np.ndarray:
-    """One MoE layer model's y for x and router logits (host arrays in the layer's dtype), as float32."""
-    import onnxruntime as ort
-
-    storage = np.uint16 if options.numpy_type.itemsize == 2 else np.float32  # 16-bit values as raw bits
-    binding = session.io_binding()
-    for name, array in (("x", x), ("router_logits", logits)):
-        raw = array.view(storage)
-        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, options.onnx_type))
-    out = np.zeros((x.shape[0], x.shape[1]), storage)
-    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, options.onnx_type))
-    session.run_with_iobinding(binding)
-    return out.view(options.numpy_type).astype(np.float32)
-
-
-def layer_inputs(tokens: int, config: ModelConfig, options: GraphOptions) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(tokens)
-    x = rng.standard_normal((tokens, config.hidden_size)).astype(np.float32).astype(options.numpy_type)
-    logits = rng.standard_normal((tokens, config.num_experts)).astype(np.float32).astype(options.numpy_type)
-    return x, logits
 
 
 KERNEL_TOKENS = (1, 3, 64, 256)  # 256: a prefill's step, on the GEMM path in 16-bit activations

@@ -73,20 +73,26 @@ def time_layer(session, device: str, config: ModelConfig, options: GraphOptions,
             "gb_per_s": round(read / seconds / 1e9, 1)}  # fmt: skip
 
 
-def _output(session, config: ModelConfig, options: GraphOptions, tokens: int) -> np.ndarray:
+def run_layer(session, x: np.ndarray, logits: np.ndarray, options: GraphOptions) -> np.ndarray:
+    """One MoE layer model's y for x and router logits (host arrays in the layer's dtype), as float32."""
     import onnxruntime as ort
 
-    rng = np.random.default_rng(tokens + 1)
-    x = rng.standard_normal((tokens, config.hidden_size)).astype(np.float32).astype(options.numpy_type)
-    logits = rng.standard_normal((tokens, config.num_experts)).astype(np.float32).astype(options.numpy_type)
+    storage = np.uint16 if options.numpy_type.itemsize == 2 else np.float32  # 16-bit values as raw bits
     binding = session.io_binding()
     for name, array in (("x", x), ("router_logits", logits)):
-        raw = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), options.onnx_type)
-        binding.bind_ortvalue_input(name, raw)
-    out = np.zeros((tokens, config.hidden_size), np.uint16)
+        raw = array.view(storage)
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy_with_onnx_type(raw, options.onnx_type))
+    out = np.zeros((x.shape[0], x.shape[1]), storage)
     binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, options.onnx_type))
     session.run_with_iobinding(binding)
     return out.view(options.numpy_type).astype(np.float32)
+
+
+def layer_inputs(tokens: int, config: ModelConfig, options: GraphOptions) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(tokens)
+    x = rng.standard_normal((tokens, config.hidden_size)).astype(np.float32).astype(options.numpy_type)
+    logits = rng.standard_normal((tokens, config.num_experts)).astype(np.float32).astype(options.numpy_type)
+    return x, logits
 
 
 def sweep_shape(
@@ -103,7 +109,7 @@ def sweep_shape(
         table = None if variant == "rule" else f"{EVERY_SIZE}={variant}"
         session = kernel_session(model, kernels, device, {moe_tuning.VARIANTS_ENV: table})
         us[variant] = {size: time_layer(session, device, config, options, size)["us"] for size in moe_tuning.BUCKETS}
-        outputs = {size: _output(session, config, options, size) for size in CHECKED_SIZES}
+        outputs = {size: run_layer(session, *layer_inputs(size, config, options), options) for size in CHECKED_SIZES}
         if variant == "cores":
             reference = outputs
         if reference:
