@@ -12,10 +12,11 @@ then the server the prompt's first page hashes to, so that every replica makes t
 conversation. A server holding less than `min_match` of the prompt counts as holding none (SGLang's router has
 the same threshold), so the opening every conversation shares (Harmony's system message) does not pile new
 conversations onto one server; and when no server holds enough, a request with a `prompt_cache_key` goes to the
-server its key hashes to among those left (the key's affinity), one without to the least loaded. So a
+server its key hashes to among the least loaded, one without to the least loaded. A new session on a prefix other
+sessions share (branches.py: its servers hold no more of it than where the prompts routed before it parted) goes
+to a holder only while that holder is within `shared_slack` of the least loaded (narrower than `load_slack`). So a
 conversation goes back to the server that holds it while that server has room, a prefix shared by many sessions
-spreads over the servers as the first one fills, and a miss goes to the least loaded server, never to an
-overloaded one.
+spreads over the servers, and a miss goes to the least loaded server, never to an overloaded one.
 
 Page names are those of backends/page_names.py, in the request's namespace: its tenant (and, on the built-in
 engine, its `prompt_cache_key` and the server's prefix-cache scope), so one tenant's prefix never attracts or
@@ -37,6 +38,7 @@ from backends.cache_salt import TenantSalt
 from backends.page_names import chain, namespace_of
 from backends.upstreams import Upstream
 
+from .branches import Branches
 from .held_pages import PublishedPages, RoutedPages
 from .vllm_events import salt_namespace
 
@@ -52,6 +54,7 @@ class RoutingSettings:
     routed_ttl_s: float
     routed_capacity_pages: int
     min_match: float = 0.3  # a server holding less of a prompt than this share is no reason to go there
+    shared_slack: float = 1  # a new session on a shared prefix: no server more loaded than the least by more
     server_slots: int | None = None  # requests a server runs at once, where it does not say (None: unknown)
 
 
@@ -143,6 +146,7 @@ class PrefixRouter:
         self.salt = salt
         self._fleet = hashlib.blake2b("\0".join(sorted(urls)).encode(), digest_size=8).hexdigest()
         self.stats = RoutingStats()
+        self.branches = Branches(settings.routed_capacity_pages, settings.routed_ttl_s)
         self.servers = {
             url: ServerView(
                 RoutedPages(settings.routed_capacity_pages, settings.routed_ttl_s),
@@ -187,27 +191,40 @@ class PrefixRouter:
         prompt = len(request.prompt)
         names = names or self.pages(request)
         loads = {url: self.servers[url].load(outstanding) for url, outstanding in candidates.items()}
-        ceiling = min(loads.values()) + self.settings.load_slack
+        lightest = min(loads.values())
         # overloaded beside the others: whatever it holds, it gets no more; nor does a full server while another
         # has a free slot (a request queued there would wait for a whole answer to end)
-        loads = {url: load for url, load in loads.items() if load <= ceiling}
+        loads = {url: load for url, load in loads.items() if load <= lightest + self.settings.load_slack}
         with_room = {url: load for url, load in loads.items() if not self.servers[url].full(load)}
         loads = with_room or loads
-        anchor = request.cache_key or self._anchor(request, names)
         enough = self.settings.min_match * prompt
-        scored = []
-        for url, load in loads.items():
-            held = min(self._held(self.servers[url], request, names, shared.get(url, 0)), max(prompt - 1, 0))
-            held = held if held >= enough else 0  # a shared opening alone (Harmony's system message) pulls nowhere
-            scored.append((prompt - held, load, _rendezvous(anchor, url), held, url))
+        holds = {
+            url: min(self._held(self.servers[url], request, names, shared.get(url, 0)), max(prompt - 1, 0))
+            for url in loads
+        }
+        holds = {url: held if held >= enough else 0 for url, held in holds.items()}  # a shared opening alone
+        # (Harmony's system message) pulls nowhere
+        anchor = request.cache_key or self._anchor(request, names)
+        session = self._new_session_page(max(holds.values()), names)
+        if session is not None:
+            # a new session on a prefix others share: to a holder only as far as the least loaded, so the prefix
+            # spreads; ties broken by the session's own first page, so that sessions starting at once spread too
+            loads = {url: load for url, load in loads.items() if load <= lightest + self.settings.shared_slack} or loads
+            anchor = session.hex()
+        scored = [(prompt - holds[url], load, _rendezvous(anchor, url), holds[url], url) for url, load in loads.items()]
         if request.cache_key and all(score[3] == 0 for score in scored):
-            # nothing of the prompt anywhere: the key's own server, unless it was left out above
-            _, load, _, held, url = max(scored, key=lambda score: int.from_bytes(score[2]))
+            # nothing of the prompt anywhere: the key's own server among the least loaded (every replica alike where
+            # they see the same loads; with all those left, six Codex sessions' keys hashed 3, 2 and 1 over three
+            # servers ran 2.9, 1.6 and 0.6 requests at a time in bench/fleet_routing_bench.py)
+            least = min(score[1] for score in scored)
+            _, _, _, held, url = max((s for s in scored if s[1] <= least), key=lambda s: int.from_bytes(s[2]))
             how: How = "key"
         else:
-            _, load, _, held, url = min(scored, key=lambda score: (score[0], score[1], -int.from_bytes(score[2])))
+            _, _, _, held, url = min(scored, key=lambda score: (score[0], score[1], -int.from_bytes(score[2])))
             how = "prefix" if held > 0 else "load"
-        self.servers[url].routed.add(names.routed())
+        routed = names.routed()
+        self.servers[url].routed.add(routed)
+        self.branches.note(routed)
         self.stats.routed[how] += 1
         self.stats.prompt_tokens += prompt
         self.stats.matched_tokens += held
@@ -242,6 +259,19 @@ class PrefixRouter:
             )
         stats = self.stats
         return RoutingReport(dict(stats.routed), stats.prompt_tokens, stats.matched_tokens, servers)
+
+    def _new_session_page(self, held: int, names: PromptPages) -> bytes | None:
+        """Where a request whose best server holds `held` of its prompt's tokens starts a new session on a prefix
+        other sessions share, the first page of its own (None where it does not): its servers hold no more of it
+        than the part other prompts routed from here went on from to other pages (a conversation's own history goes
+        on one way only)."""
+        if held == 0:
+            return None
+        routed = names.routed()
+        depth = self.branches.shared_pages(routed)
+        if held > (depth + 1) * self.settings.page_tokens or depth >= len(routed):
+            return None
+        return routed[depth]
 
     def _anchor(self, request: GenerateRequest, names: PromptPages) -> str:
         """What a conversation's requests share from the first: its first page (or, shorter, its namespace)."""

@@ -1,7 +1,8 @@
 """The prefix router's choice on its own: an opening every conversation shares (Harmony's system message) does not
 pile new conversations onto one server, a conversation still goes back to the server that holds it, and with a
-`prompt_cache_key` and nothing held anywhere the key's own server is chosen, by every replica alike; a full server
-is passed over while another has room, and a server's pushed load is read as untrusted input."""
+`prompt_cache_key` and nothing held anywhere the key's own server among the least loaded is chosen, by every replica
+alike; a full server is passed over while another has room, a prefix many sessions share spreads over the servers
+where a conversation keeps its own, and a server's pushed load is read as untrusted input."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ import time
 import pytest
 
 from backends.base import GenerateRequest
+from backends.routing.branches import Branches
 from backends.routing.held_pages import PublishedPages, RoutedPages
 from backends.routing.kv_events import OutOfOrder, _apply
-from backends.routing.router import PrefixRouter, RoutingSettings, ServerView
+from backends.routing.router import PrefixRouter, RoutingSettings, ServerView, _rendezvous
 
 URLS = ["http://a", "http://b", "http://c"]
 OPENING = list(range(1000, 1160))  # 160 tokens every conversation starts with
 
 
-def _router(min_match: float = 0.3) -> PrefixRouter:
-    return PrefixRouter(URLS, RoutingSettings(32, 2, 600.0, 65_536, min_match), published=False)
+def _router(min_match: float = 0.3, shared_slack: float = 1) -> PrefixRouter:
+    settings = RoutingSettings(32, 2, 600.0, 65_536, min_match, shared_slack=shared_slack)
+    return PrefixRouter(URLS, settings, published=False)
 
 
 def _conversation(index: int, turns: int = 1) -> GenerateRequest:
@@ -46,7 +49,9 @@ def _busiest(router: PrefixRouter, conversations: int, window: int = 3) -> int:
 
 def test_new_conversations_sharing_only_an_opening_spread_over_the_servers():
     assert _busiest(_router(), 30) == 1  # three at once over three servers: one each
-    assert _busiest(_router(min_match=0.0), 30) == 3  # counting the opening, they pile onto its server
+    # counting the opening, they pile onto its server as far as the slack for new sessions on a shared prefix goes
+    assert _busiest(_router(min_match=0.0, shared_slack=2), 30) == 3
+    assert _busiest(_router(min_match=0.0), 30) == 2
 
 
 def test_a_conversation_goes_back_to_the_server_that_holds_it():
@@ -58,17 +63,39 @@ def test_a_conversation_goes_back_to_the_server_that_holds_it():
     assert again.url == first.url and again.how == "prefix" and again.matched_tokens >= 640
 
 
-def test_with_a_key_and_nothing_held_the_key_s_server_is_chosen_by_every_replica():
-    keyed = [GenerateRequest(_conversation(i).prompt, 16, (), f"k{i}", cache_key=f"session-{i % 4}", tenant="acme")
-             for i in range(12)]  # fmt: skip
-    loads = {"http://a": 0, "http://b": 1, "http://c": 1}  # within the slack of one another
+def _keyed(index: int, key: str) -> GenerateRequest:
+    return GenerateRequest(_conversation(index).prompt, 16, (), f"k{index}", cache_key=key, tenant="acme")
+
+
+def test_with_a_key_and_nothing_held_the_key_s_server_among_the_least_loaded_is_chosen_by_every_replica():
+    keyed = [_keyed(i, f"session-{i % 4}") for i in range(12)]
+    even = dict.fromkeys(URLS, 1)
     for request in keyed:
-        one, other = _router().choose(request, loads), _router().choose(request, loads)  # two replicas
+        one, other = _router().choose(request, even), _router().choose(request, even)  # two replicas
         assert one.url == other.url and one.how == "key"
-    chosen = {request.cache_key: _router().choose(request, loads).url for request in keyed}
-    assert len(set(chosen.values())) > 1  # keys spread, not all to the least loaded
+    chosen = {request.cache_key: _router().choose(request, even).url for request in keyed}
+    assert len(set(chosen.values())) > 1  # keys spread, not all to one server
+    uneven = {"http://a": 1, "http://b": 0, "http://c": 1}
+    assert {_router().choose(request, uneven).url for request in keyed} == {"http://b"}  # the least loaded
     overloaded = dict.fromkeys(URLS, 0) | {chosen["session-0"]: 5}
     assert _router().choose(keyed[0], overloaded).url != chosen["session-0"]  # never to an overloaded server
+
+
+def test_keys_that_hash_to_one_server_start_evenly():
+    """Six sessions whose keys all hash to one server, started one after another: two a server (by the key's
+    server alone, all six went to one)."""
+    router = _router()
+    keys = [key for key in (f"k{i}" for i in range(400)) if _rendezvous_first(key) == "http://a"][:6]
+    in_flight = dict.fromkeys(URLS, 0)
+    for index, key in enumerate(keys):
+        decision = router.choose(_keyed(index, key), dict(in_flight))
+        assert decision.how == "key"
+        in_flight[decision.url] += 1
+    assert sorted(in_flight.values()) == [2, 2, 2]
+
+
+def _rendezvous_first(key: str) -> str:
+    return max(URLS, key=lambda url: int.from_bytes(_rendezvous(key, url)))
 
 
 def _slotted(slots: int) -> PrefixRouter:
@@ -76,21 +103,69 @@ def _slotted(slots: int) -> PrefixRouter:
     return PrefixRouter(URLS, settings, published=False)
 
 
-def _session(index: int) -> GenerateRequest:
-    """A session of a tenant whose users share one long system prompt: most of its prompt is the shared part."""
-    return GenerateRequest(OPENING * 5 + [30_000 + index], 16, (), f"s{index}", tenant="acme")
+def _session(index: int, tenant: str = "acme") -> GenerateRequest:
+    """A session of a tenant whose users share one long system prompt: most of its prompt is the shared part, then
+    the user's own question."""
+    question = [30_000 + index * 100 + i for i in range(64)]
+    return GenerateRequest(OPENING * 5 + question, 16, (), f"s{index}", tenant=tenant)
 
 
-def test_a_shared_prompt_fills_its_server_s_slots_then_spreads():
-    """Six sessions at once, servers running two each: the server holding the shared prompt takes two, then a
-    full server is passed over for one with room (slots unknown: the holder takes three, the slack's worth, and
-    the next server to hold it three, leaving one idle)."""
-    for router, expected in ((_slotted(2), [2, 2, 2]), (_router(), [3, 3, 0])):
-        in_flight = dict.fromkeys(URLS, 0)
-        router.choose(_session(0), dict(in_flight))  # the first session, ended: its server holds the prompt
-        for index in range(1, 7):
-            in_flight[router.choose(_session(index), dict(in_flight)).url] += 1
-        assert sorted(in_flight.values(), reverse=True) == expected, in_flight
+def _sessions_at_once(router: PrefixRouter, sessions: int = 6) -> list[int]:
+    """The first session alone (its server then holds the shared prompt), then `sessions` more at once: how many
+    each server runs, busiest first."""
+    in_flight = dict.fromkeys(URLS, 0)
+    router.choose(_session(0), dict(in_flight))
+    for index in range(1, sessions + 1):
+        in_flight[router.choose(_session(index), dict(in_flight)).url] += 1
+    return sorted(in_flight.values(), reverse=True)
+
+
+def test_a_shared_prompt_spreads_over_the_servers():
+    """Six new sessions on one shared prompt at once: the server holding it takes them while it is within
+    `shared_slack` (1) of the least loaded, then the next server gets the prompt, then the third: two each
+    (with the conversations' slack of 2 instead, the holder took three, the next three, and one stayed idle)."""
+    assert _sessions_at_once(_router()) == [2, 2, 2]
+    assert _sessions_at_once(_slotted(2)) == [2, 2, 2]
+    assert _sessions_at_once(_router(shared_slack=2)) == [3, 3, 0]
+
+
+def test_a_conversation_keeps_its_server_within_the_load_slack_among_many_sessions():
+    """Conversations sharing an opening part ways there: a conversation's later turn, held far past that, is no
+    new session on a shared prefix, so it keeps its server at the whole `load_slack` (2) above the least loaded."""
+    router = _router()
+    for index in range(6):
+        router.choose(_conversation(index), dict.fromkeys(URLS, 0))
+    first = router.choose(_conversation(7), dict.fromkeys(URLS, 0))
+    busy = dict.fromkeys(URLS, 0) | {first.url: 2}
+    assert router.choose(_conversation(7, turns=2), busy).url == first.url
+
+
+def test_a_tenant_s_sessions_part_only_from_its_own_prompts():
+    """Tenant A's sessions share a prompt; tenant B's first session with the same tokens holds nothing of A's
+    and sees no parting of A's: its pages are named in its own namespace."""
+    router = _router()
+    for index in range(3):
+        router.choose(_session(index), dict.fromkeys(URLS, 0))
+    own = router.pages(_session(9))
+    other = router.pages(_session(9, tenant="globex"))
+    assert router.branches.shared_pages(own.routed()) == 25  # the 800 shared tokens, in pages of 32
+    assert router.branches.shared_pages(other.routed()) == 0
+
+
+def test_the_record_of_partings_is_bounded_and_forgets():
+    branches = Branches(capacity=8, ttl_s=600.0)
+    branches.note([b"a", b"b", b"c"])
+    branches.note([b"a", b"b", b"d"])
+    assert branches.shared_pages([b"a", b"b", b"e"]) == 2
+    assert branches.shared_pages([b"a", b"b", b"c"]) == 2  # the page went on both ways before
+    assert branches.shared_pages([b"a", b"x"]) == 1
+    assert branches.shared_pages([b"z", b"b"]) == 0
+    branches.note([bytes([i]) for i in range(20)])
+    assert len(branches) == 8 and branches.shared_pages([b"a", b"b", b"e"]) == 0  # the oldest forgotten
+    stale = Branches(capacity=8, ttl_s=0.0)
+    stale.note([b"a", b"b"])
+    stale.note([b"a", b"c"])
+    assert stale.shared_pages([b"a", b"d"]) == 0
 
 
 def test_a_conversation_stays_while_its_server_has_room_and_moves_when_it_is_full():
