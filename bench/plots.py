@@ -3,7 +3,7 @@
     python bench/plots.py [--write docs/images]
 
 - `engine_vs_llama_cpp.svg`: the engine's decode (1 and 4 sequences) and prefill rates over llama.cpp f16's, per
-  configuration of the engine, from `bench/llama_cpp_bench.py`'s runs (docs/llama_cpp_6.json, llama_cpp_24.json);
+  configuration of the engine, from `bench/llama_cpp_bench.py`'s runs (docs/llama_cpp_6.json, llama_cpp_6_x86-64-v3.json);
 - `engine_gpu_batch.svg`: the engine's decode tokens a second by batch on a GPU, from `bench/engine_check.py`
   (docs/engine_check.json);
 - `gateway_vs_peers.svg`: short requests and streamed tokens per CPU second of the gateway, OpenAI's reference
@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-LLAMA_RUNS = (DOCS / "llama_cpp_6.json", DOCS / "llama_cpp_24.json")
+LLAMA_RUNS = (DOCS / "llama_cpp_6.json", DOCS / "llama_cpp_6_x86-64-v3.json")  # the CPU's own kernels; AVX2's
 GPU_RUN = DOCS / "engine_check.json"
 GATEWAY_RUN = DOCS / "gateway_bench.json"
 PREFIX_RUN = DOCS / "prefix_cache_bench.json"
@@ -85,11 +85,12 @@ def engine_vs_llama_cpp(runs: list[Path], output: Path) -> Path | None:
             axis.bar(_slots(len(MEASURES), index, len(ENGINES), width), ratios, width, label=label)
         axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         axis.set_xticks(range(len(MEASURES)), [name for _, name in MEASURES])
-        axis.set_title(f"{shape['layers']} layers at gpt-oss-20b's width")
+        kernels = f", kernels {shape['kernels']}" if "kernels" in shape else ""
+        axis.set_title(f"{shape['layers']} layers at gpt-oss-20b's width{kernels}", fontsize=8)
         axis.set_ylim(0, highest * 1.35)  # room for the legend above the bars
     axes[0][0].set_ylabel("tokens a second over llama.cpp f16's")
     axes[0][0].legend(loc="upper left", fontsize=8, ncol=2)
-    figure.suptitle(f"The engine against llama.cpp on {where} (bench/llama_cpp_bench.py)")
+    figure.suptitle(f"The engine against llama.cpp on {where} (bench/llama_cpp_bench.py)", fontsize=8)
     return _save(figure, output / "engine_vs_llama_cpp.svg")
 
 
