@@ -15,14 +15,16 @@
 #                                        (prefill and decode on the tensor cores against the CUDA cores), the 20b
 #                                        shape, paged20b, pytest -m gpu
 #   bash bench/device_run.sh sweep       the MoE kernel's launch variants at every step size, 20b's and 120b's
-#                                        layers (about 3 minutes; bench/moe_sweep.py): $OUT/sweep/moe_tuning.json,
-#                                        the table the engine reads; the parts run after it on this machine (it
-#                                        keeps /tmp while warm) run with it. A window: sweep, then recheck20b.
+#                                        layers (about 3 minutes; bench/moe_sweep.py), then the decode attention's
+#                                        split by rows and context (about 1 minute; bench/attention_sweep.py):
+#                                        $OUT/sweep/moe_tuning.json and attention_tuning.json, the tables the engine
+#                                        reads; the parts run after it on this machine (it keeps /tmp while warm)
+#                                        run with them. A window: sweep, then recheck20b.
 #
 # Back here: python bench/engine_check.py --render OUT/20b/engine_check.json OUT/kernels/engine_check.json \
 #            OUT/120b/engine_check.json OUT/paged/engine_check.json OUT/sweep/engine_check.json
 #            --docs docs/benchmarks.md, commit the JSON files as docs/engine_check*.json and the sweep's
-#            moe_tuning.json as backends/engine/kernels/moe_tuning.json.
+#            moe_tuning.json and attention_tuning.json into backends/engine/kernels/.
 set -uo pipefail
 part=${1:?usage: device_run.sh check20b|tests|kernels|check120b|paged20b|recheck20b|attention20b|sweep}
 out=${OUT:?the device tool sets OUT}
@@ -31,8 +33,10 @@ if [ ! -f "$site/.installed" ]; then
   mkdir -p "$site" && tar -xJf /tmp/device-site.tar.xz -C "$site" && touch "$site/.installed" || exit 1
 fi
 export PYTHONPATH="$site:$PWD" GATEWAY_ENGINE_KERNELS="$site/libgptoss_engine_kernels.so" PYTHONUNBUFFERED=1
-tuned=/tmp/moe_tuning.json  # an earlier sweep on this machine: its table in this copy of the tree
-if [ -f "$tuned" ]; then cp "$tuned" backends/engine/kernels/moe_tuning.json; fi
+tuned=/tmp/tuned  # an earlier sweep on this machine: its tables in this copy of the tree
+for table in moe_tuning.json attention_tuning.json; do
+  if [ -f "$tuned/$table" ]; then cp "$tuned/$table" backends/engine/kernels/$table; fi
+done
 mkdir -p "$out"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -71,8 +75,11 @@ case "$part" in
     check paged 90 --steps paged
     gpu_tests 40 ;;
   sweep)
-    check sweep 400 --steps sweep
-    if [ -f "$out/sweep/moe_tuning.json" ]; then cp "$out/sweep/moe_tuning.json" "$tuned"; fi ;;
+    check sweep 450 --steps sweep
+    mkdir -p "$tuned"
+    for table in moe_tuning.json attention_tuning.json; do
+      if [ -f "$out/sweep/$table" ]; then cp "$out/sweep/$table" "$tuned/"; fi
+    done ;;
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac
 } 2>&1 | tee "$out/$part.log"

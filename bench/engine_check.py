@@ -26,8 +26,13 @@ Steps (each reported, a failure recorded and the next step run):
    the HBM bound (bytes read per token / measured copy bandwidth);
    sweep (its own step: `--steps sweep`, on a GPU; bench/moe_sweep.py): every launch variant of the MoE kernel
    at every step size, the fastest per size written as the table the engine reads (DIR/moe_tuning.json and the
-   package's backends/engine/kernels/moe_tuning.json); the scale step reports the variants it ran with;
-5. paged (its own run: `--steps paged`): gpt-oss-20b's shape on the paged KV pools: 512 sequences at 2,048
+   package's backends/engine/kernels/moe_tuning.json); then the decode attention's keys per split part at every
+   row count and context (bench/attention_sweep.py: DIR/attention_tuning.json and the package's); the scale step
+   reports the variants it ran with;
+5. host (`--steps host`, on any device; bench/host_costs_check.py): the host's cost per decode step as the engine
+   serves (20b's width at 2 layers, 1 and 8 sequences): the step's time and the host's part of it, session runs,
+   waits for the device's results and host input bytes per step;
+6. paged (its own run: `--steps paged`): gpt-oss-20b's shape on the paged KV pools: 512 sequences at 2,048
    positions each decoded together (the full-attention pool holding their positions, the window pool only
    their windows), then a 131,000-token prompt prefilled in chunks of 2,048, each chunk in one step beside 64
    short sequences' decode rows (their tokens/s during it, and alone in the same run).
@@ -57,11 +62,13 @@ except ImportError:
 
 import numpy as np
 from attention_layer import attention_timing
+from attention_sweep import attention_sweep
 from engine_check_report import GEMM_ENV, MMA_ENV, PREFETCH_ENV, SECTION, markdown
+from host_costs_check import host_costs
 from kernel_session import kernel_session
 from moe_sweep import layer_inputs, moe_sweep, run_layer, time_layer
 from qmoe_layer import qmoe_layer_model
-from report import write_section
+from report import cpu_line, write_section
 from sampler_bench import measure
 
 from backends.base import Sampling
@@ -690,7 +697,17 @@ def merged(paths: list[str]) -> dict[str, Any]:
             if key == "run":
                 results["runs"].append(value)
                 continue
-            later_wins = key in ("parity", "sweep", "kernel", "attention", "sampler", "scale", "scale_120b", "paged")
+            later_wins = key in (
+                "parity",
+                "sweep",
+                "kernel",
+                "attention",
+                "sampler",
+                "scale",
+                "scale_120b",
+                "paged",
+                "host",
+            )
             if value is not None and (key not in results or later_wins):
                 results[key] = value
     return results
@@ -735,6 +752,7 @@ def main() -> int:
         step(results, "parity", lambda: parity(work, args.device, kernels, args.cuda_graph))
     if "sweep" in steps and kernels is not None:
         step(results, "sweep", lambda: moe_sweep(work, kernels, args.device, out, log))
+        step(results, "attention_sweep", lambda: attention_sweep(work / "attention", kernels, args.device, out, log))
     if "kernel" in steps and kernels is not None:
         step(results, "kernel", lambda: kernel_vs_cpu(work, args.device, kernels))
     if "attention" in steps and kernels is not None:
@@ -750,6 +768,8 @@ def main() -> int:
         step(results, scale_key(args.model), run)
     if "paged" in steps:
         step(results, "paged", lambda: paged(work, args.device, kernels))
+    if "host" in steps:
+        step(results, "host", lambda: {**host_costs(work, args.device), "cpu": cpu_line()})
     (out / "engine_check.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "engine_check.md").write_text(markdown(results))
     if args.docs:

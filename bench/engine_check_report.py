@@ -107,6 +107,7 @@ def markdown(results: dict[str, Any]) -> str:
                 "",
             ]
     lines += sweep_lines(results.get("sweep", {}))
+    lines += attention_sweep_lines(results.get("attention_sweep", {}))
     lines += attention_lines(results.get("attention", {}))
     sampler = results.get("sampler", {})
     if sampler and "error" not in sampler:
@@ -194,6 +195,7 @@ def markdown(results: dict[str, Any]) -> str:
     elif "error" in big:
         lines += [f"**gpt-oss-120b's full shape**: failed: {big['error'][:300]}", ""]
     lines += paged_lines(results.get("paged", {}))
+    lines += host_lines(results.get("host", {}))
     lines += profile_lines(scale)
     lines.append(end)
     return "\n".join(lines)
@@ -237,6 +239,31 @@ def paged_lines(paged: dict[str, Any]) -> list[str]:
         )
     text += "." + (f" Source: {paged['source']}." if "source" in paged else "")
     return [text + (f" Failed parts: {problems}." if problems else ""), ""]
+
+
+def host_lines(host: dict[str, Any]) -> list[str]:
+    """The host's cost per decode step (engine_check's `host` step), as a table, or why it is missing."""
+    if not host:
+        return []
+    if "error" in host:
+        return [f"**The host's cost per decode step**: failed: {host['error'][:300]}", ""]
+    where = f"{host['device']}" + (f", {host['cpu']}" if host.get("cpu") else "")
+    lines = [
+        f"**The host's cost per decode step** ({where}; gpt-oss-20b's width and vocabulary at {host['layers']}"
+        " layers, served by the engine in-process; per scheduler step while every sequence decodes;"
+        " `bench/host_costs_check.py`):",
+        "",
+        "| sequences | step | host's part (outside the session runs) | share | session runs | waits for results"
+        " | host input bytes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, row in host.items():
+        if key.startswith("batch_") and isinstance(row, dict):
+            lines.append(
+                f"| {key.removeprefix('batch_')} | {row['loop_ms']:.2f} ms | {row['host_ms']:.3f} ms |"
+                f" {row['host_share']:.1%} | {row['runs']:g} | {row['syncs']:g} | {row['input_bytes']:,} |"
+            )
+    return [*lines, ""]
 
 
 def attention_lines(attention: dict[str, Any]) -> list[str]:
@@ -298,6 +325,32 @@ def sweep_lines(sweep: dict[str, Any]) -> list[str]:
             "",
         ]
     return lines
+
+
+def attention_sweep_lines(sweep: dict[str, Any]) -> list[str]:
+    """The decode attention's keys per split part by rows (bench/attention_sweep.py): the fastest per row count,
+    its time against the default's (1,024) at each context."""
+    if not sweep or "error" in sweep:
+        return [f"**Decode attention splits**: the sweep failed: {sweep['error']}", ""] if sweep else []
+    default = sweep["us"].get("1024", {})
+    rows = []
+    for count, keys in sweep["fastest"].items():
+        mine = {case: us for case, us in sweep["us"][str(keys)].items() if case.split("x")[0] == count}
+        cells = "; ".join(
+            f"{case.split('x')[1]}: {us} µs ({default.get(case, 0) / us:.2f}x)" for case, us in mine.items()
+        )
+        rows.append(f"| {count} | {keys or 'not split'} | {cells} |")
+    differences = ", ".join(f"{k} {d:.1e}" for k, d in sweep.get("largest_difference_from_default", {}).items())
+    return [
+        f"**Decode attention splits** (a full and a window layer's decode step, bf16, on {sweep['device']}; every keys "
+        f"per split part timed at every row count and context; the table the engine now reads: `{sweep['splits']}`; "
+        f"each candidate's largest difference from the default's output: {differences}):",
+        "",
+        "| rows | keys a part | µs at each context (the default's time over it) |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def _profiled(key: str) -> tuple[str, str]:

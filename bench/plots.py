@@ -3,7 +3,8 @@
     python bench/plots.py [--write docs/images]
 
 - `engine_vs_llama_cpp.svg`: the engine's decode (1 and 4 sequences) and prefill rates over llama.cpp f16's, per
-  configuration of the engine, from `bench/llama_cpp_bench.py`'s runs (docs/llama_cpp_6.json, llama_cpp_6_x86-64-v3.json);
+  configuration of the engine, from `bench/llama_cpp_bench.py`'s runs (docs/llama_cpp_6.json and
+  llama_cpp_6_x86-64-v3.json);
 - `engine_gpu_batch.svg`: the engine's decode tokens a second by batch on a GPU, from `bench/engine_check.py`
   (docs/engine_check.json);
 - `gateway_vs_peers.svg`: short requests and streamed tokens per CPU second of the gateway, OpenAI's reference

@@ -42,7 +42,8 @@ from .checkpoint import Checkpoint
 from .config import DEMO_CONFIG, CheckpointError
 from .grammar import GrammarCompiler, TokenGuide
 from .graph import Dtype, GraphOptions
-from .kernels import moe_tuning
+from .host_costs import HostCosts
+from .kernels import attention_tuning, moe_tuning
 from .kernels.build import kernel_choice
 from .make_checkpoint import write_random_checkpoint
 from .model_cache import compiled_model, default_cache_dir
@@ -218,9 +219,11 @@ class EngineBackend:
             kernels = None if choice is None else choice.path
             if cpu:
                 self._placement["cpu_kernels"] = "none" if choice is None else choice.variant
-            elif kernels is not None and options.moe != "qmoe":  # the MoE kernel's launch variants for this GPU
+            elif kernels is not None:  # the kernels' tuned launch choices for this GPU
                 gpu = moe_tuning.cuda_gpu(options.device_id)
-                self._placement["moe_variants"] = moe_tuning.apply(checkpoint.config.num_experts, gpu)
+                if options.moe != "qmoe":
+                    self._placement["moe_variants"] = moe_tuning.apply(checkpoint.config.num_experts, gpu)
+                self._placement["attention_splits"] = attention_tuning.apply(gpu)
             window = checkpoint.config.sliding_window
             pools = KvPools(options.full_pages(), options.window_pages(window), options.page_size, window)
             runtime = DecoderRuntime(
@@ -277,6 +280,11 @@ class EngineBackend:
 
     def engine_stats(self) -> EngineStats | None:
         return None if self._batcher is None else self._batcher.stats()
+
+    def host_costs(self) -> HostCosts | None:
+        """What the host has spent around the device's work, as of the engine's last step (host_costs.py); None
+        before loading."""
+        return None if self._batcher is None else self._batcher.host_costs
 
     def engine_load(self) -> tuple[int, int]:
         """Sequences running and waiting; (0, 0) before the model is loaded."""

@@ -133,6 +133,7 @@ class Batcher:
         self._admitted: dict[tuple[str, str], tuple[int, float]] = {}  # (tenant, tier) → (admitted, waited s)
         self._queues: dict[tuple[str, str], TenantQueue] = {}  # as of the last publication
         self._queues_at = 0.0
+        self.host_costs = runtime.costs.copy()  # as of the last iteration that ran a step (host_costs.py)
         self._thread = threading.Thread(target=self._loop, name="gpt-oss-engine", daemon=True)
         self._thread.start()
 
@@ -181,15 +182,25 @@ class Batcher:
         except Exception:
             log.exception("engine_prompt_pieces_uncalibrated")  # chunks then run whole
         while True:
+            idle = not self._running and not self._waiting
+            began = time.perf_counter()
             if not self._admit():
                 return
+            if idle:  # admission waited for work: the iteration's host time starts with it
+                began = time.perf_counter()
             for sequence in [s for s in self._running if s.cancelled.is_set()]:
                 self._release(sequence)
-            if self._running:
+            stepped = bool(self._running)
+            if stepped:
                 self._step()
             self._kv_tokens = sum(sequence.position for sequence in self._running)
             self._prefix_stats = self.prefix.stats()
             self._pool_stats = (self.pools.full.stats(), self.pools.window.stats())
+            if stepped:
+                costs = self.runtime.costs
+                costs.loops += 1
+                costs.loop_s += time.perf_counter() - began
+                self.host_costs = costs.copy()  # for other threads: whole iterations only
             if not self._running or time.monotonic() - self._queues_at > QUEUES_EVERY_S:
                 self._publish_queues()
 

@@ -16,6 +16,7 @@ import ctypes
 import dataclasses
 import functools
 import io
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -28,6 +29,7 @@ from onnx import helper
 from .attention import FUNCTION_GATHER_BUDGET
 from .config import ModelConfig
 from .graph import DTYPES, Dtype, kv_names
+from .host_costs import HostCosts
 from .page_pool import SCRATCH, PageTable
 from .sampler import Sampled, SamplingRows, sample_rows
 from .sampling_session import SamplingSession
@@ -231,8 +233,11 @@ class DecoderRuntime:
             shape = (self.pages[kind] * page_size, config.num_key_value_heads, config.head_dim)
             self._caches += [(kind, self._zeros(shape, DTYPES[dtype][1])) for _ in range(2)]
         self._logits = self._zeros((max_rows, config.vocab_size), np.dtype(np.float32))
+        self.costs = HostCosts()  # what the host spends around the runs (host_costs.py)
         self._sampler = (
-            None if kernels is None else SamplingSession(kernels, sampler_providers, self._place, self._logits, threads)
+            None
+            if kernels is None
+            else SamplingSession(kernels, sampler_providers, self._place, self._logits, threads, costs=self.costs)
         )
         self._binding = self._bound()
         self._graph_bindings: dict[int, tuple[ort.IOBinding, dict[str, ort.OrtValue]]] = {}
@@ -307,8 +312,11 @@ class DecoderRuntime:
             view = np.ctypeslib.as_array(
                 (ctypes.c_float * (self.max_rows * vocab)).from_address(self._logits.data_ptr())
             )
-            return view.reshape(self.max_rows, vocab)[rows]  # fancy indexing copies
-        return self._logits.numpy()[rows]
+            rows_read = view.reshape(self.max_rows, vocab)[rows]  # fancy indexing copies
+        else:
+            rows_read = self._logits.numpy()[rows]
+        self.costs.syncs += 1
+        return rows_read
 
     def run(self, step: StepRows) -> None:
         """Run the step's rows; each row's logits row is then its next token's."""
@@ -325,6 +333,10 @@ class DecoderRuntime:
         self._last_rows = count - step.unread
         if self.device == "cuda":
             self._binding.synchronize_outputs()  # ORT's stream computed them; the next reader may use another
+            self.costs.syncs += 1
+
+    def _ran(self, started: float, input_bytes: int) -> None:
+        self.costs.ran(time.perf_counter() - started, input_bytes)
 
     def _tables(self, step: StepRows, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         full = np.full((rows, width), SCRATCH, np.int32)
@@ -354,7 +366,9 @@ class DecoderRuntime:
         vocab = self.config.vocab_size
         logits = [rows - step.unread, vocab]  # no unembedding for the rows nobody reads
         self._binding.bind_output("logits", place, device_id, np.float32, logits, self._logits.data_ptr())
+        started = time.perf_counter()
         self.session.run_with_iobinding(self._binding, self._run_options(-1) if self.cuda_graph else None)
+        self._ran(started, sum(value.nbytes for value in inputs.values()))
 
     def _padded(self, step: StepRows) -> None:
         """A decode step padded to its bucket, from the bucket's fixed buffers: with CUDA graphs, the graph of the
@@ -368,14 +382,12 @@ class DecoderRuntime:
         ids[:rows] = [tokens[0] for tokens in step.tokens]
         positions = np.zeros(size, np.int32)
         positions[:rows] = step.starts
-        for name, value in (
-            ("input_ids", ids),
-            ("positions", positions),
-            ("full_pages", full),
-            ("window_pages", window),
-        ):
+        inputs = (("input_ids", ids), ("positions", positions), ("full_pages", full), ("window_pages", window))
+        for name, value in inputs:
             buffers[name].update_inplace(value)
+        started = time.perf_counter()
         self.session.run_with_iobinding(binding, self._run_options(size) if self.cuda_graph else None)
+        self._ran(started, sum(value.nbytes for _, value in inputs))
 
     def _graph_binding(self, size: int) -> tuple[ort.IOBinding, dict[str, ort.OrtValue]]:
         """The binding of a decode bucket: the pools, fixed device buffers for its inputs, and its logits rows."""

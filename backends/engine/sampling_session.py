@@ -5,6 +5,7 @@ and the logprobs asked for out."""
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from .graph import ENGINE_DOMAIN, IR_VERSION, OPSET
+from .host_costs import HostCosts
 from .sampler import SAMPLER_INPUTS, SAMPLER_OUTPUTS, Sampled, SamplingRows
 
 INPUT_TYPES = {
@@ -62,9 +64,10 @@ class SamplingSession:
         logits: ort.OrtValue,
         threads: int = 0,
         spinning: bool = False,
+        costs: HostCosts | None = None,
     ) -> None:
         """`spinning`: its threads spin awaiting work when done (by default they sleep: spinning, they would hold
-        the cores the decoder's next step needs)."""
+        the cores the decoder's next step needs); `costs`: where its runs are counted (the decoder's)."""
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
@@ -72,16 +75,21 @@ class SamplingSession:
         options.register_custom_ops_library(str(kernels))
         self.session = ort.InferenceSession(sampler_model(), options, providers=providers)
         self._logits = logits  # bound by address below: held as long as the session
+        self.costs = HostCosts() if costs is None else costs
         self._binding = self.session.io_binding()
         device, device_id = place
         self._binding.bind_input("logits", device, device_id, np.float32, logits.shape(), logits.data_ptr())
 
     def sample(self, rows: SamplingRows) -> Sampled:
-        for name, value in rows.inputs().items():
+        inputs = rows.inputs()
+        for name, value in inputs.items():
             self._binding.bind_cpu_input(name, value)
         self._binding.clear_binding_outputs()  # the outputs' shapes follow the rows: allocated per run
         for name in SAMPLER_OUTPUTS:
             self._binding.bind_output(name, "cpu")
+        started = time.perf_counter()
         self.session.run_with_iobinding(self._binding)
+        self.costs.ran(time.perf_counter() - started, sum(value.nbytes for value in inputs.values()))
+        self.costs.syncs += 1  # the tokens read back
         token, logprob, top_ids, top_logprobs = (value.numpy() for value in self._binding.get_outputs())
         return Sampled(token, logprob, top_ids, top_logprobs)

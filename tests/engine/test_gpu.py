@@ -16,7 +16,7 @@ from paths import ROOT
 
 from backends.engine.config import ModelConfig
 from backends.engine.graph import GraphOptions
-from backends.engine.kernels import moe_tuning
+from backends.engine.kernels import attention_tuning, moe_tuning
 from backends.engine.kernels.build import kernel_library
 from backends.engine.make_checkpoint import random_moe_layer
 from backends.engine.op_models import moe_layer_model
@@ -177,3 +177,26 @@ def test_attention_on_the_tensor_cores_matches_the_cuda_core_kernels(kernels, tm
     report = attention_timing(GPT_OSS_20B, tmp_path, kernels, DEVICE, cases)
     for name, row in report.items():
         assert row["max_diff_relative"] < 2e-2, (name, row)
+
+
+@pytest.mark.parametrize("keys", attention_tuning.CANDIDATES)
+def test_every_attention_split_a_sweep_may_choose_computes_what_the_default_does(kernels, keys, tmp_path):
+    """A decode step of 5 rows at 8,192 positions (bf16, gpt-oss's heads; a full and a window layer) with its keys
+    split as GATEWAY_ATTENTION_SPLITS forces, against the default split of 1,024 keys a part."""
+    from attention_layer import attention_model
+    from attention_sweep import EVERY_ROWS, DecodeStep, shared_caches
+    from onnx import TensorProto
+
+    from backends.engine.config import GPT_OSS_20B
+
+    context = 8192
+    for window in (0, GPT_OSS_20B.sliding_window):
+        model = tmp_path / f"attention-{window}.onnx"
+        model.write_bytes(attention_model(GPT_OSS_20B, window, TensorProto.BFLOAT16, context))
+        outputs = []
+        for split in (1024, keys):
+            session = kernel_session(model, kernels, DEVICE, {attention_tuning.SPLITS_ENV: f"{EVERY_ROWS}={split}"})
+            step = DecodeStep(GPT_OSS_20B, DEVICE, shared_caches(GPT_OSS_20B, DEVICE, 5 * context), context, 5, context)
+            outputs.append(step.time(session)[1])
+        reference, output = outputs
+        assert np.abs(output - reference).max() <= 2e-2 * np.abs(reference).max(), (window, keys)

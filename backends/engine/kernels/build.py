@@ -59,6 +59,7 @@ HEADERS = (
     "mxfp4_moe_op.h",
     "mxfp4_moe_launch.h",
     "moe_variants.h",
+    "attention_splits.h",
     "sample_tokens_op.h",
     "sample_tokens_launch.h",
     "cuda_launch.h",

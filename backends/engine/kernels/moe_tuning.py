@@ -90,22 +90,32 @@ def cuda_gpu(ordinal: int = 0) -> GpuModel | None:
     return None
 
 
+def read_table(path: Path) -> dict[str, Any]:
+    """A tuning table's JSON ({} where it cannot be read)."""
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def set_from_table(env: str, text: str | None, gpu: GpuModel | None, shape: str) -> str:
+    """Sets `env` to a table's entry `text` for `gpu` and `shape` (None: the table has none), unless the operator set
+    it; says which applies (for the log and /readyz). Read by the kernels when a session is created."""
+    own = os.environ.get(env)
+    if own is not None:
+        return f"{env} as set: {own[:200]}"
+    if text is None or gpu is None:
+        where = "no GPU named" if gpu is None else f"{gpu.name} ({gpu.capability}){shape}"
+        log.info("engine_kernel_tuning", variable=env, source="built-in rule", reason=f"no entry for {where}")
+        return "built-in rule"
+    os.environ[env] = text
+    log.info("engine_kernel_tuning", variable=env, source="table", device=gpu.name, shape=shape, table=text)
+    return f"tuned for {gpu.name} ({gpu.capability}): {text}"
+
+
 def apply(experts: int, gpu: GpuModel | None, table_path: Path | None = None) -> str:
     """Sets GATEWAY_MOE_VARIANTS for a model of `experts` experts on `gpu` from the table, unless the operator set
-    it; says which applies (for the log and /readyz). Read by the kernel when a session is created."""
-    own = os.environ.get(VARIANTS_ENV)
-    if own is not None:
-        return f"{VARIANTS_ENV} as set: {own[:200]}"
-    try:
-        table = json.loads((table_path or TABLE).read_text())
-    except (OSError, ValueError):
-        table = {}
-    text = None if gpu is None else lookup(table, gpu, experts)
-    if text is None:
-        where = "no GPU named" if gpu is None else f"{gpu.name} ({gpu.capability}) with {experts} experts"
-        log.info("engine_moe_variants", source="built-in rule", reason=f"the table has no entry for {where}")
-        return "built-in rule"
-    os.environ[VARIANTS_ENV] = text
-    assert gpu is not None
-    log.info("engine_moe_variants", source="table", device=gpu.name, experts=experts, variants=text)
-    return f"tuned for {gpu.name} ({gpu.capability}): {text}"
+    it; says which applies."""
+    text = None if gpu is None else lookup(read_table(table_path or TABLE), gpu, experts)
+    return set_from_table(VARIANTS_ENV, text, gpu, f" with {experts} experts")

@@ -18,6 +18,13 @@ AttentionAttributes::AttentionAttributes(const OrtKernelInfo* info) {
   scale = kernel_info.GetAttribute<float>("scale");
   const char* mma = std::getenv("GATEWAY_ATTENTION_MMA");
   tensor_cores = !(mma && std::string(mma) == "0");
+  const char* tuned = std::getenv("GATEWAY_ATTENTION_SPLITS");
+  if (tuned && !ParseAttentionSplits(tuned, &splits)) {
+    ORT_CXX_API_THROW(std::string("PagedAttention: GATEWAY_ATTENTION_SPLITS is not a list of ROWS=KEYS entries "
+                                  "(bounds increasing, KEYS 0 to 1048576, ';' between): '") +
+                          std::string(tuned).substr(0, 200) + "'",
+                      ORT_INVALID_ARGUMENT);
+  }
 }
 
 namespace {
@@ -79,7 +86,7 @@ AttentionArgs ReadAttentionArgs(Ort::KernelContext& context, const AttentionAttr
   a.out = context.GetOutput(0, {a.tokens, a.heads * a.head_dim}).GetTensorMutableRawData();
   a.key_cache = context.GetOutput(1, cache_shape).GetTensorMutableRawData();
   a.value_cache = context.GetOutput(2, cache_shape).GetTensorMutableRawData();
-  a.split_keys = kDefaultSplitKeys;
+  a.split_keys = SplitKeysFor(a.rows, attributes.splits, kDefaultSplitKeys);
   a.tensor_cores = attributes.tensor_cores;
   return a;
 }

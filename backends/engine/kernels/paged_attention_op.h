@@ -10,6 +10,7 @@
 
 #include <onnxruntime_cxx_api.h>
 
+#include "attention_splits.h"
 #include "paged_attention_launch.h"
 
 namespace gptoss {
@@ -19,6 +20,7 @@ struct AttentionAttributes {
   int64_t heads, kv_heads, page_size, window;
   float scale;
   bool tensor_cores;  // GATEWAY_ATTENTION_MMA (read when the kernel is made): "0" keeps prefills on CUDA cores
+  AttentionSplits splits;  // GATEWAY_ATTENTION_SPLITS (attention_splits.h): decode's key split by rows, else none
 };
 
 // The inputs as pointers and sizes (shapes and types checked), with the outputs allocated.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "attention_splits.h"
 #include "paged_attention_launch.h"
 
 extern "C" const char* gptoss_emulated_attention(const void* qkv, void* keys, void* values, const int32_t* positions,
@@ -43,4 +44,12 @@ extern "C" const char* gptoss_emulated_attention(const void* qkv, void* keys, vo
   a.split_keys = split_keys;
   std::vector<unsigned char> workspace(gptoss::AttentionWorkspaceBytes(a));
   return gptoss::LaunchPagedAttention(a, workspace.data(), nullptr);
+}
+
+// The keys per split part a decode step of `rows` rows takes under the GATEWAY_ATTENTION_SPLITS text `table` (as
+// the op reads it when a session makes its kernel), or -1 where the op would refuse the text.
+extern "C" int64_t gptoss_split_keys_for(const char* table, int64_t rows) {
+  gptoss::AttentionSplits splits;
+  if (!gptoss::ParseAttentionSplits(table, &splits)) return -1;
+  return gptoss::SplitKeysFor(rows, splits, gptoss::kDefaultSplitKeys);
 }
