@@ -269,7 +269,7 @@ class PrefixRouter:
             return None
         routed = names.routed()
         depth = self.branches.shared_pages(routed)
-        if held > (depth + 1) * self.settings.page_tokens or depth >= len(routed):
+        if depth == 0 or held > (depth + 1) * self.settings.page_tokens or depth >= len(routed):
             return None
         return routed[depth]
 
