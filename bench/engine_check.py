@@ -68,7 +68,7 @@ from host_costs_check import host_costs
 from kernel_session import kernel_session
 from moe_sweep import layer_inputs, moe_sweep, run_layer, time_layer
 from qmoe_layer import qmoe_layer_model
-from report import cpu_line, write_section
+from report import write_section
 from sampler_bench import measure
 
 from backends.base import Sampling
@@ -769,7 +769,7 @@ def main() -> int:
     if "paged" in steps:
         step(results, "paged", lambda: paged(work, args.device, kernels))
     if "host" in steps:
-        step(results, "host", lambda: {**host_costs(work, args.device), "cpu": cpu_line()})
+        step(results, "host", lambda: host_costs(work, args.device))
     (out / "engine_check.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "engine_check.md").write_text(markdown(results))
     if args.docs:

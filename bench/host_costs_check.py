@@ -83,7 +83,7 @@ def host_costs(work: Path, device: str, layers: int = 2, batches: tuple[int, ...
     config: ModelConfig = replace(GPT_OSS_20B, num_hidden_layers=layers)
     checkpoint = write_random_checkpoint(work / "host-costs", config, "original", seed=11)
     report = asyncio.run(measure(checkpoint, device, work / "host-costs-graphs", batches, tokens))
-    return {"device": device, "layers": layers, "prompt_tokens": PROMPT_TOKENS, **report}
+    return {"device": device, "cpu": cpu_line(), "layers": layers, "prompt_tokens": PROMPT_TOKENS, **report}
 
 
 NAME = "host_costs_check"
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        figures = {**host_costs(Path(work), args.device, args.layers), "cpu": cpu_line()}
+        figures = host_costs(Path(work), args.device, args.layers)
     print(json.dumps(figures, indent=1))
     lines = host_lines(figures)
     title = "## The host's cost per decode step (`bench/host_costs_check.py`)"

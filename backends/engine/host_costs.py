@@ -9,8 +9,13 @@ the CPU before a GPU does (bench/engine_check.py's `host` step reports them per 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(slots=True)
@@ -22,11 +27,14 @@ class HostCosts:
     syncs: int = 0  # waits of the host for the device's results (read back or synchronized)
     input_bytes: int = 0  # bytes of host inputs given to the runs
 
-    def ran(self, seconds: float, input_bytes: int) -> None:
-        """A session run of `seconds` given `input_bytes` of host inputs."""
+    @contextlib.contextmanager
+    def run(self, inputs: Iterable[np.ndarray]) -> Iterator[None]:
+        """Counts the session run the block makes, given these host inputs."""
+        started = time.perf_counter()
+        yield
         self.runs += 1
-        self.run_s += seconds
-        self.input_bytes += input_bytes
+        self.run_s += time.perf_counter() - started
+        self.input_bytes += sum(value.nbytes for value in inputs)
 
     def copy(self) -> HostCosts:
         return dataclasses.replace(self)

@@ -16,7 +16,6 @@ import ctypes
 import dataclasses
 import functools
 import io
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -335,9 +334,6 @@ class DecoderRuntime:
             self._binding.synchronize_outputs()  # ORT's stream computed them; the next reader may use another
             self.costs.syncs += 1
 
-    def _ran(self, started: float, input_bytes: int) -> None:
-        self.costs.ran(time.perf_counter() - started, input_bytes)
-
     def _tables(self, step: StepRows, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         full = np.full((rows, width), SCRATCH, np.int32)
         window = np.full((rows, width), SCRATCH, np.int32)
@@ -366,9 +362,8 @@ class DecoderRuntime:
         vocab = self.config.vocab_size
         logits = [rows - step.unread, vocab]  # no unembedding for the rows nobody reads
         self._binding.bind_output("logits", place, device_id, np.float32, logits, self._logits.data_ptr())
-        started = time.perf_counter()
-        self.session.run_with_iobinding(self._binding, self._run_options(-1) if self.cuda_graph else None)
-        self._ran(started, sum(value.nbytes for value in inputs.values()))
+        with self.costs.run(inputs.values()):
+            self.session.run_with_iobinding(self._binding, self._run_options(-1) if self.cuda_graph else None)
 
     def _padded(self, step: StepRows) -> None:
         """A decode step padded to its bucket, from the bucket's fixed buffers: with CUDA graphs, the graph of the
@@ -385,9 +380,8 @@ class DecoderRuntime:
         inputs = (("input_ids", ids), ("positions", positions), ("full_pages", full), ("window_pages", window))
         for name, value in inputs:
             buffers[name].update_inplace(value)
-        started = time.perf_counter()
-        self.session.run_with_iobinding(binding, self._run_options(size) if self.cuda_graph else None)
-        self._ran(started, sum(value.nbytes for _, value in inputs))
+        with self.costs.run(value for _, value in inputs):
+            self.session.run_with_iobinding(binding, self._run_options(size) if self.cuda_graph else None)
 
     def _graph_binding(self, size: int) -> tuple[ort.IOBinding, dict[str, ort.OrtValue]]:
         """The binding of a decode bucket: the pools, fixed device buffers for its inputs, and its logits rows."""

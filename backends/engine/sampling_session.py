@@ -5,7 +5,6 @@ and the logprobs asked for out."""
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 
 import numpy as np
@@ -87,9 +86,8 @@ class SamplingSession:
         self._binding.clear_binding_outputs()  # the outputs' shapes follow the rows: allocated per run
         for name in SAMPLER_OUTPUTS:
             self._binding.bind_output(name, "cpu")
-        started = time.perf_counter()
-        self.session.run_with_iobinding(self._binding)
-        self.costs.ran(time.perf_counter() - started, sum(value.nbytes for value in inputs.values()))
+        with self.costs.run(inputs.values()):
+            self.session.run_with_iobinding(self._binding)
         self.costs.syncs += 1  # the tokens read back
         token, logprob, top_ids, top_logprobs = (value.numpy() for value in self._binding.get_outputs())
         return Sampled(token, logprob, top_ids, top_logprobs)

@@ -124,6 +124,7 @@ class PromptPages:
         self._tokens = request.prompt[: max(len(request.prompt) - 1, 0)]  # the last prompt token is always run
         self._routed = (page_tokens, routed_namespace)
         self._known: dict[tuple[int, bytes], _LazyChain] = {}
+        self._routed_names: list[bytes] | None = None
 
     def of(self, page_size: int, namespace: bytes) -> _LazyChain:
         key = (page_size, namespace)
@@ -132,8 +133,10 @@ class PromptPages:
         return self._known[key]
 
     def routed(self) -> list[bytes]:
-        """The names under which what was sent where is recorded: the prompt's whole chain."""
-        return list(self.of(*self._routed))
+        """The names under which what was sent where is recorded: the prompt's whole chain (hashed once)."""
+        if self._routed_names is None:
+            self._routed_names = list(self.of(*self._routed))
+        return self._routed_names
 
 
 class PrefixRouter:

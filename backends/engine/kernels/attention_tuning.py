@@ -7,12 +7,11 @@ an operator's own GATEWAY_ATTENTION_SPLITS wins over the table."""
 
 from __future__ import annotations
 
-import itertools
 import re
 from pathlib import Path
 from typing import Any
 
-from .moe_tuning import GpuModel, read_table, set_from_table
+from .moe_tuning import GpuModel, read_table, set_from_table, table_entry, valid_table
 
 SPLITS_ENV = "GATEWAY_ATTENTION_SPLITS"
 TABLE = Path(__file__).with_name("attention_tuning.json")
@@ -20,29 +19,18 @@ TABLE = Path(__file__).with_name("attention_tuning.json")
 CANDIDATES = (0, 256, 512, 1024, 2048, 4096)
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the decode buckets a CUDA graph captures
 CONTEXTS = (1024, 4096, 16_384, 65_536, 131_072)  # positions a row's page table reaches
-MAX_ENTRIES = 32  # attention_splits.h's kMaxAttentionSplitEntries
 MAX_KEYS = 1 << 20
 _ENTRY = re.compile(r"([1-9][0-9]{0,9})=(0|[1-9][0-9]{0,6})")
 
 
 def valid(text: str) -> bool:
     """Whether `text` is a table the kernel reads: ROWS=KEYS entries, bounds increasing, ';' between."""
-    bounds = []
-    for entry in text.split(";"):
-        match = _ENTRY.fullmatch(entry)
-        if match is None or int(match.group(2)) > MAX_KEYS:
-            return False
-        bounds.append(int(match.group(1)))
-    return len(bounds) <= MAX_ENTRIES and all(a < b for a, b in itertools.pairwise(bounds))
+    return valid_table(text, _ENTRY, lambda match: int(match.group(2)) <= MAX_KEYS)
 
 
 def lookup(table: dict[str, Any], gpu: GpuModel) -> str | None:
     """The table's splits for this GPU model, if it has them (and they are well formed)."""
-    for entry in table.get("tables", []):
-        if (entry.get("device"), entry.get("compute_capability")) == (gpu.name, gpu.capability):
-            text = entry.get("splits")
-            return text if isinstance(text, str) and valid(text) else None
-    return None
+    return table_entry(table, gpu, "splits", valid)
 
 
 def apply(gpu: GpuModel | None, table_path: Path | None = None) -> str:

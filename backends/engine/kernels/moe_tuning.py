@@ -2,7 +2,8 @@
 (`bench/engine_check.py --steps sweep`: every variant timed at every step size, the fastest kept), committed as
 moe_tuning.json beside this file and handed to the kernel in GATEWAY_MOE_VARIANTS (moe_variants.h) for the device
 and model shape the engine runs. A device or shape the table does not name keeps the kernel's built-in rule; an
-operator's own GATEWAY_MOE_VARIANTS wins over the table."""
+operator's own GATEWAY_MOE_VARIANTS wins over the table. The table helpers (validity, lookup, apply) serve
+attention_tuning.py's table too."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import itertools
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ TABLE = Path(__file__).with_name("moe_tuning.json")
 CANDIDATES = ("cores", "tiles/1", "tiles/2", "tiles/4", "tiles/8", "gemm")
 # the step sizes a sweep times: every decode bucket a CUDA graph captures, then prefill steps
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-MAX_ENTRIES = 32  # moe_variants.h's kMaxMoeVariants
+MAX_ENTRIES = 32  # moe_variants.h's kMaxMoeVariants, attention_splits.h's kMaxAttentionSplitEntries
 _ENTRY = re.compile(r"([1-9][0-9]{0,9})=(cores|gemm|tiles/(?:[1-9]|1[0-6]))")
 _CU_COMPUTE_MAJOR, _CU_COMPUTE_MINOR = 75, 76  # CUdevice_attribute
 
@@ -37,15 +39,22 @@ class GpuModel:
     capability: str  # compute capability, e.g. "9.0"
 
 
-def valid(text: str) -> bool:
-    """Whether `text` is a table the kernel reads: TOKENS=VARIANT entries, bounds increasing, ';' between."""
+def valid_table(text: str, entry: re.Pattern[str], within: Callable[[re.Match[str]], bool] | None = None) -> bool:
+    """Whether `text` is a table of `entry` entries (each also `within` its bounds), their first numbers increasing,
+    ';' between, at most MAX_ENTRIES (the kernels keep as many): the shape moe_variants.h and attention_splits.h
+    read."""
     bounds = []
-    for entry in text.split(";"):
-        match = _ENTRY.fullmatch(entry)
-        if match is None:
+    for item in text.split(";"):
+        match = entry.fullmatch(item)
+        if match is None or (within is not None and not within(match)):
             return False
         bounds.append(int(match.group(1)))
     return len(bounds) <= MAX_ENTRIES and all(a < b for a, b in itertools.pairwise(bounds))
+
+
+def valid(text: str) -> bool:
+    """Whether `text` is a table the kernel reads: TOKENS=VARIANT entries, bounds increasing, ';' between."""
+    return valid_table(text, _ENTRY)
 
 
 def compact(fastest: dict[int, str]) -> str:
@@ -60,17 +69,22 @@ def compact(fastest: dict[int, str]) -> str:
     return ";".join(f"{size}={variant}" for size, variant in entries)
 
 
+def table_entry(
+    table: dict[str, Any], gpu: GpuModel, field: str, well_formed: Callable[[str], bool], **shape: Any
+) -> str | None:
+    """The `field` of the table's entry for this GPU model (and `shape`'s other keys), if it has one and it is well
+    formed."""
+    wanted = {"device": gpu.name, "compute_capability": gpu.capability, **shape}
+    for entry in table.get("tables", []):
+        if all(entry.get(key) == value for key, value in wanted.items()):
+            text = entry.get(field)
+            return text if isinstance(text, str) and well_formed(text) else None
+    return None
+
+
 def lookup(table: dict[str, Any], gpu: GpuModel, experts: int) -> str | None:
     """The table's variants for this GPU model and number of experts, if it has them (and they are well formed)."""
-    for entry in table.get("tables", []):
-        if (entry.get("device"), entry.get("compute_capability"), entry.get("experts")) == (
-            gpu.name,
-            gpu.capability,
-            experts,
-        ):
-            text = entry.get("variants")
-            return text if isinstance(text, str) and valid(text) else None
-    return None
+    return table_entry(table, gpu, "variants", valid, experts=experts)
 
 
 def cuda_gpu(ordinal: int = 0) -> GpuModel | None:
