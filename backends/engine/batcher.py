@@ -39,7 +39,7 @@ from .fair_share import FairShare
 from .grammar import TokenGuide
 from .page_events import PageEvents
 from .page_pool import SCRATCH, KvPools, PageTable
-from .prefix_cache import PrefixCache, Written
+from .prefix_cache import Block, PrefixCache, Tail, Written
 from .runtime import DecoderRuntime, StepRows
 from .sampler import RowSpec, sampling_rows
 
@@ -59,6 +59,7 @@ class Sequence:
     namespace: bytes = b""  # the prefix cache's: only pages written in the same namespace are reused
     reused: int = 0  # prompt tokens taken from the prefix cache (set before the first token is emitted)
     placed: bool = False  # admitted once (a preempted sequence is admitted again)
+    joinable: bool = False  # first admitted and none of its prompt run yet: it may take pages named since (_join)
     placed_ns: int = 0  # when it was first admitted (time.time_ns), for its trace
     admitted: int = 0  # admission order: the latest is preempted first
     fill: list[int] = field(default_factory=list)  # tokens to run before decoding: the prompt, or all it wrote
@@ -292,15 +293,10 @@ class Batcher:
         )
         if not pools.fits((full + taken_full + promised, window + taken_window)):
             return False
-        self.prefix.take(blocks, reused, sequence.table, sequence.written, fill)
-        if tail is not None:
-            pools.extend(sequence.table, kept, kept + 1)
-            copied = reused - kept
-            self.runtime.copy_page("full", tail.full, sequence.table.full[-1], copied)
-            self.runtime.copy_page("window", tail.window, sequence.table.window[-1], copied)
-            sequence.written.tokens.extend(tail.tokens[:copied])
+        self._hold(sequence, blocks, tail, reused)
         if not sequence.placed:
             sequence.placed, sequence.reused, sequence.placed_ns = True, reused, time.time_ns()
+            sequence.joinable = True
             self.prefix.count(len(fill), reused)
             key = (sequence.tenant, sequence.request.tier)
             admitted, waited = self._admitted.get(key, (0, 0.0))
@@ -309,6 +305,33 @@ class Batcher:
         sequence.decoding = False
         self._running.append(sequence)
         return True
+
+    def _hold(self, sequence: Sequence, blocks: list[Block], tail: Tail | None, reused: int) -> None:
+        """Hold the kept prefix's pages (and a copy of the tail's shared positions) for the sequence."""
+        self.prefix.take(blocks, reused, sequence.table, sequence.written, sequence.fill)
+        if tail is not None:
+            kept = len(blocks) * self.pools.page_size
+            self.pools.extend(sequence.table, kept, kept + 1)
+            copied = reused - kept
+            self.runtime.copy_page("full", tail.full, sequence.table.full[-1], copied)
+            self.runtime.copy_page("window", tail.window, sequence.table.window[-1], copied)
+            sequence.written.tokens.extend(tail.tokens[:copied])
+
+    def _join(self, sequence: Sequence) -> None:
+        """A prompt about to run its first piece takes the pages of its prefix named since it was admitted: prompts
+        that arrive together sharing a new prefix (a tenant's users on a new system prompt) prefill it once, the
+        earliest admitted first, the others from its pages. What it held so far is a prefix of what it now takes,
+        so the pages it needs only shrink."""
+        sequence.joinable = False
+        blocks, tail, reused = self.prefix.lookup(sequence.namespace, sequence.fill)
+        gained = reused - sequence.position
+        if gained <= 0:
+            return
+        self._give_back(sequence)
+        sequence.written = Written()
+        self._hold(sequence, blocks, tail, reused)
+        sequence.reused += gained
+        self.prefix.count(0, gained)
 
     def _make_room(self, sequence: Sequence, needs: tuple[int, int]) -> bool:
         """Preempt sequences until `needs` fit, the latest admitted of the tenant furthest ahead of its share
@@ -325,6 +348,7 @@ class Batcher:
         self._preemptions += 1
         log.info("engine_preempted", written=sequence.position, generated=sequence.generated)
         sequence.resumed = sequence.generated > 0
+        sequence.joinable = False
         sequence.fill = list(sequence.written.tokens) if sequence.resumed else list(sequence.request.prompt)
         self._give_back(sequence)
         sequence.written = Written()
@@ -354,6 +378,8 @@ class Batcher:
         held = filling is not None and self._gives_way(filling, decoding) and self._give_way.open()
         if held:
             filling = None
+        if filling is not None and filling.joinable:
+            self._join(filling)
         started = time.perf_counter() if held else 0.0
         piece: list[int] = []
         if filling is not None:

@@ -151,6 +151,29 @@ def test_a_running_sequences_pages_are_shared_with_another_and_both_answers_stay
     assert stats.prefix_hit_tokens == cached[0]
 
 
+def test_prompts_arriving_together_on_a_new_prefix_prefill_it_once(checkpoint):
+    """Three users send a system prompt nothing holds yet, at once: the first admitted prefills it, the other two
+    take its pages when their own turn to prefill comes, and every answer is the one a full prefill gives."""
+    shared = [*SHARED, *range(20000, 20200)]  # 353 tokens: eight pieces of 48 before the second could start
+    prompts = [[*shared, *range(base, base + 20)] for base in (30000, 31000, 32000)]
+
+    async def scenario(budget: int | None) -> tuple[list[tuple[list[int], int]], EngineStats]:
+        backend = await loaded(_backend(checkpoint, max_batch=3, prefix_cache_tokens=budget))
+        answers = await asyncio.gather(*(_generate(backend, prompt, 12) for prompt in prompts))
+        stats = await _settled(backend)
+        await backend.aclose()
+        return list(answers), stats
+
+    fresh, _ = asyncio.run(scenario(0))
+    together, stats = asyncio.run(scenario(None))
+    assert [tokens for tokens, _ in together] == [tokens for tokens, _ in fresh]
+    cached = sorted(cached for _, cached in together)
+    # full pages by reference, then a copy of the part of the next page the prompts share
+    assert cached == [0, len(shared), len(shared)]
+    assert stats.prefix_hit_tokens == 2 * len(shared)
+    assert stats.prefill_tokens == sum(len(prompt) for prompt in prompts) - 2 * len(shared)
+
+
 def test_eviction_under_a_small_budget_never_breaks_a_running_sequence(checkpoint):
     prompts = [[*SHARED[:40], *range(base, base + 60)] for base in (10000, 11000, 12000, 13000, 14000, 15000)]
 
