@@ -2,7 +2,7 @@
 experts top-4, vocabulary 201,088) at 6 layers and optionally 24, written in the Hugging Face layout and
 converted to GGUF by llama.cpp's own converter (dense weights f16, and q8_0; the experts kept in MXFP4). Measured
 alternately in one run, ROUNDS times, with the same thread count: engine variants (bf16 or int8 dense weights,
-`dense_int8`; the MoE's decode in float or on int8 activations, `moe_int8_activations`) and llama.cpp f16 and
+`dense_int8`; the MoE's decode in float or on int8 activations, `moe_activations` int8x2 or int8) and llama.cpp f16 and
 q8_0 (as wide as the variants' dense weights); decode of 1 sequence and of 4 at
 position 64, and a 512-token prefill; reported as medians of the ratios within a round (engine ÷ llama.cpp),
 beside each side's median rate. llama.cpp's side is `llama-bench` (1 sequence, prefill) and
@@ -138,7 +138,7 @@ class Variant:
     """An engine configuration, and the llama.cpp GGUF whose dense weights are as wide."""
 
     dense_int8: bool
-    int8_activations: bool
+    int8_pieces: int  # the MoE decode path's activations: 0 float, 1 int8, 2 int8x2
 
     @property
     def base(self) -> str:
@@ -156,9 +156,10 @@ GGUF_DENSE_SIZE = {"f16": 2.0, "q8_0": 34 / 32}
 
 VARIANTS = {
     "bf16": Variant(False, False),
-    "bf16+act8": Variant(False, True),  # the MoE's decode on int8 activations, as llama.cpp's is
-    "int8": Variant(True, False),
-    "int8+act8": Variant(True, True),
+    "bf16+act8x2": Variant(False, 2),  # the MoE's decode on two int8 pieces of each activation
+    "bf16+act8": Variant(False, 1),  # the MoE's decode on int8 activations, as llama.cpp's is
+    "int8": Variant(True, 0),
+    "int8+act8": Variant(True, 1),
 }
 
 
@@ -171,7 +172,7 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
     for name in names:
         variant = VARIANTS[name]
         options = GraphOptions(
-            MAX_POSITIONS, dense_bf16=True, dense_int8=variant.dense_int8, moe_int8_activations=variant.int8_activations
+            MAX_POSITIONS, dense_bf16=True, dense_int8=variant.dense_int8, moe_int8_pieces=variant.int8_pieces
         )
         models[name] = compiled_model(Checkpoint(directory), options, work / "graphs")
         if llama is not None and variant.base not in ggufs:
@@ -300,10 +301,13 @@ def _publish(section: str, docs: Path | None) -> None:
 
 
 def _section_name() -> str:
-    """One section per CPU level the kernels ran at, so an AVX2 machine's run does not replace an AVX-512 one's."""
+    """One section per CPU level the kernels ran at, so an AVX2 machine's run does not replace an AVX-512 one's, and a
+    level forced (`--kernels`) apart from a machine's own (`-native`)."""
     choice = kernel_choice()
     level = "none" if choice is None else choice.level
-    return NAME if level.startswith("x86-64-v4") else f"{NAME}_{level}"
+    if level.startswith("x86-64-v4"):
+        return NAME
+    return f"{NAME}_{level}" if os.environ.get(KERNELS_ENV) else f"{NAME}_{level}-native"
 
 
 def _rate(figures: dict, measure_name: str, name: str) -> str:
@@ -342,8 +346,9 @@ def report(shapes: list[dict], threads: int, with_llama: bool) -> str:
         " weights: one checkpoint, converted to GGUF by llama.cpp's own converter (dense weights f16 or q8_0,",
         "experts MXFP4; llama.cpp's CPU path takes the experts' dot products on int8 activations). The engine reads"
         " the same checkpoint: its dense weights in bf16 (DenseBF16) or, `int8`, in int8 with a scale a row",
-        "(`dense_int8`; the router stays bf16); its MXFP4 experts in float or, `+act8`, with the decode path on int8"
-        " activations (`moe_int8_activations`). Each engine against llama.cpp at its dense width and against f16.",
+        "(`dense_int8`; the router stays bf16); its MXFP4 experts in float or with the decode path on int8 activations:"
+        " `+act8x2` two int8 pieces of each (`moe_activations: int8x2`), `+act8` one (`int8`). Each engine against"
+        " llama.cpp at its dense width and against f16.",
         f"Each shape's sides alternated in one run, {ROUNDS} rounds with every side loaded"
         f"{_sequential_note(shapes)}; rates are medians, ratios medians of the ratios within a round."
         f" Decode at position {DEPTH}. Bytes/s: a decode step's dense weights, routed experts and KV, over the",

@@ -5,7 +5,7 @@
 Decode steps (1 and 4 tokens) and a prefill (512 tokens) through the same one-node model, in one process:
 the pure-ONNX realization (GatherBlockQuantized of the routed experts + contrib MoE), the compiled kernel (MXFP4
 decoded in registers, one pass over the packed bytes) and the kernel with int8 activations (the engine's
-`moe_int8_activations`: experts with fewer than four tokens take integer dot products), the kernel's sessions
+`moe_activations: int8`: experts with fewer than four tokens take integer dot products), the kernel's sessions
 first (a pure-ONNX run, which dequantizes its experts into new float buffers, slowed the kernel's next steps by up
 to 1.7x on a 2-core AMD EPYC). Each repeat of a step routes its tokens to experts drawn afresh, so that, as in a
 model's step whose other layers pass between, the experts' weights mostly come from memory, not from a cache the
@@ -88,7 +88,7 @@ def run(shape: str, threads: int, repeats: int, directory: Path) -> list[Row]:
     library = build_library(cuda=False)
     pure = _session(model, threads, None)
     compiled = _session(model, threads, library)
-    int8 = _session(moe_layer_model(config, layer, directory, int8_activations=True), threads, library)
+    int8 = _session(moe_layer_model(config, layer, directory, int8_activations=1), threads, library)
     for session in (pure, compiled, int8):
         _touch_experts(session, config.hidden_size, config.num_experts)
     rng = np.random.default_rng(0)

@@ -38,7 +38,12 @@ PREFIX_RUN = DOCS / "prefix_cache_bench.json"
 PEERS = (("reference", "OpenAI's reference server"), ("litellm", "LiteLLM"), ("gateway", "gpt-oss-gateway"))
 PEER_COLOURS = {"reference": "tab:blue", "litellm": "tab:orange", "gateway": "tab:green"}
 MEASURES = (("decode_1", "decode\n1 sequence"), ("decode_4", "decode\n4 sequences"), ("prefill", "prefill"))
-ENGINES = (("bf16", "defaults (bf16 dense)"), ("bf16+act8", "moe_int8_activations"), ("int8+act8", "+ dense_int8"))
+ENGINES = (
+    ("bf16", "defaults (bf16 dense)"),
+    ("bf16+act8x2", "moe_activations: int8x2"),
+    ("bf16+act8", "moe_activations: int8"),
+    ("int8+act8", "+ dense_int8"),
+)
 GPU_BATCHES = (1, 8, 32, 64)
 
 plt.rcParams.update({"svg.hashsalt": "gpt-oss-gateway", "font.size": 9})

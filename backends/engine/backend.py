@@ -62,7 +62,11 @@ MAX_POSITIONS = 131072  # gpt-oss's context
 
 
 DENSE_INT8_CPU_ONLY = "dense_int8 is a CPU option (a CUDA graph reads its dense weights in its dtype)"
-MOE_INT8_CPU_KERNEL = "moe_int8_activations is an option of the compiled CPU MoE kernel (needs kernels, device cpu)"
+MOE_INT8_CPU_KERNEL = (
+    "moe_activations int8 and int8x2 are options of the compiled CPU MoE kernel (needs kernels, device cpu)"
+)
+# moe_activations: int8 pieces of each activation the CPU MoE kernel's decode path takes (none: float)
+MOE_INT8_PIECES = {"float": 0, "int8": 1, "int8x2": 2}
 
 
 class EngineOptions(BaseModel):
@@ -88,10 +92,12 @@ class EngineOptions(BaseModel):
     dense_int8: bool = False
     """CPU: the attention projections and the unembedding read in int8 with a scale per row (half the bytes of bf16;
     logits within the bound tests/engine/test_dense_int8.py states), the router in bf16."""
-    moe_int8_activations: bool = False
-    """CPU: the MoE kernel's decode path (experts with fewer than four tokens in a step) takes integer dot products of
-    the activations quantized to int8 per 32 values, as llama.cpp's CPU path does for MXFP4 experts (logits within
-    the bound tests/engine/test_moe_int8.py states)."""
+    moe_activations: Literal["float", "int8x2", "int8"] = "float"
+    """CPU: how the MoE kernel's decode path (experts with fewer than four tokens in a step) takes the activations:
+    `float`; `int8x2`, integer dot products of each 32 values as two int8 pieces, the value in steps of a 127th of the
+    block's largest and its remainder in steps of a 254th of that; `int8`, the first piece alone, as llama.cpp's CPU
+    path does for MXFP4 experts (logits within the bounds tests/engine/test_moe_int8.py states: int8x2's a 90th of
+    int8's). `moe_int8_activations: true` is the older spelling of `int8`."""
     device: Device = "auto"
     """`auto` (CUDA when onnxruntime's CUDA provider loads, else the CPU), `cuda` or `cpu`."""
     device_id: int = Field(default=0, ge=0)
@@ -115,11 +121,23 @@ class EngineOptions(BaseModel):
     prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
     """`tenant`: a prompt is reused by its own tenant with the same `prompt_cache_key`; `shared`: by every tenant."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_spelling(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "moe_int8_activations" in data:
+            data = dict(data)
+            older = data.pop("moe_int8_activations")
+            if older not in (True, False):
+                raise ValueError("moe_int8_activations (the older spelling of moe_activations) is true or false")
+            if older and data.setdefault("moe_activations", "int8") != "int8":
+                raise ValueError("moe_int8_activations: true says moe_activations int8; give one of the two")
+        return data
+
     @model_validator(mode="after")
     def _int8_options_on_the_cpu(self) -> EngineOptions:
         if self.dense_int8 and self.device == "cuda":
             raise ValueError(DENSE_INT8_CPU_ONLY)
-        if self.moe_int8_activations and (self.device == "cuda" or not self.kernels or self.moe != "mxfp4moe"):
+        if self.moe_activations != "float" and (self.device == "cuda" or not self.kernels or self.moe != "mxfp4moe"):
             raise ValueError(MOE_INT8_CPU_KERNEL)
         return self
 
@@ -199,7 +217,7 @@ class EngineBackend:
                 raise EngineDeviceError(reason)
             if options.dense_int8 and device != "cpu":
                 raise EngineDeviceError(DENSE_INT8_CPU_ONLY)
-            if options.moe_int8_activations and device != "cpu":
+            if options.moe_activations != "float" and device != "cpu":
                 raise EngineDeviceError(MOE_INT8_CPU_KERNEL)
             self._placement = {"device": device, "dtype": dtype, "moe": options.moe}
             log.info("engine_device", device=device, dtype=dtype, asked=options.device, moe=options.moe)
@@ -211,7 +229,7 @@ class EngineBackend:
                 options.moe,
                 dense_bf16=cpu,
                 dense_int8=cpu and options.dense_int8,
-                moe_int8_activations=cpu and options.moe_int8_activations,
+                moe_int8_pieces=MOE_INT8_PIECES[options.moe_activations] if cpu else 0,
                 page_size=options.page_size,
             )
             model = compiled_model(checkpoint, graph_options, cache, _progress)

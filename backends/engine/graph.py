@@ -71,8 +71,9 @@ class GraphOptions:
     # with dense_bf16: the attention projections and the unembedding in int8, a scale per row (DenseInt8); the
     # router stays bf16 (its logits pick the experts)
     dense_int8: bool = False
-    # the MoE kernel's decode path on int8 activations, a scale per 32 values (the `int8_activations` attribute)
-    moe_int8_activations: bool = False
+    # the MoE kernel's decode path on activations quantized per 32 values in this many int8 pieces (1 or 2; the
+    # `int8_activations` attribute), 0: float
+    moe_int8_pieces: int = 0
     page_size: int = 32  # positions per KV page
 
     @property
@@ -279,9 +280,10 @@ def int8_rows(weight: np.ndarray, block_rows: int = 8192) -> tuple[np.ndarray, n
     return codes, scales
 
 
-def moe_attributes(config: ModelConfig, int8_activations: bool = False) -> dict[str, float | int]:
-    """What a compiled MXFP4MoE kernel reads from its node (`int8_activations`: the CPU kernel's alone; the
-    function body and the CUDA kernels compute in float whatever it says)."""
+def moe_attributes(config: ModelConfig, int8_activations: int = 0) -> dict[str, float | int]:
+    """What a compiled MXFP4MoE kernel reads from its node (`int8_activations`, the int8 pieces of the decode
+    path's activations, 0 for float: the CPU kernel's alone; the function body and the CUDA kernels compute in
+    float whatever it says)."""
     return {
         "k": config.experts_per_token,
         "swiglu_limit": config.swiglu_limit,
@@ -432,7 +434,7 @@ class _Builder:
             [h, logits, w1, s1, b1, w2, s2, b2],
             [out],
             domain=ENGINE_DOMAIN,
-            **moe_attributes(self.config, self.options.moe_int8_activations),
+            **moe_attributes(self.config, self.options.moe_int8_pieces),
         )
 
     def qmoe(self, prefix: str, h: str, logits: str, out: str) -> str:

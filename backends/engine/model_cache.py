@@ -28,7 +28,7 @@ def compiled_model(
 ) -> Path:
     """The .onnx file for this checkpoint and these options, built (weights streamed to disk) if not cached."""
     dense = "-dense32" if not options.dense_bf16 else "-dense8" if options.dense_int8 else ""
-    moe_int8 = "-act8" if options.moe_int8_activations else ""
+    moe_int8 = {0: "", 1: "-act8"}.get(options.moe_int8_pieces, f"-act8x{options.moe_int8_pieces}")
     key = (
         f"{checkpoint.fingerprint}-b{BUILDER_VERSION}-p{options.max_positions}-g{options.page_size}"
         f"-{options.dtype}-{options.moe}{dense}{moe_int8}"

@@ -28,14 +28,15 @@ def moe_layer_model(
     tensors: dict[str, np.ndarray],
     directory: Path,
     dtype: Dtype = "float32",
-    int8_activations: bool = False,
+    int8_activations: int = 0,
 ) -> Path:
     """One MXFP4MoE node (x [T, H], router_logits [T, E] in; y out) over one layer's checkpoint tensors
     (`mlp1_weight.blocks`/`.scales`, `mlp1_bias`, the same for mlp2), written under `directory`: to check
-    and time realizations. The .onnx path."""
+    and time realizations (`int8_activations`: the node's attribute, int8 pieces of the decode path's
+    activations, 0 for float). The .onnx path."""
     options = GraphOptions(16, dtype)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"moe-{dtype}{'-int8' if int8_activations else ''}.onnx"
+    path = directory / f"moe-{dtype}{f'-int8x{int8_activations}' if int8_activations else ''}.onnx"
     writer = TensorWriter(path.with_suffix(".onnx.data"))
     initializers: list[TensorProto] = []
     inputs = ["x", "router_logits"]

@@ -22,7 +22,7 @@ def test_every_figure_is_drawn_from_the_committed_runs_and_shown_in_the_docs(tmp
     for path in drawn.values():
         assert (ROOT / "docs" / "images" / path.name).is_file(), f"commit the drawn {path.name}"
     llama = drawn["engine_vs_llama_cpp"].read_text()
-    assert "llama.cpp" in llama and "moe_int8_activations" in llama and "kernels x86-64-v3" in llama
+    assert "llama.cpp" in llama and "moe_activations: int8" in llama and "kernels x86-64-v3" in llama
     assert "NVIDIA H200" in drawn["engine_gpu_batch"].read_text()
     peers = drawn["gateway_vs_peers"].read_text()
     assert "LiteLLM" in peers and "reference server" in peers and "gpt-oss-gateway" in peers
@@ -32,7 +32,7 @@ def test_every_figure_is_drawn_from_the_committed_runs_and_shown_in_the_docs(tmp
 def test_a_run_s_ratios_are_its_bars_and_its_cpu_is_named(tmp_path):
     shape = {"layers": 2, "bf16/f16_decode_1": 1.0, "bf16/f16_decode_4": 2.0, "bf16/f16_prefill": 0.5,
              "int8+act8/f16_decode_1": 1.5, "int8+act8/q8_0_decode_1": 9.0}  # fmt: skip
-    assert plots.llama_cpp_series(shape) == {  # moe_int8_activations did not run; against q8_0 is not drawn
+    assert plots.llama_cpp_series(shape) == {  # int8 activations did not run; against q8_0 is not drawn
         "defaults (bf16 dense)": [1.0, 2.0, 0.5],
         "+ dense_int8": [1.5, 0.0, 0.0],
     }

@@ -49,9 +49,11 @@ struct E8M0Table {
 };
 const E8M0Table kE8M0;
 
-// A vector quantized for the int8 path (QuantizePairs): int8 values, block scales and offset sums.
+// A vector quantized for the int8 path (QuantizePairs): int8 values, their remainders (two pieces; else null),
+// block scales and offset sums.
 struct QuantizedRow {
   const int8_t* q;
+  const int8_t* remainders;
   const float* d;
   const int32_t* offset_sums;
 };
@@ -474,11 +476,18 @@ void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, in
 // half its E8M0 scale times the vector block's scale. For AVX2's byte multiply-add, whose first operand is unsigned,
 // the weights are taken as twice their E2M1 value plus kWeightOffset (0 to 24) and each int32 lane's share of that
 // offset, kWeightOffset times the sum of the lane's eight x values, is stored with the vector and taken back off.
+//
+// In two pieces (`int8_activations` 2), each value's remainder x - q s (s = max|x| / 127, the first piece's step;
+// the remainder taken with one rounding, as a fused multiply-add) is quantized too, in steps of s / kRemainderSteps
+// (rounded to nearest even, within +-127), laid out as q; a block's sums are taken as kRemainderSteps times the
+// values' plus the remainders', in integers (exact), and the stored block scale is s / kRemainderSteps: each value
+// within s / 508 of x, about 15 bits of the block's largest where one piece keeps 8.
 constexpr int64_t kPair = 2 * kBlock;  // columns per quantized pair of blocks
 constexpr int64_t kPairScales = 8;     // scales stored per pair (each block's, four times)
 constexpr int64_t kPairLanes = 8;      // int32 lanes of a pair's sums (four a block), and offset sums stored a pair
 constexpr int32_t kWeightOffset = 12;
 constexpr int64_t kInt8Below = 4;      // experts with fewer tokens than this in a step take the int8 path
+constexpr int32_t kRemainderSteps = 254;  // a remainder's steps in the first piece's one
 
 bool Int8Fits(int64_t cols) { return cols % kPair == 0; }
 
@@ -488,25 +497,41 @@ int64_t EvensAt(int64_t pair, int64_t pairs) {
 }
 int64_t OddsGap(int64_t pair, int64_t pairs) { return pair < pairs / 2 * 2 ? kPair : kBlock; }
 
-// x's `cols` values into q (int8, laid out as above), d (the blocks' scales) and offset_sums (kPairLanes a pair).
-void QuantizePairs(const float* x, int64_t cols, int8_t* q, float* d, int32_t* offset_sums) {
+// x's `cols` values into q (int8, laid out as above), d (the blocks' scales) and offset_sums (kPairLanes a pair);
+// with `remainders` (null: one piece), their remainders too, laid out as q.
+void QuantizePairs(const float* x, int64_t cols, int8_t* q, int8_t* remainders, float* d, int32_t* offset_sums) {
   const int64_t pairs = cols / kPair;
   for (int64_t pair = 0; pair < pairs; ++pair) {
-    int8_t* evens = q + EvensAt(pair, pairs);
-    int8_t* odds = evens + OddsGap(pair, pairs);
+    const int64_t evens_at = EvensAt(pair, pairs), odds_at = evens_at + OddsGap(pair, pairs);
     for (int half = 0; half < 2; ++half) {
       const float* xb = x + pair * kPair + half * kBlock;
       float amax = 0.0f;
       for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
       const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const float step = amax / 127.0f;
+      const float remainder_inverse = inverse * static_cast<float>(kRemainderSteps);
+      // value j of the block (0-31) as its piece; its remainder's piece into `rest`
+      const auto quantize = [&](int j, int8_t& piece, int8_t* rest) {
+        const float value = std::nearbyint(xb[j] * inverse);
+        piece = static_cast<int8_t>(value);
+        if (rest != nullptr) {
+          const float remainder = std::fma(-value, step, xb[j]);
+          *rest = static_cast<int8_t>(std::clamp(std::nearbyint(remainder * remainder_inverse), -127.0f, 127.0f));
+        }
+      };
       for (int i = 0; i < kBlock / 2; ++i) {
-        evens[half * 16 + i] = static_cast<int8_t>(std::nearbyint(xb[2 * i] * inverse));
-        odds[half * 16 + i] = static_cast<int8_t>(std::nearbyint(xb[2 * i + 1] * inverse));
+        const int64_t at = half * 16 + i;
+        quantize(2 * i, q[evens_at + at], remainders ? remainders + evens_at + at : nullptr);
+        quantize(2 * i + 1, q[odds_at + at], remainders ? remainders + odds_at + at : nullptr);
       }
-      std::fill(d + pair * kPairScales + half * 4, d + pair * kPairScales + half * 4 + 4, amax / 127.0f);
+      const float scale = remainders ? step / static_cast<float>(kRemainderSteps) : step;
+      std::fill(d + pair * kPairScales + half * 4, d + pair * kPairScales + half * 4 + 4, scale);
       for (int lane = 0; lane < 4; ++lane) {  // a lane sums the products of 4 consecutive code bytes
         int32_t sum = 0;
-        for (int i = half * 16 + 4 * lane; i < half * 16 + 4 * lane + 4; ++i) sum += evens[i] + odds[i];
+        for (int i = half * 16 + 4 * lane; i < half * 16 + 4 * lane + 4; ++i) {
+          const int32_t values = q[evens_at + i] + q[odds_at + i];
+          sum += remainders ? kRemainderSteps * values + remainders[evens_at + i] + remainders[odds_at + i] : values;
+        }
         offset_sums[pair * kPairLanes + half * 4 + lane] = kWeightOffset * sum;
       }
     }
@@ -525,12 +550,28 @@ inline __m256i DotPairU8S8(__m256i a, __m256i b, __m256i c, __m256i d) {
 #endif
 }
 
+// In each int32 lane, kRemainderSteps times DotPairU8S8(a, b, c, d) plus DotPairU8S8(a, e, c, f): two pieces' sums.
+inline __m256i DotPiecesU8S8(__m256i a, __m256i b, __m256i c, __m256i d, __m256i e, __m256i f) {
+  static_assert(kRemainderSteps == 256 - 2, "the values' sums are scaled by two shifts");
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  const __m256i values = DotPairU8S8(a, b, c, d);
+  return _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(values, 8), _mm256_slli_epi32(values, 1)),
+                          DotPairU8S8(a, e, c, f));
+#else
+  // each piece's int16 sums as DotPairU8S8's, widened and weighed by one multiply-add each
+  const __m256i values = _mm256_add_epi16(_mm256_maddubs_epi16(a, b), _mm256_maddubs_epi16(c, d));
+  const __m256i rest = _mm256_add_epi16(_mm256_maddubs_epi16(a, e), _mm256_maddubs_epi16(c, f));
+  return _mm256_add_epi32(_mm256_madd_epi16(values, _mm256_set1_epi16(kRemainderSteps)),
+                          _mm256_madd_epi16(rest, _mm256_set1_epi16(1)));
+#endif
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 // Two pairs of blocks (64 code bytes, 128 values) a step in 512-bit registers: lane j of 128 bits holds block j's
 // codes, its evens' and odds' sums land in its four int32 lanes. AVX-512 has no byte sign instruction: the
 // magnitudes come from a table and each negative code's x byte is negated under the code's sign bit as a mask.
 // Adds the steps' scaled sums to `acc` and returns the first pair not taken.
-template <int Count>
+template <int Count, int Pieces>
 int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs, const QuantizedRow* xs,
                       __m256* acc) {
   const __m512i magnitudes = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12));
@@ -557,11 +598,18 @@ int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs
     const __m512i exponents = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(four_scales)), each_four_times);
     const __m512 weight_scales = _mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(exponents, 23), smallest));
     for (int t = 0; t < Count; ++t) {
-      const int8_t* q = xs[t].q + EvensAt(pair, pairs);  // both pairs' evens, then (kPair on) their odds
-      const __m512i even_x = _mm512_loadu_si512(q), odd_x = _mm512_loadu_si512(q + kPair);
-      const __m512i sums = _mm512_dpbusd_epi32(
-          _mm512_dpbusd_epi32(zero, even_magnitudes, _mm512_mask_sub_epi8(even_x, even_negative, zero, even_x)),
-          odd_magnitudes, _mm512_mask_sub_epi8(odd_x, odd_negative, zero, odd_x));
+      // a piece's sums: both pairs' evens at `q`, then (kPair on) their odds
+      const auto piece_sums = [&](const int8_t* q) {
+        const __m512i even_x = _mm512_loadu_si512(q), odd_x = _mm512_loadu_si512(q + kPair);
+        return _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(zero, even_magnitudes, _mm512_mask_sub_epi8(even_x, even_negative, zero, even_x)),
+            odd_magnitudes, _mm512_mask_sub_epi8(odd_x, odd_negative, zero, odd_x));
+      };
+      __m512i sums = piece_sums(xs[t].q + EvensAt(pair, pairs));
+      if constexpr (Pieces == 2) {
+        sums = _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(sums, 8), _mm512_slli_epi32(sums, 1)),
+                                piece_sums(xs[t].remainders + EvensAt(pair, pairs)));
+      }
       const __m512 scale = _mm512_mul_ps(weight_scales, _mm512_loadu_ps(xs[t].d + pair * kPairScales));
       wide[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, wide[t]);
     }
@@ -573,7 +621,7 @@ int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs
 }
 #endif
 
-template <int Count>
+template <int Count, int Pieces>
 void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const QuantizedRow* xs, float* out) {
   // twice each E2M1 value plus kWeightOffset
   const __m256i table =
@@ -583,7 +631,7 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
   for (int t = 0; t < Count; ++t) acc[t] = _mm256_setzero_ps();
   const int64_t pairs = cols / kPair;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-  int64_t pair = Int8PairSteps<Count>(codes, scales, pairs, xs, acc);
+  int64_t pair = Int8PairSteps<Count, Pieces>(codes, scales, pairs, xs, acc);
 #else
   int64_t pair = 0;
 #endif
@@ -600,7 +648,15 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
       const __m256i even_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
       const __m256i odd_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + odds_gap));
       const __m256i offset = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[t].offset_sums + pair * kPairLanes));
-      const __m256i dots = _mm256_sub_epi32(DotPairU8S8(evens, even_x, odds, odd_x), offset);
+      __m256i products;
+      if constexpr (Pieces == 2) {
+        const int8_t* r = xs[t].remainders + evens_at;
+        products = DotPiecesU8S8(evens, even_x, odds, odd_x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r)),
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + odds_gap)));
+      } else {
+        products = DotPairU8S8(evens, even_x, odds, odd_x);
+      }
+      const __m256i dots = _mm256_sub_epi32(products, offset);
       const __m256 scale = _mm256_mul_ps(weight_scales, _mm256_loadu_ps(xs[t].d + pair * kPairScales));
       sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), scale, sums[t]);
     }
@@ -620,7 +676,7 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
 // The int8 path on NEON: each block's 16 code bytes looked up as twice their E2M1 values (signed int8) and met by
 // the block's int8 x values, evens and odds: with the dot-product extension four products a lane at once, else
 // widening multiplies summed pairwise; a block's int32 sums are scaled by its E8M0 scale times the x block's scale.
-template <int Count>
+template <int Count, int Pieces>
 void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const QuantizedRow* xs, float* out) {
   const int8x16_t table = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
   float32x4_t acc[Count];
@@ -634,18 +690,24 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
       const int8x16_t evens = vqtbl1q_s8(table, vandq_u8(packed, vdupq_n_u8(0x0F)));
       const int8x16_t odds = vqtbl1q_s8(table, vshrq_n_u8(packed, 4));
       const float weight_scale = kE8M0.values[scales[block]];
-      for (int t = 0; t < Count; ++t) {
-        const int8_t* q = xs[t].q + evens_at + half * 16;
+      // a piece's sums, its evens at `q` and its odds odds_gap after them
+      const auto piece_sums = [&](const int8_t* q) {
         const int8x16_t even_x = vld1q_s8(q), odd_x = vld1q_s8(q + odds_gap);
 #if defined(__ARM_FEATURE_DOTPROD)
-        const int32x4_t sums = vdotq_s32(vdotq_s32(vdupq_n_s32(0), evens, even_x), odds, odd_x);
+        return vdotq_s32(vdotq_s32(vdupq_n_s32(0), evens, even_x), odds, odd_x);
 #else
         // |12 x 127| twice fits an int16 lane
         const int16x8_t low = vmlal_s8(vmull_s8(vget_low_s8(evens), vget_low_s8(even_x)), vget_low_s8(odds),
                                        vget_low_s8(odd_x));
         const int16x8_t high = vmlal_high_s8(vmull_high_s8(evens, even_x), odds, odd_x);
-        const int32x4_t sums = vpadalq_s16(vpaddlq_s16(low), high);
+        return vpadalq_s16(vpaddlq_s16(low), high);
 #endif
+      };
+      for (int t = 0; t < Count; ++t) {
+        int32x4_t sums = piece_sums(xs[t].q + evens_at + half * 16);
+        if constexpr (Pieces == 2) {
+          sums = vmlaq_n_s32(piece_sums(xs[t].remainders + evens_at + half * 16), sums, kRemainderSteps);
+        }
         const float scale = weight_scale * xs[t].d[pair * kPairScales + half * 4];
         acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sums), scale);
       }
@@ -657,18 +719,25 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
 
 #if (defined(__AVX2__) && defined(__FMA__)) || defined(GPTOSS_SIMD_NEON)
 // out[r * count + t] = row r . (quantized) vector t, for `rows` consecutive rows and fewer than kTiledFrom vectors.
-void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
-                            const QuantizedRow* xs, int64_t count, float* out) {
+template <int Pieces>
+void Int8ConsecutiveRowDotsOf(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
+                              const QuantizedRow* xs, int64_t count, float* out) {
   for (int64_t row = 0; row < rows; ++row) {
     const uint8_t* row_codes = codes + row * cols / 2;
     const uint8_t* row_scales = scales + row * cols / kBlock;
     float* row_out = out + row * count;
     switch (count) {
-      case 1: Int8RowDots<1>(row_codes, row_scales, cols, xs, row_out); break;
-      case 2: Int8RowDots<2>(row_codes, row_scales, cols, xs, row_out); break;
-      default: Int8RowDots<3>(row_codes, row_scales, cols, xs, row_out); break;
+      case 1: Int8RowDots<1, Pieces>(row_codes, row_scales, cols, xs, row_out); break;
+      case 2: Int8RowDots<2, Pieces>(row_codes, row_scales, cols, xs, row_out); break;
+      default: Int8RowDots<3, Pieces>(row_codes, row_scales, cols, xs, row_out); break;
     }
   }
+}
+
+void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
+                            const QuantizedRow* xs, int64_t count, float* out) {
+  if (xs[0].remainders != nullptr) return Int8ConsecutiveRowDotsOf<2>(codes, scales, rows, cols, xs, count, out);
+  Int8ConsecutiveRowDotsOf<1>(codes, scales, rows, cols, xs, count, out);
 }
 #else
 constexpr int32_t kTwiceE2M1[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -689,6 +758,15 @@ void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t
           for (int i = 0; i < 16; ++i) {
             sum += kTwiceE2M1[bytes[i] & 0x0F] * q[i];
             sum += kTwiceE2M1[bytes[i] >> 4] * odd_q[i];
+          }
+          if (xs[t].remainders != nullptr) {
+            const int8_t* r = xs[t].remainders + EvensAt(pair, pairs) + half * 16;
+            const int8_t* odd_r = r + OddsGap(pair, pairs);
+            sum *= kRemainderSteps;
+            for (int i = 0; i < 16; ++i) {
+              sum += kTwiceE2M1[bytes[i] & 0x0F] * r[i];
+              sum += kTwiceE2M1[bytes[i] >> 4] * odd_r[i];
+            }
           }
           const int64_t block = 2 * pair + half;
           total += static_cast<float>(sum) * kE8M0.values[scales[row * cols / kBlock + block]] *
@@ -711,7 +789,7 @@ struct Route {
 // A phase's input rows prepared once for the experts with few tokens: quantized by pairs of blocks (the int8 path:
 // QuantizePairs), or reordered for the float path's lookups (PermuteBlocks); indexed as the inputs are.
 struct PreparedRows {
-  std::vector<int8_t> q;
+  std::vector<int8_t> q, remainders;
   std::vector<float> d, permuted;
   std::vector<int32_t> offset_sums;
 };
@@ -734,7 +812,7 @@ struct Problem : MoeArgs {
 
 // Whether an expert with `count` tokens takes the int8 path for rows of `cols` columns.
 bool Int8Path(const Problem& p, int64_t count, int64_t cols) {
-  return p.int8_activations && count < kInt8Below && Int8Fits(cols);
+  return p.int8_activations > 0 && count < kInt8Below && Int8Fits(cols);
 }
 
 // Whether it takes the float path on reordered rows (FewVectorDots) instead.
@@ -765,6 +843,7 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
     const bool int8 = Int8Path(p, count, cols);
     if (int8) {
       prepared.q.resize(total * cols);
+      if (p.int8_activations == 2) prepared.remainders.resize(total * cols);
       prepared.d.resize(total * scales_per_row);
       prepared.offset_sums.resize(total * cols / kPair * kPairLanes);
     } else if (PermutedPath(p, count, cols)) {
@@ -778,6 +857,7 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
       done[row] = true;
       if (int8) {
         QuantizePairs(values + row * cols, cols, prepared.q.data() + row * cols,
+                      p.int8_activations == 2 ? prepared.remainders.data() + row * cols : nullptr,
                       prepared.d.data() + row * scales_per_row,
                       prepared.offset_sums.data() + row * cols / kPair * kPairLanes);
       } else {
@@ -801,7 +881,9 @@ void ExpertDots(const Problem& p, size_t a, const uint8_t* codes, const uint8_t*
     scratch.quantized.resize(count);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = row_of(p, a, i);
-      scratch.quantized[i] = {prepared.q.data() + row * cols, prepared.d.data() + row * pairs * kPairScales,
+      scratch.quantized[i] = {prepared.q.data() + row * cols,
+                              p.int8_activations == 2 ? prepared.remainders.data() + row * cols : nullptr,
+                              prepared.d.data() + row * pairs * kPairScales,
                               prepared.offset_sums.data() + row * pairs * kPairLanes};
     }
     Int8ConsecutiveRowDots(codes, scales, rows, cols, scratch.quantized.data(), count, scratch.dots.data());

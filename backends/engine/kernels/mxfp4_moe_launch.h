@@ -31,8 +31,9 @@ struct MoeArgs {
   // experts run as mma.sync tiles on tensor cores; 0: never (the CUDA-core kernels). The CPU kernel ignores it.
   int64_t mma_min_tokens;
   // CPU: experts with fewer than four tokens in a step (decode) take int8 dot products of the activations
-  // quantized per block of 32 (mxfp4_moe_cpu.cc); else float. The CUDA kernels ignore it.
-  bool int8_activations;
+  // quantized per block of 32 in this many int8 pieces (1, or 2: the value and its remainder, mxfp4_moe_cpu.cc);
+  // 0: float. The CUDA kernels ignore it.
+  int64_t int8_activations;
   // CUDA tensor-core tiles on Hopper: each warp first asks L2 for all of its rows' codes it will read (bulk
   // prefetch), so its rounds of loads find them there; GATEWAY_MOE_L2_PREFETCH=0: off. Other kernels ignore it.
   bool l2_prefetch;

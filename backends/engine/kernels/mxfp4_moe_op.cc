@@ -15,9 +15,12 @@ MoeAttributes::MoeAttributes(const OrtKernelInfo* info) {
   limit = kernel_info.GetAttribute<float>("swiglu_limit");
   alpha = kernel_info.GetAttribute<float>("activation_alpha");
   try {
-    int8_activations = kernel_info.GetAttribute<int64_t>("int8_activations") != 0;
+    int8_activations = kernel_info.GetAttribute<int64_t>("int8_activations");
   } catch (const Ort::Exception&) {  // not on the node: float activations
-    int8_activations = false;
+    int8_activations = 0;
+  }
+  if (int8_activations < 0 || int8_activations > 2) {
+    ORT_CXX_API_THROW("MXFP4MoE: int8_activations is 0, 1 or 2", ORT_INVALID_ARGUMENT);
   }
   const char* gemm = std::getenv("GATEWAY_MOE_GEMM_MIN_TOKENS");
   gemm_min_tokens = gemm && *gemm ? std::strtoll(gemm, nullptr, 10) : kDefaultGemmMinTokens;

@@ -21,7 +21,7 @@ struct MoeAttributes {
   float alpha;
   int64_t gemm_min_tokens;  // GATEWAY_MOE_GEMM_MIN_TOKENS, else kDefaultGemmMinTokens
   int64_t mma_min_tokens;   // GATEWAY_MOE_MMA_MIN_TOKENS, else kDefaultMmaMinTokens
-  bool int8_activations;    // the node's int8_activations (0 when absent)
+  int64_t int8_activations;  // the node's int8_activations: 0 (also when absent), 1 or 2 (pieces)
   bool l2_prefetch;         // GATEWAY_MOE_L2_PREFETCH: "0" off, else on
   MoeVariants variants;     // GATEWAY_MOE_VARIANTS (moe_variants.h): the CUDA path by step size, else none
 };

@@ -1,7 +1,8 @@
 // The MoE kernel's dot products of MXFP4 rows with vectors (mxfp4_moe_cpu.cc, included whole: its internals are
 // this file's) run without ONNX Runtime against a double-precision reference at gpt-oss's width (2880 columns): the
 // decode's float path (1 to 3 vectors an expert, reordered by block where the build has that path), its int8 path
-// (the same vectors quantized as the kernel quantizes them; the reference takes the quantized values) and the tiled
+// in one piece and in two (the same vectors quantized as the kernel quantizes them; the reference takes the quantized
+// values) and the tiled
 // path (prefill: 4 and 7 vectors). What a build for another CPU (ARM under qemu-user, an x86-64 level the host
 // lacks) is checked with where the ORT library cannot be loaded. Prints the vector width the build's MoE paths use,
 // then one line per check; exits 1 if any dot product is off by more than 1e-5 of the magnitude of its products.
@@ -87,23 +88,32 @@ double CheckFloat(int64_t count, std::mt19937& rng, int64_t checked = kRows) {
   return Worst(rows, xs, out, checked);
 }
 
-double CheckInt8(int64_t count, std::mt19937& rng) {
+// `pieces` int8 pieces of each value (1, or 2: the value and its remainder in steps of a 254th of its own).
+double CheckInt8(int64_t count, int pieces, std::mt19937& rng) {
   const Rows rows = RandomRows(rng);
   auto xs = RandomVectors(count, rng);
   const int64_t pairs = kCols / gptoss::kPair;
-  std::vector<std::vector<int8_t>> q(count, std::vector<int8_t>(kCols));
+  std::vector<std::vector<int8_t>> q(count, std::vector<int8_t>(kCols)), r(count, std::vector<int8_t>(kCols));
   std::vector<std::vector<float>> d(count, std::vector<float>(pairs * gptoss::kPairScales));
   std::vector<std::vector<int32_t>> offsets(count, std::vector<int32_t>(pairs * gptoss::kPairLanes));
   std::vector<gptoss::QuantizedRow> quantized;
   for (int64_t t = 0; t < count; ++t) {
-    gptoss::QuantizePairs(xs[t].data(), kCols, q[t].data(), d[t].data(), offsets[t].data());
-    quantized.push_back({q[t].data(), d[t].data(), offsets[t].data()});
+    int8_t* remainders = pieces == 2 ? r[t].data() : nullptr;
+    gptoss::QuantizePairs(xs[t].data(), kCols, q[t].data(), remainders, d[t].data(), offsets[t].data());
+    quantized.push_back({q[t].data(), remainders, d[t].data(), offsets[t].data()});
     for (int64_t block = 0; block < kCols / 32; ++block) {  // the reference meets the values the kernel quantized
       float amax = 0.0f;
       for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xs[t][block * 32 + j]));
+      const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f, step = amax / 127.0f;
       for (int j = 0; j < 32; ++j) {
         float& v = xs[t][block * 32 + j];
-        v = amax > 0.0f ? std::nearbyint(v * (127.0f / amax)) * (amax / 127.0f) : 0.0f;
+        const float value = std::nearbyint(v * inverse);
+        if (pieces == 1) {
+          v = value * step;
+          continue;
+        }
+        const float rest = std::clamp(std::nearbyint(std::fma(-value, step, v) * (inverse * 254.0f)), -127.0f, 127.0f);
+        v = static_cast<float>((254.0 * value + rest) * static_cast<double>(step / 254.0f));
       }
     }
   }
@@ -134,6 +144,7 @@ int main() {
   };
   for (int64_t count : {1, 2, 3, 4, 7}) report("float", count, CheckFloat(count, rng));
   for (int64_t count : {4, 7}) report("float, 19 rows", count, CheckFloat(count, rng, 19));
-  for (int64_t count : {1, 2, 3}) report("int8", count, CheckInt8(count, rng));
+  for (int64_t count : {1, 2, 3}) report("int8", count, CheckInt8(count, 1, rng));
+  for (int64_t count : {1, 2, 3}) report("int8x2", count, CheckInt8(count, 2, rng));
   return ok ? 0 : 1;
 }
