@@ -31,7 +31,12 @@ import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-LLAMA_RUNS = (DOCS / "llama_cpp_6.json", DOCS / "llama_cpp_6_x86-64-v3.json")  # the CPU's own kernels; AVX2's
+# an AVX-512 machine's own kernels, the AVX2 ones forced there, and an AVX2 machine's own
+LLAMA_RUNS = (
+    DOCS / "llama_cpp_6.json",
+    DOCS / "llama_cpp_6_x86-64-v3.json",
+    DOCS / "llama_cpp_6_x86-64-v3-native.json",
+)
 GPU_RUN = DOCS / "engine_check.json"
 GATEWAY_RUN = DOCS / "gateway_bench.json"
 PREFIX_RUN = DOCS / "prefix_cache_bench.json"
@@ -82,20 +87,26 @@ def engine_vs_llama_cpp(runs: list[Path], output: Path) -> Path | None:
     if not shapes:
         return None
     cpus = {run["cpu"] for run in loaded if "cpu" in run}  # runs before it was recorded name none
-    where = f"{cpus.pop()}, 2 cores" if len(cpus) == 1 else "2 CPU cores"
+    where = f"{next(iter(cpus))}, 2 cores" if len(cpus) == 1 else "2 CPU cores"
+    shape_cpus = [run.get("cpu", "") if len(cpus) > 1 else "" for run in loaded for _ in run["shapes"]]
     figure, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.4), sharey=True, squeeze=False)
     width = 0.8 / len(ENGINES)
     highest = max(ratio for shape in shapes for ratios in llama_cpp_series(shape).values() for ratio in ratios)
-    for axis, shape in zip(axes[0], shapes, strict=True):
-        for index, (label, ratios) in enumerate(llama_cpp_series(shape).items()):
-            axis.bar(_slots(len(MEASURES), index, len(ENGINES), width), ratios, width, label=label)
+    for axis, shape, cpu in zip(axes[0], shapes, shape_cpus, strict=True):
+        labels = [label for _, label in ENGINES]
+        for label, ratios in llama_cpp_series(shape).items():  # each configuration in its own slot and colour
+            index = labels.index(label)
+            slots = _slots(len(MEASURES), index, len(ENGINES), width)
+            axis.bar(slots, ratios, width, label=label, color=f"C{index}")
         axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         axis.set_xticks(range(len(MEASURES)), [name for _, name in MEASURES])
         kernels = f", kernels {shape['kernels']}" if "kernels" in shape else ""
-        axis.set_title(f"{shape['layers']} layers at gpt-oss-20b's width{kernels}", fontsize=8)
+        on = f"\n{cpu}" if cpu else ""
+        axis.set_title(f"{shape['layers']} layers at gpt-oss-20b's width{kernels}{on}", fontsize=8)
         axis.set_ylim(0, highest * 1.35)  # room for the legend above the bars
     axes[0][0].set_ylabel("tokens a second over llama.cpp f16's")
-    axes[0][0].legend(loc="upper left", fontsize=8, ncol=2)
+    shown = {label: handle for axis in axes[0] for handle, label in zip(*axis.get_legend_handles_labels(), strict=True)}
+    axes[0][0].legend(shown.values(), shown.keys(), loc="upper left", fontsize=8, ncol=2)
     figure.suptitle(f"The engine against llama.cpp on {where} (bench/llama_cpp_bench.py)", fontsize=8)
     return _save(figure, output / "engine_vs_llama_cpp.svg")
 
