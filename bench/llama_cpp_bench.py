@@ -155,7 +155,7 @@ class Variant:
 GGUF_DENSE_SIZE = {"f16": 2.0, "q8_0": 34 / 32}
 
 VARIANTS = {
-    "bf16": Variant(False, False),
+    "bf16": Variant(False, 0),
     "bf16+act8x2": Variant(False, 2),  # the MoE's decode on two int8 pieces of each activation
     "bf16+act8": Variant(False, 1),  # the MoE's decode on int8 activations, as llama.cpp's is
     "int8": Variant(True, 0),

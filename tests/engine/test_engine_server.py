@@ -205,13 +205,20 @@ def test_the_pages_a_server_stores_are_published_under_the_names_a_router_comput
     fresh = [200006, 17360, 200008, *range(3000, 3050)]
     fresh_names = {name.hex() for name in chain(namespace_of("tenant-events", None, False), fresh, PAGE)}
 
+    generating: list[threading.Thread] = []
+
     def stored_all(pairs) -> bool:
         if len(pairs) == 1:  # the snapshot is in: now the prompt
-            threading.Thread(target=asyncio.run, args=(_generate(server.url, fresh, "tenant-events"),)).start()
+            generating.append(
+                threading.Thread(target=asyncio.run, args=(_generate(server.url, fresh, "tenant-events"),))
+            )
+            generating[0].start()
         stored = {event[1] for _, payload in pairs[1:] for event in payload.get("events", []) if event[0] == "s"}
         return fresh_names <= stored
 
     pairs = _read_events(server.url, stored_all)
+    for thread in generating:  # its answer ends here, not in the next test (which reads the server idle)
+        thread.join(timeout=120)
     batches = [payload for kind, payload in pairs[1:] if kind == "pages"]
     assert batches and batches[0]["first"] == pairs[0][1]["seq"] + 1
     assert all(b["first"] == a["seq"] + 1 for a, b in itertools.pairwise(batches))
