@@ -59,7 +59,8 @@ class Sequence:
     namespace: bytes = b""  # the prefix cache's: only pages written in the same namespace are reused
     reused: int = 0  # prompt tokens taken from the prefix cache (set before the first token is emitted)
     placed: bool = False  # admitted once (a preempted sequence is admitted again)
-    joinable: bool = False  # first admitted and none of its prompt run yet: it may take pages named since (_join)
+    # while none of its prompt has run since it was first admitted: the prefix cache's findable_added then (_join)
+    joinable: int | None = None
     placed_ns: int = 0  # when it was first admitted (time.time_ns), for its trace
     admitted: int = 0  # admission order: the latest is preempted first
     fill: list[int] = field(default_factory=list)  # tokens to run before decoding: the prompt, or all it wrote
@@ -296,7 +297,7 @@ class Batcher:
         self._hold(sequence, blocks, tail, reused)
         if not sequence.placed:
             sequence.placed, sequence.reused, sequence.placed_ns = True, reused, time.time_ns()
-            sequence.joinable = True
+            sequence.joinable = self.prefix.findable_added
             self.prefix.count(len(fill), reused)
             key = (sequence.tenant, sequence.request.tier)
             admitted, waited = self._admitted.get(key, (0, 0.0))
@@ -322,7 +323,10 @@ class Batcher:
         that arrive together sharing a new prefix (a tenant's users on a new system prompt) prefill it once, the
         earliest admitted first, the others from its pages. What it held so far is a prefix of what it now takes,
         so the pages it needs only shrink."""
-        sequence.joinable = False
+        added_since = self.prefix.findable_added != sequence.joinable
+        sequence.joinable = None
+        if not added_since:  # nothing made findable since it was placed: a lookup would find what it holds
+            return
         blocks, tail, reused = self.prefix.lookup(sequence.namespace, sequence.fill)
         gained = reused - sequence.position
         if gained <= 0:
@@ -348,7 +352,7 @@ class Batcher:
         self._preemptions += 1
         log.info("engine_preempted", written=sequence.position, generated=sequence.generated)
         sequence.resumed = sequence.generated > 0
-        sequence.joinable = False
+        sequence.joinable = None
         sequence.fill = list(sequence.written.tokens) if sequence.resumed else list(sequence.request.prompt)
         self._give_back(sequence)
         sequence.written = Written()
@@ -378,7 +382,7 @@ class Batcher:
         held = filling is not None and self._gives_way(filling, decoding) and self._give_way.open()
         if held:
             filling = None
-        if filling is not None and filling.joinable:
+        if filling is not None and filling.joinable is not None:
             self._join(filling)
         started = time.perf_counter() if held else 0.0
         piece: list[int] = []

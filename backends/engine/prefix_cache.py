@@ -77,6 +77,9 @@ class PrefixCache:
         self._lookup_tokens = 0
         self._hit_tokens = 0
         self._evicted = 0
+        # pages made findable so far (named, a window page kept again, a tail kept): a lookup finds more only after
+        # this grew
+        self.findable_added = 0
         pools.full.on_evict = self._evict_full
         pools.window.on_evict = self._evict_window
 
@@ -175,6 +178,7 @@ class PrefixCache:
     def _name(self, name: bytes, parent: bytes, tokens: list[int], full: int, window: int) -> None:
         block = self._blocks.get(name)
         if block is None:
+            self.findable_added += 1
             self._blocks[name] = Block(full, window)
             self._full_names[full] = name
             self._children.setdefault(parent, {})[full] = tokens
@@ -186,6 +190,7 @@ class PrefixCache:
         elif block.window == SCRATCH and window != SCRATCH and window not in self._window_names:
             block.window = window  # the same tokens at the same positions: the same KV
             self._window_names[window] = name
+            self.findable_added += 1
 
     def keep_tail(self, namespace: bytes, table: PageTable, written: Written) -> None:
         """A finished sequence's partly filled last page stays findable (before its pages are released)."""
@@ -199,6 +204,7 @@ class PrefixCache:
         parent = written.names[-1] if written.names else namespace
         tail = Tail(full, window, written.tokens[page * self.block :])
         self._tails.setdefault(parent, {})[full] = tail
+        self.findable_added += 1
         self._tail_full[full] = (parent, tail)
         self._tail_window[window] = (parent, tail)
 
