@@ -288,12 +288,14 @@ class EngineBackend:
             self._loaded.set()
 
     async def ready(self) -> bool:
-        return self._batcher is not None
+        return self._batcher is not None and self._batcher.failure is None
 
     def describe(self) -> dict[str, str]:
-        """Where the engine runs (device, dtype), or why it could not load; for /readyz."""
+        """Where the engine runs (device, dtype), or why it could not load or stopped; for /readyz."""
         if self._failure is not None:
             return {"status": "failed", "error": self._failure}
+        if self._batcher is not None and self._batcher.failure is not None:
+            return {"status": "stopped", "error": str(self._batcher.failure)}
         return {"status": "ready" if self._batcher is not None else "loading", **self._placement}
 
     def engine_stats(self) -> EngineStats | None:

@@ -125,6 +125,7 @@ class Batcher:
         self._incoming: queue.Queue[Sequence | None] = queue.Queue()
         self._waiting = FairShare()  # taken from the queue, or preempted: by tenant
         self._closed = False  # close() was called and everything in flight failed
+        self._failure: BaseException | None = None  # the engine thread stopped on an error (_loop)
         self._running: list[Sequence] = []  # in admission order
         self._order = itertools.count()
         self._kv_tokens = 0  # positions written by running sequences, as of the last step
@@ -170,14 +171,41 @@ class Batcher:
         """Sequences running and waiting (submitted, not yet running), read from other threads."""
         return len(self._running), self._incoming.qsize() + len(self._waiting)
 
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the engine thread stopped on its own, if it did."""
+        return self._failure
+
     def submit(self, sequence: Sequence) -> None:
         self._incoming.put(sequence)
+        if self._failure is not None:  # no thread takes it any more
+            self._fail_incoming()
 
     def close(self) -> None:
         self._incoming.put(None)
         self._thread.join(timeout=30)
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except Exception:  # a bug must not leave requests waiting on a thread that is gone
+            log.exception("engine_loop_failed")
+            self._failure = RuntimeError("the engine stopped on an internal error")
+            self._closed = True
+            self._fail_all(self._failure)
+            self._fail_incoming()
+
+    def _fail_incoming(self) -> None:
+        """Fail what was submitted and not yet taken (called by whichever thread finds the engine stopped)."""
+        while True:
+            try:
+                arrival = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            if arrival is not None:
+                arrival.emit(self._failure)
+
+    def _serve(self) -> None:
         try:
             self._pieces.calibrate(self._probe, self.runtime.max_positions // 2)
             log.info("engine_prompt_pieces", fit=self._pieces.fit, piece_s=self._pieces.piece_s)
@@ -310,26 +338,36 @@ class Batcher:
     def _hold(self, sequence: Sequence, blocks: list[Block], tail: Tail | None, reused: int) -> None:
         """Hold the kept prefix's pages (and a copy of the tail's shared positions) for the sequence."""
         self.prefix.take(blocks, reused, sequence.table, sequence.written, sequence.fill)
-        if tail is not None:
-            kept = len(blocks) * self.pools.page_size
-            self.pools.extend(sequence.table, kept, kept + 1)
-            copied = reused - kept
-            self.runtime.copy_page("full", tail.full, sequence.table.full[-1], copied)
-            self.runtime.copy_page("window", tail.window, sequence.table.window[-1], copied)
+        if tail is not None:  # one new page pair after the kept ones (no window page before the first one read)
+            table = sequence.table
+            table.full.append(self.pools.full.allocate())
+            table.window.append(self.pools.window.allocate())
+            copied = reused - len(blocks) * self.pools.page_size
+            self.runtime.copy_page("full", tail.full, table.full[-1], copied)
+            self.runtime.copy_page("window", tail.window, table.window[-1], copied)
             sequence.written.tokens.extend(tail.tokens[:copied])
+
+    def _holding_needs(self, blocks: list[Block], tail: Tail | None, reused: int) -> tuple[int, int]:
+        """(full, window) pages that holding `blocks` and a tail's copy takes from the pools now: the cached pages
+        held again and the copy's new pair (what the holder gives back first is not counted)."""
+        pools = self.pools
+        first = pools.first_window_page(reused)
+        full = sum(pools.full.cached(block.full) for block in blocks)
+        window = sum(pools.window.cached(block.window) for block in blocks[first:])
+        return full + (tail is not None), window + (tail is not None)
 
     def _join(self, sequence: Sequence) -> None:
         """A prompt about to run its first piece takes the pages of its prefix named since it was admitted: prompts
         that arrive together sharing a new prefix (a tenant's users on a new system prompt) prefill it once, the
         earliest admitted first, the others from its pages. What it held so far is a prefix of what it now takes,
-        so the pages it needs only shrink."""
+        so its fill needs fewer pages; it joins only if the pools can give what the join takes now."""
         added_since = self.prefix.findable_added != sequence.joinable
         sequence.joinable = None
         if not added_since:  # nothing made findable since it was placed: a lookup would find what it holds
             return
         blocks, tail, reused = self.prefix.lookup(sequence.namespace, sequence.fill)
         gained = reused - sequence.position
-        if gained <= 0:
+        if gained <= 0 or not self.pools.fits(self._holding_needs(blocks, tail, reused)):
             return
         self._give_back(sequence)
         sequence.written = Written()
@@ -353,7 +391,8 @@ class Batcher:
         log.info("engine_preempted", written=sequence.position, generated=sequence.generated)
         sequence.resumed = sequence.generated > 0
         sequence.joinable = None
-        sequence.fill = list(sequence.written.tokens) if sequence.resumed else list(sequence.request.prompt)
+        if sequence.decoding:  # it runs again what it wrote; a fill cut short is run again whole
+            sequence.fill = list(sequence.written.tokens)
         self._give_back(sequence)
         sequence.written = Written()
         self._running.remove(sequence)
@@ -376,6 +415,7 @@ class Batcher:
                 continue
             pools.extend(sequence.table, position, position + 1)
             decoding.append(sequence)
+        decoding = [s for s in decoding if s in self._running]  # a later row's room may have preempted an earlier
         filling = self._waiting.first([s for s in self._running if not s.decoding])  # the tenant furthest behind
         if filling is not None and any(s.rank < filling.rank and s.beginning for s in decoding):
             filling = None  # a worse tier's prompt waits while a better tier's answer begins

@@ -272,6 +272,8 @@ class DecoderRuntime:
 
     def copy_page(self, kind: str, source: int, target: int, positions: int) -> None:
         """Copy the first `positions` positions of page `source` to page `target` in every layer of pool `kind`."""
+        if source == target:  # the copy's source was taken back and given as its target: the rows are in place
+            return
         offset = self.page_size * self._row_bytes
         width = positions * self._row_bytes
         for pool, buffer in self._caches:

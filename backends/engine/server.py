@@ -106,6 +106,8 @@ class EngineServer:
         described = self.engine.describe()
         if described["status"] == "failed":
             return _error(503, f"The model could not be loaded: {described['error']}", "not_ready")
+        if described["status"] == "stopped":
+            return _error(503, f"The engine stopped: {described['error']}", "not_ready")
         if described["status"] != "ready":
             return _error(503, "The model is loading.", "not_ready")
         return None

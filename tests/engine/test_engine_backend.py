@@ -229,6 +229,44 @@ def test_a_checkpoint_that_fails_to_load_fails_requests_cleanly(tmp_path):
     assert message.startswith("BackendError: The model could not be loaded:") and "missing or bad field" in message
 
 
+def test_an_engine_thread_stopped_by_a_bug_fails_every_request_and_goes_unready(checkpoint):
+    """A step that raises where no step should: the requests running and waiting end in an error, a request sent
+    afterwards fails at once, and the engine says it is not ready and why (no request waits on a dead thread)."""
+    greedy = Sampling(temperature=0)
+
+    async def scenario() -> tuple[list[object], object, bool, dict[str, str]]:
+        backend = EngineBackend(_options(checkpoint, max_batch=2), ENCODING)
+        assert len(await _collect(backend, PROMPTS[0], 3, greedy)) == 3
+        batcher = backend._batcher
+        assert batcher is not None
+        steps = 0
+        step = batcher._step
+
+        def failing_step() -> None:
+            nonlocal steps
+            steps += 1
+            if steps == 4:
+                raise KeyError("a bookkeeping bug")
+            step()
+
+        batcher._step = failing_step  # type: ignore[method-assign]
+        running = [asyncio.wait_for(_collect(backend, prompt, 40, greedy), 30) for prompt in PROMPTS[1:4]]
+        outcomes = await asyncio.gather(*running, return_exceptions=True)
+        try:
+            await asyncio.wait_for(_collect(backend, PROMPTS[4], 4, greedy), 30)
+            afterwards: object = "answered"
+        except Exception as exc:  # the type and message are what is checked
+            afterwards = exc
+        ready, described = await backend.ready(), backend.describe()
+        await backend.aclose()
+        return outcomes, afterwards, ready, described
+
+    outcomes, afterwards, ready, described = asyncio.run(scenario())
+    for outcome in [*outcomes, afterwards]:
+        assert isinstance(outcome, BackendError) and "stopped on an internal error" in str(outcome), outcome
+    assert not ready and described["status"] == "stopped" and "internal error" in described["error"]
+
+
 def _loaded(backend: EngineBackend) -> dict[str, str]:
     deadline = time.monotonic() + 120
     while backend.describe()["status"] == "loading":

@@ -1,11 +1,13 @@
 """The paged engine under a load that makes it share, copy, evict and preempt at once: prompts from four families
 sharing prefixes, of 5 to 120 tokens, some streams closed early, through a pool of ten pages of 16 positions for
-six sequences. Every answer that runs to its end is the one its prompt gets alone in an engine with room and no
-prefix cache, and once all is done no page is held: each is free or cached, its reference count zero."""
+six sequences, arriving at once or spread over 0.3 s from two tenants in two tiers. Every answer that runs to its
+end is the one its prompt gets alone in an engine with room and no prefix cache, and once all is done no page is
+held: each is free or cached, its reference count zero."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +42,12 @@ def _load() -> list[tuple[list[int], int, int | None]]:
     return load
 
 
-async def _answer(backend: EngineBackend, prompt: list[int], count: int, closed: int | None) -> list[int]:
+async def _answer(
+    backend: EngineBackend, prompt: list[int], count: int, closed: int | None, tenant: str = "t", tier: str = "default"
+) -> list[int]:
     tokens: list[int] = []
-    stream = backend.generate(GenerateRequest(prompt, count, (), "stress", GREEDY, tenant="t"))
+    request = GenerateRequest(prompt, count, (), "stress", GREEDY, tenant=tenant, tier=tier)  # type: ignore[arg-type]
+    stream = backend.generate(request)
     async for chunk in stream:
         tokens += chunk.tokens
         if closed is not None and len(tokens) >= closed:
@@ -57,34 +62,64 @@ def _options(checkpoint: Path, **extra) -> EngineOptions:
     )
 
 
-def test_sharing_copying_eviction_and_preemption_together_keep_every_answer_and_every_page(checkpoint):
-    load = _load()
+@pytest.fixture(scope="module")
+def alone(checkpoint) -> list[list[int]]:
+    """Each prompt's answer alone, in an engine with room and no prefix cache."""
 
-    async def alone() -> list[list[int]]:
+    async def answers() -> list[list[int]]:
         backend = await loaded(EngineBackend(_options(checkpoint, max_batch=1, prefix_cache_tokens=0), ENCODING))
-        answers = [await _answer(backend, prompt, count, None) for prompt, count, _ in load]
+        answers = [await _answer(backend, prompt, count, None) for prompt, count, _ in _load()]
         await backend.aclose()
         return answers
 
-    async def together():
-        options = _options(checkpoint, max_batch=6, kv_cache_tokens=160, page_size=16, prefill_chunk=16)
-        backend = await loaded(EngineBackend(options, ENCODING))
-        answers = await asyncio.gather(*(_answer(backend, *request) for request in load))
-        await asyncio.sleep(0.1)  # the engine thread's bookkeeping after the last token
-        batcher = backend._batcher
-        assert batcher is not None
-        stats = backend.engine_stats()
-        pools = batcher.pools
-        counts = {name: list(pool._refs) for name, pool in (("full", pools.full), ("window", pools.window))}
-        await backend.aclose()
-        return answers, stats, counts
+    return asyncio.run(answers())
 
-    expected = asyncio.run(alone())
-    answers, stats, counts = asyncio.run(together())
-    for (prompt, _, closed), got, solo in zip(load, answers, expected, strict=True):
+
+async def _together(checkpoint: Path, spread: random.Random | None):
+    """The load at once (spread None), or its requests spread over 0.3 s from two tenants, every third request in
+    the priority tier; (answers, the engine's stats, each pool's reference counts) once all is done."""
+    options = _options(checkpoint, max_batch=6, kv_cache_tokens=160, page_size=16, prefill_chunk=16)
+    backend = await loaded(EngineBackend(options, ENCODING))
+
+    async def request(index: int, prompt: list[int], count: int, closed: int | None) -> list[int]:
+        if spread is None:
+            return await _answer(backend, prompt, count, closed)
+        await asyncio.sleep(spread.random() * 0.3)
+        tier = "priority" if index % 3 == 0 else "default"
+        return await _answer(backend, prompt, count, closed, tenant="ab"[index % 2], tier=tier)
+
+    answers = await asyncio.gather(*(request(index, *entry) for index, entry in enumerate(_load())))
+    await asyncio.sleep(0.1)  # the engine thread's bookkeeping after the last token
+    batcher = backend._batcher
+    assert batcher is not None
+    stats = backend.engine_stats()
+    pools = batcher.pools
+    counts = {name: list(pool._refs) for name, pool in (("full", pools.full), ("window", pools.window))}
+    await backend.aclose()
+    return answers, stats, counts
+
+
+def _check(answers: list[list[int]], alone: list[list[int]], stats, counts) -> None:
+    for (prompt, _, closed), got, solo in zip(_load(), answers, alone, strict=True):
         assert got == (solo[:closed] if closed else solo), f"a prompt of {len(prompt)} tokens"
-    assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0 and stats.prefix_evicted_blocks > 0
     assert (stats.running, stats.waiting, stats.kv_tokens) == (0, 0, 0)
     for name, pool in stats.kv_pages.items():
         assert pool.in_use == 0 and pool.cached + pool.free == pool.pages, name
         assert not any(counts[name]), f"{name}: pages still referenced"
+
+
+def test_sharing_copying_eviction_and_preemption_together_keep_every_answer_and_every_page(checkpoint, alone):
+    answers, stats, counts = asyncio.run(_together(checkpoint, None))
+    _check(answers, alone, stats, counts)
+    assert stats.preemptions > 0 and stats.prefix_hit_tokens > 0 and stats.prefix_evicted_blocks > 0
+
+
+def test_arrivals_spread_over_time_from_two_tenants_and_tiers_keep_every_answer(checkpoint, alone):
+    """Preemptions then fall anywhere: on a prompt's fill run again (it runs again whole), on a row a later row's
+    room preempts in the same step (it leaves the step), on a prompt taking pages named since it was admitted."""
+    preemptions = 0
+    for seed in range(6):
+        answers, stats, counts = asyncio.run(_together(checkpoint, random.Random(seed)))
+        _check(answers, alone, stats, counts)
+        preemptions += stats.preemptions
+    assert preemptions > 0
