@@ -83,10 +83,11 @@ class RemoteOptions(BaseModel):
     """vLLM: send the service tier as `priority` (the servers run with --scheduling-policy priority)."""
     load_slack: float = Field(default=2, ge=0)
     """A server this much more loaded than the least gets no request."""
-    shared_prefix_slack: float = Field(default=1, ge=0)
+    shared_prefix_slack: float = Field(default=0, ge=0)
     """A new session on a prefix other sessions share (a tenant's long system prompt) goes to a server holding it only
-    while that server is at most this much more loaded than the least, so a hot prefix spreads over the servers; a
-    conversation's own history keeps `load_slack`."""
+    while that server is at most this much more loaded than the least (0: only while it is among the least loaded),
+    so a hot prefix spreads over the servers, each prefilling it once; a conversation's own history keeps
+    `load_slack`."""
     server_slots: int | None = Field(default=None, ge=1)
     """Requests each server runs at once (vLLM's --max-num-seqs, llama.cpp's --parallel): a server with this many
     gets none while another has room (None: a server is full when it says requests wait; the built-in engine's

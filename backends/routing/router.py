@@ -14,9 +14,10 @@ the same threshold), so the opening every conversation shares (Harmony's system 
 conversations onto one server; and when no server holds enough, a request with a `prompt_cache_key` goes to the
 server its key hashes to among the least loaded, one without to the least loaded. A new session on a prefix other
 sessions share (branches.py: its servers hold no more of it than where the prompts routed before it parted) goes
-to a holder only while that holder is within `shared_slack` of the least loaded (narrower than `load_slack`). So a
-conversation goes back to the server that holds it while that server has room, a prefix shared by many sessions
-spreads over the servers, and a miss goes to the least loaded server, never to an overloaded one.
+to a holder only while that holder is within `shared_slack` of the least loaded (0: only while it is the least
+loaded; narrower than `load_slack`). So a conversation goes back to the server that holds it while that server has
+room, a prefix shared by many sessions spreads over the servers, and a miss goes to the least loaded server, never
+to an overloaded one.
 
 Page names are those of backends/page_names.py, in the request's namespace: its tenant (and, on the built-in
 engine, its `prompt_cache_key` and the server's prefix-cache scope), so one tenant's prefix never attracts or
@@ -54,7 +55,7 @@ class RoutingSettings:
     routed_ttl_s: float
     routed_capacity_pages: int
     min_match: float = 0.3  # a server holding less of a prompt than this share is no reason to go there
-    shared_slack: float = 1  # a new session on a shared prefix: no server more loaded than the least by more
+    shared_slack: float = 0  # a new session on a shared prefix: no server more loaded than the least by more
     server_slots: int | None = None  # requests a server runs at once, where it does not say (None: unknown)
 
 

@@ -21,7 +21,7 @@ URLS = ["http://a", "http://b", "http://c"]
 OPENING = list(range(1000, 1160))  # 160 tokens every conversation starts with
 
 
-def _router(min_match: float = 0.3, shared_slack: float = 1) -> PrefixRouter:
+def _router(min_match: float = 0.3, shared_slack: float = 0) -> PrefixRouter:
     settings = RoutingSettings(32, 2, 600.0, 65_536, min_match, shared_slack=shared_slack)
     return PrefixRouter(URLS, settings, published=False)
 
@@ -51,7 +51,7 @@ def test_new_conversations_sharing_only_an_opening_spread_over_the_servers():
     assert _busiest(_router(), 30) == 1  # three at once over three servers: one each
     # counting the opening, they pile onto its server as far as the slack for new sessions on a shared prefix goes
     assert _busiest(_router(min_match=0.0, shared_slack=2), 30) == 3
-    assert _busiest(_router(min_match=0.0), 30) == 2
+    assert _busiest(_router(min_match=0.0), 30) == 1
 
 
 def test_a_conversation_goes_back_to_the_server_that_holds_it():
@@ -121,12 +121,35 @@ def _sessions_at_once(router: PrefixRouter, sessions: int = 6) -> list[int]:
 
 
 def test_a_shared_prompt_spreads_over_the_servers():
-    """Six new sessions on one shared prompt at once: the server holding it takes them while it is within
-    `shared_slack` (1) of the least loaded, then the next server gets the prompt, then the third: two each
-    (with the conversations' slack of 2 instead, the holder took three, the next three, and one stayed idle)."""
+    """Six new sessions on one shared prompt at once: the server holding it takes one only while it is the least
+    loaded (`shared_slack` 0), else the least loaded gets the prompt too: two each (with the conversations' slack
+    of 2 instead, the holder took three, the next three, and one stayed idle)."""
     assert _sessions_at_once(_router()) == [2, 2, 2]
     assert _sessions_at_once(_slotted(2)) == [2, 2, 2]
     assert _sessions_at_once(_router(shared_slack=2)) == [3, 3, 0]
+
+
+def test_a_shared_prompt_spreads_when_the_loads_are_seen_late():
+    """The same sessions with each choice seeing the loads one choice late (another replica's request not yet in
+    the server's counts): a slack of 0 still runs two a server, where a slack of 1 ran three, three and none (in
+    bench/fleet_routing_bench.py's shared system prompt, the busiest server's load over the mean went from 1.42
+    to 1.11, as much of the prompt served from cache)."""
+
+    def late(router: PrefixRouter) -> list[int]:
+        seen = dict.fromkeys(URLS, 0)
+        router.choose(_session(0), dict(seen))
+        previous = None
+        for index in range(1, 7):
+            url = router.choose(_session(index), dict(seen)).url
+            if previous is not None:
+                seen[previous] += 1
+            previous = url
+        assert previous is not None
+        seen[previous] += 1
+        return sorted(seen.values(), reverse=True)
+
+    assert late(_router()) == [2, 2, 2]
+    assert late(_router(shared_slack=1)) == [3, 3, 0]
 
 
 def test_a_conversation_keeps_its_server_within_the_load_slack_among_many_sessions():
