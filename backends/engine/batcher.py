@@ -192,7 +192,9 @@ class Batcher:
             log.exception("engine_loop_failed")
             self._failure = RuntimeError("the engine stopped on an internal error")
             self._closed = True
-            self._fail_all(self._failure)
+            # the bookkeeping is not trusted any more: each request is told, no page is given back
+            for sequence in [*self._running, *self._waiting]:
+                sequence.emit(self._failure)
             self._fail_incoming()
 
     def _fail_incoming(self) -> None:
