@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from engine_fixtures import loaded, make_checkpoint, tiny_config
 
-from backends.base import GenerateRequest, Sampling
+from backends.base import GenerateRequest, Sampling, SchedulingTier
 from backends.engine.backend import EngineBackend, EngineOptions
 from harmony import load_harmony_encoding
 
@@ -43,10 +43,15 @@ def _load() -> list[tuple[list[int], int, int | None]]:
 
 
 async def _answer(
-    backend: EngineBackend, prompt: list[int], count: int, closed: int | None, tenant: str = "t", tier: str = "default"
+    backend: EngineBackend,
+    prompt: list[int],
+    count: int,
+    closed: int | None,
+    tenant: str = "t",
+    tier: SchedulingTier = "default",
 ) -> list[int]:
     tokens: list[int] = []
-    request = GenerateRequest(prompt, count, (), "stress", GREEDY, tenant=tenant, tier=tier)  # type: ignore[arg-type]
+    request = GenerateRequest(prompt, count, (), "stress", GREEDY, tenant=tenant, tier=tier)
     stream = backend.generate(request)
     async for chunk in stream:
         tokens += chunk.tokens
@@ -85,7 +90,7 @@ async def _together(checkpoint: Path, spread: random.Random | None):
         if spread is None:
             return await _answer(backend, prompt, count, closed)
         await asyncio.sleep(spread.random() * 0.3)
-        tier = "priority" if index % 3 == 0 else "default"
+        tier: SchedulingTier = "priority" if index % 3 == 0 else "default"
         return await _answer(backend, prompt, count, closed, tenant="ab"[index % 2], tier=tier)
 
     answers = await asyncio.gather(*(request(index, *entry) for index, entry in enumerate(_load())))
