@@ -191,7 +191,6 @@ class Batcher:
         except Exception:  # a bug must not leave requests waiting on a thread that is gone
             log.exception("engine_loop_failed")
             self._failure = RuntimeError("the engine stopped on an internal error")
-            self._closed = True
             # the bookkeeping is not trusted any more: each request is told, no page is given back
             for sequence in [*self._running, *self._waiting]:
                 sequence.emit(self._failure)
@@ -317,8 +316,7 @@ class Batcher:
         )
         full, _ = pools.needed(probe, kept, len(fill))
         _, window = pools.needed(probe, reused, min(len(fill), reused + self.prefill_chunk))
-        taken_full = sum(pools.full.cached(page) for page in probe.full)  # cached pages held stop being available
-        taken_window = sum(pools.window.cached(page) for page in probe.window if page)
+        taken_full, taken_window = self._cached_of(blocks, reused)
         promised = sum(  # the rest of the fills already admitted
             pools.needed(s.table, s.position, len(s.fill))[0] for s in self._running if not s.decoding
         )
@@ -349,14 +347,13 @@ class Batcher:
             self.runtime.copy_page("window", tail.window, table.window[-1], copied)
             sequence.written.tokens.extend(tail.tokens[:copied])
 
-    def _holding_needs(self, blocks: list[Block], tail: Tail | None, reused: int) -> tuple[int, int]:
-        """(full, window) pages that holding `blocks` and a tail's copy takes from the pools now: the cached pages
-        held again and the copy's new pair (what the holder gives back first is not counted)."""
+    def _cached_of(self, blocks: list[Block], reused: int) -> tuple[int, int]:
+        """(full, window) pages of `blocks` that a sequence starting at `reused` holds and that are cached now: held,
+        they stop being available."""
         pools = self.pools
         first = pools.first_window_page(reused)
         full = sum(pools.full.cached(block.full) for block in blocks)
-        window = sum(pools.window.cached(block.window) for block in blocks[first:])
-        return full + (tail is not None), window + (tail is not None)
+        return full, sum(pools.window.cached(block.window) for block in blocks[first:])
 
     def _join(self, sequence: Sequence) -> None:
         """A prompt about to run its first piece takes the pages of its prefix named since it was admitted: prompts
@@ -369,7 +366,11 @@ class Batcher:
             return
         blocks, tail, reused = self.prefix.lookup(sequence.namespace, sequence.fill)
         gained = reused - sequence.position
-        if gained <= 0 or not self.pools.fits(self._holding_needs(blocks, tail, reused)):
+        if gained <= 0:
+            return
+        full, window = self._cached_of(blocks, reused)
+        copy = int(tail is not None)  # the tail's copy takes a new page pair
+        if not self.pools.fits((full + copy, window + copy)):  # what it gives back first is not counted
             return
         self._give_back(sequence)
         sequence.written = Written()

@@ -107,7 +107,7 @@ class EngineServer:
         if described["status"] == "failed":
             return _error(503, f"The model could not be loaded: {described['error']}", "not_ready")
         if described["status"] == "stopped":
-            return _error(503, f"The engine stopped: {described['error']}", "not_ready")
+            return _error(503, f"The model is unavailable: {described['error']}", "not_ready")
         if described["status"] != "ready":
             return _error(503, "The model is loading.", "not_ready")
         return None

@@ -12,15 +12,19 @@ from pathlib import Path
 
 import openai
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from engine_fixtures import make_checkpoint, tiny_config
 from live_gateway import LiveGateway
+from prometheus_client import CollectorRegistry
 
 from backends.base import BackendError, EngineStats, GenerateRequest, Sampling
 from backends.engine.backend import EngineBackend, EngineOptions, from_options
 from backends.engine.kernels.build import KERNELS_ENV, kernel_choice
 from backends.engine.kernels.variants import level
 from backends.engine.runtime import cuda_unavailable_reason
+from backends.engine.server import EngineServer
 from gateway.config import Settings
+from gateway.process.lifecycle import Lifecycle
 from gateway.services import ConfigError, build_services
 from harmony import Renderer, load_harmony_encoding
 
@@ -258,13 +262,18 @@ def test_an_engine_thread_stopped_by_a_bug_fails_every_request_and_goes_unready(
         except Exception as exc:  # the type and message are what is checked
             afterwards = exc
         ready, described = await backend.ready(), backend.describe()
+        server = TestServer(EngineServer(backend, None, Lifecycle(), 1 << 20).app(CollectorRegistry()))
+        async with TestClient(server) as client:
+            probe = await client.get("/readyz")
+            readyz = (probe.status, (await probe.json())["error"]["message"])
         await backend.aclose()
-        return outcomes, afterwards, ready, described
+        return outcomes, afterwards, ready, described, readyz
 
-    outcomes, afterwards, ready, described = asyncio.run(scenario())
+    outcomes, afterwards, ready, described, readyz = asyncio.run(scenario())
     for outcome in [*outcomes, afterwards]:
         assert isinstance(outcome, BackendError) and "stopped on an internal error" in str(outcome), outcome
     assert not ready and described["status"] == "stopped" and "internal error" in described["error"]
+    assert readyz == (503, "The model is unavailable: the engine stopped on an internal error")
 
 
 def _loaded(backend: EngineBackend) -> dict[str, str]:
