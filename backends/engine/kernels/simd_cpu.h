@@ -25,6 +25,8 @@
 
 namespace gptoss {
 
+constexpr int kHighHalf = static_cast<int>(0xFFFF0000u);  // a 32-bit word's high 16 bits
+
 #if defined(GPTOSS_SIMD_AVX512)
 struct Simd {
   using F = __m512;
@@ -37,13 +39,17 @@ struct Simd {
   static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F Add(F a, F b) { return _mm512_add_ps(a, b); }
   static float Sum(F v) { return _mm512_reduce_add_ps(v); }
-  // kLanes bfloat16 values widened (a bfloat16 is a float's top half) and kLanes int8 values converted
-  static F WidenBf16(const uint16_t* bits) {
-    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-  }
+  // kLanes int8 values converted
   static F WidenInt8(const int8_t* values) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values))));
+  }
+  // of 2 x kLanes bfloat16 values (a bfloat16 is a float's top half), the even ones (each word's low half shifted
+  // up) and the odd ones (each word's low half masked off): no shuffle, a plain logic instruction a vector
+  static F Bf16Evens(const uint16_t* bits) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(bits), 16));
+  }
+  static F Bf16Odds(const uint16_t* bits) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(bits), _mm512_set1_epi32(kHighHalf)));
   }
   static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
   // keeps a loaded vector in its register: left to itself GCC may fold the load into every instruction that reads
@@ -67,12 +73,15 @@ struct Simd {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  static F WidenBf16(const uint16_t* bits) {
-    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bits));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-  }
   static F WidenInt8(const int8_t* values) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(values))));
+  }
+  static F Bf16Evens(const uint16_t* bits) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits)), 16));
+  }
+  static F Bf16Odds(const uint16_t* bits) {
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits)), _mm256_set1_epi32(kHighHalf)));
   }
   static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
   // keeps a loaded vector in its register: left to itself GCC may fold the load into every instruction that reads
@@ -91,7 +100,12 @@ struct Simd {
   static F Fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
   static F Add(F a, F b) { return vaddq_f32(a, b); }
   static float Sum(F v) { return vaddvq_f32(v); }
-  static F WidenBf16(const uint16_t* bits) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(bits), 16)); }
+  static F Bf16Evens(const uint16_t* bits) {
+    return vreinterpretq_f32_u32(vshlq_n_u32(vreinterpretq_u32_u16(vld1q_u16(bits)), 16));
+  }
+  static F Bf16Odds(const uint16_t* bits) {
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_u16(vld1q_u16(bits)), vdupq_n_u32(0xFFFF0000u)));
+  }
   static F WidenInt8(const int8_t* values) {
     int32_t word;  // exactly kLanes bytes: a wider load could pass the end of the weights
     std::memcpy(&word, values, sizeof word);

@@ -16,20 +16,25 @@ namespace {
 
 constexpr int64_t kRows = 22;  // a task's 16 rows and a partial group of the tiles' decoded rows (4 or 6)
 constexpr int64_t kCols = 2880;
+// Narrower rows the decode's float path is checked at too: their last blocks fewer than a step of its vectors takes
+// (AVX-512's four blocks a step: 3 blocks alone, 4 + 1; AVX2's pairs: 2 pairs, 3 pairs); each where its path takes
+// that width.
+constexpr int64_t kNarrowCols[] = {96, 160, 128, 192};
 constexpr float kValues[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 struct Rows {
   std::vector<uint8_t> codes, scales;
+  int64_t cols;
   double Value(int64_t row, int64_t col) const {
-    const uint8_t byte = codes[(row * kCols + col) / 2];
+    const uint8_t byte = codes[(row * cols + col) / 2];
     const int nibble = col % 2 == 0 ? byte & 0x0F : byte >> 4;
-    return static_cast<double>(kValues[nibble]) * std::ldexp(1.0, scales[(row * kCols + col) / 32] - 127);
+    return static_cast<double>(kValues[nibble]) * std::ldexp(1.0, scales[(row * cols + col) / 32] - 127);
   }
 };
 
-Rows RandomRows(std::mt19937& rng) {
-  Rows rows{std::vector<uint8_t>(kRows * kCols / 2), std::vector<uint8_t>(kRows * kCols / 32)};
+Rows RandomRows(std::mt19937& rng, int64_t cols = kCols) {
+  Rows rows{std::vector<uint8_t>(kRows * cols / 2), std::vector<uint8_t>(kRows * cols / 32), cols};
   for (auto& byte : rows.codes) byte = static_cast<uint8_t>(rng());
   for (auto& scale : rows.scales) scale = static_cast<uint8_t>(118 + rng() % 12);
   return rows;
@@ -44,7 +49,7 @@ double Worst(const Rows& rows, const std::vector<std::vector<float>>& xs, const 
   for (int64_t r = 0; r < checked; ++r) {
     for (int64_t t = 0; t < count; ++t) {
       double sum = 0.0, magnitude = 0.0;
-      for (int64_t c = 0; c < kCols; ++c) {
+      for (int64_t c = 0; c < rows.cols; ++c) {
         const double product = rows.Value(r, c) * xs[t][c];
         sum += product;
         magnitude += std::fabs(product);
@@ -55,9 +60,9 @@ double Worst(const Rows& rows, const std::vector<std::vector<float>>& xs, const 
   return worst;
 }
 
-std::vector<std::vector<float>> RandomVectors(int64_t count, std::mt19937& rng) {
+std::vector<std::vector<float>> RandomVectors(int64_t count, std::mt19937& rng, int64_t cols = kCols) {
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<std::vector<float>> xs(count, std::vector<float>(kCols));
+  std::vector<std::vector<float>> xs(count, std::vector<float>(cols));
   for (auto& x : xs)
     for (auto& v : x) v = uniform(rng);
   return xs;
@@ -65,20 +70,20 @@ std::vector<std::vector<float>> RandomVectors(int64_t count, std::mt19937& rng) 
 
 // The float path over the first `checked` rows: every count of rows a tiled pass can be left with (22: AVX2's groups
 // of 6 end with 4, taken as 2 and 2; 19: with 1; AVX-512's groups of 4 with 2 and 3).
-double CheckFloat(int64_t count, std::mt19937& rng, int64_t checked = kRows) {
-  const Rows rows = RandomRows(rng);
-  const auto xs = RandomVectors(count, rng);
+double CheckFloat(int64_t count, std::mt19937& rng, int64_t checked = kRows, int64_t cols = kCols) {
+  const Rows rows = RandomRows(rng, cols);
+  const auto xs = RandomVectors(count, rng, cols);
   std::vector<float> out(kRows * count);
   std::vector<const float*> pointers;
   for (const auto& x : xs) pointers.push_back(x.data());
 #if defined(GPTOSS_MOE_PERMUTED)
-  std::vector<std::vector<float>> permuted(count, std::vector<float>(kCols));
+  std::vector<std::vector<float>> permuted(count, std::vector<float>(cols));
   if (count < gptoss::kTiledFrom) {
     for (int64_t t = 0; t < count; ++t) {
-      gptoss::PermuteBlocks(xs[t].data(), kCols, permuted[t].data());
+      gptoss::PermuteBlocks(xs[t].data(), cols, permuted[t].data());
       pointers[t] = permuted[t].data();
     }
-    gptoss::FewVectorDots(rows.codes.data(), rows.scales.data(), kRows, kCols, pointers.data(), count, out.data());
+    gptoss::FewVectorDots(rows.codes.data(), rows.scales.data(), kRows, cols, pointers.data(), count, out.data());
     return Worst(rows, xs, out);
   }
 #endif
@@ -144,6 +149,14 @@ int main() {
   };
   for (int64_t count : {1, 2, 3, 4, 7}) report("float", count, CheckFloat(count, rng));
   for (int64_t count : {4, 7}) report("float, 19 rows", count, CheckFloat(count, rng, 19));
+#if defined(GPTOSS_MOE_PERMUTED)
+  for (int64_t cols : kNarrowCols) {
+    if (cols % gptoss::kPermutedCols != 0) continue;
+    char path[32];
+    std::snprintf(path, sizeof path, "float, %lld cols", static_cast<long long>(cols));
+    for (int64_t count : {1, 3}) report(path, count, CheckFloat(count, rng, kRows, cols));
+  }
+#endif
   for (int64_t count : {1, 2, 3}) report("int8", count, CheckInt8(count, 1, rng));
   for (int64_t count : {1, 2, 3}) report("int8x2", count, CheckInt8(count, 2, rng));
   return ok ? 0 : 1;
