@@ -5,9 +5,11 @@ already holds for it: prefix_cache.py, and what the prompts admitted before it s
 its first chunk, the tenant furthest behind its fair share first (fair_share.py: a tenant below its share of a full
 batch takes a slot from the one most above its own), in arrival order within a tenant; it starts from the longest
 prefix of its prompt that pages already hold in its namespace, by reference. Each step runs every decoding
-sequence's next token and one chunk of the prompt of the prefilling sequence whose tenant is furthest behind,
-together (with CUDA graphs: the chunk first, then the decode rows as the graph of their bucket); the chunk runs a
-piece of a set time a step (chunk_budget.py), and a prompt of a worse service tier than an answer in its first
+sequence's next token and one chunk of the prompt of the prefilling sequence whose tenant is furthest behind (of
+that tenant's, the one with the least left to fill: a short turn of a conversation whose prefix the cache holds is not
+held behind another prompt's whole fill, and a long prompt is overtaken for at most about its own length), together
+(with CUDA graphs: the chunk first, then the decode rows as the graph of their bucket); the chunk runs a piece of a set
+time a step (chunk_budget.py), and a prompt of a worse service tier than an answer in its first
 FIRST_TOKENS (the Harmony header and its first text) waits for those steps, as does a worse tier's answer's next
 token, so that a better tier's answer begins without a worse tier's pieces, or rows, in its steps (on a CPU each row
 costs its logits over the whole vocabulary); within a tier, a prompt gives way likewise to the beginning answer of a
@@ -65,6 +67,8 @@ class Sequence:
     admitted: int = 0  # admission order: the latest is preempted first
     fill: list[int] = field(default_factory=list)  # tokens to run before decoding: the prompt, or all it wrote
     resumed: bool = False  # run again after a preemption: its next token is chosen already
+    # fill tokens run for other prompts of its tenant and tier while its own waited to fill (see `precedence`)
+    overtaken: int = 0
     table: PageTable = field(default_factory=PageTable)
     written: Written = field(default_factory=Written)
     decoding: bool = False  # the fill is all in; each step feeds `token`
@@ -92,6 +96,13 @@ class Sequence:
     def position(self) -> int:
         """Positions whose KV is written."""
         return len(self.written.tokens)
+
+    @property
+    def precedence(self) -> int:
+        """Its place among its tenant's prompts filling, lowest first: the fill tokens it has left, less those run
+        for the others while it waited. A short prompt goes before a long one (its first token waits for no long
+        prompt's whole fill), and a long one is overtaken for at most about its own length."""
+        return len(self.fill) - self.position - self.overtaken
 
     @property
     def beginning(self) -> bool:
@@ -490,6 +501,10 @@ class Batcher:
             assert filling is not None
             self._written(filling, chunk)
             self._waiting.charge(filling, len(chunk))
+            for other in self._running:  # the tenant's other prompts waited for this piece
+                peer = (other.tenant, other.rank) == (filling.tenant, filling.rank)
+                if peer and not other.decoding and other is not filling:
+                    other.overtaken += len(chunk)
             self._prefill_tokens += len(chunk)
             if filling.position == len(filling.fill):
                 filling.decoding = True

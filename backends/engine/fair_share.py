@@ -6,7 +6,8 @@ prompt chunk a step runs is that of the prefilling sequence whose tenant is furt
 the tenant furthest ahead gives up a sequence first; and a tenant below its share of the batch (its weight over
 the active tenants' weights) takes a batch slot from the tenant most above its own. A tenant that was idle starts
 level with the least served active tenant, so idleness banks no credit; a tenant alone gets the whole engine.
-Within a tenant, sequences keep their arrival order.
+Within a tenant, sequences are admitted in their arrival order, and of its prompts filling the one with the least left
+goes first (a long prompt overtaken for at most about its own length: batcher.Sequence.precedence).
 
 Service tiers come before all of that (GenerateRequest.tier; rank 0 priority, 1 default, 2 flex): a waiting
 sequence of a better tier is admitted first, takes a full batch's slot from a running sequence of a worse tier,
@@ -45,6 +46,11 @@ class Queued(Protocol):
 
     @property
     def weight(self) -> float: ...
+
+    @property
+    def precedence(self) -> int:
+        """Its place among its tenant's prompts filling, lowest first (batcher.Sequence.precedence)."""
+        ...
 
 
 class FairShare:
@@ -109,8 +115,10 @@ class FairShare:
         self._vtime[tenant] = self.vtime(tenant) + tokens / self._weights.get(tenant, sequence.weight)
 
     def first(self, sequences: list[Queued]) -> Queued | None:
-        """Of `sequences`, the best tier's whose tenant is furthest behind (the earliest admitted within a tenant)."""
-        return min(sequences, key=lambda s: (s.rank, self.vtime(s.tenant), s.admitted), default=None)
+        """Of prompts filling, the best tier's whose tenant is furthest behind; within a tenant, the lowest
+        precedence (the least left to fill, less what ran for the others while it waited), then the earliest
+        admitted."""
+        return min(sequences, key=lambda s: (s.rank, self.vtime(s.tenant), s.precedence, s.admitted), default=None)
 
     def victim(self, running: list[Queued]) -> Queued:
         """The running sequence to preempt for pages: of the worst tier, the latest admitted of the tenant
