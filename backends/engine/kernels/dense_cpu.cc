@@ -132,11 +132,15 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
 #if defined(GPTOSS_SIMD)
 // Weight rows a pass of SharedRows takes for R input rows: P x R sums, P widened weights and one x vector within a
 // budget of registers: 24 of the 32 vector registers of AVX-512 and NEON (the pass shapes measured on AVX-512: 4 up
-// to 4 rows, else 2), all 16 of AVX2's (2 up to 6 rows, else 1).
+// to 4 rows, else 2), all 16 of AVX2's (3 up to 4 rows, 2 up to 6, else 1: at 4 rows each x vector, read from L2,
+// feeds three multiply-adds, not two; the unembedding of a 4-sequence decode step on 2 Intel Xeon cores 58-62 ms
+// against 63-67 with two, ONNX Runtime's profiler, alternated).
 template <int R>
 constexpr int SharedPass() {
   constexpr int budget = Simd::kRegisters == 32 ? 24 : Simd::kRegisters;
-  return 4 * R + 4 + 1 <= budget ? 4 : 2 * R + 2 + 1 <= budget ? 2 : 1;
+  if (4 * R + 4 + 1 <= budget) return 4;
+  if (Simd::kRegisters == 16 && 3 * R + 3 + 1 <= budget) return 3;
+  return 2 * R + 2 + 1 <= budget ? 2 : 1;
 }
 
 // The same for R >= 3 rows: P weight rows at a time share each load of an x vector, over the whole of K (the
