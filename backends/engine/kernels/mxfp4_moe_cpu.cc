@@ -265,7 +265,8 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
   const __m256i low_nibble = _mm256_set1_epi8(0x0F);
   const __m256i high_word = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   // a pair's sums in two chains for one vector (its first and second 16-bit words), one chain for more; the pairs'
-  // scaled sums alternate between two accumulators (both named statically, as the AVX-512 path's)
+  // scaled sums alternate between two accumulators (both named statically: an index computed per pair kept them in
+  // memory)
   constexpr int kChains = Count == 1 ? 2 : 1;
   __m256 acc[Count][2];
   for (int t = 0; t < Count; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
