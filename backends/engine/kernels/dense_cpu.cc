@@ -370,7 +370,7 @@ void Dense(OrtKernelContext* raw_context, const char* op, bool scaled) {
     std::fill(p.y, p.y + p.rows * p.n, 0.0f);
     return;
   }
-  std::vector<float> chunked;
+  thread_local std::vector<float> chunked;  // kept from call to call: no allocation a step once it has grown
   ChunkInput(p, chunked);
   const size_t tasks = static_cast<size_t>((p.n + kBlockRows - 1) / kBlockRows);
   // decode streams the weights: a thread takes a batch of consecutive blocks; prefill's tiles are arithmetic-bound,
