@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
@@ -149,11 +149,21 @@ class TenantQueue:
     weight: float  # the tenant's fair-share weight
 
 
+class ServerLoad(NamedTuple):
+    """A model server's load as it says it: requests running and waiting, and the prompt tokens they still have to
+    run before their first tokens (a request arriving now waits for about as many)."""
+
+    running: int
+    waiting: int
+    filling: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class ServerReport:
     """What a remote backend's router knows of one server."""
 
     load: float  # requests running and waiting there (its own count when it reports one, else this replica's)
+    filling: int  # prompt tokens to run there before their first tokens (its own count, or this replica's)
     routed_pages: int  # pages of what was routed there, still remembered
     published_pages: int  # pages it says it holds (servers that publish their pages)
     events_in_sync: bool | None  # whether its page events are followed now (None: it publishes none)

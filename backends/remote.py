@@ -83,11 +83,6 @@ class RemoteOptions(BaseModel):
     """vLLM: send the service tier as `priority` (the servers run with --scheduling-policy priority)."""
     load_slack: float = Field(default=2, ge=0)
     """A server this much more loaded than the least gets no request."""
-    shared_prefix_slack: float = Field(default=0, ge=0)
-    """A new session on a prefix other sessions share (a tenant's long system prompt) goes to a server holding it only
-    while that server is at most this much more loaded than the least (0: only while it is among the least loaded),
-    so a hot prefix spreads over the servers, each prefilling it once; a conversation's own history keeps
-    `load_slack`."""
     server_slots: int | None = Field(default=None, ge=1)
     """Requests each server runs at once (vLLM's --max-num-seqs, llama.cpp's --parallel): a server with this many
     gets none while another has room (None: a server is full when it says requests wait; the built-in engine's
@@ -201,7 +196,6 @@ class RemoteBackend:
                 options.routing_ttl_s,
                 options.routing_capacity_pages,
                 options.routing_min_match,
-                options.shared_prefix_slack,
                 options.server_slots,
             )
             published = dialect.publishes_pages or options.kv_events_endpoints is not None
@@ -295,9 +289,12 @@ class RemoteBackend:
             if record is not None:
                 record.note(scope, names, upstream.url)
             generated: list[int] = []
+            sending = None if chooser is None else chooser.sending(upstream)  # its prompt, queued there till it answers
             try:
                 async with aclosing(self._attempt(upstream, sent, body)) as chunks:
                     async for chunk in chunks:
+                        if chunk.tokens and sending is not None:
+                            sending.done()
                         generated += chunk.tokens
                         yield chunk
             except _Failure as failure:
@@ -329,6 +326,9 @@ class RemoteBackend:
                     )
                     body = self._body(sent)
                 continue
+            finally:
+                if sending is not None:
+                    sending.done()
             self.pool.succeeded(upstream)
             if router is not None and pages is not None:
                 answer = router.record(upstream.url, request, answered + generated, pages)

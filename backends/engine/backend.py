@@ -32,7 +32,7 @@ import structlog
 from opentelemetry import propagate, trace
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from backends.base import BackendError, Capabilities, Chunk, EngineStats, GenerateRequest, parse_options
+from backends.base import BackendError, Capabilities, Chunk, EngineStats, GenerateRequest, ServerLoad, parse_options
 from backends.page_names import namespace_of
 from harmony import HarmonyEncoding
 from harmony.tokens import FIRST_SPECIAL, LAST_SPECIAL
@@ -306,9 +306,10 @@ class EngineBackend:
         before loading."""
         return None if self._batcher is None else self._batcher.host_costs
 
-    def engine_load(self) -> tuple[int, int]:
-        """Sequences running and waiting; (0, 0) before the model is loaded."""
-        return (0, 0) if self._batcher is None else self._batcher.load()
+    def engine_load(self) -> ServerLoad:
+        """Sequences running and waiting, and the prompt tokens they have left to run; none before the model is
+        loaded."""
+        return ServerLoad(0, 0) if self._batcher is None else self._batcher.load()
 
     async def _runtime(self) -> tuple[Batcher, GrammarCompiler]:
         if not self._loaded.is_set():

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
-from backends.base import TIER_RANK, Chunk, EngineStats, GenerateRequest, TenantQueue, TokenLogprob
+from backends.base import TIER_RANK, Chunk, EngineStats, GenerateRequest, ServerLoad, TenantQueue, TokenLogprob
 from harmony.tokens import FIRST_SPECIAL
 
 from .chunk_budget import ChunkPieces, GiveWay
@@ -140,6 +140,9 @@ class Batcher:
         self._running: list[Sequence] = []  # in admission order
         self._order = itertools.count()
         self._kv_tokens = 0  # positions written by running sequences, as of the last step
+        self._filling = 0  # prompt tokens running and waiting sequences have left to run, as of the last step
+        self._submitted = 0  # prompt tokens submitted and not yet taken by the engine thread
+        self._submitted_lock = threading.Lock()
         self._decode_steps = 0
         self._prefill_tokens = 0
         self._decode_tokens = 0
@@ -159,7 +162,7 @@ class Batcher:
         """Read from other threads: each figure is one the engine thread last wrote."""
         prefix = self._prefix_stats
         full, window = self._pool_stats
-        running, waiting = self.load()
+        running, waiting, _ = self.load()
         return EngineStats(
             running=running,
             waiting=waiting,
@@ -178,9 +181,13 @@ class Batcher:
             queues=self._queues,
         )
 
-    def load(self) -> tuple[int, int]:
-        """Sequences running and waiting (submitted, not yet running), read from other threads."""
-        return len(self._running), self._incoming.qsize() + len(self._waiting)
+    def load(self) -> ServerLoad:
+        """Sequences running and waiting (submitted, not yet running), and the prompt tokens they have left to run
+        (a waiting prompt counts whole: what the prefix cache holds of it is known when it is placed); read from
+        other threads."""
+        return ServerLoad(
+            len(self._running), self._incoming.qsize() + len(self._waiting), self._filling + self._submitted
+        )
 
     @property
     def failure(self) -> BaseException | None:
@@ -188,6 +195,8 @@ class Batcher:
         return self._failure
 
     def submit(self, sequence: Sequence) -> None:
+        with self._submitted_lock:
+            self._submitted += len(sequence.request.prompt)
         self._incoming.put(sequence)
         if self._failure is not None:  # no thread takes it any more
             self._fail_incoming()
@@ -228,6 +237,7 @@ class Batcher:
             began = time.perf_counter()
             if not self._admit():
                 return
+            self._count_filling()  # the arrivals just taken: no longer counted as submitted
             if idle:  # admission waited for work: the iteration's host time starts with it
                 began = time.perf_counter()
             for sequence in [s for s in self._running if s.cancelled.is_set()]:
@@ -236,6 +246,7 @@ class Batcher:
             if stepped:
                 self._step()
             self._kv_tokens = sum(sequence.position for sequence in self._running)
+            self._count_filling()
             self._prefix_stats = self.prefix.stats()
             self._pool_stats = (self.pools.full.stats(), self.pools.window.stats())
             if stepped:
@@ -245,6 +256,10 @@ class Batcher:
                 self.host_costs = costs.copy()  # for other threads: whole iterations only
             if not self._running or time.monotonic() - self._queues_at > QUEUES_EVERY_S:
                 self._publish_queues()
+
+    def _count_filling(self) -> None:
+        sequences = (*self._running, *self._waiting)
+        self._filling = sum(max(len(s.fill) - s.position, 0) for s in sequences if not s.decoding)
 
     def _probe(self, tokens: int, start: int) -> None:
         """A run of `tokens` prompt tokens from `start` into the scratch page, no logits (ChunkPieces.calibrate)."""
@@ -284,6 +299,8 @@ class Batcher:
                 self._closed = True
                 self._fail_all(RuntimeError("the engine stopped"))
                 break
+            with self._submitted_lock:
+                self._submitted -= len(arrival.request.prompt)
             arrival.fill = list(arrival.request.prompt)
             self._waiting.push(arrival, self._running)
         return False

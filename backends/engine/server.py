@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
-from backends.base import BackendError, Chunk
+from backends.base import BackendError, Chunk, ServerLoad
 from backends.engine_wire import (
     EVENTS_PATH,
     FINISHED_EVENT,
@@ -237,9 +237,8 @@ class EngineServer:
         return web.json_response({"status": "alive"})
 
 
-def _load(load: tuple[int, int]) -> dict[str, int]:
-    running, waiting = load
-    return {"running": running, "waiting": waiting}
+def _load(load: ServerLoad) -> dict[str, int]:
+    return {"running": load.running, "waiting": load.waiting, "filling": load.filling}
 
 
 def _batch_payload(instance: str, batch: list) -> dict[str, Any]:

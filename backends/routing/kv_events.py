@@ -1,8 +1,9 @@
 """Following an engine server's page events (`GET /v1/engine/kv_events`, see backends/engine_wire.py) into its
 ServerView: a snapshot (with the requests it runs at once), then each batch in order, and its load (running and
-waiting requests) as it changes. A stream that ends, stalls past three heartbeats, skips a
-sequence number or sends what cannot be read leaves the pages out of sync (routing falls back to what was routed
-there) until a new connection brings a new snapshot; a restarted server (another `instance`) starts from its own.
+waiting requests, and the prompt tokens they have left to run) as it changes. A stream that ends, stalls past three
+heartbeats, skips a sequence number or sends what cannot be read leaves the pages out of sync (routing falls back to
+what was routed there) until a new connection brings a new snapshot; a restarted server (another `instance`) starts
+from its own.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from backends.base import ServerLoad
 from backends.engine_wire import EVENTS_PATH
 from backends.sse_reader import sse_events
 
@@ -68,7 +70,8 @@ def _apply(view: ServerView, payload: Any) -> None:
         if not pages.apply(int(payload["first"]), int(payload["seq"]), events):
             raise OutOfOrder("a gap in the events")
     if "running" in payload:
-        view.pushed = (_count(payload["running"]), _count(payload["waiting"]))
+        filling = _count(payload["filling"]) if "filling" in payload else 0  # a server of an earlier version: none
+        view.pushed = ServerLoad(_count(payload["running"]), _count(payload["waiting"]), filling)
 
 
 def _count(value: Any) -> int:

@@ -1,23 +1,27 @@
-"""Which model server gets a generation: among those not overloaded, the one that holds most of its prompt.
+"""Which model server gets a generation: among those not overloaded, the one where its first token comes soonest.
 
 For each healthy server: its load (requests in flight from this replica, or the server's own count of running and
 waiting requests, whichever is larger: the servers' counts include other replicas' requests; the built-in
-engine's servers push theirs on their page-event stream as it changes, others are read from their `/metrics`)
-and the prompt's leading pages it holds (`held_pages.py`: precise from the built-in engine's page events, else
-approximate from what was routed to it). A server whose load exceeds the least loaded one's by more than
-`load_slack` is passed over, and so is a full one while another has a free slot: one with as many requests as
-it runs at once (the `slots` the built-in engine's servers publish, or `server_slots`), or, its slots unknown,
-that says requests are waiting. Among the rest, the fewest prompt tokens to prefill wins, then the least load,
-then the server the prompt's first page hashes to, so that every replica makes the same choice for the same
-conversation. A server holding less than `min_match` of the prompt counts as holding none (SGLang's router has
-the same threshold), so the opening every conversation shares (Harmony's system message) does not pile new
-conversations onto one server; and when no server holds enough, a request with a `prompt_cache_key` goes to the
-server its key hashes to among the least loaded, one without to the least loaded. A new session on a prefix other
-sessions share (branches.py: its servers hold no more of it than where the prompts routed before it parted) goes
-to a holder only while that holder is within `shared_slack` of the least loaded (0: only while it is the least
-loaded; narrower than `load_slack`). So a conversation goes back to the server that holds it while that server has
-room, a prefix shared by many sessions spreads over the servers, and a miss goes to the least loaded server, never
-to an overloaded one.
+engine's servers push theirs on their page-event stream as it changes, others are read from their `/metrics`),
+the prompt tokens queued there before their first tokens (the built-in engine's servers push theirs; else those of
+the requests this replica sent that have not begun to answer), and the prompt's leading pages it holds
+(`held_pages.py`: precise from the built-in engine's page events, else approximate from what was routed to it).
+A server whose load exceeds the least loaded one's by more than `load_slack` is passed over, and so is a full one
+while another has a free slot: one with as many requests as it runs at once (the `slots` the built-in engine's
+servers publish, or `server_slots`), or, its slots unknown, that says requests are waiting. Among the rest, the
+fewest prompt tokens to run before the request's first token wins (those of its prompt the server does not hold,
+and those queued there before it: Dynamo's KV router weighs blocks to prefill against active blocks likewise),
+then the least load, then the server the prompt's first page hashes to, so that every replica makes the same
+choice for the same conversation. A server holding less than `min_match` of the prompt counts as holding none
+(SGLang's router has the same threshold), so the opening every conversation shares (Harmony's system message) does
+not pile new conversations onto one server; and when no server holds enough, a request with a
+`prompt_cache_key` goes to the server its key hashes to among the least loaded, one without to the least loaded.
+
+So a conversation goes back to the server that holds it while that server has room; a prefix many sessions share
+(a tenant's long system prompt) stays on the servers holding it while they answer sooner than another could run it
+whole, and spreads to one more server when they are full or more loaded than `load_slack` allows, that server
+running it once while the requests after it go where it is held or being run; and a miss goes to the server with
+the least queued, never to an overloaded one.
 
 Page names are those of backends/page_names.py, in the request's namespace: its tenant (and, on the built-in
 engine, its `prompt_cache_key` and the server's prefix-cache scope), so one tenant's prefix never attracts or
@@ -28,18 +32,17 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 from opentelemetry import trace
 
-from backends.base import GenerateRequest, RoutingReport, ServerReport
+from backends.base import GenerateRequest, RoutingReport, ServerLoad, ServerReport
 from backends.cache_salt import TenantSalt
 from backends.page_names import chain, namespace_of
 from backends.upstreams import Upstream
 
-from .branches import Branches
 from .held_pages import PublishedPages, RoutedPages
 from .vllm_events import salt_namespace
 
@@ -55,7 +58,6 @@ class RoutingSettings:
     routed_ttl_s: float
     routed_capacity_pages: int
     min_match: float = 0.3  # a server holding less of a prompt than this share is no reason to go there
-    shared_slack: float = 0  # a new session on a shared prefix: no server more loaded than the least by more
     server_slots: int | None = None  # requests a server runs at once, where it does not say (None: unknown)
 
 
@@ -67,13 +69,18 @@ class ServerView:
     published: PublishedPages | None = None  # None: the server publishes no page events
     reported: tuple[float, float] = (0.0, 0.0)  # running and waiting, read from its /metrics at `reported_at`
     reported_at: float = -1e9
-    pushed: tuple[int, int] | None = None  # running and waiting, from its event stream as they change
+    pushed: ServerLoad | None = None  # from its event stream as it changes
     slots: int | None = None  # requests it runs at once; one more waits (None: unknown)
+    sending: int = 0  # prompt tokens of the requests sent from here that have not begun to answer
+
+    def filling(self) -> int:
+        """Prompt tokens it runs before a request sent now gets to its own: its count, or (larger) this replica's."""
+        return max(self.pushed.filling if self.pushed is not None else 0, self.sending)
 
     def _counts(self) -> tuple[float, float]:
         """The server's own running and waiting requests, as last known ((0, 0): not known)."""
         if self.pushed is not None:
-            return self.pushed
+            return self.pushed.running, self.pushed.waiting
         fresh = time.monotonic() - self.reported_at < LOAD_FRESH_S
         return self.reported if fresh else (0.0, 0.0)
 
@@ -95,6 +102,49 @@ class Decision:
     url: str
     how: How
     matched_tokens: int
+    prompt_tokens: int  # of its prompt, those the server runs (not held there)
+
+
+class Sending:
+    """A request's prompt tokens to run, counted on its server from its sending until it begins to answer."""
+
+    def __init__(self, view: ServerView, tokens: int) -> None:
+        self._view, self._tokens = view, tokens
+        view.sending += tokens
+
+    def done(self) -> None:
+        """It answers, or its attempt ended: counted no more (once, however often called)."""
+        self._view.sending -= self._tokens
+        self._tokens = 0
+
+
+class Choice:
+    """What the upstream pool asks to choose among its healthy upstreams for a request (`decision`: what it chose
+    last; None where the pool did not ask)."""
+
+    def __init__(
+        self, router: PrefixRouter, request: GenerateRequest, shared: dict[str, int] | None, names: PromptPages | None
+    ) -> None:
+        self._router, self._request, self._shared, self._names = router, request, shared, names
+        self.decision: Decision | None = None
+
+    def __call__(self, upstreams: list[Upstream]) -> Upstream:
+        outstanding = {u.url: u.outstanding for u in upstreams}
+        decision = self.decision = self._router.choose(self._request, outstanding, self._shared, self._names)
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attribute("gateway.route", decision.how)
+            span.set_attribute("gateway.route.upstream", decision.url)
+            span.set_attribute("gateway.route.matched_tokens", decision.matched_tokens)
+        return next(u for u in upstreams if u.url == decision.url)
+
+    def sending(self, upstream: Upstream) -> Sending:
+        """The request sent to `upstream`: its prompt tokens to run counted there until it begins to answer (all of
+        them where the pool chose without asking)."""
+        decision = self.decision
+        own = decision is not None and decision.url == upstream.url
+        tokens = decision.prompt_tokens if own and decision is not None else len(self._request.prompt)
+        return Sending(self._router.servers[upstream.url], tokens)
 
 
 @dataclass(slots=True)
@@ -150,7 +200,6 @@ class PrefixRouter:
         self.salt = salt
         self._fleet = hashlib.blake2b("\0".join(sorted(urls)).encode(), digest_size=8).hexdigest()
         self.stats = RoutingStats()
-        self.branches = Branches(settings.routed_capacity_pages, settings.routed_ttl_s)
         self.servers = {
             url: ServerView(
                 RoutedPages(settings.routed_capacity_pages, settings.routed_ttl_s),
@@ -209,13 +258,10 @@ class PrefixRouter:
         holds = {url: held if held >= enough else 0 for url, held in holds.items()}  # a shared opening alone
         # (Harmony's system message) pulls nowhere
         anchor = request.cache_key or self._anchor(request, names)
-        session = self._new_session_page(max(holds.values()), names)
-        if session is not None:
-            # a new session on a prefix others share: to a holder only as far as the least loaded, so the prefix
-            # spreads; ties broken by the session's own first page, so that sessions starting at once spread too
-            loads = {url: load for url, load in loads.items() if load <= lightest + self.settings.shared_slack} or loads
-            anchor = session.hex()
-        scored = [(prompt - holds[url], load, _rendezvous(anchor, url), holds[url], url) for url, load in loads.items()]
+        scored = [
+            (prompt - holds[url] + self.servers[url].filling(), load, _rendezvous(anchor, url), holds[url], url)
+            for url, load in loads.items()
+        ]
         if request.cache_key and all(score[3] == 0 for score in scored):
             # nothing of the prompt anywhere: the key's own server among the least loaded (every replica alike where
             # they see the same loads; with all those left, six Codex sessions' keys hashed 3, 2 and 1 over three
@@ -226,30 +272,18 @@ class PrefixRouter:
         else:
             _, _, _, held, url = min(scored, key=lambda score: (score[0], score[1], -int.from_bytes(score[2])))
             how = "prefix" if held > 0 else "load"
-        routed = names.routed()
-        self.servers[url].routed.add(routed)
-        self.branches.note(routed)
+        self.servers[url].routed.add(names.routed())
         self.stats.routed[how] += 1
         self.stats.prompt_tokens += prompt
         self.stats.matched_tokens += held
-        return Decision(url, how, held)
+        return Decision(url, how, held, prompt - held)
 
     def chooser(
         self, request: GenerateRequest, shared: dict[str, int] | None = None, names: PromptPages | None = None
-    ) -> Callable[[list[Upstream]], Upstream]:
+    ) -> Choice:
         """What the upstream pool asks to choose among its healthy upstreams for `request`; the decision is noted
         on the generation's span, when it is traced."""
-
-        def choose(upstreams: list[Upstream]) -> Upstream:
-            decision = self.choose(request, {u.url: u.outstanding for u in upstreams}, shared, names)
-            span = trace.get_current_span()
-            if span.is_recording():
-                span.set_attribute("gateway.route", decision.how)
-                span.set_attribute("gateway.route.upstream", decision.url)
-                span.set_attribute("gateway.route.matched_tokens", decision.matched_tokens)
-            return next(u for u in upstreams if u.url == decision.url)
-
-        return choose
+        return Choice(self, request, shared, names)
 
     def report(self, outstanding: dict[str, int]) -> RoutingReport:
         servers = {}
@@ -257,25 +291,13 @@ class PrefixRouter:
             published = view.published
             servers[url] = ServerReport(
                 load=view.load(outstanding.get(url, 0)),
+                filling=view.filling(),
                 routed_pages=len(view.routed),
                 published_pages=len(published.names) if published is not None and published.names is not None else 0,
                 events_in_sync=None if published is None else published.in_sync,
             )
         stats = self.stats
         return RoutingReport(dict(stats.routed), stats.prompt_tokens, stats.matched_tokens, servers)
-
-    def _new_session_page(self, held: int, names: PromptPages) -> bytes | None:
-        """Where a request whose best server holds `held` of its prompt's tokens starts a new session on a prefix
-        other sessions share, the first page of its own (None where it does not): its servers hold no more of it
-        than the part other prompts routed from here went on from to other pages (a conversation's own history goes
-        on one way only)."""
-        if held == 0:
-            return None
-        routed = names.routed()
-        depth = self.branches.shared_pages(routed)
-        if depth == 0 or held > (depth + 1) * self.settings.page_tokens or depth >= len(routed):
-            return None
-        return routed[depth]
 
     def _anchor(self, request: GenerateRequest, names: PromptPages) -> str:
         """What a conversation's requests share from the first: its first page (or, shorter, its namespace)."""

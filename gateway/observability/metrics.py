@@ -347,6 +347,11 @@ class RoutingCollector(Collector):
             "gateway_upstream_load", "Requests running and waiting on a server, as the router sees them",
             labels=["backend", "upstream"],
         )  # fmt: skip
+        queued = GaugeMetricFamily(
+            "gateway_upstream_queued_prompt_tokens",
+            "Prompt tokens to run on a server before their first tokens, as the router sees them",
+            labels=["backend", "upstream"],
+        )
         pages = GaugeMetricFamily(
             "gateway_upstream_prefix_pages",
             "Pages a server holds: as it publishes them, and as remembered from what was routed there",
@@ -367,8 +372,9 @@ class RoutingCollector(Collector):
             tokens.add_metric([name, "matched"], report.matched_tokens)
             for url, server in report.servers.items():
                 load.add_metric([name, url], server.load)
+                queued.add_metric([name, url], server.filling)
                 pages.add_metric([name, url, "routed"], server.routed_pages)
                 if server.events_in_sync is not None:
                     pages.add_metric([name, url, "published"], server.published_pages)
                     in_sync.add_metric([name, url], 1 if server.events_in_sync else 0)
-        yield from (routed, tokens, load, pages, in_sync)
+        yield from (routed, tokens, load, queued, pages, in_sync)

@@ -1,8 +1,9 @@
 """The prefix router's choice on its own: an opening every conversation shares (Harmony's system message) does not
 pile new conversations onto one server, a conversation still goes back to the server that holds it, and with a
 `prompt_cache_key` and nothing held anywhere the key's own server among the least loaded is chosen, by every replica
-alike; a full server is passed over while another has room, a prefix many sessions share spreads over the servers
-where a conversation keeps its own, and a server's pushed load is read as untrusted input."""
+alike; a full server is passed over while another has room, a prefix many sessions share stays where it is held
+and spreads one server at a time, a miss goes where the fewest prompt tokens are queued, and a server's pushed load
+is read as untrusted input."""
 
 from __future__ import annotations
 
@@ -11,18 +12,17 @@ import time
 
 import pytest
 
-from backends.base import GenerateRequest
-from backends.routing.branches import Branches
+from backends.base import GenerateRequest, ServerLoad
 from backends.routing.held_pages import PublishedPages, RoutedPages
 from backends.routing.kv_events import OutOfOrder, _apply
-from backends.routing.router import PrefixRouter, RoutingSettings, ServerView, _rendezvous
+from backends.routing.router import PrefixRouter, RoutingSettings, Sending, ServerView, _rendezvous
 
 URLS = ["http://a", "http://b", "http://c"]
 OPENING = list(range(1000, 1160))  # 160 tokens every conversation starts with
 
 
-def _router(min_match: float = 0.3, shared_slack: float = 0) -> PrefixRouter:
-    settings = RoutingSettings(32, 2, 600.0, 65_536, min_match, shared_slack=shared_slack)
+def _router(min_match: float = 0.3) -> PrefixRouter:
+    settings = RoutingSettings(32, 2, 600.0, 65_536, min_match)
     return PrefixRouter(URLS, settings, published=False)
 
 
@@ -49,9 +49,8 @@ def _busiest(router: PrefixRouter, conversations: int, window: int = 3) -> int:
 
 def test_new_conversations_sharing_only_an_opening_spread_over_the_servers():
     assert _busiest(_router(), 30) == 1  # three at once over three servers: one each
-    # counting the opening, they pile onto its server as far as the slack for new sessions on a shared prefix goes
-    assert _busiest(_router(min_match=0.0, shared_slack=2), 30) == 3
-    assert _busiest(_router(min_match=0.0), 30) == 1
+    # counting the opening (160 of their 660 tokens), they pile onto its server as far as `load_slack` goes
+    assert _busiest(_router(min_match=0.0), 30) == 3
 
 
 def test_a_conversation_goes_back_to_the_server_that_holds_it():
@@ -110,46 +109,57 @@ def _session(index: int, tenant: str = "acme") -> GenerateRequest:
     return GenerateRequest(OPENING * 5 + question, 16, (), f"s{index}", tenant=tenant)
 
 
-def _sessions_at_once(router: PrefixRouter, sessions: int = 6) -> list[int]:
-    """The first session alone (its server then holds the shared prompt), then `sessions` more at once: how many
-    each server runs, busiest first."""
-    in_flight = dict.fromkeys(URLS, 0)
-    router.choose(_session(0), dict(in_flight))
+def _sessions_at_once(router: PrefixRouter, sessions: int = 6, late: bool = False) -> tuple[list[int], int]:
+    """The first session alone (its server then holds the shared prompt), then `sessions` more at once, none of
+    which has begun to answer (their prompt tokens still queued where they went): how many each server runs,
+    busiest first, and how many ran the shared prompt whole. `late`: each choice sees the loads one choice late (a
+    second replica's request not yet in the server's counts)."""
+    seen = dict.fromkeys(URLS, 0)
+    router.choose(_session(0), dict(seen))
+    in_flight, whole, previous = dict(seen), 0, None
     for index in range(1, sessions + 1):
-        in_flight[router.choose(_session(index), dict(in_flight)).url] += 1
-    return sorted(in_flight.values(), reverse=True)
+        decision = router.choose(_session(index), dict(seen if late else in_flight))
+        Sending(router.servers[decision.url], decision.prompt_tokens)
+        whole += decision.prompt_tokens > 64
+        in_flight[decision.url] += 1
+        if late and previous is not None:
+            seen[previous] += 1
+        previous = decision.url
+    return sorted(in_flight.values(), reverse=True), whole
 
 
-def test_a_shared_prompt_spreads_over_the_servers():
-    """Six new sessions on one shared prompt at once: the server holding it takes one only while it is the least
-    loaded (`shared_slack` 0), else the least loaded gets the prompt too: two each (with the conversations' slack
-    of 2 instead, the holder took three, the next three, and one stayed idle)."""
-    assert _sessions_at_once(_router()) == [2, 2, 2]
-    assert _sessions_at_once(_slotted(2)) == [2, 2, 2]
-    assert _sessions_at_once(_router(shared_slack=2)) == [3, 3, 0]
+def test_a_shared_prompt_stays_where_it_is_held_and_spreads_one_server_at_a_time():
+    """Six new sessions at once on one shared prompt (864 tokens, then each user's 64): the server holding it takes
+    them while within `load_slack` (three), then each other server runs the prompt once, and the rest go back to
+    where it is held and answered soonest: four, one and one, two servers running it whole. Before, a rule for new
+    sessions on a shared prefix sent them only to the least loaded: two a server, four running it whole, and in
+    bench/fleet_routing_bench.py those four (two to a server, arriving at once) took 60-69 s to their first tokens
+    where the holder's took 4-6 s."""
+    assert _sessions_at_once(_router()) == ([4, 1, 1], 2)
+    assert _sessions_at_once(_slotted(3)) == ([3, 2, 1], 2)  # the holder full at three
+    assert _sessions_at_once(_router(), late=True)[1] == 2  # loads seen late: still once a server
 
 
-def test_a_shared_prompt_spreads_when_the_loads_are_seen_late():
-    """The same sessions with each choice seeing the loads one choice late (another replica's request not yet in
-    the server's counts): a slack of 0 still runs two a server, where a slack of 1 ran three, three and none (in
-    bench/fleet_routing_bench.py's shared system prompt, the busiest server's load over the mean went from 1.42
-    to 1.11, as much of the prompt served from cache)."""
-
-    def late(router: PrefixRouter) -> list[int]:
-        seen = dict.fromkeys(URLS, 0)
-        router.choose(_session(0), dict(seen))
-        previous = None
-        for index in range(1, 7):
-            url = router.choose(_session(index), dict(seen)).url
-            if previous is not None:
-                seen[previous] += 1
-            previous = url
-        assert previous is not None
-        seen[previous] += 1
-        return sorted(seen.values(), reverse=True)
-
-    assert late(_router()) == [2, 2, 2]
-    assert late(_router(shared_slack=1)) == [3, 3, 0]
+def test_a_miss_goes_where_the_fewest_prompt_tokens_are_queued():
+    """Nothing of a prompt held anywhere, the servers' loads alike: not to the server still running a long prompt
+    (its count pushed on its event stream, or this replica's own requests not yet answering), whichever is larger;
+    once that prompt answers, the tie goes back to the first page's server."""
+    request, even = _conversation(11), dict.fromkeys(URLS, 1)
+    usual = _router().choose(request, even).url
+    pushed = _router()
+    pushed.servers[usual].pushed = ServerLoad(1, 0, 3000)
+    assert pushed.choose(request, even).url != usual
+    sent = _router()
+    view = sent.servers[usual]
+    view.pushed = ServerLoad(1, 0, 1000)
+    sending = Sending(view, 3000)
+    assert view.filling() == 3000 and sent.choose(request, even).url != usual
+    sending.done()
+    sending.done()  # counted off once only
+    assert view.filling() == 1000 and view.sending == 0
+    view.pushed = ServerLoad(1, 0, 0)
+    another = next(c for c in map(_conversation, range(20, 60)) if _router().choose(c, even).url == usual)
+    assert sent.choose(another, even).url == usual  # nothing queued there now: the tie is its first page's again
 
 
 def test_a_conversation_keeps_its_server_within_the_load_slack_among_many_sessions():
@@ -163,32 +173,15 @@ def test_a_conversation_keeps_its_server_within_the_load_slack_among_many_sessio
     assert router.choose(_conversation(7, turns=2), busy).url == first.url
 
 
-def test_a_tenant_s_sessions_part_only_from_its_own_prompts():
-    """Tenant A's sessions share a prompt; tenant B's first session with the same tokens holds nothing of A's
-    and sees no parting of A's: its pages are named in its own namespace."""
+def test_a_tenant_s_prompt_is_held_only_in_its_own_namespace():
+    """Tenant A's sessions share a prompt; tenant B's session with the same tokens holds nothing of A's anywhere: its
+    pages are named in its own namespace."""
     router = _router()
     for index in range(3):
         router.choose(_session(index), dict.fromkeys(URLS, 0))
-    own = router.pages(_session(9))
-    other = router.pages(_session(9, tenant="globex"))
-    assert router.branches.shared_pages(own.routed()) == 25  # the 800 shared tokens, in pages of 32
-    assert router.branches.shared_pages(other.routed()) == 0
-
-
-def test_the_record_of_partings_is_bounded_and_forgets():
-    branches = Branches(capacity=8, ttl_s=600.0)
-    branches.note([b"a", b"b", b"c"])
-    branches.note([b"a", b"b", b"d"])
-    assert branches.shared_pages([b"a", b"b", b"e"]) == 2
-    assert branches.shared_pages([b"a", b"b", b"c"]) == 2  # the page went on both ways before
-    assert branches.shared_pages([b"a", b"x"]) == 1
-    assert branches.shared_pages([b"z", b"b"]) == 0
-    branches.note([bytes([i]) for i in range(20)])
-    assert len(branches) == 8 and branches.shared_pages([b"a", b"b", b"e"]) == 0  # the oldest forgotten
-    stale = Branches(capacity=8, ttl_s=0.0)
-    stale.note([b"a", b"b"])
-    stale.note([b"a", b"c"])
-    assert stale.shared_pages([b"a", b"d"]) == 0
+    assert router.choose(_session(9), dict.fromkeys(URLS, 0)).matched_tokens >= 800
+    other = router.choose(_session(9, tenant="globex"), dict.fromkeys(URLS, 0))
+    assert other.matched_tokens == 0 and other.how == "load"
 
 
 def test_a_conversation_stays_while_its_server_has_room_and_moves_when_it_is_full():
@@ -210,9 +203,9 @@ def test_a_server_that_says_requests_wait_counts_as_full():
     router = _router()
     first = router.choose(_conversation(4), dict.fromkeys(URLS, 0))
     longer = _conversation(4, turns=2)
-    router.servers[first.url].pushed = (1, 0)
+    router.servers[first.url].pushed = ServerLoad(1, 0)
     assert router.choose(longer, dict.fromkeys(URLS, 0)).url == first.url
-    router.servers[first.url].pushed = (1, 1)
+    router.servers[first.url].pushed = ServerLoad(1, 1)
     assert router.choose(longer, dict.fromkeys(URLS, 0)).url != first.url
     router.servers[first.url].pushed = None
     router.servers[first.url].reported, router.servers[first.url].reported_at = (0.0, 1.0), time.monotonic()
@@ -221,7 +214,7 @@ def test_a_server_that_says_requests_wait_counts_as_full():
     assert router.choose(longer, dict.fromkeys(URLS, 0)).url == first.url
     slotted = _slotted(4)
     first = slotted.choose(_conversation(4), dict.fromkeys(URLS, 0))
-    slotted.servers[first.url].pushed = (1, 1)  # slots known: one just arrived is no sign of a full server
+    slotted.servers[first.url].pushed = ServerLoad(1, 1)  # slots known: one just arrived is no sign of a full server
     assert slotted.choose(longer, dict.fromkeys(URLS, 0)).url == first.url
 
 
@@ -231,13 +224,13 @@ def test_a_server_s_pushed_load_is_taken_only_from_its_own_well_formed_events():
     starts again from a snapshot) and leaves the load as it was."""
     view = ServerView(RoutedPages(16, 60.0), PublishedPages())
     snapshot = {"instance": "i1", "page_size": 16, "prefix_cache_scope": "tenant", "seq": 3, "pages": []}
-    _apply(view, {**snapshot, "slots": 4, "running": 1, "waiting": 0})
-    assert (view.slots, view.pushed) == (4, (1, 0))
-    _apply(view, {"instance": "i1", "seq": 3, "running": 4, "waiting": 2})
-    assert view.pushed == (4, 2) and view.full(view.load(0))
+    _apply(view, {**snapshot, "slots": 4, "running": 1, "waiting": 0})  # a server that counts no prompt tokens
+    assert (view.slots, view.pushed) == (4, (1, 0, 0))
+    _apply(view, {"instance": "i1", "seq": 3, "running": 4, "waiting": 2, "filling": 900})
+    assert view.pushed == (4, 2, 900) and view.full(view.load(0)) and view.filling() == 900
     for bad in ({"instance": "i2", "seq": 3, "running": 0, "waiting": 0}, {"instance": "i1", "running": -1,
                 "waiting": 0}, {"instance": "i1", "running": "2", "waiting": 0}, {"instance": "i1", "running": True,
-                "waiting": 0}):  # fmt: skip
+                "waiting": 0}, {"instance": "i1", "running": 1, "waiting": 0, "filling": -5}):  # fmt: skip
         with pytest.raises(OutOfOrder):
             _apply(view, bad)
-        assert view.pushed == (4, 2), bad
+        assert view.pushed == (4, 2, 900), bad

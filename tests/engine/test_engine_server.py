@@ -225,10 +225,10 @@ def test_the_pages_a_server_stores_are_published_under_the_names_a_router_comput
 
 
 def test_the_event_stream_says_the_server_s_slots_and_its_load_as_it_changes(fleet):
-    """What every replica routes by: the snapshot names the requests the server runs at once and its load; a
-    generation's start and end each come as a `load` event within moments, not at the next heartbeat. The
-    generation is short, so that the bounds are on the events, not on how fast a busy host generates (200 tokens
-    once ran past the 10 s read in the full suite on 2 CPUs)."""
+    """What every replica routes by: the snapshot names the requests the server runs at once and its load (requests
+    running and waiting, prompt tokens left to run); a generation's start and end each come as a `load` event
+    within moments, not at the next heartbeat. The generation is short, so that the bounds are on the events, not
+    on how fast a busy host generates (200 tokens once ran past the 10 s read in the full suite on 2 CPUs)."""
     server = fleet["servers"][1]
     prompt = [200006, 17360, 200008, *range(5000, 5040)]
 
@@ -245,6 +245,8 @@ def test_the_event_stream_says_the_server_s_slots_and_its_load_as_it_changes(fle
     assert (snapshot["running"], snapshot["waiting"]) == (0, 0)
     loads = [payload for kind, payload in rest if kind == "load"]
     assert all(payload["instance"] == snapshot["instance"] for payload in loads)
+    assert snapshot["filling"] == 0 and all(0 <= payload["filling"] <= len(prompt) for payload in loads)
+    assert loads[-1]["filling"] == 0  # answered: nothing of its prompt left to run
     assert time.monotonic() - started < 4  # the heartbeat's 5 s did not bring them
 
 
