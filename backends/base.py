@@ -150,12 +150,13 @@ class TenantQueue:
 
 
 class ServerLoad(NamedTuple):
-    """A model server's load as it says it: requests running and waiting, and the prompt tokens they still have to
-    run before their first tokens (a request arriving now waits for about as many)."""
+    """A model server's load as it says it: requests running and waiting, the prompt tokens they still have to run
+    before their first tokens, and how many requests have some left."""
 
     running: int
     waiting: int
     filling: int = 0
+    filling_prompts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

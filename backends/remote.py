@@ -286,15 +286,15 @@ class RemoteBackend:
             chooser = None if router is None else router.chooser(request, shared, pages)
             upstream = self.pool.pick(tried, request.cache_key, chooser)
             tried.append(upstream)
-            if record is not None:
-                record.note(scope, names, upstream.url)
             generated: list[int] = []
             sending = None if chooser is None else chooser.sending(upstream)  # its prompt, queued there till it answers
             try:
                 async with aclosing(self._attempt(upstream, sent, body)) as chunks:
                     async for chunk in chunks:
-                        if chunk.tokens and sending is not None:
-                            sending.done()
+                        if chunk.tokens and sending is not None and not generated:  # its prompt is held there now
+                            sending.answering()
+                            if record is not None:
+                                record.note(scope, names, upstream.url)
                         generated += chunk.tokens
                         yield chunk
             except _Failure as failure:

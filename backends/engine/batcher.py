@@ -69,6 +69,7 @@ class Sequence:
     resumed: bool = False  # run again after a preemption: its next token is chosen already
     # fill tokens run for other prompts of its tenant and tier while its own waited to fill (see `precedence`)
     overtaken: int = 0
+    expected_reuse: int = 0  # waiting: its fill tokens the prefix cache held when it was queued (an estimate)
     table: PageTable = field(default_factory=PageTable)
     written: Written = field(default_factory=Written)
     decoding: bool = False  # the fill is all in; each step feeds `token`
@@ -140,8 +141,9 @@ class Batcher:
         self._running: list[Sequence] = []  # in admission order
         self._order = itertools.count()
         self._kv_tokens = 0  # positions written by running sequences, as of the last step
-        self._filling = 0  # prompt tokens running and waiting sequences have left to run, as of the last step
-        self._submitted = 0  # prompt tokens submitted and not yet taken by the engine thread
+        # prompt tokens running and waiting sequences have left to run, and how many have some, as of the last step
+        self._filling = (0, 0)
+        self._submitted = (0, 0)  # prompt tokens submitted and not yet taken by the engine thread, and their prompts
         self._submitted_lock = threading.Lock()
         self._decode_steps = 0
         self._prefill_tokens = 0
@@ -162,10 +164,10 @@ class Batcher:
         """Read from other threads: each figure is one the engine thread last wrote."""
         prefix = self._prefix_stats
         full, window = self._pool_stats
-        running, waiting, _ = self.load()
+        load = self.load()
         return EngineStats(
-            running=running,
-            waiting=waiting,
+            running=load.running,
+            waiting=load.waiting,
             max_batch=self.max_batch,
             kv_tokens=self._kv_tokens,
             kv_capacity_tokens=full.pages * self.pools.page_size,
@@ -182,12 +184,12 @@ class Batcher:
         )
 
     def load(self) -> ServerLoad:
-        """Sequences running and waiting (submitted, not yet running), and the prompt tokens they have left to run
-        (a waiting prompt counts whole: what the prefix cache holds of it is known when it is placed); read from
-        other threads."""
-        return ServerLoad(
-            len(self._running), self._incoming.qsize() + len(self._waiting), self._filling + self._submitted
-        )
+        """Sequences running and waiting (submitted, not yet running), the prompt tokens they have left to run (a
+        waiting one's less what the prefix cache held of it when it was queued; one not yet taken by the engine
+        thread counts whole) and how many have some left; read from other threads."""
+        filling, prompts = self._filling
+        submitted, arrivals = self._submitted
+        return ServerLoad(len(self._running), arrivals + len(self._waiting), filling + submitted, prompts + arrivals)
 
     @property
     def failure(self) -> BaseException | None:
@@ -196,7 +198,8 @@ class Batcher:
 
     def submit(self, sequence: Sequence) -> None:
         with self._submitted_lock:
-            self._submitted += len(sequence.request.prompt)
+            tokens, prompts = self._submitted
+            self._submitted = (tokens + len(sequence.request.prompt), prompts + 1)
         self._incoming.put(sequence)
         if self._failure is not None:  # no thread takes it any more
             self._fail_incoming()
@@ -258,8 +261,16 @@ class Batcher:
                 self._publish_queues()
 
     def _count_filling(self) -> None:
-        sequences = (*self._running, *self._waiting)
-        self._filling = sum(max(len(s.fill) - s.position, 0) for s in sequences if not s.decoding)
+        """The prompt tokens left to run (a waiting sequence's less what the cache held when it was queued), and
+        the sequences with some left."""
+        left = [len(s.fill) - s.position for s in self._running if not s.decoding]
+        left += [len(s.fill) - s.expected_reuse for s in self._waiting]
+        left = [tokens for tokens in left if tokens > 0]
+        self._filling = (sum(left), len(left))
+
+    def _expect(self, sequence: Sequence) -> None:
+        """Queued: what of its fill the prefix cache holds now (reused when it is placed, unless evicted first)."""
+        sequence.expected_reuse = self.prefix.lookup(sequence.namespace, sequence.fill)[2]
 
     def _probe(self, tokens: int, start: int) -> None:
         """A run of `tokens` prompt tokens from `start` into the scratch page, no logits (ChunkPieces.calibrate)."""
@@ -300,8 +311,10 @@ class Batcher:
                 self._fail_all(RuntimeError("the engine stopped"))
                 break
             with self._submitted_lock:
-                self._submitted -= len(arrival.request.prompt)
+                tokens, prompts = self._submitted
+                self._submitted = (tokens - len(arrival.request.prompt), prompts - 1)
             arrival.fill = list(arrival.request.prompt)
+            self._expect(arrival)
             self._waiting.push(arrival, self._running)
         return False
 
@@ -426,6 +439,7 @@ class Batcher:
             sequence.fill = list(sequence.written.tokens)
         self._give_back(sequence)
         sequence.written = Written()
+        self._expect(sequence)
         self._running.remove(sequence)
         self._waiting.push(sequence, self._running, again=True)
 

@@ -238,7 +238,12 @@ class EngineServer:
 
 
 def _load(load: ServerLoad) -> dict[str, int]:
-    return {"running": load.running, "waiting": load.waiting, "filling": load.filling}
+    return {
+        "running": load.running,
+        "waiting": load.waiting,
+        "filling": load.filling,
+        "filling_prompts": load.filling_prompts,
+    }
 
 
 def _batch_payload(instance: str, batch: list) -> dict[str, Any]:

@@ -70,8 +70,8 @@ def _apply(view: ServerView, payload: Any) -> None:
         if not pages.apply(int(payload["first"]), int(payload["seq"]), events):
             raise OutOfOrder("a gap in the events")
     if "running" in payload:
-        filling = _count(payload["filling"]) if "filling" in payload else 0  # a server of an earlier version: none
-        view.pushed = ServerLoad(_count(payload["running"]), _count(payload["waiting"]), filling)
+        filling = [_count(payload.get(name, 0)) for name in ("filling", "filling_prompts")]  # none: an earlier version
+        view.pushed = ServerLoad(_count(payload["running"]), _count(payload["waiting"]), *filling)
 
 
 def _count(value: Any) -> int:

@@ -9,19 +9,19 @@ the requests this replica sent that have not begun to answer), and the prompt's 
 A server whose load exceeds the least loaded one's by more than `load_slack` is passed over, and so is a full one
 while another has a free slot: one with as many requests as it runs at once (the `slots` the built-in engine's
 servers publish, or `server_slots`), or, its slots unknown, that says requests are waiting. Among the rest, the
-fewest prompt tokens to run before the request's first token wins (those of its prompt the server does not hold,
-and those queued there before it: Dynamo's KV router weighs blocks to prefill against active blocks likewise),
-then the least load, then the server the prompt's first page hashes to, so that every replica makes the same
-choice for the same conversation. A server holding less than `min_match` of the prompt counts as holding none
-(SGLang's router has the same threshold), so the opening every conversation shares (Harmony's system message) does
-not pile new conversations onto one server; and when no server holds enough, a request with a
-`prompt_cache_key` goes to the server its key hashes to among the least loaded, one without to the least loaded.
+fewest prompt tokens to run before the request's first token wins: those of its prompt the server does not hold,
+and those queued there that run before it (each queued prompt's up to as many as its own: prompts fill side by
+side; Dynamo's KV router weighs blocks to prefill against active blocks likewise); then the least load; then the
+server the prompt hashes to, so that every replica makes the same choice for the same request and sessions
+starting at once on one shared prompt break their ties apart. A server holding less than `min_match` of the
+prompt counts as holding none (SGLang's router has the same threshold), so the opening every conversation shares
+(Harmony's system message) does not pile new conversations onto one server; and when no server holds enough, a
+request with a `prompt_cache_key` goes to the server its key hashes to among the least loaded.
 
 So a conversation goes back to the server that holds it while that server has room; a prefix many sessions share
-(a tenant's long system prompt) stays on the servers holding it while they answer sooner than another could run it
-whole, and spreads to one more server when they are full or more loaded than `load_slack` allows, that server
-running it once while the requests after it go where it is held or being run; and a miss goes to the server with
-the least queued, never to an overloaded one.
+(a tenant's long system prompt) stays on the servers holding it while they have room within `load_slack`, and
+spreads one server at a time beyond that, the requests right after going where it is held rather than where it
+is still being run; and a miss goes where the fewest prompt tokens are queued, never to an overloaded server.
 
 Page names are those of backends/page_names.py, in the request's namespace: its tenant (and, on the built-in
 engine, its `prompt_cache_key` and the server's prefix-cache scope), so one tenant's prefix never attracts or
@@ -30,6 +30,7 @@ reveals another's.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import time
 from collections.abc import Iterator
@@ -71,11 +72,23 @@ class ServerView:
     reported_at: float = -1e9
     pushed: ServerLoad | None = None  # from its event stream as it changes
     slots: int | None = None  # requests it runs at once; one more waits (None: unknown)
-    sending: int = 0  # prompt tokens of the requests sent from here that have not begun to answer
+    # the prompt tokens to run of each request sent from here that has not begun to answer: how many of each size
+    sent: collections.Counter[int] = field(default_factory=collections.Counter)
 
-    def filling(self) -> int:
-        """Prompt tokens it runs before a request sent now gets to its own: its count, or (larger) this replica's."""
-        return max(self.pushed.filling if self.pushed is not None else 0, self.sending)
+    def queued(self) -> int:
+        """Prompt tokens to run there before their first tokens: its own count, or (larger) this replica's."""
+        pushed = self.pushed.filling if self.pushed is not None else 0
+        return max(pushed, sum(tokens * count for tokens, count in self.sent.items()))
+
+    def queued_before(self, tokens: int) -> int:
+        """Of those, about how many run before a prompt of `tokens` to run sent now has its first token: each queued
+        prompt's, up to `tokens` (prompts fill side by side: the built-in engine runs a tenant's shortest first and
+        tenants by their shares, llama.cpp its slots at once, vLLM the prompts its step's token budget holds)."""
+        own = sum(min(size, tokens) * count for size, count in self.sent.items())
+        if self.pushed is None or not self.pushed.filling:
+            return own
+        total, prompts = self.pushed.filling, max(self.pushed.filling_prompts, 1)
+        return max(own, round(prompts * min(total / prompts, tokens)))  # its prompts taken as alike
 
     def _counts(self) -> tuple[float, float]:
         """The server's own running and waiting requests, as last known ((0, 0): not known)."""
@@ -106,16 +119,30 @@ class Decision:
 
 
 class Sending:
-    """A request's prompt tokens to run, counted on its server from its sending until it begins to answer."""
+    """A request sent to a server: its prompt tokens to run counted there until it begins to answer, when the
+    server holds its prompt (noted in what was routed there: a prompt still running there is no prefix held)."""
 
-    def __init__(self, view: ServerView, tokens: int) -> None:
-        self._view, self._tokens = view, tokens
-        view.sending += tokens
+    def __init__(self, view: ServerView, tokens: int, names: list[bytes]) -> None:
+        self._view = view
+        self._tokens: int | None = tokens
+        self._names = names
+        view.sent[tokens] += 1
+
+    def answering(self) -> None:
+        """It began to answer: its prompt is held there, and counted as queued no more."""
+        if self._tokens is not None:
+            self._view.routed.add(self._names)
+        self.done()
 
     def done(self) -> None:
-        """It answers, or its attempt ended: counted no more (once, however often called)."""
-        self._view.sending -= self._tokens
-        self._tokens = 0
+        """Its attempt ended (or it answers): counted no more (once, however often called)."""
+        if self._tokens is None:
+            return
+        sent = self._view.sent
+        sent[self._tokens] -= 1
+        if sent[self._tokens] <= 0:
+            del sent[self._tokens]
+        self._tokens = None
 
 
 class Choice:
@@ -125,7 +152,8 @@ class Choice:
     def __init__(
         self, router: PrefixRouter, request: GenerateRequest, shared: dict[str, int] | None, names: PromptPages | None
     ) -> None:
-        self._router, self._request, self._shared, self._names = router, request, shared, names
+        self._router, self._request, self._shared = router, request, shared
+        self._names = names or router.pages(request)
         self.decision: Decision | None = None
 
     def __call__(self, upstreams: list[Upstream]) -> Upstream:
@@ -144,7 +172,7 @@ class Choice:
         decision = self.decision
         own = decision is not None and decision.url == upstream.url
         tokens = decision.prompt_tokens if own and decision is not None else len(self._request.prompt)
-        return Sending(self._router.servers[upstream.url], tokens)
+        return self._router.sending(upstream.url, tokens, self._names)
 
 
 @dataclass(slots=True)
@@ -258,10 +286,11 @@ class PrefixRouter:
         holds = {url: held if held >= enough else 0 for url, held in holds.items()}  # a shared opening alone
         # (Harmony's system message) pulls nowhere
         anchor = request.cache_key or self._anchor(request, names)
-        scored = [
-            (prompt - holds[url] + self.servers[url].filling(), load, _rendezvous(anchor, url), holds[url], url)
-            for url, load in loads.items()
-        ]
+        scored = []
+        for url, load in loads.items():
+            to_run = prompt - holds[url]
+            cost = to_run + self.servers[url].queued_before(to_run)
+            scored.append((cost, load, _rendezvous(anchor, url), holds[url], url))
         if request.cache_key and all(score[3] == 0 for score in scored):
             # nothing of the prompt anywhere: the key's own server among the least loaded (every replica alike where
             # they see the same loads; with all those left, six Codex sessions' keys hashed 3, 2 and 1 over three
@@ -272,11 +301,14 @@ class PrefixRouter:
         else:
             _, _, _, held, url = min(scored, key=lambda score: (score[0], score[1], -int.from_bytes(score[2])))
             how = "prefix" if held > 0 else "load"
-        self.servers[url].routed.add(names.routed())
         self.stats.routed[how] += 1
         self.stats.prompt_tokens += prompt
         self.stats.matched_tokens += held
         return Decision(url, how, held, prompt - held)
+
+    def sending(self, url: str, tokens: int, names: PromptPages) -> Sending:
+        """A request with `tokens` of its prompt to run sent to `url`."""
+        return Sending(self.servers[url], tokens, names.routed())
 
     def chooser(
         self, request: GenerateRequest, shared: dict[str, int] | None = None, names: PromptPages | None = None
@@ -291,7 +323,7 @@ class PrefixRouter:
             published = view.published
             servers[url] = ServerReport(
                 load=view.load(outstanding.get(url, 0)),
-                filling=view.filling(),
+                filling=view.queued(),
                 routed_pages=len(view.routed),
                 published_pages=len(published.names) if published is not None and published.names is not None else 0,
                 events_in_sync=None if published is None else published.in_sync,
@@ -300,9 +332,10 @@ class PrefixRouter:
         return RoutingReport(dict(stats.routed), stats.prompt_tokens, stats.matched_tokens, servers)
 
     def _anchor(self, request: GenerateRequest, names: PromptPages) -> str:
-        """What a conversation's requests share from the first: its first page (or, shorter, its namespace)."""
-        first = next(iter(names.of(self.settings.page_tokens, self._tenant_namespace(request))), None)
-        return (first or self._tenant_namespace(request)).hex()
+        """The request's own tie-breaker, the same on every replica: its prompt's last page (or, shorter, its
+        namespace). Sessions starting at once on one shared prompt break their ties apart."""
+        routed = names.routed()
+        return (routed[-1] if routed else self._tenant_namespace(request)).hex()
 
     @property
     def shares(self) -> bool:
@@ -320,7 +353,7 @@ class PrefixRouter:
 
     def record(self, url: str, request: GenerateRequest, generated: list[int], names: PromptPages) -> list[bytes]:
         """The server now holds the request's prompt and what it generated (approximately, as far as we know; its
-        prompt was noted when it was sent there): the names of the pages the answer filled, which it now holds."""
+        prompt was noted when it began to answer): the names of the pages the answer filled, which it now holds."""
         prompt = names.routed()
         page = self.settings.page_tokens
         tokens = request.prompt + generated

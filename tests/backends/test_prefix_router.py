@@ -15,7 +15,7 @@ import pytest
 from backends.base import GenerateRequest, ServerLoad
 from backends.routing.held_pages import PublishedPages, RoutedPages
 from backends.routing.kv_events import OutOfOrder, _apply
-from backends.routing.router import PrefixRouter, RoutingSettings, Sending, ServerView, _rendezvous
+from backends.routing.router import Decision, PrefixRouter, RoutingSettings, ServerView, _rendezvous
 
 URLS = ["http://a", "http://b", "http://c"]
 OPENING = list(range(1000, 1160))  # 160 tokens every conversation starts with
@@ -24,6 +24,14 @@ OPENING = list(range(1000, 1160))  # 160 tokens every conversation starts with
 def _router(min_match: float = 0.3) -> PrefixRouter:
     settings = RoutingSettings(32, 2, 600.0, 65_536, min_match)
     return PrefixRouter(URLS, settings, published=False)
+
+
+def _answered(router: PrefixRouter, request: GenerateRequest, in_flight: dict[str, int]) -> Decision:
+    """Route `request` and let it begin to answer there (its server then holds its prompt)."""
+    names = router.pages(request)
+    decision = router.choose(request, in_flight, names=names)
+    router.sending(decision.url, decision.prompt_tokens, names).answering()
+    return decision
 
 
 def _conversation(index: int, turns: int = 1) -> GenerateRequest:
@@ -40,7 +48,7 @@ def _busiest(router: PrefixRouter, conversations: int, window: int = 3) -> int:
     for index in range(conversations):
         if len(running) == window:
             in_flight[running.popleft()] -= 1
-        url = router.choose(_conversation(index), dict(in_flight)).url
+        url = _answered(router, _conversation(index), dict(in_flight)).url
         in_flight[url] += 1
         running.append(url)
         busiest = max(busiest, in_flight[url])
@@ -56,7 +64,7 @@ def test_new_conversations_sharing_only_an_opening_spread_over_the_servers():
 def test_a_conversation_goes_back_to_the_server_that_holds_it():
     router = _router()
     in_flight = dict.fromkeys(URLS, 0)
-    first = router.choose(_conversation(7), in_flight)
+    first = _answered(router, _conversation(7), in_flight)
     in_flight[first.url] = 2  # busier than the others, within the slack
     again = router.choose(_conversation(7, turns=2), in_flight)  # the same conversation, a turn longer
     assert again.url == first.url and again.how == "prefix" and again.matched_tokens >= 640
@@ -115,11 +123,12 @@ def _sessions_at_once(router: PrefixRouter, sessions: int = 6, late: bool = Fals
     busiest first, and how many ran the shared prompt whole. `late`: each choice sees the loads one choice late (a
     second replica's request not yet in the server's counts)."""
     seen = dict.fromkeys(URLS, 0)
-    router.choose(_session(0), dict(seen))
+    _answered(router, _session(0), dict(seen))
     in_flight, whole, previous = dict(seen), 0, None
     for index in range(1, sessions + 1):
-        decision = router.choose(_session(index), dict(seen if late else in_flight))
-        Sending(router.servers[decision.url], decision.prompt_tokens)
+        names = router.pages(_session(index))
+        decision = router.choose(_session(index), dict(seen if late else in_flight), names=names)
+        router.sending(decision.url, decision.prompt_tokens, names)
         whole += decision.prompt_tokens > 64
         in_flight[decision.url] += 1
         if late and previous is not None:
@@ -136,30 +145,38 @@ def test_a_shared_prompt_stays_where_it_is_held_and_spreads_one_server_at_a_time
     bench/fleet_routing_bench.py those four (two to a server, arriving at once) took 60-69 s to their first tokens
     where the holder's took 4-6 s."""
     assert _sessions_at_once(_router()) == ([4, 1, 1], 2)
-    assert _sessions_at_once(_slotted(3)) == ([3, 2, 1], 2)  # the holder full at three
+    # the holder full at three: the other two run it, and the last session beside one of them (neither answered yet)
+    assert _sessions_at_once(_slotted(3)) == ([3, 2, 1], 3)
     assert _sessions_at_once(_router(), late=True)[1] == 2  # loads seen late: still once a server
 
 
 def test_a_miss_goes_where_the_fewest_prompt_tokens_are_queued():
-    """Nothing of a prompt held anywhere, the servers' loads alike: not to the server still running a long prompt
-    (its count pushed on its event stream, or this replica's own requests not yet answering), whichever is larger;
-    once that prompt answers, the tie goes back to the first page's server."""
-    request, even = _conversation(11), dict.fromkeys(URLS, 1)
+    """Nothing of a prompt held anywhere, the servers' loads alike: not to a server still running long prompts (its
+    count pushed on its event stream, or this replica's own requests not yet answering, whichever is larger); each
+    queued prompt counts up to the new prompt's own length (they fill side by side), so one short prompt queued
+    does not turn a long prompt away; once those answer, the tie is the prompt's own server again."""
+    request, even = _conversation(11), dict.fromkeys(URLS, 1)  # 660 tokens
     usual = _router().choose(request, even).url
     pushed = _router()
-    pushed.servers[usual].pushed = ServerLoad(1, 0, 3000)
+    pushed.servers[usual].pushed = ServerLoad(1, 0, 3000, 1)
+    assert pushed.choose(request, even).url != usual
+    pushed.servers[usual].pushed = ServerLoad(1, 0, 400, 4)  # four prompts of about 100 tokens: 400 before it
+    assert pushed.servers[usual].queued_before(660) == 400 and pushed.servers[usual].queued_before(50) == 200
     assert pushed.choose(request, even).url != usual
     sent = _router()
     view = sent.servers[usual]
-    view.pushed = ServerLoad(1, 0, 1000)
-    sending = Sending(view, 3000)
-    assert view.filling() == 3000 and sent.choose(request, even).url != usual
+    sending = sent.sending(usual, 3000, sent.pages(_conversation(99)))
+    small = sent.sending(usual, 20, sent.pages(_conversation(98)))
+    assert view.queued() == 3020 and view.queued_before(660) == 680 and sent.choose(request, even).url != usual
+    view.pushed = ServerLoad(1, 0, 1000, 1)  # the server's count is smaller: this replica's is used
+    assert view.queued_before(660) == 680
     sending.done()
-    sending.done()  # counted off once only
-    assert view.filling() == 1000 and view.sending == 0
-    view.pushed = ServerLoad(1, 0, 0)
-    another = next(c for c in map(_conversation, range(20, 60)) if _router().choose(c, even).url == usual)
-    assert sent.choose(another, even).url == usual  # nothing queued there now: the tie is its first page's again
+    sending.answering()  # ended: no more to count off, nothing noted as held
+    assert view.queued() == 1000 and view.queued_before(660) == 660 and len(view.routed) == 0
+    small.answering()
+    assert view.sent == {} and len(view.routed) > 0
+    view.pushed = ServerLoad(1, 0, 0, 0)
+    assert sent.choose(request, even).url == usual
 
 
 def test_a_conversation_keeps_its_server_within_the_load_slack_among_many_sessions():
@@ -167,8 +184,8 @@ def test_a_conversation_keeps_its_server_within_the_load_slack_among_many_sessio
     new session on a shared prefix, so it keeps its server at the whole `load_slack` (2) above the least loaded."""
     router = _router()
     for index in range(6):
-        router.choose(_conversation(index), dict.fromkeys(URLS, 0))
-    first = router.choose(_conversation(7), dict.fromkeys(URLS, 0))
+        _answered(router, _conversation(index), dict.fromkeys(URLS, 0))
+    first = _answered(router, _conversation(7), dict.fromkeys(URLS, 0))
     busy = dict.fromkeys(URLS, 0) | {first.url: 2}
     assert router.choose(_conversation(7, turns=2), busy).url == first.url
 
@@ -178,7 +195,7 @@ def test_a_tenant_s_prompt_is_held_only_in_its_own_namespace():
     pages are named in its own namespace."""
     router = _router()
     for index in range(3):
-        router.choose(_session(index), dict.fromkeys(URLS, 0))
+        _answered(router, _session(index), dict.fromkeys(URLS, 0))
     assert router.choose(_session(9), dict.fromkeys(URLS, 0)).matched_tokens >= 800
     other = router.choose(_session(9, tenant="globex"), dict.fromkeys(URLS, 0))
     assert other.matched_tokens == 0 and other.how == "load"
@@ -186,7 +203,7 @@ def test_a_tenant_s_prompt_is_held_only_in_its_own_namespace():
 
 def test_a_conversation_stays_while_its_server_has_room_and_moves_when_it_is_full():
     router = _slotted(2)
-    first = router.choose(_conversation(3), dict.fromkeys(URLS, 0))
+    first = _answered(router, _conversation(3), dict.fromkeys(URLS, 0))
     longer = _conversation(3, turns=2)
     busy = dict.fromkeys(URLS, 0) | {first.url: 1}
     assert router.choose(longer, busy).url == first.url  # one slot left: it stays
@@ -201,7 +218,7 @@ def test_a_server_that_says_requests_wait_counts_as_full():
     """No slots known: the server's own count of waiting requests (its /metrics or its event stream) marks it
     full, though this replica has nothing in flight there."""
     router = _router()
-    first = router.choose(_conversation(4), dict.fromkeys(URLS, 0))
+    first = _answered(router, _conversation(4), dict.fromkeys(URLS, 0))
     longer = _conversation(4, turns=2)
     router.servers[first.url].pushed = ServerLoad(1, 0)
     assert router.choose(longer, dict.fromkeys(URLS, 0)).url == first.url
@@ -213,7 +230,7 @@ def test_a_server_that_says_requests_wait_counts_as_full():
     router.servers[first.url].reported_at -= 60  # a stale figure counts for nothing
     assert router.choose(longer, dict.fromkeys(URLS, 0)).url == first.url
     slotted = _slotted(4)
-    first = slotted.choose(_conversation(4), dict.fromkeys(URLS, 0))
+    first = _answered(slotted, _conversation(4), dict.fromkeys(URLS, 0))
     slotted.servers[first.url].pushed = ServerLoad(1, 1)  # slots known: one just arrived is no sign of a full server
     assert slotted.choose(longer, dict.fromkeys(URLS, 0)).url == first.url
 
@@ -225,12 +242,13 @@ def test_a_server_s_pushed_load_is_taken_only_from_its_own_well_formed_events():
     view = ServerView(RoutedPages(16, 60.0), PublishedPages())
     snapshot = {"instance": "i1", "page_size": 16, "prefix_cache_scope": "tenant", "seq": 3, "pages": []}
     _apply(view, {**snapshot, "slots": 4, "running": 1, "waiting": 0})  # a server that counts no prompt tokens
-    assert (view.slots, view.pushed) == (4, (1, 0, 0))
-    _apply(view, {"instance": "i1", "seq": 3, "running": 4, "waiting": 2, "filling": 900})
-    assert view.pushed == (4, 2, 900) and view.full(view.load(0)) and view.filling() == 900
+    assert (view.slots, view.pushed) == (4, (1, 0, 0, 0))
+    _apply(view, {"instance": "i1", "seq": 3, "running": 4, "waiting": 2, "filling": 900, "filling_prompts": 3})
+    assert view.pushed == (4, 2, 900, 3) and view.full(view.load(0)) and view.queued() == 900
     for bad in ({"instance": "i2", "seq": 3, "running": 0, "waiting": 0}, {"instance": "i1", "running": -1,
                 "waiting": 0}, {"instance": "i1", "running": "2", "waiting": 0}, {"instance": "i1", "running": True,
-                "waiting": 0}, {"instance": "i1", "running": 1, "waiting": 0, "filling": -5}):  # fmt: skip
+                "waiting": 0}, {"instance": "i1", "running": 1, "waiting": 0, "filling": -5}, {"instance": "i1",
+                "running": 1, "waiting": 0, "filling": 5, "filling_prompts": 1.5}):  # fmt: skip
         with pytest.raises(OutOfOrder):
             _apply(view, bad)
-        assert view.pushed == (4, 2, 900), bad
+        assert view.pushed == (4, 2, 900, 3), bad
