@@ -190,6 +190,7 @@ class EngineBackend:
         self._failure: str | None = None
         self._placement: dict[str, str] = {}
         self._loaded = threading.Event()
+        self._load_watchers: set[asyncio.Event] = set()  # set when a request arrives or ends (watch_load)
         threading.Thread(target=self._load, name="gpt-oss-engine-load", daemon=True).start()
 
     def _load(self) -> None:
@@ -306,6 +307,20 @@ class EngineBackend:
         before loading."""
         return None if self._batcher is None else self._batcher.host_costs
 
+    def watch_load(self) -> asyncio.Event:
+        """An event set whenever a request is submitted here or ends (on the event loop's thread), so that the
+        load is published at once; `unwatch_load` when done."""
+        event = asyncio.Event()
+        self._load_watchers.add(event)
+        return event
+
+    def unwatch_load(self, event: asyncio.Event) -> None:
+        self._load_watchers.discard(event)
+
+    def _load_changed(self) -> None:
+        for event in self._load_watchers:
+            event.set()
+
     def engine_load(self) -> ServerLoad:
         """Sequences running and waiting, and the prompt tokens they have left to run; none before the model is
         loaded."""
@@ -339,6 +354,7 @@ class EngineBackend:
         )
         submitted = time.time_ns()
         batcher.submit(sequence)
+        self._load_changed()
         first_token = 0
         try:
             while True:
@@ -353,6 +369,7 @@ class EngineBackend:
                 yield item
         finally:
             sequence.cancelled.set()  # frees its pages before the next step, or drops it from the queue
+            self._load_changed()
             _trace_phases(request.trace_context, sequence, submitted, first_token)
 
     async def aclose(self) -> None:

@@ -14,6 +14,7 @@ A client that goes away cancels its generation: the sequence leaves the batch be
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -175,27 +176,34 @@ class EngineServer:
 
     async def _publish(self, response: web.StreamResponse, events: PageEvents) -> None:
         """A snapshot, then each batch of events after it (a snapshot again after falling behind), and the load
-        whenever it changes, until the client goes or the server drains."""
+        whenever it changes (at once when a request arrives or ends here: a router on another replica sees it
+        before choosing again), until the client goes or the server drains."""
         loop = asyncio.get_running_loop()
-        seq = await self._snapshot(response, events)
-        load = self.engine.engine_load()
-        quiet_since = loop.time()
-        while not self.lifecycle.draining:
-            batch = events.since(seq)
-            if batch is None:
-                seq = await self._snapshot(response, events)
-                continue
-            if batch:
-                await response.write(_sse(_batch_payload(events.instance, batch), "pages"))
-                seq = batch[-1].seq
-                quiet_since = loop.time()
-                continue
-            now = self.engine.engine_load()
-            if now != load or loop.time() - quiet_since >= EVENTS_HEARTBEAT_S:
-                load = now
-                await response.write(_sse({"instance": events.instance, "seq": seq, **_load(load)}, "load"))
-                quiet_since = loop.time()
-            await asyncio.sleep(EVENTS_POLL_S)
+        changed = self.engine.watch_load()
+        try:
+            seq = await self._snapshot(response, events)
+            load = self.engine.engine_load()
+            quiet_since = loop.time()
+            while not self.lifecycle.draining:
+                changed.clear()
+                now = self.engine.engine_load()
+                if now != load or loop.time() - quiet_since >= EVENTS_HEARTBEAT_S:
+                    load = now
+                    await response.write(_sse({"instance": events.instance, "seq": seq, **_load(load)}, "load"))
+                    quiet_since = loop.time()
+                batch = events.since(seq)
+                if batch is None:
+                    seq = await self._snapshot(response, events)
+                    continue
+                if batch:
+                    await response.write(_sse(_batch_payload(events.instance, batch), "pages"))
+                    seq = batch[-1].seq
+                    quiet_since = loop.time()
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), EVENTS_POLL_S)
+        finally:
+            self.engine.unwatch_load(changed)
 
     async def _snapshot(self, response: web.StreamResponse, events: PageEvents) -> int:
         snapshot = events.snapshot()

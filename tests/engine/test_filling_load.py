@@ -1,6 +1,6 @@
-"""What an engine says it has queued to prefill (`engine_load().filling`, pushed to the gateway's routers on the
-engine server's event stream): the prompt tokens its sequences have left to run before their first tokens, going
-down as a long prompt's pieces run, and none once it answers."""
+"""What an engine says of its load for the gateway's routers (`engine_load()`, pushed on the engine server's event
+stream): the prompt tokens its sequences have left to run before their first tokens, going down as a long prompt's
+pieces run and none once it answers; and a request's arrival and end wake the stream at once."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_the_prompt_tokens_left_to_run_go_down_as_a_long_prompt_fills(checkpoint
         engine = await loaded(EngineBackend(options, load_harmony_encoding()))
         try:
             idle = engine.engine_load()
-            assert idle == (0, 0, 0)
+            assert idle == (0, 0, 0, 0)
             seen: list[tuple[int, int]] = []  # (prompt tokens left, prefill tokens run) while it fills
             answered = asyncio.Event()
 
@@ -64,3 +64,36 @@ def test_the_prompt_tokens_left_to_run_go_down_as_a_long_prompt_fills(checkpoint
     # what is left and what has run make up the prompt (run counted a step before `left` is: at most a piece over)
     assert all(left + run >= total for left, run in counted)
     assert after == 0
+
+
+def test_a_request_arriving_or_ending_wakes_the_load_s_watchers_at_once(checkpoint, tmp_path):
+    """What the engine server's event stream waits on between looks: set when a request is submitted (the load then
+    already counts it, prompt tokens and all) and when it ends, so that other replicas' routers see it before they
+    choose again rather than at the stream's next look."""
+    options = EngineOptions(checkpoint=str(checkpoint), max_batch=2, max_positions=4096, cache_dir=str(tmp_path))
+    request = GenerateRequest([*HEADER, *range(1000, 1100)], 2, (), "r", sampling=Sampling(temperature=0), tenant="a")
+
+    async def scenario() -> tuple[object, bool]:
+        engine = await loaded(EngineBackend(options, load_harmony_encoding()))
+        changed = engine.watch_load()
+        try:
+            generation = engine.generate(request)
+            first = asyncio.ensure_future(anext(generation))
+            await asyncio.wait_for(changed.wait(), 5)
+            at_arrival = engine.engine_load()
+            await first
+            changed.clear()
+            async for _ in generation:
+                pass
+            ended = changed.is_set()
+            engine.unwatch_load(changed)
+            changed.clear()
+            async for _ in engine.generate(request):
+                pass
+            return at_arrival, ended and not changed.is_set()
+        finally:
+            await engine.aclose()
+
+    at_arrival, woken_at_the_end = asyncio.run(scenario())
+    assert at_arrival.running + at_arrival.waiting == 1 and at_arrival.filling > 0 and at_arrival.filling_prompts == 1
+    assert woken_at_the_end
