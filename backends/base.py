@@ -164,7 +164,7 @@ class ServerReport:
     """What a remote backend's router knows of one server."""
 
     load: float  # requests running and waiting there (its own count when it reports one, else this replica's)
-    filling: int  # prompt tokens to run there before their first tokens (its own count, or this replica's)
+    queued_tokens: int  # prompt tokens to run there before their first tokens (its own count, or this replica's)
     routed_pages: int  # pages of what was routed there, still remembered
     published_pages: int  # pages it says it holds (servers that publish their pages)
     events_in_sync: bool | None  # whether its page events are followed now (None: it publishes none)

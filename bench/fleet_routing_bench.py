@@ -91,6 +91,7 @@ class Sample:
     ok: bool = True
     first_token_s: float | None = None  # from sending the request to its first token (reasoning or answer text),
     # also where a request failed after it
+    turn: int = 0  # its place in its conversation (0: the opening, or a request of its own)
 
 
 @dataclass
@@ -108,9 +109,11 @@ class Result:
     def cached(self) -> int:
         return sum(s.cached for s in self.samples if s.ok)
 
-    def first_token(self, q: float) -> float:
-        """The q-quantile (nearest rank) of the clients' times to the first token."""
-        times = sorted(s.first_token_s for s in self.samples if s.ok and s.first_token_s is not None)
+    def first_token(self, q: float, later: bool = False) -> float:
+        """The q-quantile (nearest rank) of the clients' times to the first token (`later`: of the turns after the
+        conversations' openings only)."""
+        samples = [s for s in self.samples if s.ok and s.first_token_s is not None and (s.turn > 0 or not later)]
+        times = sorted(s.first_token_s for s in samples)
         return times[min(len(times) - 1, round(q * (len(times) - 1)))] if times else float("nan")
 
     @property
@@ -176,6 +179,7 @@ def chained(url: str, result: Result, tag: str, halfway: threading.Event | None 
             text = words(f"{tag}c{index}t{turn}", FIRST_WORDS if turn == 0 else LATER_WORDS)
             asked = {"input": text, **({"previous_response_id": previous} if previous else {})}
             sample, previous = stream_response(client, **asked)
+            sample.turn = turn
             result.add(sample)
             if halfway is not None and index == 0 and turn == TURNS // 2 - 1:
                 halfway.set()
@@ -203,6 +207,7 @@ def resent(url: str, result: Result, tag: str, key: bool = False) -> None:
                 answer = "noted"
             else:
                 sample, answer = stream_chat(client, history)
+            sample.turn = turn
             result.add(sample)
             if not sample.ok:
                 return
@@ -513,17 +518,30 @@ def _rows(results: dict, workloads: tuple[str, ...] | dict) -> list[str]:
             f"| {workload} | **{prefix.cached / reference:.2f}** | {least.cached / reference:.2f} | "
             f"{prefix.first_token(0.5) * 1000:.0f} / {prefix.first_token(0.9) * 1000:.0f} ms | "
             f"{least.first_token(0.5) * 1000:.0f} / {least.first_token(0.9) * 1000:.0f} ms | "
-            f"**{least.first_token(0.5) / prefix.first_token(0.5):.2f}x** | "
+            f"**{least.first_token(0.5) / prefix.first_token(0.5):.2f}x** | {_later_turns(prefix, least)} | "
             f"{prefix.load_imbalance:.2f} | {least.load_imbalance:.2f} | "
             f"{prefix.imbalance:.2f} / {least.imbalance:.2f} |"
         )
     return rows
 
 
+def _later_turns(prefix: Result, least: Result) -> str:
+    """The turns after the openings, p50 and p90, prefix against least loaded ("-": requests of their own)."""
+    if not any(sample.turn for sample in prefix.samples):
+        return "-"
+    ratios = [least.first_token(q, later=True) / prefix.first_token(q, later=True) for q in (0.5, 0.9)]
+    return (
+        f"{prefix.first_token(0.5, later=True) * 1000:.0f} / {prefix.first_token(0.9, later=True) * 1000:.0f} ms "
+        f"against {least.first_token(0.5, later=True) * 1000:.0f} / {least.first_token(0.9, later=True) * 1000:.0f}"
+        f" ms: {ratios[0]:.2f}x / {ratios[1]:.2f}x"
+    )
+
+
 HEADER = (
     "| workload | cache, prefix | cache, least loaded | first token, prefix | least loaded | ratio "
-    "| busiest, prefix | least loaded | prompt tokens, busiest: prefix / least loaded |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| later turns: prefix against least loaded, ratios | busiest, prefix | least loaded "
+    "| prompt tokens, busiest: prefix / least loaded |",
+    "|---|---|---|---|---|---|---|---|---|---|",
 )
 
 
@@ -535,7 +553,9 @@ def _setting(layers: int) -> str:
         "(`prefix_routing: false`), and on one server alone, which holds everything: cache is the prompt tokens "
         "served from cache over that one server's. First token: p50 / p90 of the time from sending a request to "
         "its first token, reasoning or answer text, as the SDK client saw it (a JSON-schema answer); ratio: "
-        "least loaded over prefix at p50. Busiest: the busiest server's requests in flight (running and waiting, "
+        "least loaded over prefix at p50; later turns: the same of the turns after the conversations' openings (an "
+        "opening's prompt is held by no server under either routing), ratios at p50 and p90. Busiest: the busiest "
+        "server's requests in flight (running and waiting, "
         f"read from its /metrics every {LOAD_EVERY_S} s and averaged over the run) over the servers' mean; prompt "
         "tokens: the most prompt tokens a server was given (computed or served from its cache) over the mean. The "
         f"model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU. "

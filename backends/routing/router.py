@@ -323,7 +323,7 @@ class PrefixRouter:
             published = view.published
             servers[url] = ServerReport(
                 load=view.load(outstanding.get(url, 0)),
-                filling=view.queued(),
+                queued_tokens=view.queued(),
                 routed_pages=len(view.routed),
                 published_pages=len(published.names) if published is not None and published.names is not None else 0,
                 events_in_sync=None if published is None else published.in_sync,

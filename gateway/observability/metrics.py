@@ -372,7 +372,7 @@ class RoutingCollector(Collector):
             tokens.add_metric([name, "matched"], report.matched_tokens)
             for url, server in report.servers.items():
                 load.add_metric([name, url], server.load)
-                queued.add_metric([name, url], server.filling)
+                queued.add_metric([name, url], server.queued_tokens)
                 pages.add_metric([name, url, "routed"], server.routed_pages)
                 if server.events_in_sync is not None:
                     pages.add_metric([name, url, "published"], server.published_pages)
