@@ -151,10 +151,10 @@ def test_a_shared_prompt_stays_where_it_is_held_and_spreads_one_server_at_a_time
 
 
 def test_a_miss_goes_where_the_fewest_prompt_tokens_are_queued():
-    """Nothing of a prompt held anywhere, the servers' loads alike: not to a server still running long prompts (its
-    count pushed on its event stream, or this replica's own requests not yet answering, whichever is larger); each
-    queued prompt counts up to the new prompt's own length (they fill side by side), so one short prompt queued
-    does not turn a long prompt away; once those answer, the tie is the prompt's own server again."""
+    """Nothing of a prompt held anywhere, the servers' loads alike: not to a server still running prompts (its count
+    pushed on its event stream, or this replica's own requests not yet answering, whichever is larger); each queued
+    prompt counts up to the new prompt's own length (they fill side by side: four of 100 tokens count 200 before a
+    prompt of 50); once those answer, the tie is the prompt's own server again."""
     request, even = _conversation(11), dict.fromkeys(URLS, 1)  # 660 tokens
     usual = _router().choose(request, even).url
     pushed = _router()
