@@ -29,3 +29,17 @@ def chain(namespace: bytes, tokens: list[int], block: int, previous: bytes | Non
     for start in range(0, len(ids), width):
         name = blake2b(name + ids[start : start + width], digest_size=16).digest()
         yield name
+
+
+class LazyChain:
+    """A chain's names, hashed only as far as they are read, and once however often they are read."""
+
+    def __init__(self, names: Iterator[bytes]) -> None:
+        self._names = names
+        self._known: list[bytes] = []
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._known
+        for name in self._names:
+            self._known.append(name)
+            yield name

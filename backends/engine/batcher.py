@@ -34,6 +34,7 @@ import numpy as np
 import structlog
 
 from backends.base import TIER_RANK, Chunk, EngineStats, GenerateRequest, ServerLoad, TenantQueue, TokenLogprob
+from backends.page_names import LazyChain
 from harmony.tokens import FIRST_SPECIAL
 
 from .chunk_budget import ChunkPieces, GiveWay
@@ -70,6 +71,7 @@ class Sequence:
     # fill tokens run for other prompts of its tenant and tier while its own waited to fill (see `precedence`)
     overtaken: int = 0
     expected_reuse: int = 0  # waiting: its fill tokens the prefix cache held when it was queued (an estimate)
+    fill_names: LazyChain | None = None  # its fill's page names as the prefix cache's lookups read them (`_lookup`)
     table: PageTable = field(default_factory=PageTable)
     written: Written = field(default_factory=Written)
     decoding: bool = False  # the fill is all in; each step feeds `token`
@@ -270,7 +272,12 @@ class Batcher:
 
     def _expect(self, sequence: Sequence) -> None:
         """Queued: what of its fill the prefix cache holds now (reused when it is placed, unless evicted first)."""
-        sequence.expected_reuse = self.prefix.lookup(sequence.namespace, sequence.fill)[2]
+        sequence.fill_names = self.prefix.page_names(sequence.namespace, sequence.fill)  # a new fill: named anew
+        sequence.expected_reuse = self._lookup(sequence)[2]
+
+    def _lookup(self, sequence: Sequence) -> tuple[list[Block], Tail | None, int]:
+        """The prefix cache's lookup of the sequence's fill, its page names hashed once for all its lookups."""
+        return self.prefix.lookup(sequence.namespace, sequence.fill, sequence.fill_names)
 
     def _probe(self, tokens: int, start: int) -> None:
         """A run of `tokens` prompt tokens from `start` into the scratch page, no logits (ChunkPieces.calibrate)."""
@@ -349,7 +356,7 @@ class Batcher:
         """Hold the pages of the longest kept prefix of the sequence's fill and start it after them, if the pools
         can also give it its whole fill's pages; False (nothing held) if they cannot yet."""
         fill, pools = sequence.fill, self.pools
-        blocks, tail, reused = self.prefix.lookup(sequence.namespace, fill)
+        blocks, tail, reused = self._lookup(sequence)
         kept = len(blocks) * pools.page_size
         probe = PageTable(
             [block.full for block in blocks],
@@ -405,7 +412,7 @@ class Batcher:
         sequence.joinable = None
         if not added_since:  # nothing made findable since it was placed: a lookup would find what it holds
             return
-        blocks, tail, reused = self.prefix.lookup(sequence.namespace, sequence.fill)
+        blocks, tail, reused = self._lookup(sequence)
         gained = reused - sequence.position
         if gained <= 0:
             return

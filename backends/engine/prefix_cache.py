@@ -15,11 +15,12 @@ Pages nobody holds stay cached while the pools have room, least recently used ou
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from backends.page_names import chain
+from backends.page_names import LazyChain, chain
 
 from .page_events import PageEvents
 from .page_pool import SCRATCH, KvPools, PageTable
@@ -94,15 +95,18 @@ class PrefixCache:
 
     # lookups
 
-    def lookup(self, namespace: bytes, prompt: list[int]) -> tuple[list[Block], Tail | None, int]:
-        """(the pages of the prompt's longest kept prefix, a tail to copy from or None, prompt tokens reused).
+    def lookup(
+        self, namespace: bytes, prompt: list[int], names: Iterable[bytes] | None = None
+    ) -> tuple[list[Block], Tail | None, int]:
+        """(the pages of the prompt's longest kept prefix, a tail to copy from or None, prompt tokens reused);
+        `names`: the prompt's page names (`page_names`), where a caller looks up the same prompt more than once.
 
         The last prompt token is always run (its logits choose the first output token)."""
         if not self.enabled:
             return [], None, 0
         limit = len(prompt) - 1
         found: list[tuple[bytes, Block]] = []
-        for name in chain(namespace, prompt[: limit // self.block * self.block], self.block):
+        for name in names if names is not None else self.page_names(namespace, prompt):
             block = self._blocks.get(name)
             if block is None:
                 break
@@ -115,6 +119,12 @@ class PrefixCache:
         parent = found[count - 1][0] if count else namespace
         tail, copied = self._tail_for(parent, prompt[reused:limit])
         return blocks, tail, reused + copied
+
+    def page_names(self, namespace: bytes, prompt: list[int]) -> LazyChain:
+        """The names a lookup of `prompt` reads (all its full pages but one holding its last token), each hashed
+        once, when first read."""
+        limit = len(prompt) - 1
+        return LazyChain(chain(namespace, prompt[: limit // self.block * self.block], self.block))
 
     def _window_kept(self, blocks: list[Block], position: int) -> bool:
         """Whether the window pages that the token at `position` reads among `blocks` are all kept."""

@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
-from backends.base import BackendError, Chunk, ServerLoad
+from backends.base import BackendError, Chunk
 from backends.engine_wire import (
     EVENTS_PATH,
     FINISHED_EVENT,
@@ -189,7 +189,7 @@ class EngineServer:
                 now = self.engine.engine_load()
                 if now != load or loop.time() - quiet_since >= EVENTS_HEARTBEAT_S:
                     load = now
-                    await response.write(_sse({"instance": events.instance, "seq": seq, **_load(load)}, "load"))
+                    await response.write(_sse({"instance": events.instance, "seq": seq, **load._asdict()}, "load"))
                     quiet_since = loop.time()
                 batch = events.since(seq)
                 if batch is None:
@@ -211,7 +211,7 @@ class EngineServer:
             **self._identity(),
             "seq": snapshot.seq,
             "slots": self.engine.options.max_batch,
-            **_load(self.engine.engine_load()),
+            **self.engine.engine_load()._asdict(),
             "pages": [[name.hex(), parent.hex()] for name, parent in snapshot.names.items()],
         }
         await response.write(_sse(payload, "snapshot"))
@@ -243,15 +243,6 @@ class EngineServer:
 
     async def livez(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})
-
-
-def _load(load: ServerLoad) -> dict[str, int]:
-    return {
-        "running": load.running,
-        "waiting": load.waiting,
-        "filling": load.filling,
-        "filling_prompts": load.filling_prompts,
-    }
 
 
 def _batch_payload(instance: str, batch: list) -> dict[str, Any]:

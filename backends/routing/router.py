@@ -33,7 +33,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -41,7 +40,7 @@ from opentelemetry import trace
 
 from backends.base import GenerateRequest, RoutingReport, ServerLoad, ServerReport
 from backends.cache_salt import TenantSalt
-from backends.page_names import chain, namespace_of
+from backends.page_names import LazyChain, chain, namespace_of
 from backends.upstreams import Upstream
 
 from .held_pages import PublishedPages, RoutedPages
@@ -182,33 +181,19 @@ class RoutingStats:
     matched_tokens: int = 0
 
 
-class _LazyChain:
-    """A prompt's page names, hashed only as far as some server holds them, and once for all servers."""
-
-    def __init__(self, names: Iterator[bytes]) -> None:
-        self._names = names
-        self._known: list[bytes] = []
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from self._known
-        for name in self._names:
-            self._known.append(name)
-            yield name
-
-
 class PromptPages:
     """A request's page names by (page size, namespace): each chain hashed once, and only as far as it is read."""
 
     def __init__(self, request: GenerateRequest, routed_namespace: bytes, page_tokens: int) -> None:
         self._tokens = request.prompt[: max(len(request.prompt) - 1, 0)]  # the last prompt token is always run
         self._routed = (page_tokens, routed_namespace)
-        self._known: dict[tuple[int, bytes], _LazyChain] = {}
+        self._known: dict[tuple[int, bytes], LazyChain] = {}
         self._routed_names: list[bytes] | None = None
 
-    def of(self, page_size: int, namespace: bytes) -> _LazyChain:
+    def of(self, page_size: int, namespace: bytes) -> LazyChain:
         key = (page_size, namespace)
         if key not in self._known:
-            self._known[key] = _LazyChain(chain(namespace, self._tokens, page_size))
+            self._known[key] = LazyChain(chain(namespace, self._tokens, page_size))
         return self._known[key]
 
     def routed(self) -> list[bytes]:
