@@ -52,6 +52,7 @@ struct Simd {
     return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(bits), _mm512_set1_epi32(kHighHalf)));
   }
   static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  static void PrefetchL2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
   // keeps a loaded vector in its register: left to itself GCC may fold the load into every instruction that reads
   // it (one load feeding several multiply-adds becomes several loads)
   static void Pin(F& v) { __asm__("" : "+v"(v)); }
@@ -84,6 +85,7 @@ struct Simd {
         _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits)), _mm256_set1_epi32(kHighHalf)));
   }
   static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  static void PrefetchL2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
   // keeps a loaded vector in its register: left to itself GCC may fold the load into every instruction that reads
   // it (one load feeding several multiply-adds becomes several loads)
   static void Pin(F& v) { __asm__("" : "+v"(v)); }
@@ -113,6 +115,7 @@ struct Simd {
     return vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide)));
   }
   static void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+  static void PrefetchL2(const void* p) { __builtin_prefetch(p, 0, 2); }
   static void Pin(F& v) { __asm__("" : "+w"(v)); }
 };
 #endif
