@@ -185,7 +185,8 @@ void SharedRowsPass(const Problem<W>& p, int64_t first, int64_t last) {
         Simd::F wide[P];
         for (int q = 0; q < P; ++q) wide[q] = W::WidenPart(w + q * k + i, part);
         for (int r = 0; r < R; ++r) {
-          const Simd::F x = Simd::Load(p.x + r * k + i + L * part);
+          Simd::F x = Simd::Load(p.x + r * k + i + L * part);
+          Simd::Pin(x);  // one load feeds the P multiply-adds (tuned for znver4, GCC folded it into each of them)
           for (int q = 0; q < P; ++q) sums[q][r] = Simd::Fma(wide[q], x, sums[q][r]);
         }
       }
