@@ -186,7 +186,10 @@ void SharedRowsPass(const Problem<W>& p, int64_t first, int64_t last) {
         for (int q = 0; q < P; ++q) wide[q] = W::WidenPart(w + q * k + i, part);
         for (int r = 0; r < R; ++r) {
           Simd::F x = Simd::Load(p.x + r * k + i + L * part);
-          Simd::Pin(x);  // one load feeds the P multiply-adds (tuned for znver4, GCC folded it into each of them)
+          // one load feeds the P multiply-adds where registers are left for it (AVX-512's 32; tuned for znver4, GCC
+          // folded it into each of them: 9% slower at 4 sequences on a Zen 4 EPYC); AVX2's passes fill all 16
+          // registers, and a pinned x spilled them (the int8 dense decode at 4 sequences 22% slower there)
+          if constexpr (Simd::kRegisters == 32) Simd::Pin(x);
           for (int q = 0; q < P; ++q) sums[q][r] = Simd::Fma(wide[q], x, sums[q][r]);
         }
       }
