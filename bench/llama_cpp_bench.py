@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dense_bf16_bench import copy_bandwidth, prefill_rate, rates, step_bytes  # noqa: E402
-from report import cpu_line, markers, write_section  # noqa: E402
+from report import cpu_line, cpu_maker, markers, write_section  # noqa: E402
 
 from backends.engine.checkpoint import Checkpoint  # noqa: E402
 from backends.engine.config import GPT_OSS_20B  # noqa: E402
@@ -281,9 +281,10 @@ def main() -> None:
         library = build_library(march=forced.march, cuda=False, extensions=forced.extensions)
         os.environ[KERNELS_ENV] = str(library)
     if args.render:
-        runs = [f for path in args.render for f in json.loads(path.read_text())["shapes"]]
-        shapes = sorted(runs, key=lambda f: f["layers"])
-        _publish(report(shapes, args.threads, any("f16_decode_1" in f for f in shapes)), args.write)
+        runs = [json.loads(path.read_text()) for path in args.render]
+        shapes = sorted((f for run in runs for f in run["shapes"]), key=lambda f: f["layers"])
+        cpus = sorted({run.get("cpu", cpu_line()) for run in runs})
+        _publish(report(shapes, args.threads, any("f16_decode_1" in f for f in shapes), "; ".join(cpus)), args.write)
         return
     shapes = []
     for layers in args.layers:
@@ -291,7 +292,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:  # each shape's checkpoint, graphs and GGUFs, then gone
             shapes.append(measure(layers, args.threads, Path(scratch), args.llama_cpp, args.convert_python, names))
     print(json.dumps({"cpu": cpu_line(), "shapes": shapes}, indent=1))  # the CPU: bench/plots.py names it
-    _publish(report(shapes, args.threads, args.llama_cpp is not None), args.write)
+    _publish(report(shapes, args.threads, args.llama_cpp is not None, cpu_line()), args.write)
 
 
 def _publish(section: str, docs: Path | None) -> None:
@@ -301,13 +302,15 @@ def _publish(section: str, docs: Path | None) -> None:
 
 
 def _section_name() -> str:
-    """One section per CPU level the kernels ran at, so an AVX2 machine's run does not replace an AVX-512 one's, and a
-    level forced (`--kernels`) apart from a machine's own (`-native`)."""
+    """One section per CPU maker and level the kernels ran at, so an AVX2 machine's run does not replace an AVX-512
+    one's nor an AMD machine's an Intel one's, and a level forced (`--kernels`) apart from a machine's own
+    (`-native`); docs/llama_cpp_6{the same suffix}.json holds the run's JSON."""
     choice = kernel_choice()
     level = "none" if choice is None else choice.level
     if level.startswith("x86-64-v4"):
-        return NAME
-    return f"{NAME}_{level}" if os.environ.get(KERNELS_ENV) else f"{NAME}_{level}-native"
+        return f"{NAME}_{cpu_maker()}"
+    forced = "" if os.environ.get(KERNELS_ENV) else "-native"
+    return f"{NAME}_{level}{forced}_{cpu_maker()}"
 
 
 def _rate(figures: dict, measure_name: str, name: str) -> str:
@@ -330,7 +333,13 @@ def _sequential_note(shapes: list[dict]) -> str:
     )
 
 
-def report(shapes: list[dict], threads: int, with_llama: bool) -> str:
+def _cpu_name(cpu: str) -> str:
+    """cpu_line's words without the extensions and trademark signs: "AMD EPYC", "Intel Xeon Processor"."""
+    return cpu.split(" (")[0].replace("(R)", "").replace("(TM)", "")
+
+
+def report(shapes: list[dict], threads: int, with_llama: bool, cpu: str) -> str:
+    """The section of these shapes' figures, measured on `cpu` (cpu_line's words)."""
     start, end = markers(_section_name())
     labels = {"decode_1": "decode, 1 sequence", "decode_4": "decode, 4 sequences"}
     labels["prefill"] = f"prefill, {PREFILL} tokens"
@@ -338,9 +347,9 @@ def report(shapes: list[dict], threads: int, with_llama: bool) -> str:
     kernels = ", ".join(sorted({f.get("kernels", "not recorded") for f in shapes}))
     lines = [
         start,
-        f"## The engine against llama.cpp on the CPU, kernels {kernels} (`bench/llama_cpp_bench.py`)",
+        f"## The engine against llama.cpp on {_cpu_name(cpu)}, kernels {kernels} (`bench/llama_cpp_bench.py`)",
         "",
-        f"CPU: {cpu_line()}; the engine's kernels: {kernels}.",
+        f"CPU: {cpu}; the engine's kernels: {kernels}.",
         "",
         f"{os.cpu_count()} CPUs ({platform.machine()}), {threads} threads each, gpt-oss-20b's width with random"
         " weights: one checkpoint, converted to GGUF by llama.cpp's own converter (dense weights f16 or q8_0,",

@@ -3,8 +3,8 @@
     python bench/plots.py [--write docs/images]
 
 - `engine_vs_llama_cpp.svg`: the engine's decode (1 and 4 sequences) and prefill rates over llama.cpp f16's, per
-  configuration of the engine, from `bench/llama_cpp_bench.py`'s runs (docs/llama_cpp_6.json and
-  llama_cpp_6_x86-64-v3.json);
+  configuration of the engine, from `bench/llama_cpp_bench.py`'s runs (docs/llama_cpp_6_*.json: each machine's own
+  kernels and the AVX2 ones forced);
 - `engine_gpu_batch.svg`: the engine's decode tokens a second by batch on a GPU, from `bench/engine_check.py`
   (docs/engine_check.json);
 - `gateway_vs_peers.svg`: short requests and streamed tokens per CPU second of the gateway, OpenAI's reference
@@ -31,11 +31,14 @@ import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-# an AVX-512 machine's own kernels, the AVX2 ones forced there, and an AVX2 machine's own
+# AVX-512 machines' own kernels and the AVX2 ones forced there (an Intel Xeon, an AMD EPYC of the Zen 4 family), and
+# an AVX2 machine's own (an AMD EPYC without AVX-512)
 LLAMA_RUNS = (
-    DOCS / "llama_cpp_6.json",
-    DOCS / "llama_cpp_6_x86-64-v3.json",
-    DOCS / "llama_cpp_6_x86-64-v3-native.json",
+    DOCS / "llama_cpp_6_intel.json",
+    DOCS / "llama_cpp_6_x86-64-v3_intel.json",
+    DOCS / "llama_cpp_6_amd.json",
+    DOCS / "llama_cpp_6_x86-64-v3_amd.json",
+    DOCS / "llama_cpp_6_x86-64-v3-native_amd.json",
 )
 GPU_RUN = DOCS / "engine_check.json"
 GATEWAY_RUN = DOCS / "gateway_bench.json"

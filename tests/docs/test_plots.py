@@ -29,6 +29,18 @@ def test_every_figure_is_drawn_from_the_committed_runs_and_shown_in_the_docs(tmp
     assert "reuse on" in drawn["prefix_reuse_by_context"].read_text()
 
 
+def test_each_llama_cpp_run_is_named_after_the_maker_of_the_cpu_it_ran_on():
+    """The runs' files (and their docs sections) are named by bench/llama_cpp_bench.py's suffix, which holds the CPU's
+    maker: an AMD machine's run never stands in the place of an Intel one's."""
+    makers = {"_amd.json": "AMD", "_intel.json": "Intel"}
+    for path in plots.LLAMA_RUNS:
+        cpu = json.loads(path.read_text())["cpu"]
+        suffix = next(suffix for suffix in makers if path.name.endswith(suffix))
+        assert cpu.startswith(makers[suffix]), (path.name, cpu)
+        section = path.name.removeprefix("llama_cpp_6").removesuffix(".json")
+        assert f"<!-- llama_cpp_bench{section}:start -->" in (ROOT / "docs" / "benchmarks.md").read_text(), section
+
+
 def test_a_run_s_ratios_are_its_bars_and_its_cpu_is_named(tmp_path):
     shape = {"layers": 2, "bf16/f16_decode_1": 1.0, "bf16/f16_decode_4": 2.0, "bf16/f16_prefill": 0.5,
              "int8+act8/f16_decode_1": 1.5, "int8+act8/q8_0_decode_1": 9.0}  # fmt: skip
