@@ -53,6 +53,7 @@ ENGINES = (
     ("int8+act8", "+ dense_int8"),
 )
 GPU_BATCHES = (1, 8, 32, 64)
+PANELS_A_ROW = 3  # runs side by side; more wrap to a new row
 
 plt.rcParams.update({"svg.hashsalt": "gpt-oss-gateway", "font.size": 9})
 
@@ -92,10 +93,15 @@ def engine_vs_llama_cpp(runs: list[Path], output: Path) -> Path | None:
     cpus = {run["cpu"] for run in loaded if "cpu" in run}  # runs before it was recorded name none
     where = f"{next(iter(cpus))}, 2 cores" if len(cpus) == 1 else "2 CPU cores"
     shape_cpus = [run.get("cpu", "") if len(cpus) > 1 else "" for run in loaded for _ in run["shapes"]]
-    figure, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.4), sharey=True, squeeze=False)
+    columns = min(len(shapes), PANELS_A_ROW)
+    rows = -(-len(shapes) // columns)
+    figure, grid = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), sharey=True, squeeze=False)
+    axes = list(grid.flat)
+    for unused in axes[len(shapes) :]:
+        unused.set_visible(False)
     width = 0.8 / len(ENGINES)
     highest = max(ratio for shape in shapes for ratios in llama_cpp_series(shape).values() for ratio in ratios)
-    for axis, shape, cpu in zip(axes[0], shapes, shape_cpus, strict=True):
+    for axis, shape, cpu in zip(axes, shapes, shape_cpus, strict=False):
         labels = [label for _, label in ENGINES]
         for label, ratios in llama_cpp_series(shape).items():  # each configuration in its own slot and colour
             index = labels.index(label)
@@ -107,9 +113,10 @@ def engine_vs_llama_cpp(runs: list[Path], output: Path) -> Path | None:
         on = f"\n{cpu}" if cpu else ""
         axis.set_title(f"{shape['layers']} layers at gpt-oss-20b's width{kernels}{on}", fontsize=8)
         axis.set_ylim(0, highest * 1.35)  # room for the legend above the bars
-    axes[0][0].set_ylabel("tokens a second over llama.cpp f16's")
-    shown = {label: handle for axis in axes[0] for handle, label in zip(*axis.get_legend_handles_labels(), strict=True)}
-    axes[0][0].legend(shown.values(), shown.keys(), loc="upper left", fontsize=8, ncol=2)
+    for row in grid:
+        row[0].set_ylabel("tokens a second over llama.cpp f16's")
+    shown = {label: handle for axis in axes for handle, label in zip(*axis.get_legend_handles_labels(), strict=True)}
+    axes[0].legend(shown.values(), shown.keys(), loc="upper left", fontsize=8, ncol=2)
     figure.suptitle(f"The engine against llama.cpp on {where} (bench/llama_cpp_bench.py)", fontsize=8)
     return _save(figure, output / "engine_vs_llama_cpp.svg")
 
