@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dense_bf16_bench import copy_bandwidth, prefill_rate, rates, step_bytes  # noqa: E402
-from report import cpu_line, cpu_maker, markers, write_section  # noqa: E402
+from report import cpu_line, markers, write_section  # noqa: E402
 
 from backends.engine.checkpoint import Checkpoint  # noqa: E402
 from backends.engine.config import GPT_OSS_20B  # noqa: E402
@@ -295,22 +295,25 @@ def main() -> None:
     _publish(report(shapes, args.threads, args.llama_cpp is not None, cpu_line()), args.write)
 
 
-def _publish(section: str, docs: Path | None) -> None:
+def _publish(named: tuple[str, str], docs: Path | None) -> None:
+    """Prints a report's section and, with `docs`, writes it there under its name."""
+    name, section = named
     print(section)
     if docs:
-        write_section(docs, _section_name(), section)
+        write_section(docs, name, section)
 
 
-def _section_name() -> str:
-    """One section per CPU maker and level the kernels ran at, so an AVX2 machine's run does not replace an AVX-512
-    one's nor an AMD machine's an Intel one's, and a level forced (`--kernels`) apart from a machine's own
-    (`-native`); docs/llama_cpp_6{the same suffix}.json holds the run's JSON."""
-    choice = kernel_choice()
-    level = "none" if choice is None else choice.level
+def _section_name(kernels: str, cpu: str) -> str:
+    """One section per CPU maker and level the kernels ran at, both as the run recorded them (`kernels`: the shapes'
+    kernel variant, `cpu`: cpu_line's words), so an AVX2 machine's run does not replace an AVX-512 one's nor an AMD
+    machine's an Intel one's, and a level forced (`--kernels`) apart from a machine's own (`-native`). A run's printed
+    JSON is committed as docs/llama_cpp_6{the same suffix}.json, which bench/plots.py draws."""
+    native = kernels.startswith("native (") or kernels == "none"
+    level = kernels.removeprefix("native (").removesuffix(" level)")
+    maker = _cpu_name(cpu).split()[0].lower()  # "amd", "intel"; elsewhere the machine's architecture
     if level.startswith("x86-64-v4"):
-        return f"{NAME}_{cpu_maker()}"
-    forced = "" if os.environ.get(KERNELS_ENV) else "-native"
-    return f"{NAME}_{level}{forced}_{cpu_maker()}"
+        return f"{NAME}_{maker}"
+    return f"{NAME}_{level}{'-native' if native else ''}_{maker}"
 
 
 def _rate(figures: dict, measure_name: str, name: str) -> str:
@@ -338,13 +341,14 @@ def _cpu_name(cpu: str) -> str:
     return cpu.split(" (")[0].replace("(R)", "").replace("(TM)", "")
 
 
-def report(shapes: list[dict], threads: int, with_llama: bool, cpu: str) -> str:
-    """The section of these shapes' figures, measured on `cpu` (cpu_line's words)."""
-    start, end = markers(_section_name())
+def report(shapes: list[dict], threads: int, with_llama: bool, cpu: str) -> tuple[str, str]:
+    """The section of these shapes' figures, measured on `cpu` (cpu_line's words): its name and its text."""
+    kernels = ", ".join(sorted({f.get("kernels", "not recorded") for f in shapes}))
+    section = _section_name(kernels, cpu)
+    start, end = markers(section)
     labels = {"decode_1": "decode, 1 sequence", "decode_4": "decode, 4 sequences"}
     labels["prefill"] = f"prefill, {PREFILL} tokens"
     copies = ", ".join(f"{f['bandwidth'] / 1e9:.1f} GB/s" for f in shapes if "bandwidth" in f)
-    kernels = ", ".join(sorted({f.get("kernels", "not recorded") for f in shapes}))
     lines = [
         start,
         f"## The engine against llama.cpp on {_cpu_name(cpu)}, kernels {kernels} (`bench/llama_cpp_bench.py`)",
@@ -394,7 +398,7 @@ def report(shapes: list[dict], threads: int, with_llama: bool, cpu: str) -> str:
                     f" {base_share} |"
                 )
     lines.append(end)
-    return "\n".join(lines)
+    return section, "\n".join(lines)
 
 
 if __name__ == "__main__":

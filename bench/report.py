@@ -24,15 +24,6 @@ def write_section(path: Path, name: str, section: str, title: str = "Benchmarks"
     path.write_text(text)
 
 
-def cpu_maker() -> str:
-    """Who made the CPU, as a short name ("amd", "intel"), else the machine's architecture."""
-    makers = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
-        if line.startswith("vendor_id"):
-            return makers.get(line.split(":", 1)[1].strip(), platform.machine())
-    return platform.machine()
-
-
 def cpu_line() -> str:
     """The CPU's name and the vector extensions that choose the kernels' paths."""
     name = platform.processor() or platform.machine()
