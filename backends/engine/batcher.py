@@ -13,7 +13,9 @@ time a step (chunk_budget.py), and a prompt of a worse service tier than an answ
 FIRST_TOKENS (the Harmony header and its first text) waits for those steps, as does a worse tier's answer's next
 token, so that a better tier's answer begins without a worse tier's pieces, or rows, in its steps (on a CPU each row
 costs its logits over the whole vocabulary); within a tier, a prompt gives way likewise to the beginning answer of a
-tenant running fewer sequences, for at most a tenth of the engine's time (chunk_budget.GiveWay). Only a prompt's
+tenant running fewer sequences, for at most a tenth of the engine's time (chunk_budget.GiveWay), and to one of its
+own tenant or of one running as many, for at most another tenth (a conversation's short turn, its prompt held by
+the prefix cache, then begins at decode speed beside a new conversation's long prompt). Only a prompt's
 last piece has its logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the
 runtime's device where they are loaded. When a running sequence needs a page and none is left, the latest admitted
 sequence of the tenant furthest ahead of its share is preempted: its pages go back (the prefix cache keeps naming
@@ -132,7 +134,8 @@ class Batcher:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self._pieces = ChunkPieces(piece_s)
-        self._give_way = GiveWay()
+        self._give_way = GiveWay()  # for answers of lighter tenants beginning
+        self._give_way_alike = GiveWay()  # for those of the prompt's own tenant, or of one running as many
         self.prefix = PrefixCache(pools, prefix_budget, events=page_events)
         self._prefix_stats = self.prefix.stats()
         self._pool_stats = (pools.full.stats(), pools.window.stats())
@@ -471,7 +474,8 @@ class Batcher:
         filling = self._waiting.first([s for s in self._running if not s.decoding])  # the tenant furthest behind
         if filling is not None and any(s.rank < filling.rank and s.beginning for s in decoding):
             filling = None  # a worse tier's prompt waits while a better tier's answer begins
-        held = filling is not None and self._gives_way(filling, decoding) and self._give_way.open()
+        bank = self._give_way_bank(filling, decoding) if filling is not None else None
+        held = bank is not None and bank.open()
         if held:
             filling = None
         if filling is not None and filling.joinable is not None:
@@ -499,18 +503,24 @@ class Batcher:
             self._run(decoding, None, [])
         elif decoding or piece:
             self._run(decoding, filling if piece else None, piece)
-        if held:
-            self._give_way.spend(time.perf_counter() - started)
+        if held and bank is not None:
+            bank.spend(time.perf_counter() - started)
 
-    def _gives_way(self, filling: Sequence, decoding: list[Sequence]) -> bool:
-        """Whether the prompt filling waits this step for an answer beginning: one of its tier, of a tenant running
-        fewer sequences than the prompt's."""
+    def _give_way_bank(self, filling: Sequence, decoding: list[Sequence]) -> GiveWay | None:
+        """The bank the prompt filling would wait from this step for an answer beginning of its tier (None: no such
+        answer): a lighter tenant's (running fewer sequences than the prompt's) draws from the lighter tenants' bank,
+        one of its own tenant or of one running as many from the other, so that a tenant's own answers beginning
+        never spend what a lighter tenant's need; a heavier tenant's answer waits for no prompt of a lighter one."""
         beginning = {s.tenant for s in decoding if s.beginning and s.rank == filling.rank}
-        beginning.discard(filling.tenant)
         if not beginning:
-            return False
+            return None
         counts = collections.Counter(s.tenant for s in self._running)
-        return any(counts[tenant] < counts[filling.tenant] for tenant in beginning)
+        own = counts[filling.tenant]
+        if any(counts[tenant] < own for tenant in beginning):
+            return self._give_way
+        if any(counts[tenant] == own for tenant in beginning):
+            return self._give_way_alike
+        return None
 
     def _run(self, decoding: list[Sequence], filling: Sequence | None, chunk: list[int]) -> None:
         step = StepRows()

@@ -14,10 +14,12 @@ measured when the engine starts, by runs of a prompt piece into the scratch page
 tokens, but never so few that F is more than a tenth of its time: where a run's fixed cost is large (a CPU reading
 every expert's weights at the real width), pieces stay long.
 
-A piece also gives way, for a few steps, to a lighter tenant's answer as it begins (GiveWay): those steps then run
-only decode rows, so the answer's Harmony header and first text come at decode speed. That waiting is drawn from a
-bank refilled at a tenth of the clock's time, so a tenant's prompts lose at most a tenth of the engine's time to it,
-however many answers begin.
+A piece also gives way, for a few steps, to an answer as it begins (GiveWay): those steps then run only decode rows,
+so the answer's Harmony header and first text come at decode speed. That waiting is drawn from a bank refilled at a
+tenth of the clock's time and holding at most an answer's beginning (a few of the steps that waited, as long as the
+last one took: on a CPU at the real width a piece takes several decode steps' time, so the answer would otherwise
+wait for several pieces), so prompts lose at most a tenth of the engine's time to each bank, however many answers
+begin.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ OVERHEAD = 0.1  # a piece is never cut so short that a run's fixed cost exceeds 
 PROBE_TOKENS = (8, 64)  # the runs' sizes that calibrate measures
 PROBE_RUNS = 3  # the fastest of these runs of each kind counts (the first may pay for allocations)
 GIVE_WAY_SHARE = 0.1  # of the clock's time, the most that prompt pieces wait for lighter tenants' answers to begin
-GIVE_WAY_BANK_S = 0.05  # the most of that waiting banked while nothing waits (an answer's beginning is a few steps)
+GIVE_WAY_BANK_S = 0.05  # the least of that waiting banked while nothing waits
+GIVE_WAY_STEPS = 4  # the bank holds up to this many waiting steps' time, as long as the last one took (an answer's
+# beginning: its Harmony header and first text)
 
 
 class ChunkPieces:
@@ -75,27 +79,39 @@ class ChunkPieces:
 
 class GiveWay:
     """The time prompt pieces may still wait for answers beginning: a bank refilled at `share` of the clock's time,
-    up to `bank_s`; steps run without a piece draw their time from it, and with the bank empty the pieces run."""
+    up to `bank_s` or `steps` of the waiting steps, as long as the last one took, whichever is more; steps run
+    without a piece draw their time from it, and with the bank empty the pieces run."""
 
     def __init__(
         self,
         share: float = GIVE_WAY_SHARE,
         bank_s: float = GIVE_WAY_BANK_S,
+        steps: int = GIVE_WAY_STEPS,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.share = share
         self.bank_s = bank_s
+        self.steps = steps
         self._clock = clock
         self._left = bank_s
+        self._step_s = 0.0  # the last waiting step's time
         self._at = clock()
+
+    @property
+    def cap_s(self) -> float:
+        """The most the bank holds."""
+        return max(self.bank_s, self.steps * self._step_s)
 
     def open(self) -> bool:
         """Whether a piece may wait this step."""
         now = self._clock()
-        self._left = min(self.bank_s, self._left + (now - self._at) * self.share)
+        self._left = min(self.cap_s, self._left + (now - self._at) * self.share)
         self._at = now
         return self._left > 0
 
     def spend(self, seconds: float) -> None:
         """A step ran without its piece for `seconds`."""
+        if not self._step_s:  # the first: the bank was full (nothing had waited), at a cap known only now
+            self._left = max(self._left, self.steps * seconds)
         self._left -= seconds
+        self._step_s = seconds

@@ -171,19 +171,21 @@ async def _drain(engine: EngineBackend, request: GenerateRequest) -> None:
         pass
 
 
-def test_a_worse_tier_s_prompt_waits_while_a_better_tier_s_answer_begins(checkpoint, tmp_path):
+def test_a_worse_tier_s_prompt_waits_while_a_better_tier_s_answer_begins(checkpoint, tmp_path, monkeypatch):
     """Between B's first and second tokens (the first steps of B's Harmony header) A's prompt goes on by a piece
-    when A is of B's tier, and by nothing when A is `flex`: B's answer begins without A's pieces in its steps."""
+    when A is of B's tier, and by nothing when A is `flex`: B's answer begins without A's pieces in its steps. (The
+    banks of giving way within a tier are empty: the tier alone decides.)"""
+    monkeypatch.setattr(batcher, "GiveWay", lambda: GiveWay(share=0.0, bank_s=0.0))
     same = asyncio.run(_prefill_during_b_s_start(checkpoint, tmp_path, "default"))
     assert same[1] > same[0], f"A's prompt ended before B began: nothing measured ({same})"
     flex = asyncio.run(_prefill_during_b_s_start(checkpoint, tmp_path, "flex"))
     assert flex[1] == flex[0], flex
 
 
-async def _prefill_as_lighter_b_begins(checkpoint: Path, tmp_path: Path) -> list[int]:
-    """Tenant A decodes a long answer while its 6,000-token prompt runs in pieces of 5 ms; B's short request (one
-    sequence against A's two, the same tier) arrives meanwhile: the engine's prefill tokens as each of B's first
-    FIRST_TOKENS tokens arrives."""
+async def _prefill_as_b_begins(checkpoint: Path, tmp_path: Path, b_tenant: str = "b") -> list[int]:
+    """Tenant A decodes a long answer while its 6,000-token prompt runs in pieces of 5 ms; a short request of
+    `b_tenant` (B: one sequence against A's two, the same tier; or A's own) arrives meanwhile: the engine's prefill
+    tokens as each of its first FIRST_TOKENS tokens arrives."""
     options = EngineOptions(
         checkpoint=str(checkpoint), max_batch=4, max_positions=8192, prefill_chunk=8192, prefill_piece_ms=5.0,
         cache_dir=str(tmp_path),
@@ -198,7 +200,7 @@ async def _prefill_as_lighter_b_begins(checkpoint: Path, tmp_path: Path) -> list
         started = time.monotonic()
         while engine.engine_stats().prefill_tokens <= len(first.prompt) and time.monotonic() - started < 30:
             await asyncio.sleep(0.001)  # A's long prompt's pieces are running
-        async for chunk in engine.generate(_request("b", 20, 8)):
+        async for chunk in engine.generate(_request(b_tenant, 20, 8)):
             seen += [engine.engine_stats().prefill_tokens] * len(chunk.tokens)
             if len(seen) >= FIRST_TOKENS:
                 break
@@ -214,18 +216,31 @@ def test_a_prompt_gives_way_while_a_lighter_tenant_s_answer_begins(checkpoint, t
     piece: B runs fewer sequences than A. With the bank of that waiting empty, A's pieces go on in those steps. (The
     first run's bank is deep, so a slow machine's steps cannot drain it: its arithmetic is tested below.)"""
     monkeypatch.setattr(batcher, "GiveWay", lambda: GiveWay(bank_s=60.0))
-    waited = asyncio.run(_prefill_as_lighter_b_begins(checkpoint, tmp_path))
+    waited = asyncio.run(_prefill_as_b_begins(checkpoint, tmp_path))
     assert len(set(waited)) == 1, waited
     monkeypatch.setattr(batcher, "GiveWay", lambda: GiveWay(share=0.0, bank_s=0.0))
-    ran = asyncio.run(_prefill_as_lighter_b_begins(checkpoint, tmp_path))
+    ran = asyncio.run(_prefill_as_b_begins(checkpoint, tmp_path))
     assert ran[-1] > ran[0], f"A's prompt ended before B began: nothing measured ({ran})"
+
+
+def test_a_prompt_gives_way_while_its_own_tenant_s_short_answer_begins(checkpoint, tmp_path, monkeypatch):
+    """A's own short request (a conversation's next turn) arriving while A's 6,000-token prompt fills: its first
+    FIRST_TOKENS tokens come with A's prompt advanced by no piece, from the bank of answers of the prompt's own
+    tenant (the lighter tenants' bank empty); with that bank empty too, A's pieces go on in those steps."""
+    banks = iter([GiveWay(share=0.0, bank_s=0.0), GiveWay(bank_s=60.0)])  # the lighter tenants', then the alike's
+    monkeypatch.setattr(batcher, "GiveWay", lambda: next(banks))
+    waited = asyncio.run(_prefill_as_b_begins(checkpoint, tmp_path, b_tenant="a"))
+    assert len(set(waited)) == 1, waited
+    monkeypatch.setattr(batcher, "GiveWay", lambda: GiveWay(share=0.0, bank_s=0.0))
+    ran = asyncio.run(_prefill_as_b_begins(checkpoint, tmp_path, b_tenant="a"))
+    assert ran[-1] > ran[0], f"A's prompt ended before its short answer began: nothing measured ({ran})"
 
 
 def test_the_give_way_bank_fills_at_its_share_of_the_clock_up_to_its_cap():
     """Waiting spends the bank; it refills at a tenth of the time passed, never past its cap, and an empty bank says
     no until it has refilled."""
     clock = [0.0]
-    bank = GiveWay(share=0.1, bank_s=0.05, clock=lambda: clock[0])
+    bank = GiveWay(share=0.1, bank_s=0.05, steps=1, clock=lambda: clock[0])  # steps shorter than the cap
     assert bank.open()
     bank.spend(0.05)
     assert not bank.open()
@@ -238,6 +253,23 @@ def test_the_give_way_bank_fills_at_its_share_of_the_clock_up_to_its_cap():
     bank.spend(0.049)
     assert bank.open()
     bank.spend(0.002)
+    assert not bank.open()
+
+
+def test_the_give_way_bank_holds_an_answer_s_beginning_of_steps_as_long_as_the_last():
+    """Steps longer than the least cap (a CPU at the real width): the bank, full before the first waiting step,
+    holds `steps` of them as long as the last one took, so an answer's whole beginning waits for no piece; then it
+    refills at its share up to that cap."""
+    clock = [0.0]
+    bank = GiveWay(share=0.1, bank_s=0.05, steps=4, clock=lambda: clock[0])
+    for _ in range(4):  # a beginning's four steps of 80 ms each (the clock held: no refill meanwhile)
+        assert bank.open()
+        bank.spend(0.08)
+    assert not bank.open()
+    clock[0] += 100.0
+    assert bank.open()
+    assert bank.cap_s == pytest.approx(0.32)
+    bank.spend(0.32)
     assert not bank.open()
 
 
