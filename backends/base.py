@@ -178,6 +178,7 @@ class RoutingReport:
     prompt_tokens: int  # prompt tokens of the routed generations
     matched_tokens: int  # of those, tokens the chosen server held (by its events, or by what was routed there)
     servers: dict[str, ServerReport]  # by URL
+    warmups: int = 0  # hot prefixes sent ahead to a server that did not hold them (routing/warming.py)
 
 
 class SharedRoutes(Protocol):

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from .base import BackendError, Capabilities, Chunk, GenerateRequest, RoutingReport, SharedRoutes, parse_options
 from .cache_salt import TenantSalt
 from .routing import kv_events, load_metrics, vllm_events
-from .routing.router import PrefixRouter, RoutingSettings
+from .routing.router import PrefixRouter, RoutingSettings, Warm
 from .routing.shared_record import SharedRecord
 from .sse_reader import EventTooLarge, sse_events
 from .upstreams import Upstream, UpstreamPool
@@ -95,6 +95,12 @@ class RemoteOptions(BaseModel):
     """Routed pages remembered per server."""
     routing_min_match: float = Field(default=0.3, ge=0, le=1)
     """A server holding less than this share of a prompt is routed to as if it held none (SGLang: cache_threshold)."""
+    prefix_warming_min_tokens: int = Field(default=512, ge=0)
+    """A prefix that requests of different sessions share (a tenant's long system prompt), this long or longer, is
+    sent ahead (one token asked, at the flex tier) to a lighter server that does not hold it while the server
+    holding it is busier, so later requests spread without paying its prefill (0: never)."""
+    prefix_warming_window_s: float = Field(default=60.0, gt=0)
+    """Sessions matching one prefix this close together make it hot; a server is warmed with it once a window."""
     load_metrics_interval_s: float = Field(default=1.0, ge=0)
     """How often servers' /metrics are read (0: never)."""
     kv_events_endpoints: list[str] | None = None
@@ -197,10 +203,13 @@ class RemoteBackend:
                 options.routing_capacity_pages,
                 options.routing_min_match,
                 options.server_slots,
+                options.prefix_warming_min_tokens,
+                options.prefix_warming_window_s,
             )
             published = dialect.publishes_pages or options.kv_events_endpoints is not None
             self.router = PrefixRouter([u.url for u in self.pool.upstreams], settings, published, salt)
         self._watchers: list[asyncio.Task[None]] = []
+        self._warmups: set[asyncio.Task[None]] = set()
         self.shared: SharedRecord | None = None  # what every replica sent where (Redis), when shared
         self._session: aiohttp.ClientSession | None = None
 
@@ -260,9 +269,9 @@ class RemoteBackend:
         return self.router.report({u.url: u.outstanding for u in self.pool.upstreams})
 
     async def aclose(self) -> None:
-        for watcher in self._watchers:
-            watcher.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
+        for task in (*self._watchers, *self._warmups):
+            task.cancel()
+        await asyncio.gather(*self._watchers, *self._warmups, return_exceptions=True)
         await self.pool.aclose()
         if self._session is not None:
             await self._session.close()
@@ -288,6 +297,9 @@ class RemoteBackend:
             tried.append(upstream)
             generated: list[int] = []
             sending = None if chooser is None else chooser.sending(upstream)  # its prompt, queued there till it answers
+            warm = None if chooser is None or chooser.decision is None else chooser.decision.warm
+            if warm is not None and attempt == 0:
+                self._send_ahead(request, warm)
             try:
                 async with aclosing(self._attempt(upstream, sent, body)) as chunks:
                     async for chunk in chunks:
@@ -335,6 +347,51 @@ class RemoteBackend:
                 if record is not None:
                     record.note(scope, router.shared_names(names + answer)[len(names) :], upstream.url)
             return
+
+    def _send_ahead(self, request: GenerateRequest, warm: Warm) -> None:
+        """Send the request's first `warm.tokens` prompt tokens to `warm.url` in the background (warming.py)."""
+        ahead = GenerateRequest(
+            request.prompt[: warm.tokens],
+            1,
+            (),
+            f"{request.request_id}.warm",
+            cache_key=request.cache_key,
+            tenant=request.tenant,
+            weight=request.weight,
+            tier="flex",
+        )
+        task = asyncio.create_task(self._warm(ahead, warm.url))
+        self._warmups.add(task)
+        task.add_done_callback(self._warmups.discard)
+
+    async def _warm(self, request: GenerateRequest, url: str) -> None:
+        """One attempt at `url`, its output dropped; once it answers, the server holds the prefix (noted as a
+        generation's prompt is)."""
+        router, record = self.router, self.shared
+        assert router is not None
+        upstream = next((u for u in self.pool.upstreams if u.url == url), None)
+        try:
+            if upstream is None or not upstream.healthy:
+                return
+            pages = router.pages(request)
+            sending = router.sending(url, len(request.prompt), pages)
+            try:
+                async with aclosing(self._attempt(upstream, request, self._body(request))) as chunks:
+                    async for chunk in chunks:
+                        if chunk.tokens:
+                            sending.answering()
+                            if record is not None:
+                                names = router.shared_names(pages.routed())
+                                record.note(router.shared_scope(request), names, url)
+                            break
+            finally:
+                sending.done()
+        except _Failure as failure:
+            if failure.upstream_fault:
+                self.pool.failed(upstream, failure.reason)
+            log.info("prefix_warming_failed", backend=self.dialect.name, upstream=url, reason=failure.reason)
+        finally:
+            router.warming.done()
 
     async def _attempt(self, upstream: Upstream, request: GenerateRequest, body: bytes) -> AsyncIterator[Chunk]:
         options = self.options

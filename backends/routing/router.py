@@ -30,6 +30,7 @@ reveals another's.
 
 from __future__ import annotations
 
+import array
 import collections
 import hashlib
 import time
@@ -45,6 +46,7 @@ from backends.upstreams import Upstream
 
 from .held_pages import PublishedPages, RoutedPages
 from .vllm_events import salt_namespace
+from .warming import PrefixWarming
 
 How = Literal["prefix", "load", "key"]
 LOAD_FRESH_S = 5.0  # a server's reported load older than this is not used
@@ -59,6 +61,8 @@ class RoutingSettings:
     routed_capacity_pages: int
     min_match: float = 0.3  # a server holding less of a prompt than this share is no reason to go there
     server_slots: int | None = None  # requests a server runs at once, where it does not say (None: unknown)
+    warm_min_tokens: int = 0  # a hot prefix this long or longer is sent ahead to a lighter server (0: never)
+    warm_window_s: float = 60.0  # sessions matching a prefix this close together make it hot (warming.py)
 
 
 @dataclass(slots=True)
@@ -110,11 +114,20 @@ class ServerView:
 
 
 @dataclass(frozen=True, slots=True)
+class Warm:
+    """A server to send a hot prefix to (warming.py): the request's first `tokens` prompt tokens."""
+
+    url: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     url: str
     how: How
     matched_tokens: int
     prompt_tokens: int  # of its prompt, those the server runs (not held there)
+    warm: Warm | None = None
 
 
 class Sending:
@@ -213,6 +226,7 @@ class PrefixRouter:
         self.salt = salt
         self._fleet = hashlib.blake2b("\0".join(sorted(urls)).encode(), digest_size=8).hexdigest()
         self.stats = RoutingStats()
+        self.warming = PrefixWarming(settings.warm_window_s)
         self.servers = {
             url: ServerView(
                 RoutedPages(settings.routed_capacity_pages, settings.routed_ttl_s),
@@ -256,7 +270,7 @@ class PrefixRouter:
         shared = shared or {}
         prompt = len(request.prompt)
         names = names or self.pages(request)
-        loads = {url: self.servers[url].load(outstanding) for url, outstanding in candidates.items()}
+        loads = every = {url: self.servers[url].load(outstanding) for url, outstanding in candidates.items()}
         lightest = min(loads.values())
         # overloaded beside the others: whatever it holds, it gets no more; nor does a full server while another
         # has a free slot (a request queued there would wait for a whole answer to end)
@@ -289,7 +303,42 @@ class PrefixRouter:
         self.stats.routed[how] += 1
         self.stats.prompt_tokens += prompt
         self.stats.matched_tokens += held
-        return Decision(url, how, held, prompt - held)
+        warm = self._warm(request, names, shared, every, url, held) if how == "prefix" else None
+        return Decision(url, how, held, prompt - held, warm)
+
+    def _warm(
+        self,
+        request: GenerateRequest,
+        names: PromptPages,
+        shared: dict[str, int],
+        loads: dict[str, float],
+        chosen: str,
+        held: int,
+    ) -> Warm | None:
+        """The server to send the request's held prefix to, if that prefix is hot and a healthy server lighter than
+        the chosen one does not hold it (warming.py)."""
+        page = self.settings.page_tokens
+        pages = held // page
+        if not self.settings.warm_min_tokens or pages * page < self.settings.warm_min_tokens:
+            return None
+        routed = names.routed()
+        prefix = routed[min(pages, len(routed)) - 1]
+        own = hashlib.blake2b(array.array("q", request.prompt[pages * page :]).tobytes(), digest_size=8).digest()
+        if not self.warming.hot(prefix, own):  # the request's own: what its prompt holds after the prefix
+            return None
+        enough = self.settings.min_match * len(request.prompt)
+        cold = [
+            url
+            for url, load in loads.items()
+            if load < loads[chosen]
+            and self._held(self.servers[url], request, names, shared.get(url, 0)) < enough
+            and self.warming.may_warm(prefix, url)
+        ]
+        if not cold:
+            return None
+        url = min(cold, key=lambda u: (loads[u], _rendezvous(prefix.hex(), u)))
+        self.warming.start(prefix, url)
+        return Warm(url, pages * page)
 
     def sending(self, url: str, tokens: int, names: PromptPages) -> Sending:
         """A request with `tokens` of its prompt to run sent to `url`."""
@@ -314,7 +363,7 @@ class PrefixRouter:
                 events_in_sync=None if published is None else published.in_sync,
             )
         stats = self.stats
-        return RoutingReport(dict(stats.routed), stats.prompt_tokens, stats.matched_tokens, servers)
+        return RoutingReport(dict(stats.routed), stats.prompt_tokens, stats.matched_tokens, servers, self.warming.sent)
 
     def _anchor(self, request: GenerateRequest, names: PromptPages) -> str:
         """The request's own tie-breaker, the same on every replica: its prompt's last page (or, shorter, its

@@ -357,6 +357,11 @@ class RoutingCollector(Collector):
             "Pages a server holds: as it publishes them, and as remembered from what was routed there",
             labels=["backend", "upstream", "source"],
         )
+        warmups = CounterMetricFamily(
+            "gateway_routing_prefix_warmups",
+            "Hot shared prefixes sent ahead to a lighter server that did not hold them (one token asked, flex tier)",
+            labels=["backend"],
+        )
         in_sync = GaugeMetricFamily(
             "gateway_upstream_page_events_in_sync",
             "1 while a server's page events are followed (0: routing to it falls back to what was routed there)",
@@ -370,6 +375,7 @@ class RoutingCollector(Collector):
                 routed.add_metric([name, how], count)
             tokens.add_metric([name, "all"], report.prompt_tokens)
             tokens.add_metric([name, "matched"], report.matched_tokens)
+            warmups.add_metric([name], report.warmups)
             for url, server in report.servers.items():
                 load.add_metric([name, url], server.load)
                 queued.add_metric([name, url], server.queued_tokens)
@@ -377,4 +383,4 @@ class RoutingCollector(Collector):
                 if server.events_in_sync is not None:
                     pages.add_metric([name, url, "published"], server.published_pages)
                     in_sync.add_metric([name, url], 1 if server.events_in_sync else 0)
-        yield from (routed, tokens, load, queued, pages, in_sync)
+        yield from (routed, tokens, warmups, load, queued, pages, in_sync)

@@ -252,3 +252,48 @@ def test_a_server_s_pushed_load_is_taken_only_from_its_own_well_formed_events():
         with pytest.raises(OutOfOrder):
             _apply(view, bad)
         assert view.pushed == (4, 2, 900, 3), bad
+
+
+def _warming(min_tokens: int = 256) -> PrefixRouter:
+    settings = RoutingSettings(32, 2, 600.0, 65_536, 0.3, warm_min_tokens=min_tokens, warm_window_s=60.0)
+    return PrefixRouter(URLS, settings, published=False)
+
+
+def test_a_hot_shared_prefix_is_sent_ahead_to_each_lighter_server_that_does_not_hold_it_once():
+    """A tenant's sessions on one long system prompt (800 tokens): the first holds it on one server; from the second
+    session matching it there (two sessions: hot) while that server is busier than another, the prompt's held
+    pages are named for the least loaded server without them, then for the next, each server once a window."""
+    router = _warming()
+    holder = _answered(router, _session(0), dict.fromkeys(URLS, 0)).url
+    in_flight = dict.fromkeys(URLS, 0) | {holder: 1}
+    first = router.choose(_session(1), dict(in_flight))
+    assert first.url == holder and first.how == "prefix" and first.warm is None  # one session: not hot yet
+    in_flight[holder] = 2
+    warmed = []
+    for index in range(2, 6):
+        decision = router.choose(_session(index), dict(in_flight))
+        assert decision.url == holder
+        if decision.warm is not None:
+            warmed.append(decision.warm)
+            assert decision.warm.tokens == 800  # the pages it shares, whole
+            in_flight[decision.warm.url] += 1  # the warm-up runs there
+    assert sorted(w.url for w in warmed) == sorted(u for u in URLS if u != holder)  # each other server, once
+    assert router.report(in_flight).warmups == 2
+
+
+def test_nothing_is_sent_ahead_for_a_conversation_s_turns_an_idle_holder_or_with_warming_off():
+    """A conversation's turns match pages only it wrote (never hot); a hot prefix on a server no busier than the
+    others stays there; `warm_min_tokens` 0 sends nothing ahead."""
+    router = _warming()
+    first = _answered(router, _conversation(5), dict.fromkeys(URLS, 0))
+    busy = dict.fromkeys(URLS, 0) | {first.url: 2}
+    for turns in range(2, 6):
+        decision = _answered(router, _conversation(5, turns=turns), busy)
+        assert decision.url == first.url and decision.warm is None
+    idle = _warming()
+    _answered(idle, _session(0), dict.fromkeys(URLS, 0))
+    assert all(idle.choose(_session(i), dict.fromkeys(URLS, 1)).warm is None for i in range(1, 5))
+    off = _warming(min_tokens=0)
+    holder = _answered(off, _session(0), dict.fromkeys(URLS, 0)).url
+    loaded = dict.fromkeys(URLS, 0) | {holder: 2}
+    assert all(off.choose(_session(i), loaded).warm is None for i in range(1, 5))

@@ -164,6 +164,7 @@ def test_a_replica_started_later_routes_by_what_the_servers_hold_within_seconds(
 
 def test_a_system_prompt_shared_by_many_sessions_spreads_over_the_servers_under_load(fleet):
     before = _served(fleet["servers"])
+    warmed = sum(_metric(replica, "gateway_routing_prefix_warmups_total") for replica in fleet["replicas"])
 
     def session(index: int) -> int:
         answer = _chat(fleet["replicas"][index % 2]).chat.completions.create(
@@ -177,10 +178,42 @@ def test_a_system_prompt_shared_by_many_sessions_spreads_over_the_servers_under_
     with ThreadPoolExecutor(12) as pool:
         prompts = list(pool.map(session, range(12)))
     per_server = [after - earlier for after, earlier in zip(_served(fleet["servers"]), before, strict=True)]
-    assert sum(per_server) == sum(prompts)
+    ahead = sum(_metric(replica, "gateway_routing_prefix_warmups_total") for replica in fleet["replicas"]) - warmed
+    assert sum(prompts) <= sum(per_server) <= sum(prompts) + ahead * max(prompts)  # and the prefix sent ahead
     seen = (per_server, _upstream_events(fleet["replicas"]))  # an ejection would explain a server left out
     assert sum(1 for tokens in per_server if tokens) == 3, seen  # the shared prefix did not pin one server
     assert max(per_server) / (sum(per_server) / 3) <= 2.0, seen
+
+
+def test_a_hot_shared_prompt_is_sent_ahead_to_the_servers_that_do_not_hold_it(fleet):
+    """One session on a new long system prompt, then sessions on it two at a time through both replicas: the
+    server holding it is busier than the others, and the replicas send the prompt ahead to them (flex, one token),
+    so they hold it before a session goes there: sessions spread over more than one server, each answered from
+    its cache (without the prompt sent ahead they stay on the holder, or one pays the prefill elsewhere)."""
+    system = "You answer for the warm desk. " + " ".join(f"clause{i} holds" for i in range(220))
+    replicas = fleet["replicas"]
+    warmed = sum(_metric(replica, "gateway_routing_prefix_warmups_total") for replica in replicas)
+    hits = [s.metrics()["vllm:prefix_cache_hits_total"] for s in fleet["servers"]]
+
+    def session(index: int) -> int:
+        answer = _chat(replicas[index % 2]).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": f"Desk session {index}"}],
+            max_tokens=200,  # long enough that a session is still answering when the next is routed
+            temperature=0,
+        )
+        return answer.usage.prompt_tokens_details.cached_tokens
+
+    assert session(0) < 256  # Harmony's opening alone: the new prompt is held nowhere
+    with ThreadPoolExecutor(2) as pool:  # within the servers' slots: the holder is never full, only busier
+        cached = list(pool.map(session, range(1, 13)))
+    ahead = sum(_metric(replica, "gateway_routing_prefix_warmups_total") for replica in replicas) - warmed
+    seen = (ahead, cached, _upstream_events(replicas))
+    assert 1 <= ahead <= 4, seen  # each other server once a window, from each replica at most
+    grown = [s.metrics()["vllm:prefix_cache_hits_total"] - h for s, h in zip(fleet["servers"], hits, strict=True)]
+    # sessions spread to a server the prompt was sent ahead to, and none paid its prefill there
+    assert sum(tokens >= 512 for tokens in grown) >= 2, (grown, seen)
+    assert min(cached) >= 512, seen
 
 
 def _upstream_events(replicas: list[GatewayProcess]) -> list[str]:
