@@ -298,7 +298,7 @@ class RemoteBackend:
             generated: list[int] = []
             sending = None if chooser is None else chooser.sending(upstream)  # its prompt, queued there till it answers
             warm = None if chooser is None or chooser.decision is None else chooser.decision.warm
-            if warm is not None and attempt == 0:
+            if warm is not None:
                 self._send_ahead(request, warm)
             try:
                 async with aclosing(self._attempt(upstream, sent, body)) as chunks:
@@ -360,14 +360,14 @@ class RemoteBackend:
             weight=request.weight,
             tier="flex",
         )
-        task = asyncio.create_task(self._warm(ahead, warm.url))
+        task = asyncio.create_task(self._warm(ahead, warm))
         self._warmups.add(task)
         task.add_done_callback(self._warmups.discard)
 
-    async def _warm(self, request: GenerateRequest, url: str) -> None:
+    async def _warm(self, request: GenerateRequest, warm: Warm) -> None:
         """One attempt at `url`, its output dropped; once it answers, the server holds the prefix (noted as a
         generation's prompt is)."""
-        router, record = self.router, self.shared
+        router, record, url = self.router, self.shared, warm.url
         assert router is not None
         upstream = next((u for u in self.pool.upstreams if u.url == url), None)
         try:
@@ -391,7 +391,7 @@ class RemoteBackend:
                 self.pool.failed(upstream, failure.reason)
             log.info("prefix_warming_failed", backend=self.dialect.name, upstream=url, reason=failure.reason)
         finally:
-            router.warming.done()
+            router.warming.done(warm.prefix, url)
 
     async def _attempt(self, upstream: Upstream, request: GenerateRequest, body: bytes) -> AsyncIterator[Chunk]:
         options = self.options

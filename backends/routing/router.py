@@ -115,10 +115,12 @@ class ServerView:
 
 @dataclass(frozen=True, slots=True)
 class Warm:
-    """A server to send a hot prefix to (warming.py): the request's first `tokens` prompt tokens."""
+    """A server to send a hot prefix to (warming.py): the request's first `tokens` prompt tokens, their last page
+    named `prefix`."""
 
     url: str
     tokens: int
+    prefix: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +272,19 @@ class PrefixRouter:
         shared = shared or {}
         prompt = len(request.prompt)
         names = names or self.pages(request)
+        enough = self.settings.min_match * prompt
+        holds = {
+            url: min(self._held(self.servers[url], request, names, shared.get(url, 0)), max(prompt - 1, 0))
+            for url in candidates
+        }
+        holds = {url: held if held >= enough else 0 for url, held in holds.items()}  # a shared opening alone
+        # (Harmony's system message) pulls nowhere
+        prefix = self._shared_prefix(names, max(holds.values()))
+        # a server this replica is sending the prefix ahead to gets no request on it while another holds it: it
+        # would wait there for that prefill, where it waits on a holder only for a slot
+        warming = self.warming.at(prefix[0]) if prefix is not None else set()
+        if any(holds[url] for url in candidates if url not in warming):
+            candidates = {url: count for url, count in candidates.items() if url not in warming}
         loads = every = {url: self.servers[url].load(outstanding) for url, outstanding in candidates.items()}
         lightest = min(loads.values())
         # overloaded beside the others: whatever it holds, it gets no more; nor does a full server while another
@@ -277,13 +292,6 @@ class PrefixRouter:
         loads = {url: load for url, load in loads.items() if load <= lightest + self.settings.load_slack}
         with_room = {url: load for url, load in loads.items() if not self.servers[url].full(load)}
         loads = with_room or loads
-        enough = self.settings.min_match * prompt
-        holds = {
-            url: min(self._held(self.servers[url], request, names, shared.get(url, 0)), max(prompt - 1, 0))
-            for url in loads
-        }
-        holds = {url: held if held >= enough else 0 for url, held in holds.items()}  # a shared opening alone
-        # (Harmony's system message) pulls nowhere
         anchor = request.cache_key or self._anchor(request, names)
         scored = []
         for url, load in loads.items():
@@ -303,28 +311,35 @@ class PrefixRouter:
         self.stats.routed[how] += 1
         self.stats.prompt_tokens += prompt
         self.stats.matched_tokens += held
-        warm = self._warm(request, names, shared, every, url, held) if how == "prefix" else None
+        warm = None
+        if how == "prefix" and prefix is not None:
+            warm = self._warm(request, names, prefix, shared, every, url)
         return Decision(url, how, held, prompt - held, warm)
+
+    def _shared_prefix(self, names: PromptPages, held: int) -> tuple[bytes, int] | None:
+        """Of the `held` leading prompt tokens, the whole routed pages: the last one's name and their tokens, where
+        they are long enough to send ahead (None: not, or warming off)."""
+        page = self.settings.page_tokens
+        pages = min(held // page, len(names.routed()))
+        if not self.settings.warm_min_tokens or pages * page < self.settings.warm_min_tokens:
+            return None
+        return names.routed()[pages - 1], pages * page
 
     def _warm(
         self,
         request: GenerateRequest,
         names: PromptPages,
+        prefix: tuple[bytes, int],
         shared: dict[str, int],
         loads: dict[str, float],
         chosen: str,
-        held: int,
     ) -> Warm | None:
-        """The server to send the request's held prefix to, if that prefix is hot and a healthy server lighter than
-        the chosen one does not hold it (warming.py)."""
-        page = self.settings.page_tokens
-        pages = held // page
-        if not self.settings.warm_min_tokens or pages * page < self.settings.warm_min_tokens:
-            return None
-        routed = names.routed()
-        prefix = routed[min(pages, len(routed)) - 1]
-        own = hashlib.blake2b(array.array("q", request.prompt[pages * page :]).tobytes(), digest_size=8).digest()
-        if not self.warming.hot(prefix, own):  # the request's own: what its prompt holds after the prefix
+        """The server to send the request's first `tokens` prompt tokens to (`prefix`: the name of their last page,
+        and `tokens`), if they are hot and a healthy server lighter than the chosen one does not hold them
+        (warming.py)."""
+        name, tokens = prefix
+        own = hashlib.blake2b(array.array("q", request.prompt[tokens:]).tobytes(), digest_size=8).digest()
+        if not self.warming.hot(name, own):  # own: what its prompt holds after the prefix
             return None
         enough = self.settings.min_match * len(request.prompt)
         cold = [
@@ -332,13 +347,13 @@ class PrefixRouter:
             for url, load in loads.items()
             if load < loads[chosen]
             and self._held(self.servers[url], request, names, shared.get(url, 0)) < enough
-            and self.warming.may_warm(prefix, url)
+            and self.warming.may_warm(name, url)
         ]
         if not cold:
             return None
-        url = min(cold, key=lambda u: (loads[u], _rendezvous(prefix.hex(), u)))
-        self.warming.start(prefix, url)
-        return Warm(url, pages * page)
+        url = min(cold, key=lambda u: (loads[u], _rendezvous(name.hex(), u)))
+        self.warming.start(name, url)
+        return Warm(url, tokens, name)
 
     def sending(self, url: str, tokens: int, names: PromptPages) -> Sending:
         """A request with `tokens` of its prompt to run sent to `url`."""

@@ -45,7 +45,7 @@ class PrefixWarming:
         self._clock = clock
         self._seen: collections.OrderedDict[bytes, _Seen] = collections.OrderedDict()
         self._warmed: dict[tuple[bytes, str], float] = {}  # (prefix, url) → when its warm-up was sent
-        self.in_flight = 0
+        self._in_flight: collections.Counter[tuple[bytes, str]] = collections.Counter()
         self.sent = 0  # warm-ups sent since start
 
     def hot(self, prefix: bytes, anchor: bytes) -> bool:
@@ -66,7 +66,7 @@ class PrefixWarming:
 
     def may_warm(self, prefix: bytes, url: str) -> bool:
         """Whether a warm-up of `prefix` may go to `url` now."""
-        if self.in_flight >= self.most_at_once:
+        if self._in_flight.total() >= self.most_at_once:
             return False
         sent = self._warmed.get((prefix, url))
         return sent is None or self._clock() - sent > self.window_s
@@ -75,9 +75,15 @@ class PrefixWarming:
         now = self._clock()
         self._warmed = {key: at for key, at in self._warmed.items() if now - at <= self.window_s}
         self._warmed[(prefix, url)] = now
-        self.in_flight += 1
+        self._in_flight[(prefix, url)] += 1
         self.sent += 1
 
-    def done(self) -> None:
+    def at(self, prefix: bytes) -> set[str]:
+        """The servers a warm-up of `prefix` is in flight to."""
+        return {url for (name, url), count in self._in_flight.items() if name == prefix and count > 0}
+
+    def done(self, prefix: bytes, url: str) -> None:
         """A warm-up ended (answered or failed)."""
-        self.in_flight -= 1
+        self._in_flight[(prefix, url)] -= 1
+        if self._in_flight[(prefix, url)] <= 0:
+            del self._in_flight[(prefix, url)]

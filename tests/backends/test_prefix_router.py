@@ -297,3 +297,26 @@ def test_nothing_is_sent_ahead_for_a_conversation_s_turns_an_idle_holder_or_with
     holder = _answered(off, _session(0), dict.fromkeys(URLS, 0)).url
     loaded = dict.fromkeys(URLS, 0) | {holder: 2}
     assert all(off.choose(_session(i), loaded).warm is None for i in range(1, 5))
+
+
+def test_a_server_still_being_sent_a_prefix_gets_no_request_on_it_while_another_holds_it():
+    """The holder full (two slots) and both other servers being sent the shared prompt ahead: a session on it waits
+    on the holder for a slot rather than there for the prefill; once a warm-up has answered (that server holds the
+    prompt), sessions go there."""
+    settings = RoutingSettings(32, 2, 600.0, 65_536, 0.3, server_slots=2, warm_min_tokens=256)
+    router = PrefixRouter(URLS, settings, published=False)
+    holder = _answered(router, _session(0), dict.fromkeys(URLS, 0)).url
+    in_flight = dict.fromkeys(URLS, 0) | {holder: 1}
+    router.choose(_session(1), dict(in_flight))
+    warms = [router.choose(_session(i), dict(in_flight)).warm for i in (2, 3)]
+    assert all(warms) and {w.url for w in warms} == set(URLS) - {holder}
+    for warm in warms:
+        in_flight[warm.url] += 1
+    in_flight[holder] = 2  # full
+    assert router.choose(_session(4), dict(in_flight)).url == holder
+    first = warms[0]
+    ahead = GenerateRequest(_session(2).prompt[: first.tokens], 1, (), "ahead", tenant="acme")
+    router.sending(first.url, first.tokens, router.pages(ahead)).answering()
+    router.warming.done(first.prefix, first.url)
+    in_flight[first.url] -= 1
+    assert router.choose(_session(5), dict(in_flight)).url == first.url
