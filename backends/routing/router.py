@@ -21,7 +21,9 @@ request with a `prompt_cache_key` goes to the server its key hashes to among the
 So a conversation goes back to the server that holds it while that server has room; a prefix many sessions share
 (a tenant's long system prompt) stays on the servers holding it while they have room within `load_slack`, and
 spreads one server at a time beyond that, the requests right after going where it is held rather than where it
-is still being run; and a miss goes where the fewest prompt tokens are queued, never to an overloaded server.
+is still being run; and a miss goes where the fewest prompt tokens are queued, never to an overloaded server. A
+hot shared prefix is also sent ahead to a lighter server that does not hold it (warming.py), which gets no request
+on it from this replica until that prefill has run, while another server holds it.
 
 Page names are those of backends/page_names.py, in the request's namespace: its tenant (and, on the built-in
 engine, its `prompt_cache_key` and the server's prefix-cache scope), so one tenant's prefix never attracts or
