@@ -510,7 +510,8 @@ class Batcher:
         """The bank the prompt filling would wait from this step for an answer beginning of its tier (None: no such
         answer): a lighter tenant's (running fewer sequences than the prompt's) draws from the lighter tenants' bank,
         one of its own tenant or of one running as many from the other, so that a tenant's own answers beginning
-        never spend what a lighter tenant's need; a heavier tenant's answer waits for no prompt of a lighter one."""
+        never spend what a lighter tenant's need, unless the prompt ends with its next piece; a heavier tenant's
+        answer waits for no prompt of a lighter one."""
         beginning = {s.tenant for s in decoding if s.beginning and s.rank == filling.rank}
         if not beginning:
             return None
@@ -518,9 +519,18 @@ class Batcher:
         own = counts[filling.tenant]
         if any(counts[tenant] < own for tenant in beginning):
             return self._give_way
-        if any(counts[tenant] == own for tenant in beginning):
+        if any(counts[tenant] == own for tenant in beginning) and not self._ends_in_a_piece(filling):
             return self._give_way_alike
         return None
+
+    def _ends_in_a_piece(self, filling: Sequence) -> bool:
+        """Whether the prompt's fill ends with its next piece: its own answer then begins right after, and an
+        alike answer beginning waits for that piece alone (three requests on one prompt start together)."""
+        start = filling.position
+        return (
+            len(self._pieces.first(filling.fill[start : start + self.prefill_chunk], start))
+            >= len(filling.fill) - start
+        )
 
     def _run(self, decoding: list[Sequence], filling: Sequence | None, chunk: list[int]) -> None:
         step = StepRows()
