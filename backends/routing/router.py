@@ -315,7 +315,7 @@ class PrefixRouter:
         self.stats.matched_tokens += held
         warm = None
         if how == "prefix" and prefix is not None:
-            warm = self._warm(request, names, prefix, shared, every, url)
+            warm = self._warm(request, prefix, holds, every, url)
         return Decision(url, how, held, prompt - held, warm)
 
     def _shared_prefix(self, names: PromptPages, held: int) -> tuple[bytes, int] | None:
@@ -330,26 +330,22 @@ class PrefixRouter:
     def _warm(
         self,
         request: GenerateRequest,
-        names: PromptPages,
         prefix: tuple[bytes, int],
-        shared: dict[str, int],
+        holds: dict[str, int],
         loads: dict[str, float],
         chosen: str,
     ) -> Warm | None:
         """The server to send the request's first `tokens` prompt tokens to (`prefix`: the name of their last page,
-        and `tokens`), if they are hot and a healthy server lighter than the chosen one does not hold them
-        (warming.py)."""
+        and `tokens`), if they are hot and a healthy server lighter than the chosen one does not hold them (`holds`:
+        what each server holds of the prompt, 0 below `min_match`; warming.py)."""
         name, tokens = prefix
         own = hashlib.blake2b(array.array("q", request.prompt[tokens:]).tobytes(), digest_size=8).digest()
         if not self.warming.hot(name, own):  # own: what its prompt holds after the prefix
             return None
-        enough = self.settings.min_match * len(request.prompt)
         cold = [
             url
             for url, load in loads.items()
-            if load < loads[chosen]
-            and self._held(self.servers[url], request, names, shared.get(url, 0)) < enough
-            and self.warming.may_warm(name, url)
+            if load < loads[chosen] and not holds[url] and self.warming.may_warm(name, url)
         ]
         if not cold:
             return None
