@@ -53,6 +53,7 @@ SOURCES = (
     "paged_attention_op.cc",
     "paged_attention_cpu.cc",
     "register.cc",
+    "amx_cpu.cc",
 )
 # the kernels' own headers
 HEADERS = (
@@ -66,6 +67,7 @@ HEADERS = (
     "dense_op.h",
     "weight_batches.h",
     "simd_cpu.h",
+    "amx_cpu.h",
     "kernel_dtype.h",
     "ort_dtype.h",
     "cuda_numbers.h",

@@ -14,6 +14,7 @@
 // The sums are float, in an order of their own: equal to a float32 MatMul's to float rounding. The vector paths are
 // written once against simd_cpu.h: AVX-512 in an x86-64-v4 build, AVX2 and FMA in an x86-64-v3 one, NEON on ARM.
 
+#include "amx_cpu.h"
 #include "dense_op.h"
 #include "simd_cpu.h"
 #include "weight_batches.h"
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 
@@ -82,6 +84,7 @@ struct Problem {
   int64_t rows;  // M
   int64_t k;
   int64_t n;
+  const uint16_t* packed = nullptr;  // x laid out for the AMX tiles (PackVectors), where they take the prefill
   float Scale(int64_t row) const { return scale != nullptr ? scale[row] : 1.0f; }
 };
 
@@ -337,6 +340,41 @@ void ChunkInput(Problem<W>& p, std::vector<float>& chunked) {
 #endif
 }
 
+#if defined(GPTOSS_AMX)
+// Output rows [first, last) (whole tiles) for every input row on the AMX tiles: the block's bf16 weight rows copied
+// into the tiles' layout, met by x as Dense packed it, the sums turned from (weight row, input row) to y's order.
+void AmxBlock(const Problem<Bf16Weights>& p, int64_t first, int64_t last) {
+  thread_local std::vector<uint16_t> tiles;
+  thread_local std::vector<float> sums;
+  const int64_t width = last - first, chunks = p.k / kAmxDepth;
+  tiles.resize(static_cast<size_t>(width * p.k));
+  for (int64_t r = 0; r < width; ++r) {
+    const uint16_t* row = p.w + (first + r) * p.k;
+    uint16_t* group = tiles.data() + r / kAmxRows * chunks * kAmxTileValues + r % kAmxRows * kAmxDepth;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      std::memcpy(group + chunk * kAmxTileValues, row + chunk * kAmxDepth, kAmxDepth * sizeof(uint16_t));
+    }
+  }
+  sums.resize(static_cast<size_t>(width * p.rows));
+  AmxDots(tiles.data(), width, p.k, p.packed, p.rows, sums.data());
+  for (int64_t m = 0; m < p.rows; ++m) {
+    for (int64_t r = 0; r < width; ++r) p.y[m * p.n + first + r] = sums[r * p.rows + m];
+  }
+}
+
+// Points p.packed at x laid out for the AMX tiles (in `packed`, which must outlive the tasks) where a bf16 prefill
+// takes them: many input rows, K in whole tile rows, and tiles this process may use.
+template <typename W>
+void PackForTiles(Problem<W>& p, std::vector<uint16_t>& packed) {
+  if (!std::is_same_v<W, Bf16Weights> || p.rows <= kFewRows || p.k % kAmxDepth != 0 || !AmxReady()) return;
+  std::vector<const float*> vectors(p.rows);
+  for (int64_t m = 0; m < p.rows; ++m) vectors[m] = p.x + m * p.k;
+  packed.resize(static_cast<size_t>(PackedVectorsSize(p.rows, p.k)));
+  PackVectors(vectors.data(), p.rows, p.k, packed.data());
+  p.packed = packed.data();
+}
+#endif
+
 template <typename W>
 void RunBlock(void* data, size_t task) {
   const Problem<W>& p = *static_cast<const Problem<W>*>(data);
@@ -346,6 +384,11 @@ void RunBlock(void* data, size_t task) {
     FewRows(p, first, last);
     return;
   }
+#if defined(GPTOSS_AMX)
+  if constexpr (std::is_same_v<W, Bf16Weights>) {
+    if (p.packed != nullptr && (last - first) % kAmxRows == 0) return AmxBlock(p, first, last);
+  }
+#endif
   thread_local std::vector<float> tile;
   ManyRows(p, first, last, tile);
 }
@@ -387,6 +430,10 @@ void Dense(OrtKernelContext* raw_context, const char* op, bool scaled) {
   }
   thread_local std::vector<float> chunked;  // kept from call to call: no allocation a step once it has grown
   ChunkInput(p, chunked);
+#if defined(GPTOSS_AMX)
+  thread_local std::vector<uint16_t> packed;
+  PackForTiles(p, packed);
+#endif
   const size_t tasks = static_cast<size_t>((p.n + kBlockRows - 1) / kBlockRows);
   // decode streams the weights: a thread takes a batch of consecutive blocks; prefill's tiles are arithmetic-bound,
   // split as ONNX Runtime splits them (a small matrix still spread over every thread)

@@ -14,6 +14,7 @@
 // into floats and tiles them against its tokens. The work is split over (expert, block of rows) on ONNX Runtime's
 // intra-op thread pool, a thread taking a batch of consecutive weights at a time (weight_batches.h).
 
+#include "amx_cpu.h"
 #include "mxfp4_moe_op.h"
 #include "simd_cpu.h"
 #include "weight_batches.h"
@@ -65,6 +66,7 @@ struct Scratch {
   std::vector<const float*> xs;
   std::vector<QuantizedRow> quantized;  // the int8 path's vectors
   std::vector<float> dots, decoded, acc;
+  std::vector<uint16_t> bf16;  // the AMX path's decoded rows
 };
 // Dot products of one MXFP4 row (cols / 2 code bytes, cols / 32 scales) with `count` vectors:
 // out[t] = row . xs[t]. Each block of 32 codes is decoded once and used for every vector.
@@ -837,6 +839,8 @@ struct PreparedRows {
   std::vector<int8_t> q, remainders;
   std::vector<float> d, permuted;
   std::vector<int32_t> offset_sums;
+  std::vector<uint16_t> packed;     // the AMX path's experts' vectors (PackVectors), each expert's from packed_at
+  std::vector<size_t> packed_at;  // by active index
 };
 
 // The layer's inputs, and how this step's tokens are spread over the experts.
@@ -870,6 +874,28 @@ bool PermutedPath(const Problem& p, int64_t count, int64_t cols) {
 #endif
 }
 
+// Whether it takes the AMX tiles instead of the float tiles (many tokens: prefill), in a build for them where the OS
+// lets this process use them, for experts whose tasks' rows fill whole tiles.
+bool AmxPath(const Problem& p, int64_t count, int64_t cols) {
+#if defined(GPTOSS_AMX)
+  return count >= kTiledFrom && cols % kAmxDepth == 0 && p.hidden % kAmxRows == 0 && p.inter % kAmxRows == 0 &&
+         AmxReady();
+#else
+  (void)p;
+  (void)count;
+  (void)cols;
+  return false;
+#endif
+}
+
+// Whether any active expert takes the AMX tiles for rows of `cols` columns.
+bool AnyAmx(const Problem& p, int64_t cols) {
+  for (const int64_t e : p.active) {
+    if (AmxPath(p, static_cast<int64_t>(p.routes[e].tokens.size()), cols)) return true;
+  }
+  return false;
+}
+
 // Which row of a phase's inputs is active expert a's i-th: fc1 reads x's row of the token, fc2 the expert's own
 // rows of `activated`.
 using RowOf = int64_t (*)(const Problem& p, size_t a, int64_t i);
@@ -879,6 +905,50 @@ int64_t ActivatedRow(const Problem& p, size_t a, int64_t i) { return p.offsets[a
 // The rows of `values` (`total` rows of `cols`) that few-token experts read, prepared for their path, each once
 // however many such experts read it: into q (codes `cols` apart) and d (cols / kPair * kPairScales scales a row),
 // or into permuted (`cols` apart).
+#if defined(GPTOSS_AMX)
+// Active expert a's input rows (of `values`) laid out for the AMX tiles (PackVectors), from prepared.packed_at[a].
+void PackExpertRows(const Problem& p, size_t a, const float* values, int64_t cols, RowOf row_of,
+                    PreparedRows& prepared) {
+  const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
+  std::vector<const float*> vectors(count);
+  for (int64_t i = 0; i < count; ++i) vectors[i] = values + row_of(p, a, i) * cols;
+  prepared.packed_at.resize(p.active.size());
+  prepared.packed_at[a] = prepared.packed.size();
+  prepared.packed.resize(prepared.packed.size() + PackedVectorsSize(count, cols));
+  PackVectors(vectors.data(), count, cols, prepared.packed.data() + prepared.packed_at[a]);
+}
+
+// `rows` consecutive rows (whole tiles) decoded to bfloat16 (exact: an E2M1 value times a power of two) in the
+// tiles' layout (AmxDots'): a block of 32 values is a tile row.
+void DecodeRowsToTiles(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, uint16_t* tiles) {
+  static_assert(kBlock == kAmxDepth, "a block fills a tile row");
+  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);  // twice each value
+  const __m128i low_nibble = _mm_set1_epi8(0x0F);
+  const int64_t chunks = cols / kBlock;
+  for (int64_t row = 0; row < rows; ++row) {
+    uint16_t* group = tiles + row / kAmxRows * chunks * kAmxTileValues + row % kAmxRows * kAmxDepth;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const int64_t block = row * chunks + chunk;
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * (kBlock / 2)));
+      const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibble));
+      const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble));
+      const __m512 scale = _mm512_set1_ps(kE8M0.values[scales[block]] * 0.5f);
+      const __m512 first = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(even, odd))));
+      const __m512 second = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(even, odd))));
+      _mm512_storeu_si512(group + chunk * kAmxTileValues, (__m512i)_mm512_cvtne2ps_pbh(second, first));
+    }
+  }
+}
+
+// scratch.dots[r * count + i] for `rows` rows (whole tiles) decoded to bfloat16, against the expert's packed rows.
+void AmxExpertDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, const uint16_t* packed,
+                   int64_t count, Scratch& scratch) {
+  scratch.bf16.resize(static_cast<size_t>(rows * cols));
+  DecodeRowsToTiles(codes, scales, rows, cols, scratch.bf16.data());
+  AmxDots(scratch.bf16.data(), rows, cols, packed, count, scratch.dots.data());
+}
+#endif
+
 void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t cols, RowOf row_of,
                  PreparedRows& prepared) {
   const int64_t scales_per_row = cols / kPair * kPairScales;
@@ -894,6 +964,9 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
     } else if (PermutedPath(p, count, cols)) {
       prepared.permuted.resize(total * cols);
     } else {
+#if defined(GPTOSS_AMX)
+      if (AmxPath(p, count, cols)) PackExpertRows(p, a, values, cols, row_of, prepared);
+#endif
       continue;
     }
     for (int64_t i = 0; i < count; ++i) {
@@ -934,6 +1007,12 @@ void ExpertDots(const Problem& p, size_t a, const uint8_t* codes, const uint8_t*
     Int8ConsecutiveRowDots(codes, scales, rows, cols, scratch.quantized.data(), count, scratch.dots.data());
     return;
   }
+#if defined(GPTOSS_AMX)
+  if (AmxPath(p, count, cols)) {
+    AmxExpertDots(codes, scales, rows, cols, prepared.packed.data() + prepared.packed_at[a], count, scratch);
+    return;
+  }
+#endif
 #if defined(GPTOSS_MOE_PERMUTED)
   if (PermutedPath(p, count, cols)) {
     for (int64_t i = 0; i < count; ++i) scratch.xs[i] = prepared.permuted.data() + row_of(p, a, i) * cols;
@@ -1015,14 +1094,15 @@ struct Phase {
   Problem* problem;
   int64_t blocks_per_expert;
   int64_t rows;  // rows (fc2) or gate/linear pairs (fc1) per expert
+  int64_t rows_per_task;
   bool first;
 };
 
 void RunTask(void* data, size_t task) {
   Phase& phase = *static_cast<Phase*>(data);
   const size_t active_index = task / phase.blocks_per_expert;
-  const int64_t start = static_cast<int64_t>(task % phase.blocks_per_expert) * kRowsPerTask;
-  const int64_t count = std::min(kRowsPerTask, phase.rows - start);
+  const int64_t start = static_cast<int64_t>(task % phase.blocks_per_expert) * phase.rows_per_task;
+  const int64_t count = std::min(phase.rows_per_task, phase.rows - start);
   Problem& p = *phase.problem;  // tasks write disjoint rows
   thread_local Scratch scratch;
   if (phase.first) {
@@ -1105,11 +1185,14 @@ void MoeKernel::Compute(OrtKernelContext* raw_context) {
   }
   RouteTokens(p);
   PrepareRows(p, p.xf, p.tokens, p.hidden, TokenRow, p.x_rows);
-  Phase fc1{&p, (p.inter + kRowsPerTask - 1) / kRowsPerTask, p.inter, true};
+  Phase fc1{&p, (p.inter + kRowsPerTask - 1) / kRowsPerTask, p.inter, kRowsPerTask, true};
   RunPhase(context, fc1, 2 * p.inter * MxRowBytes(p.hidden));
   PrepareRows(p, p.activated.data(), static_cast<int64_t>(p.activated.size()) / p.inter, p.inter, ActivatedRow,
               p.activated_rows);
-  Phase fc2{&p, (p.hidden + kRowsPerTask - 1) / kRowsPerTask, p.hidden, false};
+  // fc2's tasks as many rows as fc1's (two pairs of rows a pair) where the AMX tiles run: two groups of tile rows
+  // share each load of the vectors' tiles
+  const int64_t fc2_rows = AnyAmx(p, p.inter) ? 2 * kRowsPerTask : kRowsPerTask;
+  Phase fc2{&p, (p.hidden + fc2_rows - 1) / fc2_rows, p.hidden, fc2_rows, false};
   RunPhase(context, fc2, p.hidden * MxRowBytes(p.inter));
   Combine(p);
   Narrow(p);

@@ -1,9 +1,10 @@
 """The CPU variants the kernels are built in, and the one a machine runs: the best whose instructions its CPU has.
 
 One image serves every node: `build-kernels --variants` compiles the library once per variant (x86-64: the baseline,
-x86-64-v3 with AVX2 and FMA, x86-64-v4 with AVX-512, and x86-64-v4 with VNNI; elsewhere the machine's own), and the
-engine loads the best one the CPU reports (as ONNX Runtime's MLAS and llama.cpp's CPU backends choose at load), so
-no kernel can stop a node with an illegal instruction and none runs below what the node can do.
+x86-64-v3 with AVX2 and FMA, x86-64-v4 with AVX-512, x86-64-v4 with VNNI, and x86-64-v4 with VNNI, AVX-512 BF16 and
+AMX tiles, whose prefill runs on the tiles (amx_cpu.h); elsewhere the machine's own), and the engine loads the best one
+the CPU reports (as ONNX Runtime's MLAS and llama.cpp's CPU backends choose at load), so no kernel can stop a node
+with an illegal instruction and none runs below what the node can do.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ class Variant:
 
 _V3 = frozenset({"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"})
 _V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+_AMX = _V4 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
 X86_VARIANTS = (  # best first
+    Variant("x86-64-v4-amx", "x86-64-v4", ("avx512vnni", "avx512bf16", "amx-tile", "amx-bf16"), _AMX),
     Variant("x86-64-v4-vnni", "x86-64-v4", ("avx512vnni",), _V4 | {"avx512_vnni"}),
     Variant("x86-64-v4", "x86-64-v4", (), _V4),
     Variant("x86-64-v3", "x86-64-v3", (), _V3),
