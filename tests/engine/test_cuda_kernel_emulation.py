@@ -15,7 +15,7 @@ from emulated_kernels import compile_emulated
 
 from backends.engine.config import ModelConfig
 from backends.engine.graph import GraphOptions, moe_attributes
-from backends.engine.kernels import build
+from backends.engine.kernels import build, variants
 from backends.engine.kernels.moe_tuning import CANDIDATES
 from backends.engine.make_checkpoint import random_moe_layer
 from backends.engine.op_models import moe_layer_model
@@ -43,8 +43,10 @@ def emulated(tmp_path_factory) -> ctypes.CDLL:
 
 
 def _cpu_kernel(model: Path, dtype: str, x: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """The CPU kernel's float arithmetic: this machine's build without AMX tiles (their prefill sums bf16 pieces)."""
     options = ort.SessionOptions()
-    options.register_custom_ops_library(str(build.build_library()))
+    float_only = ("no-amx-tile",) if variants.is_x86() else ()
+    options.register_custom_ops_library(str(build.build_library(cuda=False, extensions=float_only)))
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     onnx_type = GraphOptions(16, dtype).onnx_type  # type: ignore[arg-type]
     binding = session.io_binding()

@@ -4,6 +4,7 @@
 // Prints one line per shape and exits 1 if any sum is off by more than 1e-5 of the magnitude of its products.
 // `--quick` (for an emulator): the real width K = 2880 and the same blocks, without the unembedding's 201,088 rows.
 #include "dense_cpu.cc"
+#include "amx_cpu.cc"  // the AMX tiles (an x86-64-v4-amx build), which its prefill links to
 
 #include <cmath>
 #include <cstdio>

@@ -8,6 +8,7 @@
 // then one line per check; exits 1 if any dot product is off by more than 1e-5 of the magnitude of its products.
 #include "mxfp4_moe_cpu.cc"
 #include "mxfp4_moe_op.cc"  // the op's argument reading, which the kernel's Compute links to
+#include "amx_cpu.cc"       // the AMX tiles (an x86-64-v4-amx build), which its prefill links to
 
 #include <cstdio>
 #include <random>
