@@ -67,6 +67,7 @@ MOE_INT8_CPU_KERNEL = (
 )
 # moe_activations: int8 pieces of each activation the CPU MoE kernel's decode path takes (none: float)
 MOE_INT8_PIECES = {"float": 0, "int8": 1, "int8x2": 2}
+MOE_INT8_CHOICES = ("int8", "int8x2")  # refused outside the CPU kernel; `auto` falls back to float there
 
 
 class EngineOptions(BaseModel):
@@ -92,8 +93,9 @@ class EngineOptions(BaseModel):
     dense_int8: bool = False
     """CPU: the attention projections and the unembedding read in int8 with a scale per row (half the bytes of bf16;
     logits within the bound tests/engine/test_dense_int8.py states), the router in bf16."""
-    moe_activations: Literal["float", "int8x2", "int8"] = "float"
+    moe_activations: Literal["auto", "float", "int8x2", "int8"] = "auto"
     """CPU: how the MoE kernel's decode path (experts with fewer than four tokens in a step) takes the activations:
+    `auto`, `int8x2` where the compiled CPU MoE kernel runs (device cpu, kernels, moe mxfp4moe), else `float`;
     `float`; `int8x2`, integer dot products of each 32 values as two int8 pieces, the value in steps of a 127th of the
     block's largest and its remainder in steps of a 254th of that; `int8`, the first piece alone, as llama.cpp's CPU
     path does for MXFP4 experts (logits within the bounds tests/engine/test_moe_int8.py states: int8x2's a 90th of
@@ -129,15 +131,19 @@ class EngineOptions(BaseModel):
             older = data.pop("moe_int8_activations")
             if older not in (True, False):
                 raise ValueError("moe_int8_activations (the older spelling of moe_activations) is true or false")
-            if older and data.setdefault("moe_activations", "int8") != "int8":
-                raise ValueError("moe_int8_activations: true says moe_activations int8; give one of the two")
+            spelled = "int8" if older else "float"
+            if data.setdefault("moe_activations", spelled) != spelled:
+                said = f"moe_int8_activations: {str(older).lower()} says moe_activations {spelled}"
+                raise ValueError(f"{said}; give one of the two")
         return data
 
     @model_validator(mode="after")
     def _int8_options_on_the_cpu(self) -> EngineOptions:
         if self.dense_int8 and self.device == "cuda":
             raise ValueError(DENSE_INT8_CPU_ONLY)
-        if self.moe_activations != "float" and (self.device == "cuda" or not self.kernels or self.moe != "mxfp4moe"):
+        if self.moe_activations in MOE_INT8_CHOICES and (
+            self.device == "cuda" or not self.kernels or self.moe != "mxfp4moe"
+        ):
             raise ValueError(MOE_INT8_CPU_KERNEL)
         return self
 
@@ -167,6 +173,14 @@ def _demo_checkpoint(cache: Path) -> Path:
         write_random_checkpoint(directory.with_suffix(".partial"), DEMO_CONFIG, "original", seed=0)
         directory.with_suffix(".partial").rename(directory)
     return directory
+
+
+def moe_activations(options: EngineOptions, device: str) -> str:
+    """The activations the MoE's decode path takes on `device`: `auto` resolved, the others as asked."""
+    if options.moe_activations != "auto":
+        return options.moe_activations
+    kernel = device == "cpu" and options.kernels and options.moe == "mxfp4moe"
+    return "int8x2" if kernel else "float"
 
 
 def _progress(step: int, total: int) -> None:
@@ -218,7 +232,7 @@ class EngineBackend:
                 raise EngineDeviceError(reason)
             if options.dense_int8 and device != "cpu":
                 raise EngineDeviceError(DENSE_INT8_CPU_ONLY)
-            if options.moe_activations != "float" and device != "cpu":
+            if options.moe_activations in MOE_INT8_CHOICES and device != "cpu":
                 raise EngineDeviceError(MOE_INT8_CPU_KERNEL)
             self._placement = {"device": device, "dtype": dtype, "moe": options.moe}
             log.info("engine_device", device=device, dtype=dtype, asked=options.device, moe=options.moe)
@@ -230,7 +244,7 @@ class EngineBackend:
                 options.moe,
                 dense_bf16=cpu,
                 dense_int8=cpu and options.dense_int8,
-                moe_int8_pieces=MOE_INT8_PIECES[options.moe_activations] if cpu else 0,
+                moe_int8_pieces=MOE_INT8_PIECES[moe_activations(options, device)],
                 page_size=options.page_size,
             )
             model = compiled_model(checkpoint, graph_options, cache, _progress)
@@ -238,6 +252,7 @@ class EngineBackend:
             kernels = None if choice is None else choice.path
             if cpu:
                 self._placement["cpu_kernels"] = "none" if choice is None else choice.variant
+                self._placement["moe_activations"] = moe_activations(options, device)
             elif kernels is not None:  # the kernels' tuned launch choices for this GPU
                 gpu = moe_tuning.cuda_gpu(options.device_id)
                 if options.moe != "qmoe":
@@ -281,6 +296,7 @@ class EngineBackend:
                 device=device,
                 dtype=dtype,
                 cpu_kernels=self._placement.get("cpu_kernels"),
+                moe_activations=self._placement.get("moe_activations"),
             )
         except (CheckpointError, OSError, RuntimeError, ValueError) as exc:
             self._failure = str(exc) or type(exc).__name__

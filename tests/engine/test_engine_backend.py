@@ -297,7 +297,14 @@ def test_a_float16_engine_on_the_cpu_generates_what_the_float32_engine_does(chec
     (wide, wide_tokens), (narrow, narrow_tokens) = asyncio.run(run("float32")), asyncio.run(run("float16"))
     variant = kernel_choice().variant  # the CPU variant the kernels were built in, as /readyz says it
     assert variant == f"native ({level()} level)" or os.environ.get(KERNELS_ENV), variant
-    placed = {"status": "ready", "device": "cpu", "moe": "mxfp4moe", "sampler": "kernel", "cpu_kernels": variant}
+    placed = {
+        "status": "ready",
+        "device": "cpu",
+        "moe": "mxfp4moe",
+        "sampler": "kernel",
+        "cpu_kernels": variant,
+        "moe_activations": "int8x2",  # `auto`: the CPU kernel's decode on two int8 pieces
+    }
     assert wide == {**placed, "dtype": "float32"} and narrow == {**placed, "dtype": "float16"}
     assert narrow_tokens == wide_tokens and len(set(wide_tokens)) > 3
 

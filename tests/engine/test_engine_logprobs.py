@@ -20,7 +20,7 @@ from gateway_fixtures import gateway_settings
 from live_gateway import LiveGateway
 
 from backends.base import GenerateRequest, Sampling, TokenLogprob
-from backends.engine.backend import EngineBackend, EngineOptions
+from backends.engine.backend import MOE_INT8_PIECES, EngineBackend, EngineOptions, moe_activations
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.graph import GraphOptions
 from backends.engine.kernels.build import kernel_library
@@ -65,7 +65,9 @@ def _engine(checkpoint: Path, sampling: Sampling) -> tuple[list[int], list[Token
 
 def _reference(checkpoint: Path, tokens: list[int]) -> list[np.ndarray]:
     """The penalised float64 log-softmax at each step of the engine's own token sequence."""
-    model = compiled_model(Checkpoint(checkpoint), GraphOptions(256), checkpoint.parent / "graphs")
+    pieces = MOE_INT8_PIECES[moe_activations(EngineOptions(), "cpu")]  # the engine's default MoE decode on the CPU
+    graph = GraphOptions(256, moe_int8_pieces=pieces)
+    model = compiled_model(Checkpoint(checkpoint), graph, checkpoint.parent / "graphs")
     runtime = PagedRunner.create(str(model), tiny_config(), 1, 256, kernels=kernel_library())
     logits = runtime.prefill(0, PROMPT)
     seen: set[int] = set()

@@ -14,15 +14,18 @@ from engine_fixtures import REAL_WIDTH, REAL_WIDTH_PROMPT, greedy_tokens, kernel
 from engine_reference import ReferenceModel, drift_from_reference
 from pydantic import ValidationError
 
-from backends.engine.backend import EngineOptions
+from backends.engine.backend import EngineOptions, moe_activations
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.config import GPT_OSS_20B, ModelConfig
 from backends.engine.graph import SWIGLU_ALPHA, GraphOptions
 from backends.engine.kernels.build import kernel_library
+from backends.engine.kernels.variants import X86_VARIANTS, runs_here
 from backends.engine.make_checkpoint import random_moe_layer
 from backends.engine.model_cache import compiled_model
 from backends.engine.op_models import moe_layer_model
 from backends.engine.paged_runner import PagedRunner
+
+AMX = next(variant for variant in X86_VARIANTS if variant.name == "x86-64-v4-amx")
 
 TWICE_E2M1 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)
 INT8_BELOW = 4  # experts with fewer tokens than this take the int8 path
@@ -123,7 +126,10 @@ def test_the_int8_path_equals_its_emulation(libraries, config, tokens, pieces, t
         in_float = kernel_session(float_model, library).run(None, feeds)[0]
         worst = float(np.abs(got - expected).max())
         assert worst <= EMULATION_BOUND * magnitude, f"{name}: largest difference {worst:.2e} of {magnitude:.2e}"
-        assert float(np.abs(in_float - expected).max()) > 10 * worst or config.hidden_size % 64, name
+        # the int8 path ran: the float decode is much further off; where the tiled experts run on AMX tiles (their
+        # bf16 pieces as far from the float emulation as int8x2's rounding at this width), the other builds show it
+        tiles = name == "x86-64-v4-amx" or (name == "native" and runs_here(AMX))
+        assert float(np.abs(in_float - expected).max()) > 10 * worst or config.hidden_size % 64 or tiles, name
 
 
 @pytest.mark.parametrize(("activations", "pieces", "bounds"), [("int8", 1, (LARGEST, RMS)), ("int8x2", 2, X2_BOUNDS)])
@@ -152,6 +158,8 @@ def test_the_older_spelling_of_int8_activations_still_reads():
     assert EngineOptions(moe_int8_activations=True, device="cpu").moe_activations == "int8"
     assert EngineOptions(moe_int8_activations=False).moe_activations == "float"
     with pytest.raises(ValidationError, match="give one of the two"):
+        EngineOptions(moe_int8_activations=False, moe_activations="int8", device="cpu")
+    with pytest.raises(ValidationError, match="give one of the two"):
         EngineOptions(moe_int8_activations=True, moe_activations="int8x2", device="cpu")
 
 
@@ -160,3 +168,20 @@ def test_the_older_spelling_of_int8_activations_still_reads():
 def test_int8_activations_outside_the_cpu_kernel_are_a_configuration_error(options, activations):
     with pytest.raises(ValidationError, match="moe_activations int8 and int8x2 are options of the compiled CPU MoE"):
         EngineOptions(moe_activations=activations, **options)
+
+
+@pytest.mark.parametrize(
+    ("options", "device", "resolved"),
+    [
+        ({}, "cpu", "int8x2"),
+        ({"kernels": False}, "cpu", "float"),
+        ({}, "cuda", "float"),
+        ({"moe": "qmoe"}, "cuda", "float"),
+        ({"moe_activations": "float"}, "cpu", "float"),
+        ({"moe_activations": "int8"}, "cpu", "int8"),
+    ],
+)
+def test_auto_takes_two_int8_pieces_where_the_cpu_kernel_runs_and_float_elsewhere(options, device, resolved):
+    """The default, `auto`: never refused, and int8x2 only where the compiled CPU MoE kernel decodes."""
+    assert EngineOptions(**options).moe_activations == options.get("moe_activations", "auto")
+    assert moe_activations(EngineOptions(**options), device) == resolved
