@@ -155,8 +155,8 @@ class Variant:
 GGUF_DENSE_SIZE = {"f16": 2.0, "q8_0": 34 / 32}
 
 VARIANTS = {
-    "bf16": Variant(False, 0),
-    "bf16+act8x2": Variant(False, 2),  # the MoE's decode on two int8 pieces of each activation
+    "bf16": Variant(False, 0),  # the MoE's decode in float
+    "bf16+act8x2": Variant(False, 2),  # on two int8 pieces of each activation: the CPU's default
     "bf16+act8": Variant(False, 1),  # the MoE's decode on int8 activations, as llama.cpp's is
     "int8": Variant(True, 0),
     "int8+act8": Variant(True, 1),
@@ -261,7 +261,7 @@ def main() -> None:
         "--engines",
         nargs="+",
         choices=sorted(VARIANTS),
-        default=["bf16", "bf16+act8", "int8+act8"],
+        default=["bf16+act8x2", "bf16", "bf16+act8"],
         help="engine variants, each loaded at once (the memory of several 6-layer engines and two GGUFs)",
     )
     parser.add_argument("--int8-max-layers", type=int, default=6, help="deeper shapes: 16-bit variants only (disk)")
@@ -359,9 +359,9 @@ def report(shapes: list[dict], threads: int, with_llama: bool, cpu: str) -> tupl
         " weights: one checkpoint, converted to GGUF by llama.cpp's own converter (dense weights f16 or q8_0,",
         "experts MXFP4; llama.cpp's CPU path takes the experts' dot products on int8 activations). The engine reads"
         " the same checkpoint: its dense weights in bf16 (DenseBF16) or, `int8`, in int8 with a scale a row",
-        "(`dense_int8`; the router stays bf16); its MXFP4 experts in float or with the decode path on int8 activations:"
-        " `+act8x2` two int8 pieces of each (`moe_activations: int8x2`), `+act8` one (`int8`). Each engine against"
-        " llama.cpp at its dense width and against f16.",
+        "(`dense_int8`; the router stays bf16); its MXFP4 experts' decode path on int8 activations, `+act8x2` two"
+        " int8 pieces of each (`moe_activations: int8x2`, what the default, `auto`, takes on the CPU), `+act8` one"
+        " (`int8`), or in float (neither: `float`). Each engine against llama.cpp at its dense width and against f16.",
         f"Each shape's sides alternated in one run, {ROUNDS} rounds with every side loaded"
         f"{_sequential_note(shapes)}; rates are medians, ratios medians of the ratios within a round."
         f" Decode at position {DEPTH}. Bytes/s: a decode step's dense weights, routed experts and KV, over the",

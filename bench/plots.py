@@ -46,9 +46,9 @@ PREFIX_RUN = DOCS / "prefix_cache_bench.json"
 PEERS = (("reference", "OpenAI's reference server"), ("litellm", "LiteLLM"), ("gateway", "gpt-oss-gateway"))
 PEER_COLOURS = {"reference": "tab:blue", "litellm": "tab:orange", "gateway": "tab:green"}
 MEASURES = (("decode_1", "decode\n1 sequence"), ("decode_4", "decode\n4 sequences"), ("prefill", "prefill"))
-ENGINES = (
-    ("bf16", "defaults (bf16 dense)"),
-    ("bf16+act8x2", "moe_activations: int8x2"),
+ENGINES = (  # bf16 dense weights unless named
+    ("bf16+act8x2", "defaults (moe_activations auto: int8x2)"),
+    ("bf16", "moe_activations: float"),
     ("bf16+act8", "moe_activations: int8"),
     ("int8+act8", "+ dense_int8"),
 )

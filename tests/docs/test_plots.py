@@ -47,10 +47,10 @@ def test_each_llama_cpp_run_is_named_after_the_maker_of_the_cpu_it_ran_on():
 
 
 def test_a_run_s_ratios_are_its_bars_and_its_cpu_is_named(tmp_path):
-    shape = {"layers": 2, "bf16/f16_decode_1": 1.0, "bf16/f16_decode_4": 2.0, "bf16/f16_prefill": 0.5,
-             "int8+act8/f16_decode_1": 1.5, "int8+act8/q8_0_decode_1": 9.0}  # fmt: skip
-    assert plots.llama_cpp_series(shape) == {  # int8 activations did not run; against q8_0 is not drawn
-        "defaults (bf16 dense)": [1.0, 2.0, 0.5],
+    shape = {"layers": 2, "bf16+act8x2/f16_decode_1": 1.0, "bf16+act8x2/f16_decode_4": 2.0,
+             "bf16+act8x2/f16_prefill": 0.5, "int8+act8/f16_decode_1": 1.5, "int8+act8/q8_0_decode_1": 9.0}  # fmt: skip
+    assert plots.llama_cpp_series(shape) == {  # float and one int8 piece did not run; against q8_0 is not drawn
+        "defaults (moe_activations auto: int8x2)": [1.0, 2.0, 0.5],
         "+ dense_int8": [1.5, 0.0, 0.0],
     }
     run = tmp_path / "run.json"
