@@ -1,7 +1,7 @@
 // Intel AMX (tiles of bfloat16 products summed in float) for the CPU kernels' arithmetic-bound paths, in a build for
 // it (the x86-64-v4-amx variant: GPTOSS_AMX defined). A tile multiply-add takes 16 rows x 32 bfloat16 values of
 // weights against 32 values of 16 vectors at once; the vectors are split into two bfloat16 pieces, the value rounded
-// to bfloat16 and its remainder rounded again (each within 2^-17 of the value: near float's 2^-24, far from one
+// to bfloat16 and its remainder rounded again (together within 2^-18 of the value: near float's 2^-24, far from one
 // piece's 2^-9), so a product is the weight (exact in bfloat16: MXFP4 values and bf16 weights) times both pieces.
 //
 // Linux hands a process the tile registers only once asked (arch_prctl ARCH_REQ_XCOMP_PERM, kernels 5.16 on):

@@ -11,6 +11,8 @@
 //   pass share each x load;
 // - more (prefill): the block is widened once into a float tile laid out by k, and groups of input rows run
 //   against it as an outer product in registers (the arithmetic bound, not the memory).
+//   In an AMX build (bf16 weights), the block's rows go as bfloat16 tiles against x packed once a call
+//   (amx_cpu.h).
 // The sums are float, in an order of their own: equal to a float32 MatMul's to float rounding. The vector paths are
 // written once against simd_cpu.h: AVX-512 in an x86-64-v4 build, AVX2 and FMA in an x86-64-v3 one, NEON on ARM.
 

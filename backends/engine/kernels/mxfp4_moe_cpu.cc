@@ -11,7 +11,8 @@
 // Each weight row is decoded once and used for every token routed to that expert, so the packed bytes are read
 // once per step: an expert with few tokens (decode) looks its codes up in registers as it reads them (float, or
 // int8 with `int8_activations`; AVX-512, AVX2 or NEON, else plain C++), one with more (prefill) decodes four rows
-// into floats and tiles them against its tokens. The work is split over (expert, block of rows) on ONNX Runtime's
+// into floats and tiles them against its tokens (in an AMX build, its task's rows into bfloat16 tiles against its
+// tokens' pieces, packed once a phase: amx_cpu.h). The work is split over (expert, block of rows) on ONNX Runtime's
 // intra-op thread pool, a thread taking a batch of consecutive weights at a time (weight_batches.h).
 
 #include "amx_cpu.h"
