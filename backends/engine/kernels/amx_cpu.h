@@ -21,6 +21,13 @@ constexpr int64_t kAmxDepth = 32;    // values a tile row holds along the dot pr
 constexpr int64_t kAmxPieces = 2;    // bfloat16 pieces of each vector value
 constexpr int64_t kAmxTileValues = kAmxRows * kAmxDepth;  // bfloat16 values of one tile (1 KiB)
 
+// Where weight row `row` starts in the tiles' layout AmxDots reads (per group of 16 rows, per kAmxDepth values, a
+// tile of the group's 16 rows) for rows of `chunks` x kAmxDepth values: its chunk c is kAmxDepth values at
+// `chunk * kAmxTileValues` from there.
+inline uint16_t* TileRow(uint16_t* tiles, int64_t row, int64_t chunks) {
+  return tiles + row / kAmxRows * chunks * kAmxTileValues + row % kAmxRows * kAmxDepth;
+}
+
 // Whether this process may use the tiles (asked of the OS once) and GATEWAY_CPU_AMX is not "0".
 bool AmxReady();
 
@@ -33,8 +40,7 @@ int64_t PackedVectorsSize(int64_t count, int64_t cols);
 void PackVectors(const float* const* vectors, int64_t count, int64_t cols, uint16_t* packed);
 
 // out[r * count + v] = row r . vector v for `rows` rows (a multiple of kAmxRows) of bfloat16 weights in the tiles'
-// layout (per group of 16 rows, per kAmxDepth values, a tile of the group's 16 rows) and the `count` vectors
-// PackVectors laid out in `packed`.
+// layout (TileRow) and the `count` vectors PackVectors laid out in `packed`.
 void AmxDots(const uint16_t* tiles, int64_t rows, int64_t cols, const uint16_t* packed, int64_t count, float* out);
 
 }  // namespace gptoss

@@ -352,7 +352,7 @@ void AmxBlock(const Problem<Bf16Weights>& p, int64_t first, int64_t last) {
   tiles.resize(static_cast<size_t>(width * p.k));
   for (int64_t r = 0; r < width; ++r) {
     const uint16_t* row = p.w + (first + r) * p.k;
-    uint16_t* group = tiles.data() + r / kAmxRows * chunks * kAmxTileValues + r % kAmxRows * kAmxDepth;
+    uint16_t* group = TileRow(tiles.data(), r, chunks);
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       std::memcpy(group + chunk * kAmxTileValues, row + chunk * kAmxDepth, kAmxDepth * sizeof(uint16_t));
     }

@@ -927,7 +927,7 @@ void DecodeRowsToTiles(const uint8_t* codes, const uint8_t* scales, int64_t rows
   const __m128i low_nibble = _mm_set1_epi8(0x0F);
   const int64_t chunks = cols / kBlock;
   for (int64_t row = 0; row < rows; ++row) {
-    uint16_t* group = tiles + row / kAmxRows * chunks * kAmxTileValues + row % kAmxRows * kAmxDepth;
+    uint16_t* group = TileRow(tiles, row, chunks);
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       const int64_t block = row * chunks + chunk;
       const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * (kBlock / 2)));
