@@ -25,11 +25,17 @@ def write_section(path: Path, name: str, section: str, title: str = "Benchmarks"
 
 
 def cpu_line() -> str:
-    """The CPU's name and the vector extensions that choose the kernels' paths."""
-    name = platform.processor() or platform.machine()
+    """The CPU's name, its x86 family and model where /proc/cpuinfo gives them (a hypervisor's "AMD EPYC" names no
+    generation: family 25 is Zen 3 or 4, 26 Zen 5), and the vector extensions that choose the kernels' paths."""
+    name, fields = platform.processor() or platform.machine(), {}
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
-        if line.startswith("model name"):
-            name = line.split(":", 1)[1].strip()
-            break
+        key, _, value = line.partition(":")
+        if not key.strip():
+            break  # the first processor's fields only
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", name)
+    family = fields.get("cpu family"), fields.get("model")
+    where = f"family {family[0]} model {family[1]}; " if all(family) else ""
     wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "asimd", "sve")
-    return f"{name} ({', '.join(flag for flag in wanted if flag in cpu_flags()) or 'no vector extensions listed'})"
+    flags = ", ".join(flag for flag in wanted if flag in cpu_flags()) or "no vector extensions listed"
+    return f"{name} ({where}{flags})"
