@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
+from cpu_quota import CpuQuota  # noqa: E402
 from engine_servers import EngineServer  # noqa: E402
 from live_gateway import GatewayProcess  # noqa: E402
 from redis_servers import RedisServer, free_port  # noqa: E402
@@ -75,6 +76,11 @@ USERS, USERS_AT_ONCE = 24, 6  # a shared system prompt's users: the first alone,
 # One intra-op thread a server: three servers share this machine's CPUs, and a server running two would wait, at
 # every operator, for its other thread while another server's ran (a fleet's servers each have their own machine)
 SERVER_THREADS = 1
+# Each server's share of the CPUs (bench/cpu_quota.py): three shared two cores, and while one idled the others ran
+# faster, so routing that left a server idle looked better than on a fleet whose servers have a machine each (in a
+# run unconfined, Codex-like sessions' first token p50 was 0.72x of least loaded's, whose keys left a server at 0.57
+# requests in flight on average against 2.75 on another); three halves leave half a core to the replicas and clients
+SERVER_CPUS = 0.5
 KV_CACHE_TOKENS = 65_536  # each server's pool: one server holds every conversation of a workload (the reference)
 # An agent's pause between turns (its tool running, its user reading), drawn per conversation and turn from a seeded
 # generator; the conversations start as far apart. Without it the conversations moved in lock step, and
@@ -333,10 +339,17 @@ class Fleet:
     """Model servers, two replicas and HAProxy, started for one configuration and stopped after it."""
 
     def __init__(
-        self, work: Path, kind: Engines | LlamaServers, servers: int, routing: bool, redis: RedisServer
+        self,
+        work: Path,
+        kind: Engines | LlamaServers,
+        servers: int,
+        routing: bool,
+        redis: RedisServer,
+        quota: CpuQuota,
     ) -> None:
         self.work = work
         self.kind = kind
+        self.quota = quota
         self.servers = [kind.make(work, i) for i in range(servers)]
         self.routing = routing
         self.redis = redis
@@ -347,6 +360,8 @@ class Fleet:
     def start(self) -> Fleet:
         for server in self.servers:
             server.launch()
+            assert server.process is not None
+            self.quota.confine(server.process.pid)  # its share of the CPUs, whatever the others do
         for server in self.servers:
             server.wait_ready(timeout_s=900)
         backend = {**self.kind.backend_options(), "prefix_routing": self.routing, "probe_interval_s": 1}
@@ -408,12 +423,19 @@ class Fleet:
             self.lb.wait(timeout=10)
         for process in (*self.replicas, *self.servers):
             process.stop()
+        self.quota.release()
 
 
 def run_workload(
-    work: Path, kind: Engines | LlamaServers, redis: RedisServer, workload: str, servers: int, routing: bool
+    work: Path,
+    kind: Engines | LlamaServers,
+    redis: RedisServer,
+    workload: str,
+    servers: int,
+    routing: bool,
+    quota: CpuQuota,
 ) -> Result:
-    fleet = Fleet(work, kind, servers, routing, redis).start()
+    fleet = Fleet(work, kind, servers, routing, redis, quota).start()
     result = Result()
     done = threading.Event()
     with ThreadPoolExecutor(1) as sampler:
@@ -429,8 +451,8 @@ def run_workload(
     return result
 
 
-def run_killed(work: Path, kind: Engines, redis: RedisServer, routing: bool) -> Result:
-    fleet = Fleet(work, kind, 3, routing, redis).start()
+def run_killed(work: Path, kind: Engines, redis: RedisServer, routing: bool, quota: CpuQuota) -> Result:
+    fleet = Fleet(work, kind, 3, routing, redis, quota).start()
     result = Result()
     halfway = threading.Event()
     try:
@@ -459,9 +481,12 @@ def main() -> int:
                         help="the engine's workloads to run (a trial: --write needs them all)")  # fmt: skip
     parser.add_argument("--skip-killed", action="store_true", help="a trial: no run with a server killed")
     parser.add_argument("--killed-only", action="store_true", help="only the runs with a server killed (printed)")
+    parser.add_argument("--server-cpus", type=float, default=SERVER_CPUS,
+                        help="each model server's share of the CPUs, by a cgroup quota (0: unconfined)")  # fmt: skip
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
     os.environ[KERNELS_ENV] = str(build_library())
+    quota = CpuQuota(args.server_cpus)
     work = Path(tempfile.mkdtemp(prefix="fleet-routing-bench-"))
     config = replace(GPT_OSS_20B, num_hidden_layers=args.layers)
     redis = RedisServer(work / "redis").start()
@@ -476,12 +501,12 @@ def main() -> int:
             engines = Engines({**options, "cache_dir": str(work / "cache")})
             for workload in args.workloads if not args.killed_only else ():
                 for label, servers, routing in CONFIGURATIONS:
-                    results[(workload, label)] = run_workload(work, engines, redis, workload, servers, routing)
+                    results[(workload, label)] = run_workload(work, engines, redis, workload, servers, routing, quota)
                     result = results[(workload, label)]
                     loads = [round(v, 2) for v in result.load]
                     print(workload, label, result.cached, [round(v) for v in result.per_server], loads, flush=True)
             for label, routing in (("prefix", True), ("least loaded", False)) if not args.skip_killed else ():
-                killed[label] = run_killed(work, engines, redis, routing)
+                killed[label] = run_killed(work, engines, redis, routing, quota)
         if args.llama_cpp is not None:
             from llama_cpp_bench import to_gguf
 
@@ -490,7 +515,7 @@ def main() -> int:
             servers = LlamaServers(args.llama_cpp / "build" / "bin" / "llama-server", gguf)
             for workload in LLAMA_WORKLOADS:
                 for label, count, routing in CONFIGURATIONS:
-                    llama[(workload, label)] = run_workload(work, servers, redis, workload, count, routing)
+                    llama[(workload, label)] = run_workload(work, servers, redis, workload, count, routing, quota)
                     print("llama.cpp", workload, label, llama[(workload, label)].cached, flush=True)
     finally:
         redis.stop()
@@ -499,9 +524,9 @@ def main() -> int:
         print(f"A server killed (SIGKILL) halfway through the previous_response_id workload: {_killings(killed)}.")
     sections = {}
     if results and (args.write is None or (args.workloads == list(WORKLOADS) and killed)):
-        sections[NAME] = render_engines(results, killed, config.num_hidden_layers, args.workloads)
+        sections[NAME] = render_engines(results, killed, _setting(config.num_hidden_layers, quota), args.workloads)
     if llama:
-        sections[LLAMA_NAME] = render_llama(llama, config.num_hidden_layers)
+        sections[LLAMA_NAME] = render_llama(llama, _setting(config.num_hidden_layers, quota))
     for name, section in sections.items():
         print(section)
         if args.write:
@@ -545,7 +570,13 @@ HEADER = (
 )
 
 
-def _setting(layers: int) -> str:
+def _setting(layers: int, quota: CpuQuota) -> str:
+    confined = (
+        f"Each model server confined to {quota.cpus:g} of a CPU's time by a cgroup quota, so its share does not grow "
+        "while another idles (as on a fleet whose servers have a machine each)."
+        if quota.available
+        else "The model servers share the CPUs unconfined (no writable cgroup): one runs faster while another idles."
+    )
     return (
         f"CPU: {cpu_line()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. Three model servers and two "
         "gateway replicas on one Redis behind a round-robin HAProxy (a conversation's turns alternate between the "
@@ -562,7 +593,7 @@ def _setting(layers: int) -> str:
         f"Conversations: {CONVERSATIONS} at a time, {TURNS} turns, shaped as an agent's session (an opening of "
         f"{FIRST_WORDS} words, ~{FIRST_WORDS * 7:,} tokens, then {LATER_WORDS} words a turn, each turn after a pause "
         f"drawn between 0 and {PAUSE_S} s, the same under every routing); the shared system "
-        f"prompt: {USERS} users, the first alone, then {USERS_AT_ONCE} at a time."
+        f"prompt: {USERS} users, the first alone, then {USERS_AT_ONCE} at a time. {confined}"
     )
 
 
@@ -574,14 +605,14 @@ def _killings(killed: dict) -> str:
     )
 
 
-def render_engines(results: dict, killed: dict, layers: int, workloads: list[str]) -> str:
+def render_engines(results: dict, killed: dict, setting: str, workloads: list[str]) -> str:
     start, end = markers(NAME)
     killings = _killings(killed)
     return "\n".join([
         start,
         "## Routing by prefix over a fleet (`bench/fleet_routing_bench.py`)",
         "",
-        _setting(layers),
+        setting,
         "",
         f"The built-in engine's servers (`serve-engine`, float32, `max_batch` 4, {SERVER_THREADS} intra-op thread "
         f"each, a pool of {KV_CACHE_TOKENS:,} positions; routing by their published pages).",
@@ -594,13 +625,13 @@ def render_engines(results: dict, killed: dict, layers: int, workloads: list[str
     ])  # fmt: skip
 
 
-def render_llama(llama: dict, layers: int) -> str:
+def render_llama(llama: dict, setting: str) -> str:
     start, end = markers(LLAMA_NAME)
     return "\n".join([
         start,
         "## Routing by prefix over a fleet of llama.cpp servers (`bench/fleet_routing_bench.py --llama-cpp`)",
         "",
-        _setting(layers),
+        setting,
         "",
         "llama.cpp's `llama-server` (built from source, the same checkpoint converted by its own converter, f16, "
         "2 slots, 1 thread each; routing by what was sent where). Busiest: by `llamacpp:requests_processing` + "
