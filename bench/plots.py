@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-# AVX-512 machines' own kernels and the AVX2 ones forced there (an Intel Xeon, an AMD EPYC of the Zen 4 family), and
+# AVX-512 machines' own kernels and the AVX2 ones forced there (an Intel Xeon, an AMD EPYC of the Zen 5 family), and
 # an AVX2 machine's own (an AMD EPYC without AVX-512)
 LLAMA_RUNS = (
     DOCS / "llama_cpp_6_intel.json",
