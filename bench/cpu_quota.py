@@ -3,8 +3,8 @@
 Three model servers on two cores share them: where one idles, the others take its time, so routing that leaves a
 server idle looks faster than it would on a fleet whose servers each have their own machine. Each server confined
 to its own cgroup with a fixed share (`cpu.max` in cgroup v2, CFS quota in the v1 `cpu` hierarchy) gets that share
-whatever the others do. Where no cgroup is writable (no root, a read-only hierarchy), nothing is confined and
-`available` says so.
+whatever the others do. Where no cgroup is writable (no root, a read-only hierarchy), nothing is confined, and
+`confined` says whether every process asked for was.
 """
 
 from __future__ import annotations
@@ -42,15 +42,18 @@ class CpuQuota:
         self.prefix = f"{prefix}-{os.getpid()}"
         self._groups: list[Path] = []
         self._where = _hierarchy() if cpus > 0 else None
+        self._refused = False  # a process asked for could not be confined
 
     @property
-    def available(self) -> bool:
-        return self._where is not None
+    def confined(self) -> bool:
+        """Whether every process asked for so far went into a group of its own with the quota."""
+        return self._where is not None and not self._refused
 
-    def confine(self, pid: int) -> bool:
-        """Move process `pid` (all its threads) into a new group with the quota; False where none can be made."""
+    def confine(self, pid: int) -> None:
+        """Move process `pid` (all its threads) into a new group with the quota (where none can be made, `confined`
+        turns false)."""
         if self._where is None:
-            return False
+            return
         root, v2 = self._where
         group = root / f"{self.prefix}-{len(self._groups)}"
         try:
@@ -64,8 +67,7 @@ class CpuQuota:
                 (group / "cpu.cfs_quota_us").write_text(str(quota))
             (group / "cgroup.procs").write_text(str(pid))
         except OSError:
-            return False
-        return True
+            self._refused = True
 
     def release(self) -> None:
         """Remove the groups whose processes have ended (a live one's group stays until it ends)."""

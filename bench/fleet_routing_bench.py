@@ -4,10 +4,12 @@
 
 Three engine servers (`serve-engine`: a random checkpoint of gpt-oss-20b's width, hidden 2880, vocabulary 201,088,
 and few layers, on the CPU) and two gateway replicas (`GATEWAY_BACKEND=engine`, one Redis) behind a round-robin
-HAProxy, so that a conversation's turns alternate between the replicas. Each workload runs three times on fresh
-servers: with prefix routing (the default), with least-loaded routing (`prefix_routing: false`, the servers'
-`prompt_cache_key` affinity kept), and on one server alone, which holds everything (the reference for what can
-be served from cache). Workloads, each with its own prompts, conversations run side by side:
+HAProxy, so that a conversation's turns alternate between the replicas; each server confined to `--server-cpus`
+of a CPU's time (half by default; cpu_quota.py: three servers on two cores would otherwise lend an idle one's time
+to the others). Each workload runs three times on fresh servers: with prefix routing (the default), with
+least-loaded routing (`prefix_routing: false`, the servers' `prompt_cache_key` affinity kept), and on one server
+alone, which holds everything (the reference for what can be served from cache). Workloads, each with its own
+prompts, conversations run side by side:
 
 - `previous_response_id`: Responses conversations continued by id (tool-free turns);
 - Chat Completions resend: the whole history sent again each turn;
@@ -574,8 +576,9 @@ def _setting(layers: int, quota: CpuQuota) -> str:
     confined = (
         f"Each model server confined to {quota.cpus:g} of a CPU's time by a cgroup quota, so its share does not grow "
         "while another idles (as on a fleet whose servers have a machine each)."
-        if quota.available
-        else "The model servers share the CPUs unconfined (no writable cgroup): one runs faster while another idles."
+        if quota.confined
+        else "The model servers share the CPUs unconfined (no writable cgroup, or `--server-cpus 0`): one runs faster"
+        " while another idles."
     )
     return (
         f"CPU: {cpu_line()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. Three model servers and two "
