@@ -1,26 +1,26 @@
 """Continuous batching on one engine thread, over the paged KV pools (page_pool.py).
 
-A sequence is admitted when the pools can give it the pages of its whole prompt (beyond what the prefix cache
-already holds for it: prefix_cache.py, and what the prompts admitted before it still need) and the window pages of
-its first chunk, the tenant furthest behind its fair share first (fair_share.py: a tenant below its share of a full
-batch takes a slot from the one most above its own), in arrival order within a tenant; it starts from the longest
-prefix of its prompt that pages already hold in its namespace, by reference. Each step runs every decoding
-sequence's next token and one chunk of the prompt of the prefilling sequence whose tenant is furthest behind (of
-that tenant's, the one with the least left to fill: a short turn of a conversation whose prefix the cache holds is not
-held behind another prompt's whole fill, and a long prompt is overtaken for at most about its own length), together
-(with CUDA graphs: the chunk first, then the decode rows as the graph of their bucket); the chunk runs a piece of a set
-time a step (chunk_budget.py), and a prompt of a worse service tier than an answer in its first
-FIRST_TOKENS (the Harmony header and its first text) waits for those steps, as does a worse tier's answer's next
-token, so that a better tier's answer begins without a worse tier's pieces, or rows, in its steps (on a CPU each row
-costs its logits over the whole vocabulary); within a tier, a prompt gives way likewise to the beginning answer of a
-tenant running fewer sequences, for at most a tenth of the engine's time (chunk_budget.GiveWay), and to one of its
-own tenant or of one running as many, for at most another tenth (a conversation's short turn, its prompt held by
-the prefix cache, then begins at decode speed beside a new conversation's long prompt). Only a prompt's
-last piece has its logits computed; the step's next tokens are chosen together, by the SampleTokens kernels on the
-runtime's device where they are loaded. When a running sequence needs a page and none is left, the latest admitted
-sequence of the tenant furthest ahead of its share is preempted: its pages go back (the prefix cache keeps naming
-the full ones) and it waits at the head of its tenant's queue to be run again from what it had written, its answer
-continuing where it stopped. A finished or cancelled sequence gives its pages back at once."""
+A sequence is admitted when the pools can give it the pages of its whole prompt (beyond what the prefix cache already
+holds for it: prefix_cache.py, what the prompts admitted before it still need and what the running answers' next tokens
+take) and the window pages of its first chunk, the tenant furthest behind its fair share first (fair_share.py: a tenant
+below its share of a full batch takes a slot from the one most above its own), in arrival order within a tenant; it
+starts from the longest prefix of its prompt that pages already hold in its namespace, by reference. Each step runs
+every decoding sequence's next token and one chunk of the prompt of the prefilling sequence whose tenant is furthest
+behind (of that tenant's, the one with the least left to fill: a short turn of a conversation whose prefix the cache
+holds is not held behind another prompt's whole fill, and a long prompt is overtaken for at most about its own length),
+together (with CUDA graphs: the chunk first, then the decode rows as the graph of their bucket); the chunk runs a piece
+of a set time a step (chunk_budget.py), and a prompt of a worse service tier than an answer in its first FIRST_TOKENS
+(the Harmony header and its first text) waits for those steps, as does a worse tier's answer's next token, so that a
+better tier's answer begins without a worse tier's pieces, or rows, in its steps (on a CPU each row costs its logits
+over the whole vocabulary); within a tier, a prompt gives way likewise to the beginning answer of a tenant running fewer
+sequences, for at most a tenth of the engine's time (chunk_budget.GiveWay), and to one of its own tenant or of one
+running as many, for at most another tenth (a conversation's short turn, its prompt held by the prefix cache, then
+begins at decode speed beside a new conversation's long prompt). Only a prompt's last piece has its logits computed; the
+step's next tokens are chosen together, by the SampleTokens kernels on the runtime's device where they are loaded. When
+a running sequence needs a page and none is left, the latest admitted sequence of the tenant furthest ahead of its share
+is preempted: its pages go back (the prefix cache keeps naming the full ones) and it waits at the head of its tenant's
+queue to be run again from what it had written, its answer continuing where it stopped. A finished or cancelled sequence
+gives its pages back at once."""
 
 from __future__ import annotations
 
@@ -125,10 +125,12 @@ class Batcher:
         prefix_budget: int = 0,
         page_events: PageEvents | None = None,
         piece_s: float = 0.0,
+        thread: bool = True,
     ) -> None:
         """`max_batch`: sequences running at once; `prefix_budget`: tokens of pages no sequence holds that the
         prefix cache may keep (0: no reuse); `page_events`: where the prefix cache reports the pages it names;
-        `piece_s`: the time of the prompt piece a step runs beside the decode rows (chunk_budget.py)."""
+        `piece_s`: the time of the prompt piece a step runs beside the decode rows (chunk_budget.py); `thread`: False
+        runs no engine thread, the caller runs each iteration (`serve_once`: a schedule replayed step by step)."""
         self.runtime = runtime
         self.pools = pools
         self.max_batch = max_batch
@@ -159,7 +161,8 @@ class Batcher:
         self._queues_at = 0.0
         self.host_costs = runtime.costs.copy()  # as of the last iteration that ran a step (host_costs.py)
         self._thread = threading.Thread(target=self._loop, name="gpt-oss-engine", daemon=True)
-        self._thread.start()
+        if thread:
+            self._thread.start()
 
     @property
     def active(self) -> int:
@@ -211,7 +214,8 @@ class Batcher:
 
     def close(self) -> None:
         self._incoming.put(None)
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
 
     def _loop(self) -> None:
         try:
@@ -240,30 +244,35 @@ class Batcher:
             log.info("engine_prompt_pieces", fit=self._pieces.fit, piece_s=self._pieces.piece_s)
         except Exception:
             log.exception("engine_prompt_pieces_uncalibrated")  # chunks then run whole
-        while True:
-            idle = not self._running and not self._waiting
+        while self.serve_once():
+            pass
+
+    def serve_once(self) -> bool:
+        """One iteration: admit what can run (waiting for work while idle), run a step; False once closed."""
+        idle = not self._running and not self._waiting
+        began = time.perf_counter()
+        if not self._admit():
+            return False
+        self._count_filling()  # the arrivals just taken: no longer counted as submitted
+        if idle:  # admission waited for work: the iteration's host time starts with it
             began = time.perf_counter()
-            if not self._admit():
-                return
-            self._count_filling()  # the arrivals just taken: no longer counted as submitted
-            if idle:  # admission waited for work: the iteration's host time starts with it
-                began = time.perf_counter()
-            for sequence in [s for s in self._running if s.cancelled.is_set()]:
-                self._release(sequence)
-            stepped = bool(self._running)
-            if stepped:
-                self._step()
-            self._kv_tokens = sum(sequence.position for sequence in self._running)
-            self._count_filling()
-            self._prefix_stats = self.prefix.stats()
-            self._pool_stats = (self.pools.full.stats(), self.pools.window.stats())
-            if stepped:
-                costs = self.runtime.costs
-                costs.loops += 1
-                costs.loop_s += time.perf_counter() - began
-                self.host_costs = costs.copy()  # for other threads: whole iterations only
-            if not self._running or time.monotonic() - self._queues_at > QUEUES_EVERY_S:
-                self._publish_queues()
+        for sequence in [s for s in self._running if s.cancelled.is_set()]:
+            self._release(sequence)
+        stepped = bool(self._running)
+        if stepped:
+            self._step()
+        self._kv_tokens = sum(sequence.position for sequence in self._running)
+        self._count_filling()
+        self._prefix_stats = self.prefix.stats()
+        self._pool_stats = (self.pools.full.stats(), self.pools.window.stats())
+        if stepped:
+            costs = self.runtime.costs
+            costs.loops += 1
+            costs.loop_s += time.perf_counter() - began
+            self.host_costs = costs.copy()  # for other threads: whole iterations only
+        if not self._running or time.monotonic() - self._queues_at > QUEUES_EVERY_S:
+            self._publish_queues()
+        return True
 
     def _count_filling(self) -> None:
         """The prompt tokens left to run (a waiting sequence's less what the cache held when it was queued), and
@@ -371,7 +380,11 @@ class Batcher:
         promised = sum(  # the rest of the fills already admitted
             pools.needed(s.table, s.position, len(s.fill))[0] for s in self._running if not s.decoding
         )
-        if not pools.fits((full + taken_full + promised, window + taken_window)):
+        # and the pages the running answers' next tokens take: placed in them, a sequence would be preempted for
+        # them at once and placed again from the pages the cache kept, and two sequences could trade places so at
+        # every step, neither writing a token
+        next_full, next_window = self._next_pages()
+        if not pools.fits((full + taken_full + promised + next_full, window + taken_window + next_window)):
             return False
         self._hold(sequence, blocks, tail, reused)
         if not sequence.placed:
@@ -385,6 +398,11 @@ class Batcher:
         sequence.decoding = False
         self._running.append(sequence)
         return True
+
+    def _next_pages(self) -> tuple[int, int]:
+        """(full, window) pages the decoding sequences' next tokens need."""
+        needs = [self.pools.needed(s.table, s.position, s.position + 1) for s in self._running if s.decoding]
+        return sum(full for full, _ in needs), sum(window for _, window in needs)
 
     def _hold(self, sequence: Sequence, blocks: list[Block], tail: Tail | None, reused: int) -> None:
         """Hold the kept prefix's pages (and a copy of the tail's shared positions) for the sequence."""

@@ -8,14 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from engine_fixtures import loaded, make_checkpoint, tiny_config
 
-from backends.base import GenerateRequest, Sampling, SchedulingTier
+from backends.base import Chunk, GenerateRequest, Sampling, SchedulingTier
 from backends.engine.backend import EngineBackend, EngineOptions
+from backends.engine.batcher import Batcher, Sequence
+from backends.engine.checkpoint import Checkpoint
+from backends.engine.graph import GraphOptions
+from backends.engine.kernels.build import kernel_library
+from backends.engine.model_cache import compiled_model
+from backends.engine.page_pool import KvPools
+from backends.engine.runtime import DecoderRuntime
 from harmony import load_harmony_encoding
 
 ENCODING = load_harmony_encoding()
@@ -128,3 +136,52 @@ def test_arrivals_spread_over_time_from_two_tenants_and_tiers_keep_every_answer(
         _check(answers, alone, stats, counts)
         preemptions += stats.preemptions
     assert preemptions > 0
+
+
+def _pressing_load(seed: int) -> list[tuple[int, str, list[int], int]]:
+    """(the iteration it arrives at, tenant, prompt, new tokens) for four requests of two tenants, their prompts
+    sharing prefixes of three families."""
+    rng = np.random.default_rng(seed)
+    families = [rng.integers(1000, 190_000, 120).tolist() for _ in range(3)]
+    load = []
+    for index in range(4):
+        family = families[int(rng.integers(0, 3))]
+        prompt = family[: int(rng.integers(0, 100))] + rng.integers(1000, 190_000, int(rng.integers(5, 40))).tolist()
+        load.append((int(rng.integers(0, 60)), "ab"[index % 2], prompt[:120], int(rng.integers(10, 60))))
+    return load
+
+
+def test_answers_that_cannot_all_grow_do_not_trade_places_forever(checkpoint):
+    """A schedule replayed iteration by iteration, with no engine thread and no timing: four requests of two tenants
+    level in their shares, into 13 pages of 16 positions. Two answers came to need a page each at once with none
+    left: the one whose tenant was ahead was preempted, placed again at once from the pages the cache kept (its last
+    token run again, its tenant charged for it, and so ahead of the other), and they traded places so at every
+    iteration, neither writing a token. A sequence is placed only where the running answers' next pages are left
+    too, so each placement is followed by a step in which they run: every answer ends."""
+    model = compiled_model(Checkpoint(checkpoint), GraphOptions(192, page_size=16), checkpoint.parent / "graphs")
+    full, window, page = 13, 71, 16
+    runtime = DecoderRuntime(str(model), tiny_config(), 7, 192, full, window, page, kernels=kernel_library())
+    pools = KvPools(full, window, page, tiny_config().sliding_window)
+    batcher = Batcher(runtime, pools, 6, prefill_chunk=16, prefix_budget=4 * full * page, thread=False)
+    load = _pressing_load(176)
+    ended: list[int] = []
+
+    def emit(index: int) -> Callable[[Chunk | BaseException | None], None]:
+        def take(item: Chunk | BaseException | None) -> None:
+            assert not isinstance(item, BaseException), item
+            if item is None:
+                ended.append(index)
+
+        return take
+
+    for iteration in range(1000):
+        for index, (arrives, tenant, prompt, count) in enumerate(load):
+            if arrives == iteration:
+                request = GenerateRequest(prompt, count, (), f"r{index}", GREEDY, tenant=tenant)
+                batcher.submit(Sequence(request, emit(index), np.random.default_rng(index)))
+        if len(ended) == len(load):
+            break
+        if batcher.active or batcher.load().waiting:  # with nothing to do, an iteration waits for an arrival
+            assert batcher.serve_once()
+    assert sorted(ended) == [0, 1, 2, 3], f"after {iteration} iterations, {batcher.stats().preemptions} preemptions"
+    assert 0 < batcher.stats().preemptions < 10
