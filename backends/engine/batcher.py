@@ -449,9 +449,12 @@ class Batcher:
 
     def _make_room(self, sequence: Sequence, needs: tuple[int, int]) -> bool:
         """Preempt sequences until `needs` fit, the latest admitted of the tenant furthest ahead of its share
-        first; False if `sequence` itself was."""
+        first; False if `sequence` itself was, or (alone, the pools cannot hold it) it failed."""
         while not self.pools.fits(needs):
             victim = self._waiting.victim(self._running)
+            if victim is sequence and len(self._running) == 1:  # alone, it would be preempted and placed forever
+                self._finish(sequence, RuntimeError("the sequence needs more KV pages than the engine's pools hold"))
+                return False
             self._preempt(victim)
             if victim is sequence:
                 return False

@@ -118,3 +118,27 @@ def test_a_prompt_the_empty_pools_cannot_hold_fails_instead_of_waiting_forever(m
     assert done.wait(30)
     batcher.close()
     assert isinstance(outcome[0], RuntimeError) and "more KV pages" in str(outcome[0])
+
+
+def test_an_answer_the_empty_pools_cannot_hold_fails_instead_of_trading_places_with_itself(model):
+    """A prompt of 60 tokens fits in three pages; its answer outgrows them. Alone, it was its own victim: preempted,
+    placed again from the pages the cache kept, preempted again, forever. It fails once nothing else can give."""
+    pools = KvPools(4, 8, PAGE, tiny_config().sliding_window)  # three pages: 96 positions
+    runtime = DecoderRuntime(model, tiny_config(), 2, POSITIONS, 4, 8, PAGE, kernels=kernel_library())
+    batcher = Batcher(runtime, pools, 1, prefill_chunk=16, prefix_budget=4 * PAGE)
+    outcome: list[Chunk | BaseException | None] = []
+    done = threading.Event()
+
+    def emit(item: Chunk | BaseException | None) -> None:
+        outcome.append(item)
+        if not isinstance(item, Chunk):
+            done.set()
+
+    request = GenerateRequest(list(range(300, 360)), 80, (), "long", Sampling(temperature=0))
+    batcher.submit(Sequence(request, emit, np.random.default_rng()))
+    assert done.wait(30)
+    batcher.close()
+    tokens = sum(len(item.tokens) for item in outcome if isinstance(item, Chunk))
+    # its tokens up to the one chosen at position 95 (whose own position there is no page for)
+    assert tokens == 96 - 60 + 1 and isinstance(outcome[-1], RuntimeError) and "more KV pages" in str(outcome[-1])
+    assert pools.full.stats().in_use == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -138,17 +139,65 @@ def test_arrivals_spread_over_time_from_two_tenants_and_tiers_keep_every_answer(
     assert preemptions > 0
 
 
-def _pressing_load(seed: int) -> list[tuple[int, str, list[int], int]]:
-    """(the iteration it arrives at, tenant, prompt, new tokens) for four requests of two tenants, their prompts
-    sharing prefixes of three families."""
-    rng = np.random.default_rng(seed)
-    families = [rng.integers(1000, 190_000, 120).tolist() for _ in range(3)]
-    load = []
-    for index in range(4):
-        family = families[int(rng.integers(0, 3))]
-        prompt = family[: int(rng.integers(0, 100))] + rng.integers(1000, 190_000, int(rng.integers(5, 40))).tolist()
-        load.append((int(rng.integers(0, 60)), "ab"[index % 2], prompt[:120], int(rng.integers(10, 60))))
-    return load
+@dataclass
+class Arrival:
+    at: int  # the iteration it is submitted at
+    request: GenerateRequest
+    cancel_after: int | None = None  # tokens after which its client goes away
+
+
+def _replay(batcher: Batcher, arrivals: list[Arrival], iterations: int = 1000) -> dict[int, str]:
+    """Run the batcher's iterations by hand, submitting each arrival at its iteration: how each request ended
+    ("done", "cancelled", or its failure's text), once all have or the iterations ran out."""
+    ended: dict[int, str] = {}
+    sequences: dict[int, Sequence] = {}
+    tokens = dict.fromkeys(range(len(arrivals)), 0)
+
+    def emit(index: int) -> Callable[[Chunk | BaseException | None], None]:
+        def take(item: Chunk | BaseException | None) -> None:
+            if isinstance(item, Chunk):
+                tokens[index] += len(item.tokens)
+                after = arrivals[index].cancel_after
+                if after is not None and tokens[index] >= after and index not in ended:
+                    sequences[index].cancelled.set()
+                    ended[index] = "cancelled"
+            elif index not in ended:
+                ended[index] = "done" if item is None else str(item)
+
+        return take
+
+    last = max(arrival.at for arrival in arrivals)
+    for iteration in range(iterations):
+        for index, arrival in enumerate(arrivals):
+            if arrival.at == iteration:
+                sequences[index] = Sequence(arrival.request, emit(index), np.random.default_rng(index))
+                batcher.submit(sequences[index])
+        if iteration > last and len(ended) == len(arrivals) and not batcher.active and not batcher.load().waiting:
+            break
+        if batcher.active or batcher.load().waiting or iteration in {a.at for a in arrivals}:
+            assert batcher.serve_once()  # with nothing to do, an iteration would wait for an arrival
+    return ended
+
+
+def _replaying(checkpoint: Path, options: EngineOptions) -> Batcher:
+    """A batcher with no engine thread, its pools sized as the engine sizes them for `options`."""
+    config = tiny_config()
+    model = compiled_model(Checkpoint(checkpoint), GraphOptions(192, page_size=16), checkpoint.parent / "graphs")
+    full, window = options.full_pages(), options.window_pages(config.sliding_window)
+    runtime = DecoderRuntime(str(model), config, options.max_batch + 1, 192, full, window, 16, kernels=kernel_library())
+    pools = KvPools(full, window, 16, config.sliding_window)
+    prefix = options.prefix_budget()
+    return Batcher(runtime, pools, options.max_batch, options.prefill_chunk, prefix, thread=False)
+
+
+def _families(rng: np.random.Generator) -> list[list[int]]:
+    return [rng.integers(1000, 190_000, 120).tolist() for _ in range(3)]
+
+
+def _prompt(rng: np.random.Generator, families: list[list[int]]) -> list[int]:
+    """Up to 120 tokens: a leading part of one of the families, then tokens of its own."""
+    family = families[int(rng.integers(0, 3))]
+    return (family[: int(rng.integers(0, 100))] + rng.integers(1000, 190_000, int(rng.integers(5, 40))).tolist())[:120]
 
 
 def test_answers_that_cannot_all_grow_do_not_trade_places_forever(checkpoint):
@@ -158,30 +207,56 @@ def test_answers_that_cannot_all_grow_do_not_trade_places_forever(checkpoint):
     token run again, its tenant charged for it, and so ahead of the other), and they traded places so at every
     iteration, neither writing a token. A sequence is placed only where the running answers' next pages are left
     too, so each placement is followed by a step in which they run: every answer ends."""
-    model = compiled_model(Checkpoint(checkpoint), GraphOptions(192, page_size=16), checkpoint.parent / "graphs")
-    full, window, page = 13, 71, 16
-    runtime = DecoderRuntime(str(model), tiny_config(), 7, 192, full, window, page, kernels=kernel_library())
-    pools = KvPools(full, window, page, tiny_config().sliding_window)
-    batcher = Batcher(runtime, pools, 6, prefill_chunk=16, prefix_budget=4 * full * page, thread=False)
-    load = _pressing_load(176)
-    ended: list[int] = []
-
-    def emit(index: int) -> Callable[[Chunk | BaseException | None], None]:
-        def take(item: Chunk | BaseException | None) -> None:
-            assert not isinstance(item, BaseException), item
-            if item is None:
-                ended.append(index)
-
-        return take
-
-    for iteration in range(1000):
-        for index, (arrives, tenant, prompt, count) in enumerate(load):
-            if arrives == iteration:
-                request = GenerateRequest(prompt, count, (), f"r{index}", GREEDY, tenant=tenant)
-                batcher.submit(Sequence(request, emit(index), np.random.default_rng(index)))
-        if len(ended) == len(load):
-            break
-        if batcher.active or batcher.load().waiting:  # with nothing to do, an iteration waits for an arrival
-            assert batcher.serve_once()
-    assert sorted(ended) == [0, 1, 2, 3], f"after {iteration} iterations, {batcher.stats().preemptions} preemptions"
+    options = _options(checkpoint, max_batch=6, kv_cache_tokens=160, page_size=16, prefill_chunk=16)
+    batcher = _replaying(checkpoint, options)
+    rng = np.random.default_rng(552)
+    families = _families(rng)
+    arrivals = []
+    for index in range(4):
+        prompt = _prompt(rng, families)
+        at, count = int(rng.integers(0, 60)), int(rng.integers(10, 60))
+        arrivals.append(Arrival(at, GenerateRequest(prompt, count, (), f"r{index}", GREEDY, tenant="ab"[index % 2])))
+    ended = _replay(batcher, arrivals)
+    assert ended == dict.fromkeys(range(4), "done"), f"{batcher.stats().preemptions} preemptions"
     assert 0 < batcher.stats().preemptions < 10
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_schedules_end_every_request_and_give_back_every_page(checkpoint, seed):
+    """Schedules replayed iteration by iteration on pools sized as the engine sizes them: two to nine requests of
+    three tenants with weights, in three tiers, some clients going away, batches of one to six; every request
+    ends (done, or cancelled where its client went), and no page is held once all have."""
+    rng = np.random.default_rng(seed)
+    pressed = 0
+    for _ in range(8):
+        options = _options(
+            checkpoint,
+            max_batch=int(rng.integers(1, 7)),
+            kv_cache_tokens=int(rng.choice([160, 192, 256, 400])),
+            page_size=16,
+            prefill_chunk=int(rng.choice([16, 32, 64])),
+        )
+        batcher = _replaying(checkpoint, options)
+        families = _families(rng)
+        arrivals = []
+        for index in range(int(rng.integers(2, 10))):
+            request = GenerateRequest(
+                _prompt(rng, families),
+                int(rng.integers(1, 60)),
+                (),
+                f"r{index}",
+                GREEDY,
+                tenant=str(rng.choice(["a", "b", "c"])),
+                weight=float(rng.choice([0.5, 1.0, 1.0, 2.0])),
+                tier=str(rng.choice(["default", "default", "priority", "flex"])),  # type: ignore[arg-type]
+            )
+            cancel_after = int(rng.integers(1, 40)) if rng.random() < 0.2 else None
+            arrivals.append(Arrival(int(rng.integers(0, 60)), request, cancel_after))
+        ended = _replay(batcher, arrivals, iterations=3000)
+        assert len(ended) == len(arrivals), f"{options}: {batcher.stats().preemptions} preemptions, {ended}"
+        for index, arrival in enumerate(arrivals):
+            assert ended[index] in ({"done", "cancelled"} if arrival.cancel_after else {"done"}), ended[index]
+        for pool in (batcher.pools.full, batcher.pools.window):
+            assert not any(pool._refs), "pages still referenced"
+        pressed += batcher.stats().preemptions > 0
+    assert pressed > 0  # the pools ran short somewhere
