@@ -103,29 +103,11 @@ def test_sequences_get_the_same_tokens_with_buckets(model):
     assert 4 in rows and not plain_rows  # the padding happened
 
 
-def test_a_prompt_the_empty_pools_cannot_hold_fails_instead_of_waiting_forever(model):
-    pools = KvPools(4, 8, PAGE, tiny_config().sliding_window)  # three pages: 96 positions
+def _alone_in_three_pages(model: str, request: GenerateRequest, prefix_budget: int) -> tuple[list, KvPools]:
+    """What a request alone in pools of three pages (96 positions) emitted until it ended, and the pools."""
+    pools = KvPools(4, 8, PAGE, tiny_config().sliding_window)
     runtime = DecoderRuntime(model, tiny_config(), 2, POSITIONS, 4, 8, PAGE, kernels=kernel_library())
-    batcher = Batcher(runtime, pools, 1, prefill_chunk=16, prefix_budget=0)
-    outcome: list[Chunk | BaseException | None] = []
-    done = threading.Event()
-
-    def emit(item: Chunk | BaseException | None) -> None:
-        outcome.append(item)
-        done.set()
-
-    batcher.submit(Sequence(GenerateRequest(list(range(200)), 4, (), "big", Sampling()), emit, np.random.default_rng()))
-    assert done.wait(30)
-    batcher.close()
-    assert isinstance(outcome[0], RuntimeError) and "more KV pages" in str(outcome[0])
-
-
-def test_an_answer_the_empty_pools_cannot_hold_fails_instead_of_trading_places_with_itself(model):
-    """A prompt of 60 tokens fits in three pages; its answer outgrows them. Alone, it was its own victim: preempted,
-    placed again from the pages the cache kept, preempted again, forever. It fails once nothing else can give."""
-    pools = KvPools(4, 8, PAGE, tiny_config().sliding_window)  # three pages: 96 positions
-    runtime = DecoderRuntime(model, tiny_config(), 2, POSITIONS, 4, 8, PAGE, kernels=kernel_library())
-    batcher = Batcher(runtime, pools, 1, prefill_chunk=16, prefix_budget=4 * PAGE)
+    batcher = Batcher(runtime, pools, 1, prefill_chunk=16, prefix_budget=prefix_budget)
     outcome: list[Chunk | BaseException | None] = []
     done = threading.Event()
 
@@ -134,10 +116,23 @@ def test_an_answer_the_empty_pools_cannot_hold_fails_instead_of_trading_places_w
         if not isinstance(item, Chunk):
             done.set()
 
-    request = GenerateRequest(list(range(300, 360)), 80, (), "long", Sampling(temperature=0))
     batcher.submit(Sequence(request, emit, np.random.default_rng()))
     assert done.wait(30)
     batcher.close()
+    return outcome, pools
+
+
+def test_a_prompt_the_empty_pools_cannot_hold_fails_instead_of_waiting_forever(model):
+    request = GenerateRequest(list(range(200)), 4, (), "big", Sampling())
+    outcome, _ = _alone_in_three_pages(model, request, prefix_budget=0)
+    assert isinstance(outcome[0], RuntimeError) and "more KV pages" in str(outcome[0])
+
+
+def test_an_answer_the_empty_pools_cannot_hold_fails_instead_of_trading_places_with_itself(model):
+    """A prompt of 60 tokens fits in three pages; its answer outgrows them. Alone, it was its own victim: preempted,
+    placed again from the pages the cache kept, preempted again, forever. It fails once nothing else can give."""
+    request = GenerateRequest(list(range(300, 360)), 80, (), "long", Sampling(temperature=0))
+    outcome, pools = _alone_in_three_pages(model, request, prefix_budget=4 * PAGE)
     tokens = sum(len(item.tokens) for item in outcome if isinstance(item, Chunk))
     # its tokens up to the one chosen at position 95 (whose own position there is no page for)
     assert tokens == 96 - 60 + 1 and isinstance(outcome[-1], RuntimeError) and "more KV pages" in str(outcome[-1])

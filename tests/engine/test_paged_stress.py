@@ -166,15 +166,16 @@ def _replay(batcher: Batcher, arrivals: list[Arrival], iterations: int = 1000) -
 
         return take
 
-    last = max(arrival.at for arrival in arrivals)
+    arriving = {arrival.at for arrival in arrivals}
     for iteration in range(iterations):
         for index, arrival in enumerate(arrivals):
             if arrival.at == iteration:
                 sequences[index] = Sequence(arrival.request, emit(index), np.random.default_rng(index))
                 batcher.submit(sequences[index])
-        if iteration > last and len(ended) == len(arrivals) and not batcher.active and not batcher.load().waiting:
+        busy = batcher.active or batcher.load().waiting
+        if iteration > max(arriving) and len(ended) == len(arrivals) and not busy:
             break
-        if batcher.active or batcher.load().waiting or iteration in {a.at for a in arrivals}:
+        if busy or iteration in arriving:
             assert batcher.serve_once()  # with nothing to do, an iteration would wait for an arrival
     return ended
 
