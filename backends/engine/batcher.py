@@ -4,7 +4,8 @@ A sequence is admitted when the pools can give it the pages of its whole prompt 
 holds for it: prefix_cache.py, what the prompts admitted before it still need and what the running answers' next tokens
 take) and the window pages of its first chunk, the tenant furthest behind its fair share first (fair_share.py: a tenant
 below its share of a full batch takes a slot from the one most above its own), in arrival order within a tenant; it
-starts from the longest prefix of its prompt that pages already hold in its namespace, by reference. Each step runs
+starts from the longest prefix of its prompt that pages already hold in its namespace, by reference, and before each
+piece of its prompt takes those that other prompts on its prefix named meanwhile (`_join`). Each step runs
 every decoding sequence's next token and one chunk of the prompt of the prefilling sequence whose tenant is furthest
 behind (of that tenant's, the one with the least left to fill: a short turn of a conversation whose prefix the cache
 holds is not held behind another prompt's whole fill, and a long prompt is overtaken for at most about its own length),
@@ -64,7 +65,7 @@ class Sequence:
     namespace: bytes = b""  # the prefix cache's: only pages written in the same namespace are reused
     reused: int = 0  # prompt tokens taken from the prefix cache (set before the first token is emitted)
     placed: bool = False  # admitted once (a preempted sequence is admitted again)
-    # while none of its prompt has run since it was first admitted: the prefix cache's findable_added then (_join)
+    # filling its prompt: the prefix cache's findable_added when it was first admitted or last ran a piece (_join)
     joinable: int | None = None
     placed_ns: int = 0  # when it was first admitted (time.time_ns), for its trace
     admitted: int = 0  # admission order: the latest is preempted first
@@ -425,10 +426,13 @@ class Batcher:
         return full, sum(pools.window.cached(block.window) for block in blocks[first:])
 
     def _join(self, sequence: Sequence) -> None:
-        """A prompt about to run its first piece takes the pages of its prefix named since it was admitted: prompts
-        that arrive together sharing a new prefix (a tenant's users on a new system prompt) prefill it once, the
-        earliest admitted first, the others from its pages. What it held so far is a prefix of what it now takes,
-        so its fill needs fewer pages; it joins only if the pools can give what the join takes now."""
+        """A prompt about to run its next piece takes the pages of its prefix named since it was admitted or ran its
+        last piece: prompts that arrive together sharing a new prefix (a tenant's users on a new system prompt)
+        prefill it once, the earliest admitted first, the others from its pages; and a prompt overtaken halfway by
+        another on the same prefix (a better tier's, or one with less left to fill) goes on from where that one
+        got, not from where it stopped (a prefix sent ahead to warm this server, overtaken by a request on it).
+        What it held so far is a prefix of what it now takes, so its fill needs fewer pages; it joins only if the
+        pools can give what the join takes now."""
         added_since = self.prefix.findable_added != sequence.joinable
         sequence.joinable = None
         if not added_since:  # nothing made findable since it was placed: a lookup would find what it holds
@@ -524,6 +528,8 @@ class Batcher:
             self._run(decoding, None, [])
         elif decoding or piece:
             self._run(decoding, filling if piece else None, piece)
+        if piece and filling is not None and not filling.decoding and not filling.generated:
+            filling.joinable = self.prefix.findable_added  # its own pages named: what others name from here
         if held and bank is not None:
             bank.spend(time.perf_counter() - started)
 

@@ -8,23 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from batcher_replay import Arrival, replay, replaying_batcher
 from engine_fixtures import loaded, make_checkpoint, tiny_config
 
-from backends.base import Chunk, GenerateRequest, Sampling, SchedulingTier
+from backends.base import GenerateRequest, Sampling, SchedulingTier
 from backends.engine.backend import EngineBackend, EngineOptions
-from backends.engine.batcher import Batcher, Sequence
-from backends.engine.checkpoint import Checkpoint
-from backends.engine.graph import GraphOptions
-from backends.engine.kernels.build import kernel_library
-from backends.engine.model_cache import compiled_model
-from backends.engine.page_pool import KvPools
-from backends.engine.runtime import DecoderRuntime
 from harmony import load_harmony_encoding
 
 ENCODING = load_harmony_encoding()
@@ -139,58 +131,6 @@ def test_arrivals_spread_over_time_from_two_tenants_and_tiers_keep_every_answer(
     assert preemptions > 0
 
 
-@dataclass
-class Arrival:
-    at: int  # the iteration it is submitted at
-    request: GenerateRequest
-    cancel_after: int | None = None  # tokens after which its client goes away
-
-
-def _replay(batcher: Batcher, arrivals: list[Arrival], iterations: int = 1000) -> dict[int, str]:
-    """Run the batcher's iterations by hand, submitting each arrival at its iteration: how each request ended
-    ("done", "cancelled", or its failure's text), once all have or the iterations ran out."""
-    ended: dict[int, str] = {}
-    sequences: dict[int, Sequence] = {}
-    tokens = dict.fromkeys(range(len(arrivals)), 0)
-
-    def emit(index: int) -> Callable[[Chunk | BaseException | None], None]:
-        def take(item: Chunk | BaseException | None) -> None:
-            if isinstance(item, Chunk):
-                tokens[index] += len(item.tokens)
-                after = arrivals[index].cancel_after
-                if after is not None and tokens[index] >= after and index not in ended:
-                    sequences[index].cancelled.set()
-                    ended[index] = "cancelled"
-            elif index not in ended:
-                ended[index] = "done" if item is None else str(item)
-
-        return take
-
-    arriving = {arrival.at for arrival in arrivals}
-    for iteration in range(iterations):
-        for index, arrival in enumerate(arrivals):
-            if arrival.at == iteration:
-                sequences[index] = Sequence(arrival.request, emit(index), np.random.default_rng(index))
-                batcher.submit(sequences[index])
-        busy = batcher.active or batcher.load().waiting
-        if iteration > max(arriving) and len(ended) == len(arrivals) and not busy:
-            break
-        if busy or iteration in arriving:
-            assert batcher.serve_once()  # with nothing to do, an iteration would wait for an arrival
-    return ended
-
-
-def _replaying(checkpoint: Path, options: EngineOptions) -> Batcher:
-    """A batcher with no engine thread, its pools sized as the engine sizes them for `options`."""
-    config = tiny_config()
-    model = compiled_model(Checkpoint(checkpoint), GraphOptions(192, page_size=16), checkpoint.parent / "graphs")
-    full, window = options.full_pages(), options.window_pages(config.sliding_window)
-    runtime = DecoderRuntime(str(model), config, options.max_batch + 1, 192, full, window, 16, kernels=kernel_library())
-    pools = KvPools(full, window, 16, config.sliding_window)
-    prefix = options.prefix_budget()
-    return Batcher(runtime, pools, options.max_batch, options.prefill_chunk, prefix, thread=False)
-
-
 def _families(rng: np.random.Generator) -> list[list[int]]:
     return [rng.integers(1000, 190_000, 120).tolist() for _ in range(3)]
 
@@ -209,7 +149,7 @@ def test_answers_that_cannot_all_grow_do_not_trade_places_forever(checkpoint):
     iteration, neither writing a token. A sequence is placed only where the running answers' next pages are left
     too, so each placement is followed by a step in which they run: every answer ends."""
     options = _options(checkpoint, max_batch=6, kv_cache_tokens=160, page_size=16, prefill_chunk=16)
-    batcher = _replaying(checkpoint, options)
+    batcher = replaying_batcher(checkpoint, options)
     rng = np.random.default_rng(552)
     families = _families(rng)
     arrivals = []
@@ -217,7 +157,7 @@ def test_answers_that_cannot_all_grow_do_not_trade_places_forever(checkpoint):
         prompt = _prompt(rng, families)
         at, count = int(rng.integers(0, 60)), int(rng.integers(10, 60))
         arrivals.append(Arrival(at, GenerateRequest(prompt, count, (), f"r{index}", GREEDY, tenant="ab"[index % 2])))
-    ended = _replay(batcher, arrivals)
+    ended = replay(batcher, arrivals)
     assert ended == dict.fromkeys(range(4), "done"), f"{batcher.stats().preemptions} preemptions"
     assert 0 < batcher.stats().preemptions < 10
 
@@ -237,7 +177,7 @@ def test_random_schedules_end_every_request_and_give_back_every_page(checkpoint,
             page_size=16,
             prefill_chunk=int(rng.choice([16, 32, 64])),
         )
-        batcher = _replaying(checkpoint, options)
+        batcher = replaying_batcher(checkpoint, options)
         families = _families(rng)
         arrivals = []
         for index in range(int(rng.integers(2, 10))):
@@ -253,7 +193,7 @@ def test_random_schedules_end_every_request_and_give_back_every_page(checkpoint,
             )
             cancel_after = int(rng.integers(1, 40)) if rng.random() < 0.2 else None
             arrivals.append(Arrival(int(rng.integers(0, 60)), request, cancel_after))
-        ended = _replay(batcher, arrivals, iterations=3000)
+        ended = replay(batcher, arrivals, iterations=3000)
         assert len(ended) == len(arrivals), f"{options}: {batcher.stats().preemptions} preemptions, {ended}"
         for index, arrival in enumerate(arrivals):
             assert ended[index] in ({"done", "cancelled"} if arrival.cancel_after else {"done"}), ended[index]

@@ -1,0 +1,84 @@
+"""The engine's batcher run iteration by iteration, with no engine thread and no timing: schedules replayed
+exactly (arrivals at set iterations, clients going away after set token counts)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from engine_fixtures import tiny_config
+
+from backends.base import Chunk, GenerateRequest
+from backends.engine.backend import EngineOptions
+from backends.engine.batcher import Batcher, Sequence
+from backends.engine.checkpoint import Checkpoint
+from backends.engine.graph import GraphOptions
+from backends.engine.kernels.build import kernel_library
+from backends.engine.model_cache import compiled_model
+from backends.engine.page_pool import KvPools
+from backends.engine.runtime import DecoderRuntime
+
+MAX_POSITIONS = 192
+
+
+@dataclass
+class Arrival:
+    at: int  # the iteration it is submitted at
+    request: GenerateRequest
+    cancel_after: int | None = None  # tokens after which its client goes away
+    tokens: list[int] = field(default_factory=list)  # what it was answered
+    cached: int | None = None  # once it ended: the prompt tokens the engine reused (its `cached_tokens`)
+
+
+def replay(batcher: Batcher, arrivals: list[Arrival], iterations: int = 1000) -> dict[int, str]:
+    """Run the batcher's iterations by hand, submitting each arrival at its iteration: how each request ended
+    ("done", "cancelled", or its failure's text), once all have or the iterations ran out."""
+    ended: dict[int, str] = {}
+    sequences: dict[int, Sequence] = {}
+
+    def emit(index: int) -> Callable[[Chunk | BaseException | None], None]:
+        arrival = arrivals[index]
+
+        def take(item: Chunk | BaseException | None) -> None:
+            if isinstance(item, Chunk):
+                arrival.tokens += item.tokens
+                after = arrival.cancel_after
+                if after is not None and len(arrival.tokens) >= after and index not in ended:
+                    sequences[index].cancelled.set()
+                    ended[index] = "cancelled"
+            elif index not in ended:
+                ended[index] = "done" if item is None else str(item)
+                arrival.cached = sequences[index].reused
+
+        return take
+
+    arriving = {arrival.at for arrival in arrivals}
+    for iteration in range(iterations):
+        for index, arrival in enumerate(arrivals):
+            if arrival.at == iteration:
+                sequences[index] = Sequence(arrival.request, emit(index), np.random.default_rng(index))
+                batcher.submit(sequences[index])
+        busy = batcher.active or batcher.load().waiting
+        if iteration > max(arriving) and len(ended) == len(arrivals) and not busy:
+            break
+        if busy or iteration in arriving:
+            assert batcher.serve_once()  # with nothing to do, an iteration would wait for an arrival
+    return ended
+
+
+def replaying_batcher(checkpoint: Path, options: EngineOptions) -> Batcher:
+    """A batcher with no engine thread over `checkpoint` (tiny_config, MAX_POSITIONS), its pools sized as the
+    engine sizes them for `options`."""
+    config = tiny_config()
+    graph = GraphOptions(MAX_POSITIONS, page_size=options.page_size)
+    model = compiled_model(Checkpoint(checkpoint), graph, checkpoint.parent / "graphs")
+    full, window = options.full_pages(), options.window_pages(config.sliding_window)
+    page = options.page_size
+    runtime = DecoderRuntime(
+        str(model), config, options.max_batch + 1, MAX_POSITIONS, full, window, page, kernels=kernel_library()
+    )
+    pools = KvPools(full, window, page, config.sliding_window)
+    prefix = options.prefix_budget()
+    return Batcher(runtime, pools, options.max_batch, options.prefill_chunk, prefix, thread=False)
