@@ -22,9 +22,9 @@ short turns after it (~100 tokens with the answer before them), six turns, six c
 
 Per workload: prompt tokens served from cache as a fraction of the one-server reference, time to first token
 (the first token a JSON-schema answer streams, reasoning or answer text, as the client sees it)
-p50 and p90, and the busiest server's requests in flight (averaged over the run) and prompt tokens, each over the
-servers' mean. Then the previous_response_id workload again with one
-server killed halfway: requests failed, and the cache fraction.
+p50 and p90, and the busiest server's requests in flight (averaged over the run from when its requests come at
+once) and prompt tokens, each over the servers' mean. Then the previous_response_id workload again with one server
+killed halfway: requests failed, and the cache fraction.
 """
 
 from __future__ import annotations
@@ -107,6 +107,9 @@ class Result:
     samples: list[Sample] = field(default_factory=list)
     per_server: list[float] = field(default_factory=list)  # prompt tokens each server was given
     load: list[float] = field(default_factory=list)  # each server's requests in flight (running + waiting), averaged
+    # set when the workload's requests begin to come at once: the load is averaged from then (a shared system
+    # prompt's first user, alone, is one request on one server under any routing)
+    loaded: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, sample: Sample) -> None:
@@ -140,7 +143,8 @@ class Result:
 
     @property
     def load_imbalance(self) -> float:
-        """The busiest server's requests in flight, averaged over the run, over the servers' mean."""
+        """The busiest server's requests in flight, averaged from when requests come at once, over the servers'
+        mean."""
         return _over_mean(self.load)
 
 
@@ -194,6 +198,7 @@ def chained(url: str, result: Result, tag: str, halfway: threading.Event | None 
             if previous is None:
                 return
 
+    result.loaded.set()
     with ThreadPoolExecutor(CONVERSATIONS) as pool:
         list(pool.map(conversation, range(CONVERSATIONS)))
 
@@ -221,6 +226,7 @@ def resent(url: str, result: Result, tag: str, key: bool = False) -> None:
                 return
             history.append({"role": "assistant", "content": answer})
 
+    result.loaded.set()
     with ThreadPoolExecutor(CONVERSATIONS) as pool:
         list(pool.map(conversation, range(CONVERSATIONS)))
 
@@ -263,6 +269,7 @@ def shared_system(url: str, result: Result, tag: str) -> None:
         result.add(sample)
 
     user(0)  # the prompt in use before the others come
+    result.loaded.set()
     with ThreadPoolExecutor(USERS_AT_ONCE) as pool:
         list(pool.map(user, range(1, USERS)))
 
@@ -408,11 +415,13 @@ class Fleet:
                 out.append(float("nan"))
         return out
 
-    def sample_load(self, done: threading.Event) -> list[float]:
-        """Each server's requests in flight, read every LOAD_EVERY_S until `done`, averaged (a server that stopped
-        answering counts from then on as empty)."""
+    def sample_load(self, loaded: threading.Event, done: threading.Event) -> list[float]:
+        """Each server's requests in flight, read every LOAD_EVERY_S from `loaded` until `done`, averaged (a server
+        that stopped answering counts from then on as empty)."""
         totals, samples = [0.0] * len(self.servers), 0
         while not done.wait(LOAD_EVERY_S):
+            if not loaded.is_set():
+                continue
             for index, server in enumerate(self.servers):
                 with contextlib.suppress(OSError):
                     totals[index] += self.kind.load(server)
@@ -441,7 +450,7 @@ def run_workload(
     result = Result()
     done = threading.Event()
     with ThreadPoolExecutor(1) as sampler:
-        loads = sampler.submit(fleet.sample_load, done)
+        loads = sampler.submit(fleet.sample_load, result.loaded, done)
         try:
             tag = f"{kind.kind[:2]}{workload[:3]}{servers}{int(routing)}".replace(" ", "")
             WORKLOADS[workload](fleet.url, result, tag)
@@ -590,7 +599,9 @@ def _setting(layers: int, quota: CpuQuota) -> str:
         "least loaded over prefix at p50; later turns: the same of the turns after the conversations' openings (an "
         "opening's prompt is held by no server under either routing), ratios at p50 and p90. Busiest: the busiest "
         "server's requests in flight (running and waiting, "
-        f"read from its /metrics every {LOAD_EVERY_S} s and averaged over the run) over the servers' mean; prompt "
+        f"read from its /metrics every {LOAD_EVERY_S} s and averaged over the run; for the shared system prompt, "
+        "from when the users come at once: its first user, alone, is one request on one server under any routing) "
+        "over the servers' mean; prompt "
         "tokens: the most prompt tokens a server was given (computed or served from its cache) over the mean. The "
         f"model: a random checkpoint of gpt-oss-20b's width at {layers} layer(s), on the CPU. "
         f"Conversations: {CONVERSATIONS} at a time, {TURNS} turns, shaped as an agent's session (an opening of "

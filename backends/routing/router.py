@@ -23,7 +23,9 @@ So a conversation goes back to the server that holds it while that server has ro
 spreads one server at a time beyond that, the requests right after going where it is held rather than where it
 is still being run; and a miss goes where the fewest prompt tokens are queued, never to an overloaded server. A
 hot shared prefix is also sent ahead to a lighter server that does not hold it (warming.py), which gets no request
-on it from this replica until that prefill has run, while another server holds it.
+on it from this replica until that prefill has run while a server holding it has room; with none left, it counts as
+holding the prefix behind all that is queued there, the warm-up among them (a request waits there for that prefill,
+which the built-in engine runs once, rather than on a full holder for a slot).
 
 Page names are those of backends/page_names.py, in the request's namespace: its tenant (and, on the built-in
 engine, its `prompt_cache_key` and the server's prefix-cache scope), so one tenant's prefix never attracts or
@@ -282,11 +284,6 @@ class PrefixRouter:
         holds = {url: held if held >= enough else 0 for url, held in holds.items()}  # a shared opening alone
         # (Harmony's system message) pulls nowhere
         prefix = self._shared_prefix(names, max(holds.values()))
-        # a server this replica is sending the prefix ahead to gets no request on it while another holds it: it
-        # would wait there for that prefill, where it waits on a holder only for a slot
-        warming = self.warming.at(prefix[0]) if prefix is not None else set()
-        if any(holds[url] for url in candidates if url not in warming):
-            candidates = {url: count for url, count in candidates.items() if url not in warming}
         loads = every = {url: self.servers[url].load(outstanding) for url, outstanding in candidates.items()}
         lightest = min(loads.values())
         # overloaded beside the others: whatever it holds, it gets no more; nor does a full server while another
@@ -294,11 +291,20 @@ class PrefixRouter:
         loads = {url: load for url, load in loads.items() if load <= lightest + self.settings.load_slack}
         with_room = {url: load for url, load in loads.items() if not self.servers[url].full(load)}
         loads = with_room or loads
+        # a server this replica is sending the prefix ahead to gets nothing on it while a holder is left: the request
+        # would wait there for that prefill, on a holder at most for a slot; with none left, it counts as holding the
+        # prefix, behind all that is queued there (the warm-up among them)
+        warming = self.warming.at(prefix[0]) if prefix is not None else set()
+        if any(holds[url] for url in loads if url not in warming):
+            loads = {url: load for url, load in loads.items() if url not in warming}
+        elif prefix is not None:
+            holds |= {url: max(holds[url], prefix[1]) for url in warming & loads.keys()}
         anchor = request.cache_key or self._anchor(request, names)
         scored = []
         for url, load in loads.items():
             to_run = prompt - holds[url]
-            cost = to_run + self.servers[url].queued_before(to_run)
+            view = self.servers[url]
+            cost = to_run + (view.queued() if url in warming else view.queued_before(to_run))
             scored.append((cost, load, _rendezvous(anchor, url), holds[url], url))
         if request.cache_key and all(score[3] == 0 for score in scored):
             # nothing of the prompt anywhere: the key's own server among the least loaded (every replica alike where

@@ -299,10 +299,11 @@ def test_nothing_is_sent_ahead_for_a_conversation_s_turns_an_idle_holder_or_with
     assert all(off.choose(_session(i), loaded).warm is None for i in range(1, 5))
 
 
-def test_a_server_still_being_sent_a_prefix_gets_no_request_on_it_while_another_holds_it():
-    """The holder full (two slots) and both other servers being sent the shared prompt ahead: a session on it waits
-    on the holder for a slot rather than there for the prefill; once a warm-up has answered (that server holds the
-    prompt), sessions go there."""
+def test_a_server_being_sent_a_prefix_gets_requests_on_it_only_once_no_holder_has_room():
+    """Both other servers being sent the shared prompt ahead (two slots each): while the holder has a free slot, a
+    session on the prompt goes there, where it waits for no prefill. With the holder full, sessions wait behind the
+    warm-ups instead, one on each server being warmed (counted as holding the prompt, behind what is queued there),
+    not on the holder for a slot; once a warm-up has answered, that server holds the prompt."""
     settings = RoutingSettings(32, 2, 600.0, 65_536, 0.3, server_slots=2, warm_min_tokens=256)
     router = PrefixRouter(URLS, settings, published=False)
     holder = _answered(router, _session(0), dict.fromkeys(URLS, 0)).url
@@ -310,13 +311,27 @@ def test_a_server_still_being_sent_a_prefix_gets_no_request_on_it_while_another_
     router.choose(_session(1), dict(in_flight))
     warms = [router.choose(_session(i), dict(in_flight)).warm for i in (2, 3)]
     assert all(warms) and {w.url for w in warms} == set(URLS) - {holder}
-    for warm in warms:
+    warm_ups = []
+    for index, warm in enumerate(warms):  # sent as the backend sends them: their prompt queued there
+        ahead = GenerateRequest(_session(2).prompt[: warm.tokens], 1, (), f"ahead{index}", tenant="acme")
+        warm_ups.append(router.sending(warm.url, warm.tokens, router.pages(ahead)))
         in_flight[warm.url] += 1
+    held = router.choose(_session(4), dict(in_flight))
+    assert (held.url, held.matched_tokens) == (holder, 800)
     in_flight[holder] = 2  # full
-    assert router.choose(_session(4), dict(in_flight)).url == holder
+    behind = []
+    for index in (5, 6):
+        names = router.pages(_session(index))
+        decision = router.choose(_session(index), dict(in_flight), names=names)
+        assert decision.how == "prefix" and decision.matched_tokens == 800 and decision.prompt_tokens == 64
+        router.sending(decision.url, decision.prompt_tokens, names)
+        in_flight[decision.url] += 1
+        behind.append(decision.url)
+    assert sorted(behind) == sorted(w.url for w in warms)  # one behind each warm-up
     first = warms[0]
-    ahead = GenerateRequest(_session(2).prompt[: first.tokens], 1, (), "ahead", tenant="acme")
-    router.sending(first.url, first.tokens, router.pages(ahead)).answering()
+    warm_ups[0].answering()
     router.warming.done(first.prefix, first.url)
     in_flight[first.url] -= 1
-    assert router.choose(_session(5), dict(in_flight)).url == first.url
+    assert router.warming.at(first.prefix) == {warms[1].url}
+    # it holds the warm-up's whole pages (its last token is always run: 24 pages of 32)
+    assert router._held(router.servers[first.url], _session(7), router.pages(_session(7))) == 768
