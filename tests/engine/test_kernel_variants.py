@@ -25,15 +25,17 @@ def test_every_variant_this_cpu_runs_is_built_and_checked(variant: Variant):
 
 
 def test_the_best_variant_the_cpu_runs_is_chosen():
-    """By the CPU's flags: AMX tiles (with VNNI and AVX-512 BF16), AVX-512 with VNNI, AVX-512, AVX2 or the baseline,
-    whichever is the best it has; a variant the directory lacks is passed over; with no flags known, only the
-    baseline."""
+    """By the CPU's flags: AMX tiles (with VNNI and AVX-512 BF16), AVX-512 with VNNI, AVX-512, AVX2 with AVX-VNNI,
+    AVX2 or the baseline, whichever is the best it has; a variant the directory lacks is passed over; with no flags
+    known, only the baseline."""
     names = [variant.name for variant in X86_VARIANTS]
     amx = V4_FLAGS | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"}
     assert best(names, amx).name == "x86-64-v4-amx"
     assert best(names, amx - {"amx_bf16"}).name == "x86-64-v4-vnni"
     assert best(names, V4_FLAGS | {"avx512_vnni"}).name == "x86-64-v4-vnni"
     assert best(names, V4_FLAGS).name == "x86-64-v4"
+    assert best(names, V3_FLAGS | {"avx_vnni"}).name == "x86-64-v3-vnni"  # an E-core Xeon
+    assert best(names, V4_FLAGS | {"avx_vnni"}).name == "x86-64-v4"
     assert best(names, V3_FLAGS).name == "x86-64-v3"
     assert best(names, V3_FLAGS - {"fma"}).name == "x86-64"
     assert best(names, frozenset()).name == "x86-64"

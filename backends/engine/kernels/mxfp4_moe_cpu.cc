@@ -584,11 +584,19 @@ void QuantizePairs(const float* x, int64_t cols, int8_t* q, int8_t* remainders, 
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
+// The byte dot product into int32 lanes in 256-bit registers: AVX-512 VNNI's, or AVX-VNNI's (the same instruction
+// VEX-encoded: Intel's Alder Lake and later clients and its AVX2-only E-core Xeons, AMD's Zen 5).
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define GPTOSS_DPBUSD256 _mm256_dpbusd_epi32
+#elif defined(__AVXVNNI__)
+#define GPTOSS_DPBUSD256 _mm256_dpbusd_avx_epi32
+#endif
+
 // In each int32 lane, the sum of the eight u8 x s8 products of its four bytes of a . b and of c . d (no overflow:
 // a and c <= 24, |b| and |d| <= 127, so the byte multiply-add's int16 sums stay within 4 x 24 x 127).
 inline __m256i DotPairU8S8(__m256i a, __m256i b, __m256i c, __m256i d) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b), c, d);
+#if defined(GPTOSS_DPBUSD256)
+  return GPTOSS_DPBUSD256(GPTOSS_DPBUSD256(_mm256_setzero_si256(), a, b), c, d);
 #else
   const __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(a, b), _mm256_maddubs_epi16(c, d));
   return _mm256_madd_epi16(sums, _mm256_set1_epi16(1));
@@ -598,11 +606,11 @@ inline __m256i DotPairU8S8(__m256i a, __m256i b, __m256i c, __m256i d) {
 // In each int32 lane, kRemainderSteps times DotPairU8S8(a, b, c, d) plus DotPairU8S8(a, e, c, f): two pieces' sums.
 inline __m256i DotPiecesU8S8(__m256i a, __m256i b, __m256i c, __m256i d, __m256i e, __m256i f) {
   static_assert(kRemainderSteps == 256 - 2, "the values' sums are scaled by two shifts");
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(GPTOSS_DPBUSD256)
   // the remainders' products accumulate onto the values' sums times kRemainderSteps
   const __m256i values = DotPairU8S8(a, b, c, d);
   const __m256i scaled = _mm256_sub_epi32(_mm256_slli_epi32(values, 8), _mm256_slli_epi32(values, 1));
-  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(scaled, a, e), c, f);
+  return GPTOSS_DPBUSD256(GPTOSS_DPBUSD256(scaled, a, e), c, f);
 #else
   // each piece's int16 sums as DotPairU8S8's, widened and weighed by one multiply-add each
   const __m256i values = _mm256_add_epi16(_mm256_maddubs_epi16(a, b), _mm256_maddubs_epi16(c, d));

@@ -1,8 +1,10 @@
 """The CPU variants the kernels are built in, and the one a machine runs: the best whose instructions its CPU has.
 
 One image serves every node: `build-kernels --variants` compiles the library once per variant (x86-64: the baseline,
-x86-64-v3 with AVX2 and FMA, x86-64-v4 with AVX-512, x86-64-v4 with VNNI, and x86-64-v4 with VNNI, AVX-512 BF16 and
-AMX tiles, whose prefill runs on the tiles (amx_cpu.h); elsewhere the machine's own), and the engine loads the best one
+x86-64-v3 with AVX2 and FMA, x86-64-v3 with AVX-VNNI (Intel's AVX2-only E-core Xeons and its clients from Alder Lake:
+the MoE's int8 decode takes byte dot products in one instruction), x86-64-v4 with AVX-512, x86-64-v4 with VNNI, and
+x86-64-v4 with VNNI, AVX-512 BF16 and AMX tiles, whose prefill runs on the tiles (amx_cpu.h); elsewhere the machine's
+own), and the engine loads the best one
 the CPU reports (as ONNX Runtime's MLAS and llama.cpp's CPU backends choose at load), so no kernel can stop a node
 with an illegal instruction and none runs below what the node can do.
 """
@@ -36,6 +38,7 @@ X86_VARIANTS = (  # best first
     Variant("x86-64-v4-amx", "x86-64-v4", ("avx512vnni", "avx512bf16", "amx-tile", "amx-bf16"), _AMX),
     Variant("x86-64-v4-vnni", "x86-64-v4", ("avx512vnni",), _V4 | {"avx512_vnni"}),
     Variant("x86-64-v4", "x86-64-v4", (), _V4),
+    Variant("x86-64-v3-vnni", "x86-64-v3", ("avxvnni",), _V3 | {"avx_vnni"}),
     Variant("x86-64-v3", "x86-64-v3", (), _V3),
     Variant("x86-64", "x86-64"),
 )
