@@ -1,6 +1,7 @@
 """Routing by prefix over a fleet of model servers, against least-loaded routing, in one run.
 
-    python bench/fleet_routing_bench.py [--layers 1] [--write docs/benchmarks.md]
+    python bench/fleet_routing_bench.py [--layers 1] [--llama-cpp TREE --convert-python PY] [--vllm-stand-in]
+        [--skip-engine] [--write docs/benchmarks.md]
 
 Three engine servers (`serve-engine`: a random checkpoint of gpt-oss-20b's width, hidden 2880, vocabulary 201,088,
 and few layers, on the CPU) and two gateway replicas (`GATEWAY_BACKEND=engine`, one Redis) behind a round-robin
@@ -25,6 +26,10 @@ Per workload: prompt tokens served from cache as a fraction of the one-server re
 p50 and p90, and the busiest server's requests in flight (averaged over the run from when its requests come at
 once) and prompt tokens, each over the servers' mean. Then the previous_response_id workload again with one server
 killed halfway: requests failed, and the cache fraction.
+
+`--llama-cpp` runs the first two workloads again over three `llama-server`s (routing by what was sent where), and
+`--vllm-stand-in` over three stand-ins for vLLM's server that publish its KV-cache events (vllm_stand_in.py; routing
+by those events), each in a section of its own.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from live_gateway import GatewayProcess  # noqa: E402
 from redis_servers import RedisServer, free_port  # noqa: E402
 from report import cpu_line, markers, write_section  # noqa: E402
 from server_process import ServerProcess  # noqa: E402
+from vllm_stand_in import PREFILL_S_PER_TOKEN, TOKEN_DELAY_S, VllmStandIn  # noqa: E402
 
 from backends.engine.config import GPT_OSS_20B  # noqa: E402
 from backends.engine.kernels.build import KERNELS_ENV, build_library  # noqa: E402
@@ -66,6 +72,7 @@ from backends.engine.make_checkpoint import write_random_checkpoint  # noqa: E40
 
 NAME = "fleet_routing_bench"
 LLAMA_NAME = "fleet_routing_bench_llama_cpp"  # its own section: a run without --llama-cpp leaves it as it was
+VLLM_NAME = "fleet_routing_bench_vllm_stand_in"  # likewise, --vllm-stand-in's
 MODEL = "gpt-oss-20b"
 KEY = "bench-fleet-key"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
@@ -110,6 +117,9 @@ class Result:
     # set when the workload's requests begin to come at once: the load is averaged from then (a shared system
     # prompt's first user, alone, is one request on one server under any routing)
     loaded: threading.Event = field(default_factory=threading.Event)
+    # at the end, as the replicas' /metrics say: servers whose page events they follow, and the pages published
+    in_sync: tuple[int, int] = (0, 0)  # (followed in step, of)
+    published_pages: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, sample: Sample) -> None:
@@ -293,7 +303,7 @@ class Engines:
     def make(self, work: Path, index: int) -> EngineServer:
         return EngineServer(self.options, work / f"e{index}.log", api_key=KEY)
 
-    def backend_options(self) -> dict:
+    def backend_options(self, servers: list[EngineServer]) -> dict:
         return {"api_key": KEY, "context_length": 4096}
 
     @staticmethod
@@ -326,7 +336,7 @@ class LlamaServers:
     def make(self, work: Path, index: int) -> LlamaServer:
         return LlamaServer(self.binary, self.gguf, work / f"l{index}.log")
 
-    def backend_options(self) -> dict:
+    def backend_options(self, servers: list[LlamaServer]) -> dict:
         return {"context_length": 4096}
 
     @staticmethod
@@ -344,13 +354,38 @@ class LlamaServers:
         return metrics["llamacpp:requests_processing"] + metrics["llamacpp:requests_deferred"]
 
 
+class VllmStandIns:
+    """Stand-ins for vLLM's servers (vllm_stand_in.py), in this process: routing by the KV-cache events they publish
+    (their load: the requests each replica has in flight there; a stand-in has no /metrics)."""
+
+    kind = "vllm"
+
+    def make(self, work: Path, index: int) -> VllmStandIn:
+        return VllmStandIn()
+
+    def backend_options(self, servers: list[VllmStandIn]) -> dict:
+        endpoints = [server.events_endpoint for server in servers]
+        return {"context_length": 4096, "kv_events_endpoints": endpoints, "load_metrics_interval_s": 0}
+
+    @staticmethod
+    def prompt_tokens(server: VllmStandIn) -> float:
+        return server.metrics()["prompt_tokens"]
+
+    @staticmethod
+    def load(server: VllmStandIn) -> float:
+        return server.metrics()["in_flight"]
+
+
+Kind = Engines | LlamaServers | VllmStandIns
+
+
 class Fleet:
     """Model servers, two replicas and HAProxy, started for one configuration and stopped after it."""
 
     def __init__(
         self,
         work: Path,
-        kind: Engines | LlamaServers,
+        kind: Kind,
         servers: int,
         routing: bool,
         redis: RedisServer,
@@ -369,16 +404,17 @@ class Fleet:
     def start(self) -> Fleet:
         for server in self.servers:
             server.launch()
-            assert server.process is not None
-            self.quota.confine(server.process.pid)  # its share of the CPUs, whatever the others do
+            if server.process is not None:  # a stand-in runs in this process
+                self.quota.confine(server.process.pid)  # its share of the CPUs, whatever the others do
         for server in self.servers:
             server.wait_ready(timeout_s=900)
-        backend = {**self.kind.backend_options(), "prefix_routing": self.routing, "probe_interval_s": 1}
+        backend = {**self.kind.backend_options(self.servers), "prefix_routing": self.routing, "probe_interval_s": 1}
         env = {
             "GATEWAY_MODELS": MODEL,
             "GATEWAY_AUTH": "off",
             "GATEWAY_METRICS_PUBLIC": "1",
             "GATEWAY_REDIS_URL": self.redis.url,
+            "GATEWAY_KEY_SECRET": "bench-fleet-secret",  # the replicas' tenants' cache_salt alike
             "GATEWAY_BACKEND": self.kind.kind,
             "GATEWAY_BACKEND_URLS": ",".join(s.url for s in self.servers),
             "GATEWAY_BACKEND_OPTIONS": json.dumps(backend),
@@ -415,6 +451,21 @@ class Fleet:
                 out.append(float("nan"))
         return out
 
+    def page_events(self) -> tuple[tuple[int, int], float]:
+        """Over the replicas: (servers whose page events a replica follows in step, servers it follows), and the
+        pages they say the servers published, from their /metrics."""
+        in_step = followed = 0
+        pages = 0.0
+        for replica in self.replicas:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{replica.port}/metrics", timeout=5).read().decode()
+            for line in text.splitlines():
+                if line.startswith("gateway_upstream_page_events_in_sync{"):
+                    followed += 1
+                    in_step += float(line.rsplit(" ", 1)[1]) == 1
+                elif line.startswith("gateway_upstream_prefix_pages{") and 'source="published"' in line:
+                    pages += float(line.rsplit(" ", 1)[1])
+        return (in_step, followed), pages
+
     def sample_load(self, loaded: threading.Event, done: threading.Event) -> list[float]:
         """Each server's requests in flight, read every LOAD_EVERY_S from `loaded` until `done`, averaged (a server
         that stopped answering counts from then on as empty)."""
@@ -439,7 +490,7 @@ class Fleet:
 
 def run_workload(
     work: Path,
-    kind: Engines | LlamaServers,
+    kind: Kind,
     redis: RedisServer,
     workload: str,
     servers: int,
@@ -455,6 +506,7 @@ def run_workload(
             tag = f"{kind.kind[:2]}{workload[:3]}{servers}{int(routing)}".replace(" ", "")
             WORKLOADS[workload](fleet.url, result, tag)
             result.per_server = fleet.prompt_tokens()
+            result.in_sync, result.published_pages = fleet.page_events()
         finally:
             done.set()
             result.load = loads.result()
@@ -487,7 +539,8 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp source tree with build/bin/llama-server")
     parser.add_argument("--convert-python", default=sys.executable, help="a Python with llama.cpp's converter needs")
-    parser.add_argument("--skip-engine", action="store_true", help="only the llama.cpp rows (with --llama-cpp)")
+    parser.add_argument("--skip-engine", action="store_true", help="none of the engine's rows")
+    parser.add_argument("--vllm-stand-in", action="store_true", help="the rows of stand-ins for vLLM's servers")
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS),
                         help="the engine's workloads to run (a trial: --write needs them all)")  # fmt: skip
     parser.add_argument("--skip-killed", action="store_true", help="a trial: no run with a server killed")
@@ -503,6 +556,7 @@ def main() -> int:
     redis = RedisServer(work / "redis").start()
     results: dict[tuple[str, str], Result] = {}
     llama: dict[tuple[str, str], Result] = {}
+    vllm: dict[tuple[str, str], Result] = {}
     killed: dict[str, Result] = {}
     try:
         if not args.skip_engine:
@@ -528,6 +582,11 @@ def main() -> int:
                 for label, count, routing in CONFIGURATIONS:
                     llama[(workload, label)] = run_workload(work, servers, redis, workload, count, routing, quota)
                     print("llama.cpp", workload, label, llama[(workload, label)].cached, flush=True)
+        if args.vllm_stand_in:
+            for workload in LLAMA_WORKLOADS:
+                for label, count, routing in CONFIGURATIONS:
+                    vllm[(workload, label)] = run_workload(work, VllmStandIns(), redis, workload, count, routing, quota)
+                    print("vLLM stand-in", workload, label, vllm[(workload, label)].cached, flush=True)
     finally:
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -538,6 +597,8 @@ def main() -> int:
         sections[NAME] = render_engines(results, killed, _setting(config.num_hidden_layers, quota), args.workloads)
     if llama:
         sections[LLAMA_NAME] = render_llama(llama, _setting(config.num_hidden_layers, quota))
+    if vllm:
+        sections[VLLM_NAME] = render_vllm(vllm)
     for name, section in sections.items():
         print(section)
         if args.write:
@@ -654,6 +715,45 @@ def render_llama(llama: dict, setting: str) -> str:
         "",
         *HEADER,
         *_rows(llama, LLAMA_WORKLOADS),
+        end,
+    ])  # fmt: skip
+
+
+def render_vllm(vllm: dict) -> str:
+    start, end = markers(VLLM_NAME)
+    rows = []
+    for workload in LLAMA_WORKLOADS:
+        one, prefix, least = (vllm[(workload, label)] for label, _, _ in CONFIGURATIONS)
+        reference = one.cached or 1
+        rows.append(
+            f"| {workload} | **{prefix.cached / reference:.2f}** | {least.cached / reference:.2f} | "
+            f"{prefix.failed} / {least.failed} | {prefix.load_imbalance:.2f} | {least.load_imbalance:.2f} | "
+            f"{prefix.imbalance:.2f} / {least.imbalance:.2f} | {prefix.in_sync[0]} of {prefix.in_sync[1]}; "
+            f"{prefix.published_pages:,.0f} |"
+        )
+    return "\n".join([
+        start,
+        "## Routing by vLLM's KV-cache events, over stand-ins (`bench/fleet_routing_bench.py --vllm-stand-in`)",
+        "",
+        f"CPU: {cpu_line()}, {os.cpu_count()} CPUs, Python {platform.python_version()}. The same fleet, workloads and "
+        "configurations as above (two gateway replicas on one Redis behind a round-robin HAProxy, `vllm` backend), "
+        "over three stand-ins for vLLM's server (`bench/vllm_stand_in.py`): each keeps a prefix cache of 16-token "
+        "blocks named by a hash chain from a seed of its own (the first block with the request's `cache_salt`), "
+        "reports `cached_tokens` as vLLM does and publishes its blocks stored and evicted as vLLM's "
+        "`--kv-events-config` does (ZMQ, msgpack); the replicas route by those events "
+        "(`kv_events_endpoints`), their block names recomputed from the token ids. A stand-in computes nothing: a "
+        f"prompt token it does not hold costs {PREFILL_S_PER_TOKEN * 1000:g} ms, one prompt at a time, and an "
+        f"answer token {TOKEN_DELAY_S * 1000:g} ms; so only the cache and the balance are reported. Busiest: each "
+        "stand-in's requests in flight, averaged over the run, over the mean; prompt tokens: the most a stand-in "
+        "was given over the mean; events followed: at the end of the prefix run, the stand-ins whose events each "
+        "replica follows in step (`gateway_upstream_page_events_in_sync`) of those it follows, and the blocks they "
+        "say the stand-ins hold (`gateway_upstream_prefix_pages{source=\"published\"}`, summed over the replicas).",
+        "",
+        "| workload | cache, prefix | cache, least loaded | requests failed: prefix / least loaded | busiest, prefix "
+        "| least loaded | prompt tokens, busiest: prefix / least loaded | prefix: events followed in step, pages "
+        "published |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
         end,
     ])  # fmt: skip
 
