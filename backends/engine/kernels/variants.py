@@ -4,9 +4,8 @@ One image serves every node: `build-kernels --variants` compiles the library onc
 x86-64-v3 with AVX2 and FMA, x86-64-v3 with AVX-VNNI (Intel's AVX2-only E-core Xeons and its clients from Alder Lake:
 the MoE's int8 decode takes byte dot products in one instruction), x86-64-v4 with AVX-512, x86-64-v4 with VNNI, and
 x86-64-v4 with VNNI, AVX-512 BF16 and AMX tiles, whose prefill runs on the tiles (amx_cpu.h); elsewhere the machine's
-own), and the engine loads the best one
-the CPU reports (as ONNX Runtime's MLAS and llama.cpp's CPU backends choose at load), so no kernel can stop a node
-with an illegal instruction and none runs below what the node can do.
+own), and the engine loads the best one the CPU reports (as ONNX Runtime's MLAS and llama.cpp's CPU backends choose at
+load), so no kernel can stop a node with an illegal instruction and none runs below what the node can do.
 """
 
 from __future__ import annotations
