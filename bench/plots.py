@@ -36,6 +36,7 @@ DOCS = ROOT / "docs"
 LLAMA_RUNS = (
     DOCS / "llama_cpp_6_intel.json",
     DOCS / "llama_cpp_6_x86-64-v3_intel.json",
+    DOCS / "llama_cpp_6_x86-64-v3-vnni_intel.json",
     DOCS / "llama_cpp_6_amd.json",
     DOCS / "llama_cpp_6_x86-64-v3_amd.json",
     DOCS / "llama_cpp_6_x86-64-v3-native_amd.json",
