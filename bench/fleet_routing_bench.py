@@ -606,18 +606,28 @@ def main() -> int:
     return 0
 
 
+def _compared(results: dict, workload: str) -> tuple[Result, Result, str]:
+    """A workload's prefix and least-loaded runs, and their cache columns (each over the one-server run's)."""
+    one, prefix, least = (results[(workload, label)] for label, _, _ in CONFIGURATIONS)
+    reference = one.cached or 1
+    return prefix, least, f"**{prefix.cached / reference:.2f}** | {least.cached / reference:.2f}"
+
+
+def _balance(prefix: Result, least: Result) -> str:
+    """The busiest columns: requests in flight, prefix and least loaded, then prompt tokens, both."""
+    return f"{prefix.load_imbalance:.2f} | {least.load_imbalance:.2f} | {prefix.imbalance:.2f} / {least.imbalance:.2f}"
+
+
 def _rows(results: dict, workloads: tuple[str, ...] | dict) -> list[str]:
     rows = []
     for workload in workloads:
-        one, prefix, least = (results[(workload, label)] for label, _, _ in CONFIGURATIONS)
-        reference = one.cached or 1
+        prefix, least, cache = _compared(results, workload)
         rows.append(
-            f"| {workload} | **{prefix.cached / reference:.2f}** | {least.cached / reference:.2f} | "
+            f"| {workload} | {cache} | "
             f"{prefix.first_token(0.5) * 1000:.0f} / {prefix.first_token(0.9) * 1000:.0f} ms | "
             f"{least.first_token(0.5) * 1000:.0f} / {least.first_token(0.9) * 1000:.0f} ms | "
             f"**{least.first_token(0.5) / prefix.first_token(0.5):.2f}x** | {_later_turns(prefix, least)} | "
-            f"{prefix.load_imbalance:.2f} | {least.load_imbalance:.2f} | "
-            f"{prefix.imbalance:.2f} / {least.imbalance:.2f} |"
+            f"{_balance(prefix, least)} |"
         )
     return rows
 
@@ -719,18 +729,14 @@ def render_llama(llama: dict, setting: str) -> str:
     ])  # fmt: skip
 
 
+def _stand_in_row(vllm: dict, workload: str) -> str:
+    prefix, least, cache = _compared(vllm, workload)
+    followed = f"{prefix.in_sync[0]} of {prefix.in_sync[1]}; {prefix.published_pages:,.0f}"
+    return f"| {workload} | {cache} | {prefix.failed} / {least.failed} | {_balance(prefix, least)} | {followed} |"
+
+
 def render_vllm(vllm: dict) -> str:
     start, end = markers(VLLM_NAME)
-    rows = []
-    for workload in LLAMA_WORKLOADS:
-        one, prefix, least = (vllm[(workload, label)] for label, _, _ in CONFIGURATIONS)
-        reference = one.cached or 1
-        rows.append(
-            f"| {workload} | **{prefix.cached / reference:.2f}** | {least.cached / reference:.2f} | "
-            f"{prefix.failed} / {least.failed} | {prefix.load_imbalance:.2f} | {least.load_imbalance:.2f} | "
-            f"{prefix.imbalance:.2f} / {least.imbalance:.2f} | {prefix.in_sync[0]} of {prefix.in_sync[1]}; "
-            f"{prefix.published_pages:,.0f} |"
-        )
     return "\n".join([
         start,
         "## Routing by vLLM's KV-cache events, over stand-ins (`bench/fleet_routing_bench.py --vllm-stand-in`)",
@@ -753,7 +759,7 @@ def render_vllm(vllm: dict) -> str:
         "| least loaded | prompt tokens, busiest: prefix / least loaded | prefix: events followed in step, pages "
         "published |",
         "|---|---|---|---|---|---|---|---|",
-        *rows,
+        *(_stand_in_row(vllm, workload) for workload in LLAMA_WORKLOADS),
         end,
     ])  # fmt: skip
 
