@@ -43,3 +43,12 @@ class LazyChain:
         for name in self._names:
             self._known.append(name)
             yield name
+
+    def at(self, index: int) -> bytes | None:
+        """The name at `index` (None past the chain's end), hashing only up to it."""
+        while len(self._known) <= index:
+            name = next(self._names, None)
+            if name is None:
+                return None
+            self._known.append(name)
+        return self._known[index]

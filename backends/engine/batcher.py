@@ -435,8 +435,12 @@ class Batcher:
         pools can give what the join takes now."""
         added_since = self.prefix.findable_added != sequence.joinable
         sequence.joinable = None
-        if not added_since:  # nothing made findable since it was placed: a lookup would find what it holds
+        if not added_since:  # nothing made findable since: a lookup would find what it holds
             return
+        names, page = sequence.fill_names, sequence.position // self.pools.page_size
+        if sequence.position > sequence.reused and names is not None and not self.prefix.holds_page(names, page):
+            return  # halfway through its fill, it gains only where another named the page its next piece writes:
+            # a lookup would walk every page it holds, at each step in which an answer filled a page
         blocks, tail, reused = self._lookup(sequence)
         gained = reused - sequence.position
         if gained <= 0:

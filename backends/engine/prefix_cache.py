@@ -120,6 +120,11 @@ class PrefixCache:
         tail, copied = self._tail_for(parent, prompt[reused:limit])
         return blocks, tail, reused + copied
 
+    def holds_page(self, names: LazyChain, index: int) -> bool:
+        """Whether the page a lookup reads at `index` of a prompt's names (`page_names`) is named here."""
+        name = names.at(index)
+        return name is not None and name in self._blocks
+
     def page_names(self, namespace: bytes, prompt: list[int]) -> LazyChain:
         """The names a lookup of `prompt` reads (all its full pages but one holding its last token), each hashed
         once, when first read."""

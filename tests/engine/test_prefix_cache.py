@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from batcher_replay import Arrival, replay, replaying_batcher
-from engine_fixtures import loaded, make_checkpoint, tiny_config
+from engine_fixtures import REAL_WIDTH, loaded, make_checkpoint, tiny_config
 
 from backends.base import EngineStats, GenerateRequest, Sampling
 from backends.engine.backend import EngineBackend, EngineOptions
@@ -175,26 +175,33 @@ def test_prompts_arriving_together_on_a_new_prefix_prefill_it_once(checkpoint):
     assert stats.prefill_tokens == sum(len(prompt) for prompt in prompts) - 2 * len(shared)
 
 
-def test_a_prompt_overtaken_halfway_goes_on_from_where_the_other_got(checkpoint):
+@pytest.fixture(scope="module")
+def real_width_checkpoint(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("prefix_wide") / "model", REAL_WIDTH, "original")
+
+
+@pytest.mark.parametrize("width", ["tiny", "real width"])
+def test_a_prompt_overtaken_halfway_goes_on_from_where_the_other_got(width, request):
     """A shared prompt sent ahead to warm the engine (the prefix alone, one token, flex tier) has run a piece when a
     request on it arrives at the default tier, which overtakes it: the request starts from the pages the warm-up
     named, and runs the rest of the prefix; the warm-up's next piece takes those and runs only its last token (it
-    ran the prefix again before). The prefix runs once, and the request's answer is the one a full prefill gives.
-    Replayed iteration by iteration (no engine thread)."""
+    ran the prefix again before). The prefix runs once, and the request's answer is the one a full prefill gives;
+    also at gpt-oss's width (hidden 2880, vocabulary 201,088). Replayed iteration by iteration (no engine thread)."""
+    checkpoint = request.getfixturevalue("checkpoint" if width == "tiny" else "real_width_checkpoint")
     shared = SHARED[:96]  # six pages
-    request = GenerateRequest([*shared, *range(30000, 30020)], 12, (), "r", GREEDY, tenant="a")
+    asked = GenerateRequest([*shared, *range(30000, 30020)], 12, (), "r", GREEDY, tenant="a")
     warm_up = GenerateRequest(shared, 1, (), "w", GREEDY, tenant="a", tier="flex")
     options = EngineOptions(checkpoint=str(checkpoint), max_positions=192, cache_dir=str(checkpoint.parent / "graphs"),
                             max_batch=2, page_size=BLOCK, prefill_chunk=BLOCK)  # fmt: skip
-    alone = [Arrival(0, request)]
+    alone = [Arrival(0, asked)]
     replay(replaying_batcher(checkpoint, options.model_copy(update={"prefix_cache_tokens": 0})), alone)
     batcher = replaying_batcher(checkpoint, options)
-    arrivals = [Arrival(0, warm_up), Arrival(2, request)]
+    arrivals = [Arrival(0, warm_up), Arrival(2, asked)]
     assert replay(batcher, arrivals) == {0: "done", 1: "done"}
     warmed, answered = arrivals
     assert answered.tokens == alone[0].tokens and answered.cached == 2 * BLOCK  # the warm-up's two pieces
     assert warmed.cached == len(shared) - 1 - 2 * BLOCK  # the rest, but for its last token
-    assert batcher.stats().prefill_tokens == len(request.prompt) + 1
+    assert batcher.stats().prefill_tokens == len(asked.prompt) + 1
 
 
 def test_eviction_under_a_small_budget_never_breaks_a_running_sequence(checkpoint):

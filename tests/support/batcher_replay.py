@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from engine_fixtures import tiny_config
 
 from backends.base import Chunk, GenerateRequest
 from backends.engine.backend import EngineOptions
@@ -16,11 +15,9 @@ from backends.engine.batcher import Batcher, Sequence
 from backends.engine.checkpoint import Checkpoint
 from backends.engine.graph import GraphOptions
 from backends.engine.kernels.build import kernel_library
-from backends.engine.model_cache import compiled_model
+from backends.engine.model_cache import compiled_model, default_cache_dir
 from backends.engine.page_pool import KvPools
 from backends.engine.runtime import DecoderRuntime
-
-MAX_POSITIONS = 192
 
 
 @dataclass
@@ -69,16 +66,15 @@ def replay(batcher: Batcher, arrivals: list[Arrival], iterations: int = 1000) ->
 
 
 def replaying_batcher(checkpoint: Path, options: EngineOptions) -> Batcher:
-    """A batcher with no engine thread over `checkpoint` (tiny_config, MAX_POSITIONS), its pools sized as the
-    engine sizes them for `options`."""
-    config = tiny_config()
-    graph = GraphOptions(MAX_POSITIONS, page_size=options.page_size)
-    model = compiled_model(Checkpoint(checkpoint), graph, checkpoint.parent / "graphs")
+    """A batcher with no engine thread over `checkpoint` on the CPU, its graph, runtime and pools sized as the engine
+    sizes them for `options`."""
+    opened = Checkpoint(checkpoint)
+    config, page = opened.config, options.page_size
+    graph = GraphOptions(options.max_positions, page_size=page)
+    model = compiled_model(opened, graph, Path(options.cache_dir) if options.cache_dir else default_cache_dir())
     full, window = options.full_pages(), options.window_pages(config.sliding_window)
-    page = options.page_size
     runtime = DecoderRuntime(
-        str(model), config, options.max_batch + 1, MAX_POSITIONS, full, window, page, kernels=kernel_library()
+        str(model), config, options.max_batch + 1, options.max_positions, full, window, page, kernels=kernel_library()
     )
     pools = KvPools(full, window, page, config.sliding_window)
-    prefix = options.prefix_budget()
-    return Batcher(runtime, pools, options.max_batch, options.prefill_chunk, prefix, thread=False)
+    return Batcher(runtime, pools, options.max_batch, options.prefill_chunk, options.prefix_budget(), thread=False)
