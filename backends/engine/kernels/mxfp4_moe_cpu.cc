@@ -27,6 +27,11 @@
 #include <type_traits>
 #include <vector>
 
+// The int8 path's two pieces as one int16 a value against int16 weights (WidePairSteps): AVX-512 with VNNI.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define GPTOSS_MOE_WIDE 1
+#endif
+
 // The decode's float path on vectors reordered by block (PermuteBlocks, PermutedRowDots): AVX-512, AVX2 or NEON.
 #if (defined(__AVX2__) && defined(__FMA__)) || defined(GPTOSS_SIMD_NEON)
 #define GPTOSS_MOE_PERMUTED 1
@@ -59,6 +64,7 @@ struct QuantizedRow {
   const int8_t* remainders;
   const float* d;
   const int32_t* offset_sums;
+  const int16_t* wide = nullptr;  // two pieces as one int16 a value, where WidePairSteps takes them (else null)
 };
 
 // Scratch of one task, kept per thread: the vectors its rows meet, their dot products, decoded rows and
@@ -542,6 +548,27 @@ int64_t EvensAt(int64_t pair, int64_t pairs) {
 }
 int64_t OddsGap(int64_t pair, int64_t pairs) { return pair < pairs / 2 * 2 ? kPair : kBlock; }
 
+// A block's steps: the first piece's, s = max|x| / 127 (rounded to nearest even), and its remainders'.
+struct BlockSteps {
+  float inverse, step, remainder_inverse;
+  explicit BlockSteps(const float* xb) {
+    float amax = 0.0f;
+    for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    step = amax / 127.0f;
+    remainder_inverse = inverse * static_cast<float>(kRemainderSteps);
+  }
+  // x as its first piece; with `rest`, its remainder x - q s (one rounding, a fused multiply-add) as the second
+  int8_t Piece(float x, int8_t* rest) const {
+    const float value = std::nearbyint(x * inverse);
+    if (rest != nullptr) {
+      const float remainder = std::fma(-value, step, x);
+      *rest = static_cast<int8_t>(std::clamp(std::nearbyint(remainder * remainder_inverse), -127.0f, 127.0f));
+    }
+    return static_cast<int8_t>(value);
+  }
+};
+
 // x's `cols` values into q (int8, laid out as above), d (the blocks' scales) and offset_sums (kPairLanes a pair);
 // with `remainders` (null: one piece), their remainders too, laid out as q.
 void QuantizePairs(const float* x, int64_t cols, int8_t* q, int8_t* remainders, float* d, int32_t* offset_sums) {
@@ -550,26 +577,13 @@ void QuantizePairs(const float* x, int64_t cols, int8_t* q, int8_t* remainders, 
     const int64_t evens_at = EvensAt(pair, pairs), odds_at = evens_at + OddsGap(pair, pairs);
     for (int half = 0; half < 2; ++half) {
       const float* xb = x + pair * kPair + half * kBlock;
-      float amax = 0.0f;
-      for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
-      const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const float step = amax / 127.0f;
-      const float remainder_inverse = inverse * static_cast<float>(kRemainderSteps);
-      // value j of the block (0-31) as its piece; its remainder's piece into `rest`
-      const auto quantize = [&](int j, int8_t& piece, int8_t* rest) {
-        const float value = std::nearbyint(xb[j] * inverse);
-        piece = static_cast<int8_t>(value);
-        if (rest != nullptr) {
-          const float remainder = std::fma(-value, step, xb[j]);
-          *rest = static_cast<int8_t>(std::clamp(std::nearbyint(remainder * remainder_inverse), -127.0f, 127.0f));
-        }
-      };
+      const BlockSteps steps(xb);
       for (int i = 0; i < kBlock / 2; ++i) {
         const int64_t at = half * 16 + i;
-        quantize(2 * i, q[evens_at + at], remainders ? remainders + evens_at + at : nullptr);
-        quantize(2 * i + 1, q[odds_at + at], remainders ? remainders + odds_at + at : nullptr);
+        q[evens_at + at] = steps.Piece(xb[2 * i], remainders ? remainders + evens_at + at : nullptr);
+        q[odds_at + at] = steps.Piece(xb[2 * i + 1], remainders ? remainders + odds_at + at : nullptr);
       }
-      const float scale = remainders ? step / static_cast<float>(kRemainderSteps) : step;
+      const float scale = remainders ? steps.step / static_cast<float>(kRemainderSteps) : steps.step;
       std::fill(d + pair * kPairScales + half * 4, d + pair * kPairScales + half * 4 + 4, scale);
       for (int lane = 0; lane < 4; ++lane) {  // a lane sums the products of 4 consecutive code bytes
         int32_t sum = 0;
@@ -582,6 +596,31 @@ void QuantizePairs(const float* x, int64_t cols, int8_t* q, int8_t* remainders, 
     }
   }
 }
+
+#if defined(GPTOSS_MOE_WIDE)
+// Two pieces as one int16 a value for WidePairSteps: kRemainderSteps q + r (exact, within +-32385). A group of
+// blocks, four (two pairs) or, the last of an odd count of pairs, two, holds value 4w + j of the group (counted
+// from its first) at j * (its values / 4) + w, as the code words give their nibbles; d as QuantizePairs's.
+void QuantizeWide(const float* x, int64_t cols, int16_t* wide, float* d) {
+  const int64_t pairs = cols / kPair;
+  for (int64_t block = 0; block < cols / kBlock; ++block) {
+    const int64_t pair = block / 2;
+    const bool two_pairs = pair < pairs / 2 * 2;
+    const int64_t group_at = two_pairs ? pair / 2 * 2 * kPair : pair * kPair;
+    const int64_t quarter = (two_pairs ? 2 * kPair : kPair) / 4;
+    const float* xb = x + block * kBlock;
+    const BlockSteps steps(xb);
+    for (int j = 0; j < kBlock; ++j) {
+      int8_t rest;
+      const int8_t piece = steps.Piece(xb[j], &rest);
+      const int64_t v = block * kBlock + j - group_at;
+      wide[group_at + v % 4 * quarter + v / 4] = static_cast<int16_t>(kRemainderSteps * piece + rest);
+    }
+    float* block_scales = d + pair * kPairScales + block % 2 * 4;
+    std::fill(block_scales, block_scales + 4, steps.step / static_cast<float>(kRemainderSteps));
+  }
+}
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 // The byte dot product into int32 lanes in 256-bit registers: AVX-512 VNNI's, or AVX-VNNI's (the same instruction
@@ -675,6 +714,74 @@ int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs
   }
   return pair;
 }
+
+#if defined(GPTOSS_MOE_WIDE)
+// Two pieces as one int16 a value (QuantizeWide) against the weights as int16, twice their E2M1 values: each code
+// word's four nibbles index a 32-entry word table (the 16 values twice: a permute reads an index's low five bits),
+// shifted down by 0, 4, 8 and 12, so the 64 code bytes of two pairs give four vectors of words, vector j's word w
+// being value 4w + j, without masking; the word multiply-adds sum eight products in each int32 lane, value 8m to
+// 8m + 7 in lane m (block m / 4, as Int8PairSteps's). Signed both, nothing is offset; the sums are those of
+// Int8PairSteps's two pieces, exactly, in 4 multiply-adds a vector where those took 4, two shifts, a subtraction
+// and the offset's subtraction. A last odd pair goes in 256-bit registers.
+template <int Count>
+void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const QuantizedRow* xs, float* out) {
+  const __m512i table = _mm512_set_epi16(-12, -8, -6, -4, -3, -2, -1, 0, 12, 8, 6, 4, 3, 2, 1, 0, -12, -8, -6, -4, -3,
+                                         -2, -1, 0, 12, 8, 6, 4, 3, 2, 1, 0);
+  const __m512i each_four_times =  // as Int8PairSteps's
+      _mm512_set_epi8(-1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1,
+                      -1, 2, -1, -1, -1, 2, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 0,
+                      -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0);
+  const __m512i smallest = _mm512_set1_epi32(0x00400000);  // E8M0 0: 2^-127 (a subnormal), not the shift's 0
+  __m512 wide[Count];
+  for (int t = 0; t < Count; ++t) wide[t] = _mm512_setzero_ps();
+  const int64_t pairs = cols / kPair;
+  int64_t pair = 0;
+  for (; pair + 2 <= pairs; pair += 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(codes + pair * kBlock + kPrefetchBytes), _MM_HINT_T0);
+    const __m512i packed = _mm512_loadu_si512(codes + pair * kBlock);
+    const __m512i weights[4] = {
+        _mm512_permutexvar_epi16(packed, table), _mm512_permutexvar_epi16(_mm512_srli_epi16(packed, 4), table),
+        _mm512_permutexvar_epi16(_mm512_srli_epi16(packed, 8), table),
+        _mm512_permutexvar_epi16(_mm512_srli_epi16(packed, 12), table)};
+    uint32_t four_scales;
+    std::memcpy(&four_scales, scales + 2 * pair, sizeof four_scales);
+    const __m512i exponents = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(four_scales)), each_four_times);
+    const __m512 weight_scales = _mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(exponents, 23), smallest));
+    for (int t = 0; t < Count; ++t) {
+      const int16_t* x = xs[t].wide + pair * kPair;
+      __m512i sums = _mm512_setzero_si512();
+      for (int j = 0; j < 4; ++j) sums = _mm512_dpwssd_epi32(sums, weights[j], _mm512_loadu_si512(x + 32 * j));
+      const __m512 scale = _mm512_mul_ps(weight_scales, _mm512_loadu_ps(xs[t].d + pair * kPairScales));
+      wide[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, wide[t]);
+    }
+  }
+  __m256 acc[Count];
+  for (int t = 0; t < Count; ++t) {
+    acc[t] = _mm256_add_ps(_mm512_castps512_ps256(wide[t]), _mm512_extractf32x8_ps(wide[t], 1));
+  }
+  if (pair < pairs) {  // 32 code bytes: 16 words, four vectors of 16 values
+    const __m256i half_table = _mm512_castsi512_si256(table);
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + pair * kBlock));
+    const __m256i weights[4] = {
+        _mm256_permutexvar_epi16(packed, half_table),
+        _mm256_permutexvar_epi16(_mm256_srli_epi16(packed, 4), half_table),
+        _mm256_permutexvar_epi16(_mm256_srli_epi16(packed, 8), half_table),
+        _mm256_permutexvar_epi16(_mm256_srli_epi16(packed, 12), half_table)};
+    const __m256 weight_scales = _mm256_set_m128(_mm_broadcast_ss(&kE8M0.values[scales[2 * pair + 1]]),
+                                                 _mm_broadcast_ss(&kE8M0.values[scales[2 * pair]]));
+    for (int t = 0; t < Count; ++t) {
+      const int16_t* x = xs[t].wide + pair * kPair;
+      __m256i sums = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        sums = _mm256_dpwssd_epi32(sums, weights[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16 * j)));
+      }
+      const __m256 scale = _mm256_mul_ps(weight_scales, _mm256_loadu_ps(xs[t].d + pair * kPairScales));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[t]);
+    }
+  }
+  for (int t = 0; t < Count; ++t) out[t] = 0.5f * Sum8(acc[t]);
+}
+#endif
 #endif
 
 template <int Count, int Pieces>
@@ -790,8 +897,27 @@ void Int8ConsecutiveRowDotsOf(const uint8_t* codes, const uint8_t* scales, int64
   }
 }
 
+#if defined(GPTOSS_MOE_WIDE)
+void WideConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
+                            const QuantizedRow* xs, int64_t count, float* out) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const uint8_t* row_codes = codes + row * cols / 2;
+    const uint8_t* row_scales = scales + row * cols / kBlock;
+    float* row_out = out + row * count;
+    switch (count) {
+      case 1: WideRowDots<1>(row_codes, row_scales, cols, xs, row_out); break;
+      case 2: WideRowDots<2>(row_codes, row_scales, cols, xs, row_out); break;
+      default: WideRowDots<3>(row_codes, row_scales, cols, xs, row_out); break;
+    }
+  }
+}
+#endif
+
 void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                             const QuantizedRow* xs, int64_t count, float* out) {
+#if defined(GPTOSS_MOE_WIDE)
+  if (xs[0].wide != nullptr) return WideConsecutiveRowDots(codes, scales, rows, cols, xs, count, out);
+#endif
   if (xs[0].remainders != nullptr) return Int8ConsecutiveRowDotsOf<2>(codes, scales, rows, cols, xs, count, out);
   Int8ConsecutiveRowDotsOf<1>(codes, scales, rows, cols, xs, count, out);
 }
@@ -846,6 +972,7 @@ struct Route {
 // QuantizePairs), or reordered for the float path's lookups (PermuteBlocks); indexed as the inputs are.
 struct PreparedRows {
   std::vector<int8_t> q, remainders;
+  std::vector<int16_t> wide;  // two pieces as one int16 a value, where WideRowDots takes them (QuantizeWide)
   std::vector<float> d, permuted;
   std::vector<int32_t> offset_sums;
   std::vector<uint16_t> packed;     // the AMX path's experts' vectors (PackVectors), each expert's from packed_at
@@ -871,6 +998,16 @@ struct Problem : MoeArgs {
 // Whether an expert with `count` tokens takes the int8 path for rows of `cols` columns.
 bool Int8Path(const Problem& p, int64_t count, int64_t cols) {
   return p.int8_activations > 0 && count < kInt8Below && Int8Fits(cols);
+}
+
+// Whether the int8 path's two pieces go as one int16 a value (QuantizeWide, WideRowDots).
+bool WidePieces(const Problem& p) {
+#if defined(GPTOSS_MOE_WIDE)
+  return p.int8_activations == 2;
+#else
+  (void)p;
+  return false;
+#endif
 }
 
 // Whether it takes the float path on reordered rows (FewVectorDots) instead.
@@ -966,10 +1103,14 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
     const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
     const bool int8 = Int8Path(p, count, cols);
     if (int8) {
-      prepared.q.resize(total * cols);
-      if (p.int8_activations == 2) prepared.remainders.resize(total * cols);
       prepared.d.resize(total * scales_per_row);
-      prepared.offset_sums.resize(total * cols / kPair * kPairLanes);
+      if (WidePieces(p)) {
+        prepared.wide.resize(total * cols);
+      } else {
+        prepared.q.resize(total * cols);
+        if (p.int8_activations == 2) prepared.remainders.resize(total * cols);
+        prepared.offset_sums.resize(total * cols / kPair * kPairLanes);
+      }
     } else if (PermutedPath(p, count, cols)) {
       prepared.permuted.resize(total * cols);
     } else {
@@ -982,7 +1123,12 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
       const int64_t row = row_of(p, a, i);
       if (done[row]) continue;
       done[row] = true;
-      if (int8) {
+      if (int8 && WidePieces(p)) {
+#if defined(GPTOSS_MOE_WIDE)  // WidePieces is false without it
+        QuantizeWide(values + row * cols, cols, prepared.wide.data() + row * cols,
+                     prepared.d.data() + row * scales_per_row);
+#endif
+      } else if (int8) {
         QuantizePairs(values + row * cols, cols, prepared.q.data() + row * cols,
                       p.int8_activations == 2 ? prepared.remainders.data() + row * cols : nullptr,
                       prepared.d.data() + row * scales_per_row,
@@ -1008,10 +1154,14 @@ void ExpertDots(const Problem& p, size_t a, const uint8_t* codes, const uint8_t*
     scratch.quantized.resize(count);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = row_of(p, a, i);
-      scratch.quantized[i] = {prepared.q.data() + row * cols,
-                              p.int8_activations == 2 ? prepared.remainders.data() + row * cols : nullptr,
-                              prepared.d.data() + row * pairs * kPairScales,
-                              prepared.offset_sums.data() + row * pairs * kPairLanes};
+      const float* d = prepared.d.data() + row * pairs * kPairScales;
+      if (WidePieces(p)) {
+        scratch.quantized[i] = {nullptr, nullptr, d, nullptr, prepared.wide.data() + row * cols};
+      } else {
+        scratch.quantized[i] = {prepared.q.data() + row * cols,
+                                p.int8_activations == 2 ? prepared.remainders.data() + row * cols : nullptr, d,
+                                prepared.offset_sums.data() + row * pairs * kPairLanes};
+      }
     }
     Int8ConsecutiveRowDots(codes, scales, rows, cols, scratch.quantized.data(), count, scratch.dots.data());
     return;
