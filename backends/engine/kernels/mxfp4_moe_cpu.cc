@@ -27,8 +27,8 @@
 #include <type_traits>
 #include <vector>
 
-// The int8 path's two pieces as one int16 a value against int16 weights (WidePairSteps): AVX-512 with VNNI.
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+// The int8 path's two pieces as one int16 a value against int16 weights (WideRowDots): AVX-512 (BW, DQ, VL).
+#if defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
 #define GPTOSS_MOE_WIDE 1
 #endif
 
@@ -64,7 +64,7 @@ struct QuantizedRow {
   const int8_t* remainders;
   const float* d;
   const int32_t* offset_sums;
-  const int16_t* wide = nullptr;  // two pieces as one int16 a value, where WidePairSteps takes them (else null)
+  const int16_t* wide = nullptr;  // two pieces as one int16 a value, where WideRowDots takes them (else null)
 };
 
 // Scratch of one task, kept per thread: the vectors its rows meet, their dot products, decoded rows and
@@ -532,7 +532,8 @@ void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, in
 // the remainder taken with one rounding, as a fused multiply-add) is quantized too, in steps of s / kRemainderSteps
 // (rounded to nearest even, within +-127), laid out as q; a block's sums are taken as kRemainderSteps times the
 // values' plus the remainders', in integers (exact), and the stored block scale is s / kRemainderSteps: each value
-// within s / 508 of x, about 15 bits of the block's largest where one piece keeps 8.
+// within s / 508 of x, about 15 bits of the block's largest where one piece keeps 8. AVX-512 builds take the two
+// pieces as one int16 a value instead, kRemainderSteps q + r (QuantizeWide, WideRowDots): the same integer sums.
 constexpr int64_t kPair = 2 * kBlock;  // columns per quantized pair of blocks
 constexpr int64_t kPairScales = 8;     // scales stored per pair (each block's, four times)
 constexpr int64_t kPairLanes = 8;      // int32 lanes of a pair's sums (four a block), and offset sums stored a pair
@@ -598,7 +599,7 @@ void QuantizePairs(const float* x, int64_t cols, int8_t* q, int8_t* remainders, 
 }
 
 #if defined(GPTOSS_MOE_WIDE)
-// Two pieces as one int16 a value for WidePairSteps: kRemainderSteps q + r (exact, within +-32385). A group of
+// Two pieces as one int16 a value for WideRowDots: kRemainderSteps q + r (exact, within +-32385). A group of
 // blocks, four (two pairs) or, the last of an odd count of pairs, two, holds value 4w + j of the group (counted
 // from its first) at j * (its values / 4) + w, as the code words give their nibbles; d as QuantizePairs's.
 void QuantizeWide(const float* x, int64_t cols, int16_t* wide, float* d) {
@@ -714,15 +715,34 @@ int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs
   }
   return pair;
 }
+#endif
 
 #if defined(GPTOSS_MOE_WIDE)
+// acc plus, in each int32 lane, the two products of its int16 pairs: VNNI's word multiply-add, else AVX-512BW's.
+inline __m512i AddWordDots(__m512i acc, __m512i a, __m512i b) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+inline __m256i AddWordDots(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
 // Two pieces as one int16 a value (QuantizeWide) against the weights as int16, twice their E2M1 values: each code
 // word's four nibbles index a 32-entry word table (the 16 values twice: a permute reads an index's low five bits),
 // shifted down by 0, 4, 8 and 12, so the 64 code bytes of two pairs give four vectors of words, vector j's word w
 // being value 4w + j, without masking; the word multiply-adds sum eight products in each int32 lane, value 8m to
 // 8m + 7 in lane m (block m / 4, as Int8PairSteps's). Signed both, nothing is offset; the sums are those of
 // Int8PairSteps's two pieces, exactly, in 4 multiply-adds a vector where those took 4, two shifts, a subtraction
-// and the offset's subtraction. A last odd pair goes in 256-bit registers.
+// and the offset's subtraction (without VNNI, where the int8 path has only AVX2's steps of one pair: 4 multiply-adds
+// and 4 additions for two pairs). A last odd pair goes in 256-bit registers.
 template <int Count>
 void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const QuantizedRow* xs, float* out) {
   const __m512i table = _mm512_set_epi16(-12, -8, -6, -4, -3, -2, -1, 0, 12, 8, 6, 4, 3, 2, 1, 0, -12, -8, -6, -4, -3,
@@ -750,7 +770,7 @@ void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
     for (int t = 0; t < Count; ++t) {
       const int16_t* x = xs[t].wide + pair * kPair;
       __m512i sums = _mm512_setzero_si512();
-      for (int j = 0; j < 4; ++j) sums = _mm512_dpwssd_epi32(sums, weights[j], _mm512_loadu_si512(x + 32 * j));
+      for (int j = 0; j < 4; ++j) sums = AddWordDots(sums, weights[j], _mm512_loadu_si512(x + 32 * j));
       const __m512 scale = _mm512_mul_ps(weight_scales, _mm512_loadu_ps(xs[t].d + pair * kPairScales));
       wide[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, wide[t]);
     }
@@ -773,7 +793,7 @@ void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
       const int16_t* x = xs[t].wide + pair * kPair;
       __m256i sums = _mm256_setzero_si256();
       for (int j = 0; j < 4; ++j) {
-        sums = _mm256_dpwssd_epi32(sums, weights[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16 * j)));
+        sums = AddWordDots(sums, weights[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16 * j)));
       }
       const __m256 scale = _mm256_mul_ps(weight_scales, _mm256_loadu_ps(xs[t].d + pair * kPairScales));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[t]);
@@ -781,7 +801,6 @@ void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
   }
   for (int t = 0; t < Count; ++t) out[t] = 0.5f * Sum8(acc[t]);
 }
-#endif
 #endif
 
 template <int Count, int Pieces>
