@@ -41,6 +41,7 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -310,10 +311,22 @@ def _section_name(kernels: str, cpu: str) -> str:
     JSON is committed as docs/llama_cpp_6{the same suffix}.json, which bench/plots.py draws."""
     native = kernels.startswith("native (") or kernels == "none"
     level = kernels.removeprefix("native (").removesuffix(" level)")
-    maker = _cpu_name(cpu).split()[0].lower()  # "amd", "intel"; elsewhere the machine's architecture
     if level.startswith("x86-64-v4"):
-        return f"{NAME}_{maker}"
-    return f"{NAME}_{level}{'-native' if native else ''}_{maker}"
+        return f"{NAME}_{_machine(cpu)}"
+    return f"{NAME}_{level}{'-native' if native else ''}_{_machine(cpu)}"
+
+
+def _family(cpu: str) -> re.Match | None:
+    """The x86 family and model in cpu_line's words (runs before they were recorded name none)."""
+    return re.search(r"family (\d+) model (\d+)", cpu)
+
+
+def _machine(cpu: str) -> str:
+    """The maker ("amd", "intel"; elsewhere the machine's architecture) and, where the run recorded them, the CPU's
+    family and model ("amd-25-17"): one machine's run never replaces another's of the same maker."""
+    maker = _cpu_name(cpu).split()[0].lower()
+    found = _family(cpu)
+    return f"{maker}-{found[1]}-{found[2]}" if found else maker
 
 
 def _rate(figures: dict, measure_name: str, name: str) -> str:
@@ -341,6 +354,11 @@ def _cpu_name(cpu: str) -> str:
     return cpu.split(" (")[0].replace("(R)", "").replace("(TM)", "")
 
 
+def _family_words(cpu: str) -> str:
+    found = _family(cpu)
+    return f" (family {found[1]} model {found[2]})" if found else ""
+
+
 def report(shapes: list[dict], threads: int, with_llama: bool, cpu: str) -> tuple[str, str]:
     """The section of these shapes' figures, measured on `cpu` (cpu_line's words): its name and its text."""
     kernels = ", ".join(sorted({f.get("kernels", "not recorded") for f in shapes}))
@@ -351,7 +369,8 @@ def report(shapes: list[dict], threads: int, with_llama: bool, cpu: str) -> tupl
     copies = ", ".join(f"{f['bandwidth'] / 1e9:.1f} GB/s" for f in shapes if "bandwidth" in f)
     lines = [
         start,
-        f"## The engine against llama.cpp on {_cpu_name(cpu)}, kernels {kernels} (`bench/llama_cpp_bench.py`)",
+        f"## The engine against llama.cpp on {_cpu_name(cpu)}{_family_words(cpu)}, kernels {kernels}"
+        " (`bench/llama_cpp_bench.py`)",
         "",
         f"CPU: {cpu}; the engine's kernels: {kernels}.",
         "",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -36,10 +37,12 @@ DOCS = ROOT / "docs"
 LLAMA_RUNS = (
     DOCS / "llama_cpp_6_intel.json",
     DOCS / "llama_cpp_6_x86-64-v3_intel.json",
-    DOCS / "llama_cpp_6_x86-64-v3-vnni_intel.json",
+    DOCS / "llama_cpp_6_x86-64-v3-vnni_intel-6-167.json",
     DOCS / "llama_cpp_6_amd.json",
-    DOCS / "llama_cpp_6_x86-64-v3_amd.json",
+    DOCS / "llama_cpp_6_x86-64-v3_amd-26-2.json",
     DOCS / "llama_cpp_6_x86-64-v3-native_amd.json",
+    DOCS / "llama_cpp_6_amd-25-17.json",
+    DOCS / "llama_cpp_6_x86-64-v3_amd-25-17.json",
 )
 GPU_RUN = DOCS / "engine_check.json"
 GATEWAY_RUN = DOCS / "gateway_bench.json"
@@ -55,6 +58,7 @@ ENGINES = (  # bf16 dense weights unless named
 )
 GPU_BATCHES = (1, 8, 32, 64)
 PANELS_A_ROW = 3  # runs side by side; more wrap to a new row
+TITLE_WIDTH = 58  # characters of a panel title's line at its font size
 
 plt.rcParams.update({"svg.hashsalt": "gpt-oss-gateway", "font.size": 9})
 
@@ -96,7 +100,7 @@ def engine_vs_llama_cpp(runs: list[Path], output: Path) -> Path | None:
     shape_cpus = [run.get("cpu", "") if len(cpus) > 1 else "" for run in loaded for _ in run["shapes"]]
     columns = min(len(shapes), PANELS_A_ROW)
     rows = -(-len(shapes) // columns)
-    figure, grid = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), sharey=True, squeeze=False)
+    figure, grid = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.6 * rows), sharey=True, squeeze=False)
     axes = list(grid.flat)
     for unused in axes[len(shapes) :]:
         unused.set_visible(False)
@@ -111,13 +115,13 @@ def engine_vs_llama_cpp(runs: list[Path], output: Path) -> Path | None:
         axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         axis.set_xticks(range(len(MEASURES)), [name for _, name in MEASURES])
         kernels = f", kernels {shape['kernels']}" if "kernels" in shape else ""
-        on = f"\n{cpu}" if cpu else ""
-        axis.set_title(f"{shape['layers']} layers at gpt-oss-20b's width{kernels}{on}", fontsize=8)
+        title = f"{shape['layers']} layers at gpt-oss-20b's width{kernels}{f' on {cpu}' if cpu else ''}"
+        axis.set_title(textwrap.fill(title, TITLE_WIDTH), fontsize=8)  # wrapped: a CPU's line is wider than its panel
         axis.set_ylim(0, highest * 1.35)  # room for the legend above the bars
     for row in grid:
         row[0].set_ylabel("tokens a second over llama.cpp f16's")
     shown = {label: handle for axis in axes for handle, label in zip(*axis.get_legend_handles_labels(), strict=True)}
-    axes[0].legend(shown.values(), shown.keys(), loc="upper left", fontsize=8, ncol=2)
+    axes[0].legend(shown.values(), shown.keys(), loc="upper left", fontsize=7)
     figure.suptitle(f"The engine against llama.cpp on {where} (bench/llama_cpp_bench.py)", fontsize=8)
     return _save(figure, output / "engine_vs_llama_cpp.svg")
 

@@ -29,16 +29,18 @@ def test_every_figure_is_drawn_from_the_committed_runs_and_shown_in_the_docs(tmp
     assert "reuse on" in drawn["prefix_reuse_by_context"].read_text()
 
 
-def test_each_llama_cpp_run_is_named_after_the_maker_of_the_cpu_it_ran_on():
+def test_each_llama_cpp_run_is_named_after_the_cpu_it_ran_on():
     """The runs' files (and their docs sections) are named by bench/llama_cpp_bench.py's suffix, which holds the CPU's
-    maker: an AMD machine's run never stands in the place of an Intel one's."""
+    maker and, where the run recorded them, its family and model: an AMD machine's run never stands in the place of
+    an Intel one's, nor one AMD machine's in another's."""
     import llama_cpp_bench  # the engine's modules: imported here, not for the plots' other tests
 
-    makers = {"_amd.json": "AMD", "_intel.json": "Intel"}
+    makers = {"amd": "AMD", "intel": "Intel"}
     for path in plots.LLAMA_RUNS:
         run = json.loads(path.read_text())
-        suffix = next(suffix for suffix in makers if path.name.endswith(suffix))
-        assert run["cpu"].startswith(makers[suffix]), (path.name, run["cpu"])
+        machine = path.stem.rsplit("_", 1)[1]  # the maker, and the family and model where the run recorded them
+        assert run["cpu"].startswith(makers[machine.split("-")[0]]), (path.name, run["cpu"])
+        assert ("family" in run["cpu"]) == ("-" in machine), (path.name, run["cpu"])
         section = "llama_cpp_bench" + path.name.removeprefix("llama_cpp_6").removesuffix(".json")
         assert f"<!-- {section}:start -->" in (ROOT / "docs" / "benchmarks.md").read_text(), section
         # the bench names a run's section from what the run recorded, whichever machine renders it
