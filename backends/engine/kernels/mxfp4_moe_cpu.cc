@@ -500,20 +500,30 @@ void PermuteBlocks(const float* x, int64_t cols, float* out) {
 #endif
 
 #if defined(GPTOSS_MOE_PERMUTED)
-// out[r * count + t] = row r . vector t for `rows` consecutive rows and up to three vectors, each already reordered
-// by PermuteBlocks (once per phase: PrepareRows).
-void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
-                   const float* const* permuted, int64_t count, float* out) {
+// For each of `rows` consecutive rows, dots(Count, its codes, its scales, its `count` outputs) with Count the number
+// of vectors as a constant: 1, 2, or 3 for more (the decode paths take fewer than kTiledFrom).
+template <typename Dots>
+void EachRow(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, int64_t count, float* out,
+             Dots dots) {
   for (int64_t row = 0; row < rows; ++row) {
     const uint8_t* row_codes = codes + row * cols / 2;
     const uint8_t* row_scales = scales + row * cols / kBlock;
     float* row_out = out + row * count;
     switch (count) {
-      case 1: PermutedRowDots<1>(row_codes, row_scales, cols, permuted, row_out); break;
-      case 2: PermutedRowDots<2>(row_codes, row_scales, cols, permuted, row_out); break;
-      default: PermutedRowDots<3>(row_codes, row_scales, cols, permuted, row_out); break;
+      case 1: dots(std::integral_constant<int, 1>{}, row_codes, row_scales, row_out); break;
+      case 2: dots(std::integral_constant<int, 2>{}, row_codes, row_scales, row_out); break;
+      default: dots(std::integral_constant<int, 3>{}, row_codes, row_scales, row_out); break;
     }
   }
+}
+
+// out[r * count + t] = row r . vector t for `rows` consecutive rows and up to three vectors, each already reordered
+// by PermuteBlocks (once per phase: PrepareRows).
+void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
+                   const float* const* permuted, int64_t count, float* out) {
+  EachRow(codes, scales, rows, cols, count, out, [&](auto vectors, const uint8_t* c, const uint8_t* s, float* o) {
+    PermutedRowDots<decltype(vectors)::value>(c, s, cols, permuted, o);
+  });
 }
 
 #endif
@@ -660,6 +670,21 @@ inline __m256i DotPiecesU8S8(__m256i a, __m256i b, __m256i c, __m256i d, __m256i
 #endif
 }
 
+#if defined(__AVX512BW__)
+// Four blocks' E8M0 scales (at `scales`) as floats, block j's on the four int32 lanes of 128-bit lane j.
+inline __m512 FourBlockScales(const uint8_t* scales) {
+  const __m512i each_four_times =  // lane j of 128 bits: scale byte j zero-extended into each of its four int32s
+      _mm512_set_epi8(-1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1,
+                      -1, 2, -1, -1, -1, 2, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 0,
+                      -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0);
+  const __m512i smallest = _mm512_set1_epi32(0x00400000);  // E8M0 0: 2^-127 (a subnormal), not the shift's 0
+  uint32_t four_scales;
+  std::memcpy(&four_scales, scales, sizeof four_scales);
+  const __m512i exponents = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(four_scales)), each_four_times);
+  return _mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(exponents, 23), smallest));
+}
+#endif
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 // Two pairs of blocks (64 code bytes, 128 values) a step in 512-bit registers: lane j of 128 bits holds block j's
 // codes, its evens' and odds' sums land in its four int32 lanes. The weights are offset as for AVX2 (twice each E2M1
@@ -676,11 +701,6 @@ int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs
   const __m512i table =
       _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i low_nibble = _mm512_set1_epi8(0x0F);
-  const __m512i each_four_times =  // lane j of 128 bits: scale byte j zero-extended into each of its four int32s
-      _mm512_set_epi8(-1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1,
-                      -1, 2, -1, -1, -1, 2, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 0,
-                      -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0);
-  const __m512i smallest = _mm512_set1_epi32(0x00400000);  // E8M0 0: 2^-127 (a subnormal), not the shift's 0
   __m512 wide[Count];
   for (int t = 0; t < Count; ++t) wide[t] = _mm512_setzero_ps();
   int64_t pair = 0;
@@ -689,10 +709,7 @@ int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs
     const __m512i packed = _mm512_loadu_si512(codes + pair * kBlock);
     const __m512i evens = _mm512_shuffle_epi8(table, _mm512_and_si512(packed, low_nibble));
     const __m512i odds = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibble));
-    uint32_t four_scales;
-    std::memcpy(&four_scales, scales + 2 * pair, sizeof four_scales);
-    const __m512i exponents = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(four_scales)), each_four_times);
-    const __m512 weight_scales = _mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(exponents, 23), smallest));
+    const __m512 weight_scales = FourBlockScales(scales + 2 * pair);
     for (int t = 0; t < Count; ++t) {
       // a piece's sums added to `sums`: both pairs' evens at `q`, then (kPair on) their odds
       const auto add_piece = [&](__m512i sums, const int8_t* q) {
@@ -718,20 +735,17 @@ int64_t Int8PairSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs
 #endif
 
 #if defined(GPTOSS_MOE_WIDE)
-// acc plus, in each int32 lane, the two products of its int16 pairs: VNNI's word multiply-add, else AVX-512BW's.
-inline __m512i AddWordDots(__m512i acc, __m512i a, __m512i b) {
+// acc plus, in each int32 lane, the two products of its int16 pairs (a 512- or 256-bit register): VNNI's word
+// multiply-add, else AVX-512BW's multiply-add and an addition.
+template <typename V>
+inline V AddWordDots(V acc, V a, V b) {
+  static_assert(sizeof(V) == 64 || sizeof(V) == 32, "a 512- or 256-bit integer register");
 #if defined(__AVX512VNNI__)
-  return _mm512_dpwssd_epi32(acc, a, b);
+  if constexpr (sizeof(V) == 64) return _mm512_dpwssd_epi32(acc, a, b);
+  else return _mm256_dpwssd_epi32(acc, a, b);
 #else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
-#endif
-}
-
-inline __m256i AddWordDots(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVX512VNNI__)
-  return _mm256_dpwssd_epi32(acc, a, b);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+  if constexpr (sizeof(V) == 64) return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+  else return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 #endif
 }
 
@@ -747,11 +761,6 @@ template <int Count>
 void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const QuantizedRow* xs, float* out) {
   const __m512i table = _mm512_set_epi16(-12, -8, -6, -4, -3, -2, -1, 0, 12, 8, 6, 4, 3, 2, 1, 0, -12, -8, -6, -4, -3,
                                          -2, -1, 0, 12, 8, 6, 4, 3, 2, 1, 0);
-  const __m512i each_four_times =  // as Int8PairSteps's
-      _mm512_set_epi8(-1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 3, -1, -1, -1, 2, -1, -1, -1, 2, -1, -1,
-                      -1, 2, -1, -1, -1, 2, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 1, -1, -1, -1, 0,
-                      -1, -1, -1, 0, -1, -1, -1, 0, -1, -1, -1, 0);
-  const __m512i smallest = _mm512_set1_epi32(0x00400000);  // E8M0 0: 2^-127 (a subnormal), not the shift's 0
   __m512 wide[Count];
   for (int t = 0; t < Count; ++t) wide[t] = _mm512_setzero_ps();
   const int64_t pairs = cols / kPair;
@@ -763,10 +772,7 @@ void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
         _mm512_permutexvar_epi16(packed, table), _mm512_permutexvar_epi16(_mm512_srli_epi16(packed, 4), table),
         _mm512_permutexvar_epi16(_mm512_srli_epi16(packed, 8), table),
         _mm512_permutexvar_epi16(_mm512_srli_epi16(packed, 12), table)};
-    uint32_t four_scales;
-    std::memcpy(&four_scales, scales + 2 * pair, sizeof four_scales);
-    const __m512i exponents = _mm512_shuffle_epi8(_mm512_set1_epi32(static_cast<int>(four_scales)), each_four_times);
-    const __m512 weight_scales = _mm512_castsi512_ps(_mm512_max_epi32(_mm512_slli_epi32(exponents, 23), smallest));
+    const __m512 weight_scales = FourBlockScales(scales + 2 * pair);
     for (int t = 0; t < Count; ++t) {
       const int16_t* x = xs[t].wide + pair * kPair;
       __m512i sums = _mm512_setzero_si512();
@@ -904,38 +910,20 @@ void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
 template <int Pieces>
 void Int8ConsecutiveRowDotsOf(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                               const QuantizedRow* xs, int64_t count, float* out) {
-  for (int64_t row = 0; row < rows; ++row) {
-    const uint8_t* row_codes = codes + row * cols / 2;
-    const uint8_t* row_scales = scales + row * cols / kBlock;
-    float* row_out = out + row * count;
-    switch (count) {
-      case 1: Int8RowDots<1, Pieces>(row_codes, row_scales, cols, xs, row_out); break;
-      case 2: Int8RowDots<2, Pieces>(row_codes, row_scales, cols, xs, row_out); break;
-      default: Int8RowDots<3, Pieces>(row_codes, row_scales, cols, xs, row_out); break;
-    }
-  }
+  EachRow(codes, scales, rows, cols, count, out, [&](auto vectors, const uint8_t* c, const uint8_t* s, float* o) {
+    Int8RowDots<decltype(vectors)::value, Pieces>(c, s, cols, xs, o);
+  });
 }
-
-#if defined(GPTOSS_MOE_WIDE)
-void WideConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
-                            const QuantizedRow* xs, int64_t count, float* out) {
-  for (int64_t row = 0; row < rows; ++row) {
-    const uint8_t* row_codes = codes + row * cols / 2;
-    const uint8_t* row_scales = scales + row * cols / kBlock;
-    float* row_out = out + row * count;
-    switch (count) {
-      case 1: WideRowDots<1>(row_codes, row_scales, cols, xs, row_out); break;
-      case 2: WideRowDots<2>(row_codes, row_scales, cols, xs, row_out); break;
-      default: WideRowDots<3>(row_codes, row_scales, cols, xs, row_out); break;
-    }
-  }
-}
-#endif
 
 void Int8ConsecutiveRowDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                             const QuantizedRow* xs, int64_t count, float* out) {
 #if defined(GPTOSS_MOE_WIDE)
-  if (xs[0].wide != nullptr) return WideConsecutiveRowDots(codes, scales, rows, cols, xs, count, out);
+  if (xs[0].wide != nullptr) {
+    const auto wide = [&](auto vectors, const uint8_t* c, const uint8_t* s, float* o) {
+      WideRowDots<decltype(vectors)::value>(c, s, cols, xs, o);
+    };
+    return EachRow(codes, scales, rows, cols, count, out, wide);
+  }
 #endif
   if (xs[0].remainders != nullptr) return Int8ConsecutiveRowDotsOf<2>(codes, scales, rows, cols, xs, count, out);
   Int8ConsecutiveRowDotsOf<1>(codes, scales, rows, cols, xs, count, out);
