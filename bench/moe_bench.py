@@ -119,13 +119,17 @@ def run(shape: str, threads: int, repeats: int, directory: Path) -> list[Row]:
             len(np.unique(np.argsort(-feeds["router_logits"], axis=1)[:, :top])) for feeds in steps
         )
         difference = max(_relative(g, e) for g, e in zip(got, expected, strict=False))  # pure prefill: one
-        forms = {
-            form: (seconds, max(_relative(g, e) for g, e in zip(outs, got, strict=True)))
-            for form in INT8_FORMS
-            for seconds, outs in [taken[step][form]]
-        }
+        forms = {}
+        for form in INT8_FORMS:
+            seconds, outs = taken[step][form]
+            forms[form] = (seconds, max(_relative(g, e) for g, e in zip(outs, got, strict=True)))
         rows.append((step, pure_s, kernel_s, difference, forms, routed * expert_bytes))
     return rows
+
+
+def _rate(routed_bytes: float | None, seconds: float) -> str:
+    """The routed experts' packed GB/s, or nothing where the step has no such figure (prefill)."""
+    return "" if routed_bytes is None else f"{routed_bytes / seconds / 1e9:.1f}"
 
 
 def section_name() -> str:
@@ -156,14 +160,12 @@ def report(shape: str, rows: list[Row], threads: int) -> str:
         "|---|---|---|---|---|---" + "|---|---|---|---" * len(INT8_FORMS) + "|",
     ]
     for step, pure_s, kernel_s, difference, forms, routed_bytes in rows:
-        decode = "decode" in step
-
-        def rate(seconds: float, decode: bool = decode, routed_bytes: float = routed_bytes) -> str:
-            return f"{routed_bytes / seconds / 1e9:.1f}" if decode else ""
-
-        times = f"{pure_s * 1e3:,.1f} ms | {kernel_s * 1e3:,.1f} ms | {pure_s / kernel_s:.1f}x | {rate(kernel_s)}"
+        routed = routed_bytes if "decode" in step else None  # GB/s for the decode rows only
+        times = (
+            f"{pure_s * 1e3:,.1f} ms | {kernel_s * 1e3:,.1f} ms | {pure_s / kernel_s:.1f}x | {_rate(routed, kernel_s)}"
+        )
         int8_times = "".join(
-            f" | {seconds * 1e3:,.1f} ms | {rate(seconds)} | {kernel_s / seconds:.2f}x | {form_difference:.1e}"
+            f" | {seconds * 1e3:,.1f} ms | {_rate(routed, seconds)} | {kernel_s / seconds:.2f}x | {form_difference:.1e}"
             for seconds, form_difference in forms.values()
         )
         lines.append(f"| {step} | {times} | {difference:.1e}{int8_times} |")
