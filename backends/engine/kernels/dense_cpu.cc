@@ -7,7 +7,8 @@
 // blocks at a time: weight_batches.h), and each block's weights are read from memory once whatever the number of
 // input rows:
 // - up to kFewRows input rows (decode): each weight row is widened as it is read and met by every input row
-//   (dot products: the step reads the weights' bytes at memory bandwidth); from 3 rows several weight rows a
+//   (dot products: the step reads the weights' bytes at memory bandwidth); with 1 or 2 rows a block's weight rows
+//   are read several at a time, a share of the block apart (StreamedRows); from 3 rows several weight rows a
 //   pass share each x load;
 // - more (prefill): the block is widened once into a float tile laid out by k, and groups of input rows run
 //   against it as an outer product in registers (the arithmetic bound, not the memory).
@@ -37,11 +38,12 @@ constexpr int64_t kBlockRows = 32;  // output rows per task (and per prefill til
 // Weight bytes the decode path asks the cache for ahead of those it reads: the hardware prefetcher alone leaves
 // some of its loads waiting on memory. 4 KiB ahead beat 1 KiB (tuned on an Intel Xeon) and 2, 8 and 16 KiB on a
 // 2-core AMD EPYC, alternated in one process; bench/llama_cpp_bench.py reports the decode rates it gives. With one
-// input row the lines are asked into L1; with more, whose arithmetic between loads is longer, into L2 only
-// (prefetcht1; SharedRowsPass's next rows too): asked into L1 they stalled the loads of a Zen 4 AMD EPYC core, whose
-// 4-row pass over the unembedding read 13 GB/s a core against 21 with L2 (a standalone probe), and a 6-layer
-// decode step of gpt-oss-20b's width ran 12-13% faster at 4 sequences and 18-21% at 2, in both the AVX-512 and the
-// AVX2 build (alternated in one process); at 1 row L1 read 7% faster in the probe.
+// input row (a last block of fewer than kBlockRows rows: whole blocks go as StreamedRows' streams, which the
+// hardware prefetcher runs ahead on) the lines are asked into L1; with more, whose arithmetic between loads is
+// longer, into L2 only (prefetcht1; SharedRowsPass's next rows too): asked into L1 they stalled the loads of a Zen 4
+// AMD EPYC core, whose 4-row pass over the unembedding read 13 GB/s a core against 21 with L2 (a standalone probe),
+// and a 6-layer decode step of gpt-oss-20b's width ran 12-13% faster at 4 sequences and 18-21% at 2, in both the
+// AVX-512 and the AVX2 build (alternated in one process); at 1 row L1 read 7% faster in the probe.
 constexpr int64_t kPrefetchBytes = 4096;
 
 // How each kind of weight widens to float: one value, and (vector paths) a chunk of kParts x Simd::kLanes consecutive
@@ -229,8 +231,68 @@ void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
 }
 #endif
 
+#if defined(GPTOSS_SIMD)
+// A whole block's output rows for R = 1 or 2 input rows: its weight rows read kStreamsOf<R> at a time, a block's
+// share apart (with one input row, rows j, j + 8, j + 16 and j + 24), each widened part met by every input row's x
+// vector, loaded once for all the streams. One weight row at a time is one stream of loads a core, which the core
+// keeps too few of in flight to read at the memory's rate: streams apart let the hardware prefetcher run ahead on each
+// (on 2 AMD EPYC cores of the Zen 3 family with AVX2 only, the unembedding's 201,088 x 2880 bf16 rows read in a
+// standalone probe at 13.5-15.1 GB/s one row at a time, 18.6 four rows 8 apart, 16.9 two 16 apart, while consecutive
+// rows gained nothing; bench/llama_cpp_bench.py's decode rows show the step).
+template <int R>
+constexpr int kStreamsOf = R == 1 ? 4 : 2;  // within AVX2's 16 registers: S x R x 2 sums, R x 2 x vectors, a part
+
+template <typename W, int R>
+void StreamedRows(const Problem<W>& p, int64_t first, int64_t m0) {
+  constexpr int S = kStreamsOf<R>;
+  constexpr int64_t kApart = kBlockRows / S;
+  constexpr int64_t L = Simd::kLanes;
+  constexpr int64_t kChunk = L * W::kParts;
+  const int64_t k = p.k;
+  for (int64_t j = 0; j < kApart; ++j) {
+    const typename W::Stored* w[S];
+    for (int s = 0; s < S; ++s) w[s] = p.w + (first + j + s * kApart) * k;
+    Simd::F acc[S][R][W::kParts];
+    for (auto& stream : acc)
+      for (auto& row : stream)
+        for (auto& part : row) part = Simd::Zero();
+    int64_t i = 0;
+    for (; i + kChunk <= k; i += kChunk) {
+      Simd::F x[R][W::kParts];
+      for (int r = 0; r < R; ++r) {
+        for (int part = 0; part < W::kParts; ++part) {
+          x[r][part] = Simd::Load(p.x + (m0 + r) * k + i + L * part);
+          Simd::Pin(x[r][part]);  // one load feeds every stream
+        }
+      }
+      for (int s = 0; s < S; ++s) {
+        for (int part = 0; part < W::kParts; ++part) {
+          const Simd::F wide = W::WidenPart(w[s] + i, part);
+          for (int r = 0; r < R; ++r) acc[s][r][part] = Simd::Fma(wide, x[r][part], acc[s][r][part]);
+        }
+      }
+    }
+    for (int s = 0; s < S; ++s) {
+      const int64_t row = first + j + s * kApart;
+      for (int r = 0; r < R; ++r) {
+        for (int part = 1; part < W::kParts; ++part) acc[s][r][0] = Simd::Add(acc[s][r][0], acc[s][r][part]);
+        float sum = Simd::Sum(acc[s][r][0]);
+        for (int64_t tail = i; tail < k; ++tail) sum += W::Widen(w[s][tail]) * p.x[(m0 + r) * k + tail];
+        p.y[(m0 + r) * p.n + row] = sum * p.Scale(row);
+      }
+    }
+  }
+}
+#endif
+
 template <typename W>
 void FewRows(const Problem<W>& p, int64_t first, int64_t last) {
+#if defined(GPTOSS_SIMD)
+  if (last - first == kBlockRows) {  // a whole block (the last one of the weights may hold fewer)
+    if (p.rows == 1) return StreamedRows<W, 1>(p, first, 0);
+    if (p.rows == 2) return StreamedRows<W, 2>(p, first, 0);
+  }
+#endif
   switch (p.rows) {
     case 1: return FewRows<W, 1>(p, first, last, 0);
     case 2: return FewRows<W, 2>(p, first, last, 0);
