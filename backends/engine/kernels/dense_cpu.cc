@@ -243,7 +243,7 @@ template <int R>
 constexpr int kStreamsOf = R == 1 ? 4 : 2;  // within AVX2's 16 registers: S x R x 2 sums, R x 2 x vectors, a part
 
 template <typename W, int R>
-void StreamedRows(const Problem<W>& p, int64_t first, int64_t m0) {
+void StreamedRows(const Problem<W>& p, int64_t first) {
   constexpr int S = kStreamsOf<R>;
   constexpr int64_t kApart = kBlockRows / S;
   constexpr int64_t L = Simd::kLanes;
@@ -261,7 +261,7 @@ void StreamedRows(const Problem<W>& p, int64_t first, int64_t m0) {
       Simd::F x[R][W::kParts];
       for (int r = 0; r < R; ++r) {
         for (int part = 0; part < W::kParts; ++part) {
-          x[r][part] = Simd::Load(p.x + (m0 + r) * k + i + L * part);
+          x[r][part] = Simd::Load(p.x + r * k + i + L * part);
           Simd::Pin(x[r][part]);  // one load feeds every stream
         }
       }
@@ -277,8 +277,8 @@ void StreamedRows(const Problem<W>& p, int64_t first, int64_t m0) {
       for (int r = 0; r < R; ++r) {
         for (int part = 1; part < W::kParts; ++part) acc[s][r][0] = Simd::Add(acc[s][r][0], acc[s][r][part]);
         float sum = Simd::Sum(acc[s][r][0]);
-        for (int64_t tail = i; tail < k; ++tail) sum += W::Widen(w[s][tail]) * p.x[(m0 + r) * k + tail];
-        p.y[(m0 + r) * p.n + row] = sum * p.Scale(row);
+        for (int64_t tail = i; tail < k; ++tail) sum += W::Widen(w[s][tail]) * p.x[r * k + tail];
+        p.y[r * p.n + row] = sum * p.Scale(row);
       }
     }
   }
@@ -289,8 +289,8 @@ template <typename W>
 void FewRows(const Problem<W>& p, int64_t first, int64_t last) {
 #if defined(GPTOSS_SIMD)
   if (last - first == kBlockRows) {  // a whole block (the last one of the weights may hold fewer)
-    if (p.rows == 1) return StreamedRows<W, 1>(p, first, 0);
-    if (p.rows == 2) return StreamedRows<W, 2>(p, first, 0);
+    if (p.rows == 1) return StreamedRows<W, 1>(p, first);
+    if (p.rows == 2) return StreamedRows<W, 2>(p, first);
   }
 #endif
   switch (p.rows) {
