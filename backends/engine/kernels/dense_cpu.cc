@@ -240,7 +240,7 @@ void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
 // standalone probe at 13.5-15.1 GB/s one row at a time, 18.6 four rows 8 apart, 16.9 two 16 apart, while consecutive
 // rows gained nothing; bench/llama_cpp_bench.py's decode rows show the step).
 template <int R>
-constexpr int kStreamsOf = R == 1 ? 4 : 2;  // within AVX2's 16 registers: S x R x 2 sums, R x 2 x vectors, a part
+constexpr int kStreamsOf = R == 1 ? 4 : 2;  // in AVX2's 16 registers: S x R x parts sums, R x parts x, a part
 
 template <typename W, int R>
 void StreamedRows(const Problem<W>& p, int64_t first) {
