@@ -749,6 +749,17 @@ inline V AddWordDots(V acc, V a, V b) {
 #endif
 }
 
+// sum_j of the word dot products of weights[j] and x[j], as two chains of two multiply-adds added: one chain of four
+// waits on each one's latency (on a Zen 5 AMD EPYC core, one thread, WideRowDots over rows in L1 read 37 GB/s of
+// codes with two chains against 25-30 with one, 23-27 against 19-22 from memory; four chains of one, 25 in L1).
+template <typename V>
+inline V FourWordDots(const V (&weights)[4], const V (&x)[4]) {
+  const V low = AddWordDots(AddWordDots(V{}, weights[0], x[0]), weights[1], x[1]);
+  const V high = AddWordDots(AddWordDots(V{}, weights[2], x[2]), weights[3], x[3]);
+  if constexpr (sizeof(V) == 64) return _mm512_add_epi32(low, high);
+  else return _mm256_add_epi32(low, high);
+}
+
 // Two pieces as one int16 a value (QuantizeWide) against the weights as int16, twice their E2M1 values: each code
 // word's four nibbles index a 32-entry word table (the 16 values twice: a permute reads an index's low five bits),
 // shifted down by 0, 4, 8 and 12, so the 64 code bytes of two pairs give four vectors of words, vector j's word w
@@ -775,8 +786,8 @@ void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
     const __m512 weight_scales = FourBlockScales(scales + 2 * pair);
     for (int t = 0; t < Count; ++t) {
       const int16_t* x = xs[t].wide + pair * kPair;
-      __m512i sums = _mm512_setzero_si512();
-      for (int j = 0; j < 4; ++j) sums = AddWordDots(sums, weights[j], _mm512_loadu_si512(x + 32 * j));
+      const __m512i sums = FourWordDots(weights, {_mm512_loadu_si512(x), _mm512_loadu_si512(x + 32),
+                                                  _mm512_loadu_si512(x + 64), _mm512_loadu_si512(x + 96)});
       const __m512 scale = _mm512_mul_ps(weight_scales, _mm512_loadu_ps(xs[t].d + pair * kPairScales));
       wide[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, wide[t]);
     }
@@ -796,11 +807,9 @@ void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
     const __m256 weight_scales = _mm256_set_m128(_mm_broadcast_ss(&kE8M0.values[scales[2 * pair + 1]]),
                                                  _mm_broadcast_ss(&kE8M0.values[scales[2 * pair]]));
     for (int t = 0; t < Count; ++t) {
-      const int16_t* x = xs[t].wide + pair * kPair;
-      __m256i sums = _mm256_setzero_si256();
-      for (int j = 0; j < 4; ++j) {
-        sums = AddWordDots(sums, weights[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16 * j)));
-      }
+      const auto* x = reinterpret_cast<const __m256i*>(xs[t].wide + pair * kPair);
+      const __m256i sums = FourWordDots(weights, {_mm256_loadu_si256(x), _mm256_loadu_si256(x + 1),
+                                                  _mm256_loadu_si256(x + 2), _mm256_loadu_si256(x + 3)});
       const __m256 scale = _mm256_mul_ps(weight_scales, _mm256_loadu_ps(xs[t].d + pair * kPairScales));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[t]);
     }
