@@ -197,9 +197,12 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
     for gguf in ggufs.values():
         llama_rates(llama, gguf, threads)  # type: ignore[arg-type]
     rounds: list[dict] = []
-    for _ in range(ROUNDS if together else SEQUENTIAL_ROUNDS):
+    for round_index in range(ROUNDS if together else SEQUENTIAL_ROUNDS):
         taken: dict[str, dict[str, float]] = {}
-        for name in names:  # each engine, each followed by its GGUF the first time the round meets it
+        # each engine, each followed by its GGUF the first time the round meets it; the order turned by one each
+        # round: the side measured first ran 5-12% slower than the same side measured second (alternated MoE
+        # layers on 2 AMD EPYC cores, either side first), which a fixed order charges to one side every round
+        for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
             if together:
                 taken[name] = engine_rates(engines[name], rng)
             else:
@@ -381,7 +384,8 @@ def report(shapes: list[dict], threads: int, with_llama: bool, cpu: str) -> tupl
         "(`dense_int8`; the router stays bf16); its MXFP4 experts' decode path on int8 activations, `+act8x2` two"
         " int8 pieces of each (`moe_activations: int8x2`, what the default, `auto`, takes on the CPU), `+act8` one"
         " (`int8`), or in float (neither: `float`). Each engine against llama.cpp at its dense width and against f16.",
-        f"Each shape's sides alternated in one run, {ROUNDS} rounds with every side loaded"
+        f"Each shape's sides alternated in one run, {ROUNDS} rounds with every side loaded (the order turned by one"
+        " each round)"
         f"{_sequential_note(shapes)}; rates are medians, ratios medians of the ratios within a round."
         f" Decode at position {DEPTH}. Bytes/s: a decode step's dense weights, routed experts and KV, over the",
         f"copy bandwidth measured in the same round ({threads} threads' NumPy copies, read + write; median of the"
