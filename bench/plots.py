@@ -38,7 +38,7 @@ LLAMA_RUNS = (
     DOCS / "llama_cpp_6_intel.json",
     DOCS / "llama_cpp_6_x86-64-v3_intel.json",
     DOCS / "llama_cpp_6_x86-64-v3-vnni_intel-6-167.json",
-    DOCS / "llama_cpp_6_amd.json",
+    DOCS / "llama_cpp_6_amd-26-2.json",
     DOCS / "llama_cpp_6_x86-64-v3_amd-26-2.json",
     DOCS / "llama_cpp_6_x86-64-v3-native_amd-25-1.json",
     DOCS / "llama_cpp_6_amd-25-17.json",
