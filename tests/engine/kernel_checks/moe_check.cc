@@ -15,7 +15,7 @@
 
 namespace {
 
-constexpr int64_t kRows = 22;  // a task's 16 rows and a partial group of the tiles' decoded rows (4 or 6)
+constexpr int64_t kRows = 22;  // a task's rows (16; AVX2: 18) and a partial group of the decoded rows (4 or 6)
 constexpr int64_t kCols = 2880;
 // Narrower rows the decode's float path is checked at too: their last blocks fewer than a step of its vectors takes
 // (AVX-512's four blocks a step: 3 blocks alone, 4 + 1; AVX2's pairs: 2 pairs, 3 pairs); each where its path takes
