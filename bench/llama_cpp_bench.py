@@ -341,6 +341,14 @@ def _ratio(figures: dict, key: str) -> str:
     return f"{figures[key]:.2f}x" if key in figures else ""
 
 
+def _order_note(shapes: list[dict]) -> str:
+    """Whether the runs turned their sides' order each round: read from the rounds themselves (each round's sides
+    are kept in the order they ran; runs before the turning began every round with the same side)."""
+    measured = [f for f in shapes if f.get("rounds")]
+    turned = measured and all(len({next(iter(r)) for r in f["rounds"]}) > 1 for f in measured)
+    return " (the order turned by one each round)" if turned else ""
+
+
 def _sequential_note(shapes: list[dict]) -> str:
     """Which shapes were measured with each side loaded in its turn of a round."""
     apart = [str(f["layers"]) for f in shapes if f.get("together") is False]
@@ -384,8 +392,7 @@ def report(shapes: list[dict], threads: int, with_llama: bool, cpu: str) -> tupl
         "(`dense_int8`; the router stays bf16); its MXFP4 experts' decode path on int8 activations, `+act8x2` two"
         " int8 pieces of each (`moe_activations: int8x2`, what the default, `auto`, takes on the CPU), `+act8` one"
         " (`int8`), or in float (neither: `float`). Each engine against llama.cpp at its dense width and against f16.",
-        f"Each shape's sides alternated in one run, {ROUNDS} rounds with every side loaded (the order turned by one"
-        " each round)"
+        f"Each shape's sides alternated in one run, {ROUNDS} rounds with every side loaded{_order_note(shapes)}"
         f"{_sequential_note(shapes)}; rates are medians, ratios medians of the ratios within a round."
         f" Decode at position {DEPTH}. Bytes/s: a decode step's dense weights, routed experts and KV, over the",
         f"copy bandwidth measured in the same round ({threads} threads' NumPy copies, read + write; median of the"

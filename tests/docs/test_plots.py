@@ -76,3 +76,22 @@ def test_the_peers_figure_draws_the_servers_a_run_measured(tmp_path):
     run.write_text(json.dumps({"cpu": "Test CPU", "servers": {"reference": rates, "gateway": rates}, "added": [added]}))
     svg = plots.gateway_vs_peers(run, tmp_path).read_text()
     assert "Test CPU" in svg and "reference server" in svg and "LiteLLM" not in svg  # a run without LiteLLM
+
+
+def test_a_run_s_section_says_its_sides_order_turned_only_where_its_rounds_show_it():
+    """llama_cpp_bench turns its sides' order by one each round (the side measured first ran slower); a run's section
+    says so only where the run's rounds began with different sides: runs from before kept one order throughout."""
+    import llama_cpp_bench
+
+    fixed = {"layers": 6, "rounds": [{"a": {}, "f16": {}, "b": {}}, {"a": {}, "f16": {}, "b": {}}]}
+    turned = {"layers": 6, "rounds": [{"a": {}, "f16": {}, "b": {}}, {"b": {}, "f16": {}, "a": {}}]}
+    assert llama_cpp_bench._order_note([fixed]) == ""
+    assert llama_cpp_bench._order_note([turned]) == " (the order turned by one each round)"
+    assert llama_cpp_bench._order_note([turned, fixed]) == ""
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    for path in plots.LLAMA_RUNS:
+        run = json.loads(path.read_text())
+        name = "llama_cpp_bench" + path.name.removeprefix("llama_cpp_6").removesuffix(".json")
+        section = text[text.index(f"<!-- {name}:start -->") : text.index(f"<!-- {name}:end -->")]
+        claims = "the order turned by one each round" in section
+        assert claims == bool(llama_cpp_bench._order_note(run["shapes"])), path.name
