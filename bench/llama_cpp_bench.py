@@ -202,7 +202,8 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
         # each engine, each followed by its GGUF the first time the round meets it; the order turned by one each
         # round: the side measured first ran 5-12% slower than the same side measured second (alternated MoE
         # layers on 2 AMD EPYC cores, either side first), which a fixed order charges to one side every round
-        for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
+        turn = round_index % len(names)
+        for name in names[turn:] + names[:turn]:
             if together:
                 taken[name] = engine_rates(engines[name], rng)
             else:
@@ -345,7 +346,7 @@ def _order_note(shapes: list[dict]) -> str:
     """Whether the runs turned their sides' order each round: read from the rounds themselves (each round's sides
     are kept in the order they ran; runs before the turning began every round with the same side)."""
     measured = [f for f in shapes if f.get("rounds")]
-    turned = measured and all(len({next(iter(r)) for r in f["rounds"]}) > 1 for f in measured)
+    turned = bool(measured) and all(len({next(iter(r)) for r in f["rounds"]}) > 1 for f in measured)
     return " (the order turned by one each round)" if turned else ""
 
 
