@@ -385,10 +385,13 @@ class PrefixRouter:
         return RoutingReport(dict(stats.routed), stats.prompt_tokens, stats.matched_tokens, servers, self.warming.sent)
 
     def _anchor(self, request: GenerateRequest, names: PromptPages) -> str:
-        """The request's own tie-breaker, the same on every replica: its prompt's last page (or, shorter, its
-        namespace). Sessions starting at once on one shared prompt break their ties apart."""
+        """The request's own tie-breaker, the same on every replica: its whole prompt (its last whole page's name,
+        or its namespace, then the tokens after). Sessions starting at once on one shared prompt break their ties
+        apart, however few tokens of their own follow its last whole page."""
         routed = names.routed()
-        return (routed[-1] if routed else self._tenant_namespace(request)).hex()
+        tail = array.array("q", request.prompt[len(routed) * self.settings.page_tokens :]).tobytes()
+        last = routed[-1] if routed else self._tenant_namespace(request)
+        return hashlib.blake2b(last + tail, digest_size=8).hexdigest()
 
     @property
     def shares(self) -> bool:

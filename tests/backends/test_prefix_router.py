@@ -150,6 +150,20 @@ def test_a_shared_prompt_stays_where_it_is_held_and_spreads_one_server_at_a_time
     assert _sessions_at_once(_router(), late=True)[1] == 2  # loads seen late: still once a server
 
 
+def test_sessions_on_one_shared_prompt_break_ties_apart_by_their_own_last_tokens():
+    """New sessions on one shared prompt differing only within its last page (a user's few words), routed at once
+    by replicas that see none of each other's requests: each replica's tie-breaker is the whole prompt, so they do
+    not all go to one server."""
+    shared = OPENING + list(range(5000, 5100))  # 260 tokens: 8 whole pages of 32, then 4 tokens
+    chosen = {
+        _router()
+        .choose(GenerateRequest([*shared, 7000 + index], 16, (), f"s{index}", tenant="acme"), dict.fromkeys(URLS, 0))
+        .url
+        for index in range(12)
+    }
+    assert len(chosen) >= 2
+
+
 def test_a_miss_goes_where_the_fewest_prompt_tokens_are_queued():
     """Nothing of a prompt held anywhere, the servers' loads alike: not to a server still running prompts (its count
     pushed on its event stream, or this replica's own requests not yet answering, whichever is larger); each queued

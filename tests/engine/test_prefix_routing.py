@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -186,27 +187,58 @@ def test_a_system_prompt_shared_by_many_sessions_spreads_over_the_servers_under_
 
 
 def test_a_hot_shared_prompt_is_sent_ahead_to_the_servers_that_do_not_hold_it(fleet):
-    """One session on a new long system prompt, then sessions on it two at a time through both replicas: the
-    server holding it is busier than the others, and the replicas send the prompt ahead to them (flex, one token),
-    so they hold it before a session goes there: sessions spread over more than one server, each answered from
-    its cache (without the prompt sent ahead they stay on the holder, or one pays the prefill elsewhere)."""
+    """One session on a new long system prompt, then sessions on it two at a time through both replicas, each begun
+    once the one before has streamed a third of what the first did (sessions begun at one instant see none of
+    each other's load, and a pair ending together stays in step): the server holding the prompt is busier than the
+    others, and the replicas send the prompt ahead to them (flex, one token), so they hold it before a session goes
+    there: sessions spread over more than one server, each answered from its cache (without the prompt sent ahead
+    they stay on the holder, or one pays the prefill elsewhere)."""
     system = "You answer for the warm desk. " + " ".join(f"clause{i} holds" for i in range(220))
     replicas = fleet["replicas"]
     warmed = sum(_metric(replica, "gateway_routing_prefix_warmups_total") for replica in replicas)
     hits = [s.metrics()["vllm:prefix_cache_hits_total"] for s in fleet["servers"]]
 
-    def session(index: int) -> int:
-        answer = _chat(replicas[index % 2]).chat.completions.create(
+    def session(index: int, under_way: threading.Event, mark: int) -> tuple[int, int]:
+        """(cached prompt tokens, chunks streamed); `under_way` set once `mark` chunks came, or at the end."""
+        stream = _chat(replicas[index % 2]).chat.completions.create(
             model=MODEL,
             messages=[{"role": "system", "content": system}, {"role": "user", "content": f"Desk session {index}"}],
             max_tokens=200,  # long enough that a session is still answering when the next is routed
             temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
-        return answer.usage.prompt_tokens_details.cached_tokens
+        cached, chunks = None, 0
+        try:
+            for chunk in stream:
+                chunks += 1
+                if chunks >= mark:
+                    under_way.set()
+                if chunk.usage is not None:
+                    cached = chunk.usage.prompt_tokens_details.cached_tokens
+        finally:
+            under_way.set()
+        assert cached is not None
+        return cached, chunks
 
-    assert session(0) < 256  # Harmony's opening alone: the new prompt is held nowhere
-    with ThreadPoolExecutor(2) as pool:  # within the servers' slots: the holder is never full, only busier
-        cached = list(pool.map(session, range(1, 13)))
+    first, chunks = session(0, threading.Event(), 0)
+    assert first < 256  # Harmony's opening alone: the new prompt is held nowhere
+    slots = threading.Semaphore(2)  # within the servers' slots: the holder is never full, only busier
+
+    def in_a_slot(index: int, under_way: threading.Event) -> int:
+        try:
+            return session(index, under_way, chunks // 3)[0]
+        finally:
+            slots.release()
+
+    with ThreadPoolExecutor(2) as pool:
+        running = []
+        for index in range(1, 13):
+            slots.acquire()
+            under_way = threading.Event()
+            running.append(pool.submit(in_a_slot, index, under_way))
+            assert under_way.wait(60)
+        cached = [future.result() for future in running]
     ahead = sum(_metric(replica, "gateway_routing_prefix_warmups_total") for replica in replicas) - warmed
     seen = (ahead, cached, _upstream_events(replicas))
     assert 1 <= ahead <= 4, seen  # each other server once a window, from each replica at most
