@@ -38,8 +38,8 @@ constexpr int64_t kBlockRows = 32;  // output rows per task (and per prefill til
 // Weight bytes the decode path asks the cache for ahead of those it reads: the hardware prefetcher alone leaves
 // some of its loads waiting on memory. 4 KiB ahead beat 1 KiB (tuned on an Intel Xeon) and 2, 8 and 16 KiB on a
 // 2-core AMD EPYC, alternated in one process; bench/llama_cpp_bench.py reports the decode rates it gives. With one
-// input row (a last block of fewer than kBlockRows rows: whole blocks go as StreamedRows' streams, which the
-// hardware prefetcher runs ahead on) the lines are asked into L1; with more, whose arithmetic between loads is
+// input row (a last block of fewer than kBlockRows rows: whole blocks go as StreamedRows' streams, which ask their
+// own kStreamPrefetchBytes ahead) the lines are asked into L1; with more, whose arithmetic between loads is
 // longer, into L2 only (prefetcht1; SharedRowsPass's next rows too): asked into L1 they stalled the loads of a Zen 4
 // AMD EPYC core, whose 4-row pass over the unembedding read 13 GB/s a core against 21 with L2 (a standalone probe),
 // and a 6-layer decode step of gpt-oss-20b's width ran 12-13% faster at 4 sequences and 18-21% at 2, in both the
@@ -241,6 +241,13 @@ void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
 // rows gained nothing; bench/llama_cpp_bench.py's decode rows show the step).
 template <int R>
 constexpr int kStreamsOf = R == 1 ? 4 : 2;  // in AVX2's 16 registers: S x R x parts sums, R x parts x, a part
+// Each stream's line this far ahead asked for as its line is begun (into L1 with one input row, L2 with two, as
+// kPrefetchBytes' lines): the hardware prefetcher alone leaves some of the streams' loads waiting on memory. On 2
+// AMD EPYC cores of the Zen 5 family the unembedding alone (a standalone probe, alternated in one process, medians
+// of 40) read 1.10x as fast with AVX-512 and 1.08x with AVX2 at one input row, 1.12x with AVX-512 at two (into
+// L2); 1.5 and 2 KiB ahead did no better, 4 KiB gained nothing at one row. A 6-layer decode step of gpt-oss-20b's
+// width at 1 sequence ran 1.17x as fast with AVX-512 and 1.08x with AVX2 (medians of 8, alternated).
+constexpr int64_t kStreamPrefetchBytes = 1024;
 
 template <typename W, int R>
 void StreamedRows(const Problem<W>& p, int64_t first) {
@@ -263,6 +270,17 @@ void StreamedRows(const Problem<W>& p, int64_t first) {
         for (int part = 0; part < W::kParts; ++part) {
           x[r][part] = Simd::Load(p.x + r * k + i + L * part);
           Simd::Pin(x[r][part]);  // one load feeds every stream
+        }
+      }
+      static_assert(64 % (kChunk * sizeof **w) == 0, "a chunk lies within one cache line");
+      if (i % (64 / sizeof **w) == 0) {
+        for (int s = 0; s < S; ++s) {
+          const char* ahead = reinterpret_cast<const char*>(w[s] + i) + kStreamPrefetchBytes;
+          if constexpr (R == 1) {
+            Simd::Prefetch(ahead);
+          } else {
+            Simd::PrefetchL2(ahead);
+          }
         }
       }
       for (int s = 0; s < S; ++s) {
