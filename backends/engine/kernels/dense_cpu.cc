@@ -150,15 +150,13 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
 #if defined(GPTOSS_SIMD)
 // Weight rows a pass of SharedRows takes for R input rows: P x R sums, P widened weights and one x vector within a
 // budget of registers: 24 of the 32 vector registers of AVX-512 and NEON (the pass shapes measured on AVX-512: 4 up
-// to 4 rows, else 2), all 16 of AVX2's (3 up to 4 rows, 2 up to 6, else 1: at 4 rows each x vector, read from L2,
-// feeds three multiply-adds, not two; the unembedding of a 4-sequence decode step on 2 Intel Xeon cores 58-62 ms
-// against 63-67 with two, ONNX Runtime's profiler, alternated).
+// to 4 rows, else 2), all 16 of AVX2's, whose passes take 2 or 3 rows (SharedRows): 4 at 2 rows, 3 at 3.
 template <int R>
 constexpr int SharedPass() {
   constexpr int budget = Simd::kRegisters == 32 ? 24 : Simd::kRegisters;
+  static_assert(Simd::kRegisters == 32 ? R <= 8 : R <= 3, "a pass's sums fit in the registers");
   if (4 * R + 4 + 1 <= budget) return 4;
-  if (Simd::kRegisters == 16 && 3 * R + 3 + 1 <= budget) return 3;
-  return 2 * R + 2 + 1 <= budget ? 2 : 1;
+  return Simd::kRegisters == 16 ? 3 : 2;
 }
 
 // The same for R >= 3 rows: P weight rows at a time share each load of an x vector, over the whole of K (the
@@ -212,19 +210,24 @@ void SharedRowsPass(const Problem<W>& p, int64_t first, int64_t last) {
   if (j < last) FewRows<W, R>(p, j, last, 0);
 }
 
-// SharedRowsPass, except that rows too many for two weight rows a pass (AVX2's 7 and 8) go as the first 4, then the
-// rest, each sharing two weight rows a pass: the block's weights come from memory once and then from L2, where one
-// weight row a pass read an x vector from L2 for every multiply-add (the unembedding's 201,088 x 2880 in bf16 on 2
-// AMD EPYC cores with AVX2 only, alternated in one process: 102 ms against 122 at 8 rows, 88 against 116 at 7).
+// SharedRowsPass, except in AVX2's 16 registers, where 4 rows or more go two at a time (the rest likewise, a last 3
+// in one pass): the block's weights come from memory once, then from L2, and a pass's two x rows stay in L1, where a
+// pass of 3 or 4 rows read an x vector from L2 for every few multiply-adds. On 2 AMD EPYC cores of the Zen 5 family
+// (the unembedding in a standalone probe, alternated in one process, medians of 16-20) bf16 weights read 1.08-1.13x
+// as fast at 4 rows, 1.11x at 5, 1.14x at 6, 1.10x at 7 and 1.28x at 8 as in one pass (3 and 4 up to 6, as the
+// first 4 then the rest beyond), int8 weights 1.67x at 4 and 1.70x at 8, 6 unchanged; 3 rows as 2 and 1 did not
+// gain (0.98x). A 6-layer decode step of gpt-oss-20b's width at 4 sequences (medians of 8, ABBA in one process): with
+// int8 dense weights 1.06x as fast; with bf16 ones unchanged (1.00x: there the unembedding already read about as fast
+// as at 1 sequence, 37 GB/s). AVX-512's and NEON's 32 registers take up to 8 rows in one pass.
 template <typename W, int R>
 void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
-  if constexpr (SharedPass<R>() == 1 && R > 4) {
-    SharedRowsPass<W, 4>(p, first, last);
+  if constexpr (Simd::kRegisters == 16 && R >= 4) {
+    SharedRowsPass<W, 2>(p, first, last);
     Problem<W> rest = p;
-    rest.x += 4 * p.k;
-    rest.y += 4 * p.n;
-    rest.rows -= 4;
-    SharedRows<W, R - 4>(rest, first, last);
+    rest.x += 2 * p.k;
+    rest.y += 2 * p.n;
+    rest.rows -= 2;
+    SharedRows<W, R - 2>(rest, first, last);
   } else {
     SharedRowsPass<W, R>(p, first, last);
   }

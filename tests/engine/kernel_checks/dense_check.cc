@@ -67,11 +67,12 @@ int main(int argc, char** argv) {
   struct Shape {
     int64_t n, k, rows;
   };
-  // QKV at decode (1 and 2 rows: whole blocks' rows read as streams apart), the attention output (at 4 and 8 rows: 8
-  // go as two groups of 4 where registers are few), the router past the dot products, prefill's tiles, partial
-  // blocks and passes, and the 201,088-row unembedding
-  std::vector<Shape> shapes = {{5120, 2880, 1}, {5120, 2880, 2}, {2880, 4096, 4}, {2880, 4096, 8}, {32, 2880, 9},
-                                {37, 100, 13},  {37, 100, 5},   {37, 100, 7},   {37, 100, 2},   {37, 100, 1}};
+  // QKV at decode (1 and 2 rows: whole blocks' rows read as streams apart), the attention output (at 3 to 8 rows:
+  // two at a time from 4 where registers are few, a last 3 in one pass), the router past the dot products, prefill's
+  // tiles, partial blocks and passes, and the 201,088-row unembedding
+  std::vector<Shape> shapes = {{5120, 2880, 1}, {5120, 2880, 2}, {2880, 4096, 3}, {2880, 4096, 4}, {2880, 4096, 8},
+                                {32, 2880, 9},  {37, 100, 13},  {37, 100, 5},   {37, 100, 6},   {37, 100, 7},
+                                {37, 100, 2},   {37, 100, 1}};
   if (quick) {
     shapes.push_back({512, 2880, 40});  // prefill's tiles
   } else {
