@@ -247,8 +247,10 @@ constexpr int kStreamsOf = R == 1 ? 4 : 2;  // in AVX2's 16 registers: S x R x p
 // Each stream's line this far ahead asked for as its line is begun (into L1 with one input row, L2 with two, as
 // kPrefetchBytes' lines): the hardware prefetcher alone leaves some of the streams' loads waiting on memory. On 2
 // AMD EPYC cores of the Zen 5 family the unembedding alone (a standalone probe, alternated in one process, medians
-// of 40) read 1.10x as fast with AVX-512 and 1.08x with AVX2 at one input row, 1.12x with AVX-512 at two (into
-// L2); 1.5 and 2 KiB ahead did no better, 4 KiB gained nothing at one row. A 6-layer decode step of gpt-oss-20b's
+// of 40) read 1.10x as fast with AVX-512 and 1.08x with AVX2 at one input row; at two (into L2) 1.00-1.12x with
+// AVX-512 over three runs and 1.08-1.10x with AVX2 (into L1, as fast or faster here: 1.03-1.17x and 1.10-1.42x over
+// the runs; L2 is kept at two rows as for the passes of more, where L1 stalled a Zen 4 core's loads, above); 1.5 and
+// 2 KiB ahead did no better, 4 KiB gained nothing at one row. A 6-layer decode step of gpt-oss-20b's
 // width at 1 sequence ran 1.17x as fast with AVX-512 and 1.08x with AVX2 (medians of 8, alternated).
 constexpr int64_t kStreamPrefetchBytes = 1024;
 
