@@ -244,14 +244,14 @@ void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
 // rows gained nothing; bench/llama_cpp_bench.py's decode rows show the step).
 template <int R>
 constexpr int kStreamsOf = R == 1 ? 4 : 2;  // in AVX2's 16 registers: S x R x parts sums, R x parts x, a part
-// Each stream's line this far ahead asked for as its line is begun (into L1 with one input row, L2 with two, as
-// kPrefetchBytes' lines): the hardware prefetcher alone leaves some of the streams' loads waiting on memory. On 2
-// AMD EPYC cores of the Zen 5 family the unembedding alone (a standalone probe, alternated in one process, medians
-// of 40) read 1.10x as fast with AVX-512 and 1.08x with AVX2 at one input row; at two (into L2) 1.00-1.12x with
-// AVX-512 over three runs and 1.08-1.10x with AVX2 (into L1, as fast or faster here: 1.03-1.17x and 1.10-1.42x over
-// the runs; L2 is kept at two rows as for the passes of more, where L1 stalled a Zen 4 core's loads, above); 1.5 and
-// 2 KiB ahead did no better, 4 KiB gained nothing at one row. A 6-layer decode step of gpt-oss-20b's
-// width at 1 sequence ran 1.17x as fast with AVX-512 and 1.08x with AVX2 (medians of 8, alternated).
+// Each stream's line this far ahead asked for as its line is begun (into L1 with one input row; with two, into L1
+// where there are 32 vector registers, L2 in AVX2's 16): the hardware prefetcher alone leaves some of the streams'
+// loads waiting on memory. On 2 AMD EPYC cores of the Zen 5 family the unembedding alone (a standalone probe,
+// alternated in one process, medians of 40) read 1.10x as fast with AVX-512 and 1.08x with AVX2 at one input row;
+// at two, into L1 1.03-1.17x with AVX-512 over four runs and 1.10-1.42x with AVX2, into L2 1.00-1.12x and
+// 1.08-1.10x; 1.5 and 2 KiB ahead did no better, 4 KiB gained nothing at one row. A 6-layer decode step of
+// gpt-oss-20b's width at 1 sequence ran 1.17x as fast with AVX-512 and 1.08x with AVX2 (medians of 8, ABBA in one
+// process); at 2 sequences L1 against L2 1.03x and 1.16x with AVX-512 in two runs, 0.99x with AVX2.
 constexpr int64_t kStreamPrefetchBytes = 1024;
 
 template <typename W, int R>
@@ -281,7 +281,7 @@ void StreamedRows(const Problem<W>& p, int64_t first) {
       if (i % (64 / sizeof **w) == 0) {
         for (int s = 0; s < S; ++s) {
           const char* ahead = reinterpret_cast<const char*>(w[s] + i) + kStreamPrefetchBytes;
-          if constexpr (R == 1) {
+          if constexpr (R == 1 || Simd::kRegisters == 32) {
             Simd::Prefetch(ahead);
           } else {
             Simd::PrefetchL2(ahead);
