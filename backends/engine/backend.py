@@ -65,7 +65,7 @@ DENSE_INT8_CPU_ONLY = "dense_int8 is a CPU option (a CUDA graph reads its dense 
 MOE_INT8_CPU_KERNEL = (
     "moe_activations int8 and int8x2 are options of the compiled CPU MoE kernel (needs kernels, device cpu)"
 )
-# moe_activations: int8 pieces of each activation the CPU MoE kernel's decode path takes (none: float)
+# moe_activations: int8 pieces of each activation the CPU MoE kernel takes (none: float)
 MOE_INT8_PIECES = {"float": 0, "int8": 1, "int8x2": 2}
 MOE_INT8_CHOICES = ("int8", "int8x2")  # refused outside the CPU kernel; `auto` falls back to float there
 
@@ -94,8 +94,9 @@ class EngineOptions(BaseModel):
     """CPU: the attention projections and the unembedding read in int8 with a scale per row (half the bytes of bf16;
     logits within the bound tests/engine/test_dense_int8.py states), the router in bf16."""
     moe_activations: Literal["auto", "float", "int8x2", "int8"] = "auto"
-    """CPU: how the MoE kernel's decode path (experts with fewer than four tokens in a step) takes the activations:
-    `auto`, `int8x2` where the compiled CPU MoE kernel runs (device cpu, kernels, moe mxfp4moe), else `float`;
+    """CPU: how the MoE kernel takes the activations, in decode (experts with fewer than four tokens in a step) and,
+    in x86 builds with AVX2 or AVX-512 where AMX tiles do not run, in prefill too: `auto`, `int8x2` where the compiled
+    CPU MoE kernel runs (device cpu, kernels, moe mxfp4moe), else `float`;
     `float`; `int8x2`, integer dot products of each 32 values as two int8 pieces, the value in steps of a 127th of the
     block's largest and its remainder in steps of a 254th of that; `int8`, the first piece alone, as llama.cpp's CPU
     path does for MXFP4 experts (logits within the bounds tests/engine/test_moe_int8.py states: int8x2's a 90th of

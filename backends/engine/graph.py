@@ -71,8 +71,8 @@ class GraphOptions:
     # with dense_bf16: the attention projections and the unembedding in int8, a scale per row (DenseInt8); the
     # router stays bf16 (its logits pick the experts)
     dense_int8: bool = False
-    # the MoE kernel's decode path on activations quantized per 32 values in this many int8 pieces (1 or 2; the
-    # `int8_activations` attribute), 0: float
+    # the MoE kernel's decode path (and its prefill's integer tiles, in x86 builds with AVX2) on activations
+    # quantized per 32 values in this many int8 pieces (1 or 2; the `int8_activations` attribute), 0: float
     moe_int8_pieces: int = 0
     page_size: int = 32  # positions per KV page
 
@@ -281,9 +281,9 @@ def int8_rows(weight: np.ndarray, block_rows: int = 8192) -> tuple[np.ndarray, n
 
 
 def moe_attributes(config: ModelConfig, int8_activations: int = 0) -> dict[str, float | int]:
-    """What a compiled MXFP4MoE kernel reads from its node (`int8_activations`, the int8 pieces of the decode
-    path's activations, 0 for float: the CPU kernel's alone; the function body and the CUDA kernels compute in
-    float whatever it says)."""
+    """What a compiled MXFP4MoE kernel reads from its node (`int8_activations`, the int8 pieces of its decode
+    path's activations and its prefill's integer tiles', 0 for float: the CPU kernel's alone; the function body and
+    the CUDA kernels compute in float whatever it says)."""
     return {
         "k": config.experts_per_token,
         "swiglu_limit": config.swiglu_limit,

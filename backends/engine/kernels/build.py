@@ -54,6 +54,7 @@ SOURCES = (
     "paged_attention_cpu.cc",
     "register.cc",
     "amx_cpu.cc",
+    "moe_int_tiles_cpu.cc",
 )
 # the kernels' own headers
 HEADERS = (
@@ -68,6 +69,8 @@ HEADERS = (
     "weight_batches.h",
     "simd_cpu.h",
     "amx_cpu.h",
+    "moe_int_tiles_cpu.h",
+    "mxfp4_cpu.h",
     "kernel_dtype.h",
     "ort_dtype.h",
     "cuda_numbers.h",

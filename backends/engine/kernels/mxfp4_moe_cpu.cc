@@ -10,12 +10,15 @@
 //
 // Each weight row is decoded once and used for every token routed to that expert, so the packed bytes are read
 // once per step: an expert with few tokens (decode) looks its codes up in registers as it reads them (float, or
-// int8 with `int8_activations`; AVX-512, AVX2 or NEON, else plain C++), one with more (prefill) decodes four rows
-// into floats and tiles them against its tokens (in an AMX build, its task's rows into bfloat16 tiles against its
-// tokens' pieces, packed once a phase: amx_cpu.h). The work is split over (expert, block of rows) on ONNX Runtime's
+// int8 with `int8_activations`; AVX-512, AVX2 or NEON, else plain C++), one with more (prefill) decodes a few rows
+// into floats and tiles them against its tokens (with `int8_activations` in an AVX2 or AVX-512 build, into int16
+// against its tokens quantized as the int8 path quantizes them, packed once a phase: moe_int_tiles_cpu.h; in an AMX
+// build, its task's rows into bfloat16 tiles against its tokens' pieces: amx_cpu.h). The work is split over (expert, block of rows) on ONNX Runtime's
 // intra-op thread pool, a thread taking a batch of consecutive weights at a time (weight_batches.h).
 
 #include "amx_cpu.h"
+#include "moe_int_tiles_cpu.h"
+#include "mxfp4_cpu.h"
 #include "mxfp4_moe_op.h"
 #include "simd_cpu.h"
 #include "weight_batches.h"
@@ -40,7 +43,6 @@
 namespace gptoss {
 namespace {
 
-constexpr int kBlock = 32;
 // Rows (fc2) or gate/linear pairs (fc1) a task takes. In AVX2 builds a whole number of the prefill's groups of 6 decoded
 // rows (kTileRows), so that every pass of its tiles takes 3 rows: with 16, a task's last group of 4 went as two passes
 // of 2 (one 20b layer's 512-token step with the x86-64-v3 kernels on 2 AMD EPYC cores of the Zen 5 family, alternated
@@ -55,15 +57,6 @@ constexpr int64_t kTiledFrom = 4;  // experts with this many tokens in a step ta
 // step's arithmetic between its loads, the hardware prefetcher alone leaves the loads waiting on memory
 // (bench/moe_bench.py and llama_cpp_bench.py show the decode rates).
 constexpr int64_t kPrefetchBytes = 1536;
-
-// 2^(e-127) for every E8M0 byte (0 is 2^-127, a float subnormal; 255, NaN in the format, reads as infinity).
-struct E8M0Table {
-  float values[256];
-  E8M0Table() {
-    for (int e = 0; e < 256; ++e) values[e] = std::ldexp(1.0f, e - 127);
-  }
-};
-const E8M0Table kE8M0;
 
 // A vector quantized for the int8 path (QuantizePairs): int8 values, their remainders (two pieces; else null),
 // block scales and offset sums.
@@ -82,6 +75,9 @@ struct Scratch {
   std::vector<QuantizedRow> quantized;  // the int8 path's vectors
   std::vector<float> dots, decoded, acc;
   std::vector<uint16_t> bf16;  // the AMX path's decoded rows
+#if defined(GPTOSS_MOE_INT_TILES)
+  IntTileScratch int_tiles;
+#endif
 };
 // Dot products of one MXFP4 row (cols / 2 code bytes, cols / 32 scales) with `count` vectors:
 // out[t] = row . xs[t]. Each block of 32 codes is decoded once and used for every vector.
@@ -537,7 +533,8 @@ void FewVectorDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, in
 
 #endif
 
-// Int8 activations (the `int8_activations` attribute, decode: fewer than kInt8Below tokens per expert). Each
+// Int8 activations (the `int8_activations` attribute; here decode: fewer than kInt8Below tokens per expert, the
+// integer tiles taking the experts with more: moe_int_tiles_cpu.h). Each
 // vector is quantized once per phase to int8 per block of 32 (scale max|x| / 127, rounded to nearest even, as
 // q8_0 does), laid out by pairs of blocks as the code bytes hold their values: a pair's two blocks' evens (low
 // nibbles), then their odds (high nibbles), two pairs at a time (both pairs' evens, then both pairs' odds: one
@@ -616,6 +613,24 @@ void QuantizePairs(const float* x, int64_t cols, int8_t* q, int8_t* remainders, 
     }
   }
 }
+
+#if defined(GPTOSS_MOE_INT_TILES)
+// x's `cols` values in order as int16 for the integer tiles (moe_int_tiles_cpu.h): in `pieces` pieces as QuantizePairs
+// takes them, one (q) or two as one value (kRemainderSteps q + r); steps[block] the block's step (s, or
+// s / kRemainderSteps).
+void QuantizeWords(const float* x, int64_t cols, int pieces, int16_t* values, float* steps) {
+  for (int64_t block = 0; block < cols / kBlock; ++block) {
+    const float* xb = x + block * kBlock;
+    const BlockSteps block_steps(xb);
+    for (int j = 0; j < kBlock; ++j) {
+      int8_t rest = 0;
+      const int8_t piece = block_steps.Piece(xb[j], pieces == 2 ? &rest : nullptr);
+      values[block * kBlock + j] = static_cast<int16_t>(pieces == 2 ? kRemainderSteps * piece + rest : piece);
+    }
+    steps[block] = pieces == 2 ? block_steps.step / static_cast<float>(kRemainderSteps) : block_steps.step;
+  }
+}
+#endif
 
 #if defined(GPTOSS_MOE_WIDE)
 // Two pieces as one int16 a value for WideRowDots: kRemainderSteps q + r (exact, within +-32385). A group of
@@ -1002,6 +1017,14 @@ struct PreparedRows {
   std::vector<int32_t> offset_sums;
   std::vector<uint16_t> packed;     // the AMX path's experts' vectors (PackVectors), each expert's from packed_at
   std::vector<size_t> packed_at;  // by active index
+  // the integer tiles' rows (QuantizeWords: values `cols` apart, steps cols / kBlock apart; each row once, where
+  // `worded`) and each expert's tokens laid out from them (PackTokens), from tile_words_at and tile_steps_at
+  std::vector<int16_t> words;
+  std::vector<float> word_steps;
+  std::vector<bool> worded;
+  std::vector<int32_t> tile_words;
+  std::vector<float> tile_steps;
+  std::vector<size_t> tile_words_at, tile_steps_at;  // by active index
 };
 
 // The layer's inputs, and how this step's tokens are spread over the experts.
@@ -1051,6 +1074,19 @@ bool AmxPath(const Problem& p, int64_t count, int64_t cols) {
 #if defined(GPTOSS_AMX)
   return count >= kTiledFrom && cols % kAmxDepth == 0 && p.hidden % kAmxRows == 0 && p.inter % kAmxRows == 0 &&
          AmxReady();
+#else
+  (void)p;
+  (void)count;
+  (void)cols;
+  return false;
+#endif
+}
+
+// Whether it takes the integer tiles instead of the float tiles (many tokens, int8 activations: prefill); the AMX
+// tiles, where they run, before either.
+bool IntTilePath(const Problem& p, int64_t count, int64_t cols) {
+#if defined(GPTOSS_MOE_INT_TILES)
+  return p.int8_activations > 0 && count >= kTiledFrom && Int8Fits(cols) && !AmxPath(p, count, cols);
 #else
   (void)p;
   (void)count;
@@ -1120,6 +1156,40 @@ void AmxExpertDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, in
 }
 #endif
 
+#if defined(GPTOSS_MOE_INT_TILES)
+// Active expert a's input rows (of `values`, `total` rows) laid out for the integer tiles (PackTokens), each row
+// quantized once however many experts read it.
+void PackTileRows(const Problem& p, size_t a, const float* values, int64_t total, int64_t cols, RowOf row_of,
+                  PreparedRows& prepared) {
+  const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size()), blocks = cols / kBlock;
+  if (prepared.worded.empty()) {
+    prepared.words.resize(total * cols);
+    prepared.word_steps.resize(total * blocks);
+    prepared.worded.assign(total, false);
+  }
+  std::vector<const int16_t*> rows(count);
+  std::vector<const float*> steps(count);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = row_of(p, a, i);
+    if (!prepared.worded[row]) {
+      prepared.worded[row] = true;
+      QuantizeWords(values + row * cols, cols, p.int8_activations, prepared.words.data() + row * cols,
+                    prepared.word_steps.data() + row * blocks);
+    }
+    rows[i] = prepared.words.data() + row * cols;
+    steps[i] = prepared.word_steps.data() + row * blocks;
+  }
+  prepared.tile_words_at.resize(p.active.size());
+  prepared.tile_steps_at.resize(p.active.size());
+  prepared.tile_words_at[a] = prepared.tile_words.size();
+  prepared.tile_steps_at[a] = prepared.tile_steps.size();
+  prepared.tile_words.resize(prepared.tile_words.size() + PackedWordsSize(count, cols));
+  prepared.tile_steps.resize(prepared.tile_steps.size() + PackedStepsSize(count, cols));
+  PackTokens(rows.data(), steps.data(), count, cols, prepared.tile_words.data() + prepared.tile_words_at[a],
+             prepared.tile_steps.data() + prepared.tile_steps_at[a]);
+}
+#endif
+
 void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t cols, RowOf row_of,
                  PreparedRows& prepared) {
   const int64_t scales_per_row = cols / kPair * kPairScales;
@@ -1138,6 +1208,11 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
       }
     } else if (PermutedPath(p, count, cols)) {
       prepared.permuted.resize(total * cols);
+    } else if (IntTilePath(p, count, cols)) {
+#if defined(GPTOSS_MOE_INT_TILES)
+      PackTileRows(p, a, values, total, cols, row_of, prepared);
+#endif
+      continue;
     } else {
 #if defined(GPTOSS_AMX)
       if (AmxPath(p, count, cols)) PackExpertRows(p, a, values, cols, row_of, prepared);
@@ -1191,6 +1266,13 @@ void ExpertDots(const Problem& p, size_t a, const uint8_t* codes, const uint8_t*
     Int8ConsecutiveRowDots(codes, scales, rows, cols, scratch.quantized.data(), count, scratch.dots.data());
     return;
   }
+#if defined(GPTOSS_MOE_INT_TILES)
+  if (IntTilePath(p, count, cols)) {
+    IntTileDots(codes, scales, rows, cols, prepared.tile_words.data() + prepared.tile_words_at[a],
+                prepared.tile_steps.data() + prepared.tile_steps_at[a], count, scratch.dots.data(), scratch.int_tiles);
+    return;
+  }
+#endif
 #if defined(GPTOSS_AMX)
   if (AmxPath(p, count, cols)) {
     AmxExpertDots(codes, scales, rows, cols, prepared.packed.data() + prepared.packed_at[a], count, scratch);

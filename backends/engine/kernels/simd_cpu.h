@@ -37,6 +37,7 @@ struct Simd {
   static void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static F Set1(float v) { return _mm512_set1_ps(v); }
   static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F Add(F a, F b) { return _mm512_add_ps(a, b); }
   static float Sum(F v) { return _mm512_reduce_add_ps(v); }
   // kLanes int8 values converted
@@ -67,6 +68,7 @@ struct Simd {
   static void Store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static F Set1(float v) { return _mm256_set1_ps(v); }
   static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F Add(F a, F b) { return _mm256_add_ps(a, b); }
   static float Sum(F v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -100,6 +102,7 @@ struct Simd {
   static void Store(float* p, F v) { vst1q_f32(p, v); }
   static F Set1(float v) { return vdupq_n_f32(v); }
   static F Fma(F a, F b, F c) { return vfmaq_f32(c, a, b); }
+  static F Mul(F a, F b) { return vmulq_f32(a, b); }
   static F Add(F a, F b) { return vaddq_f32(a, b); }
   static float Sum(F v) { return vaddvq_f32(v); }
   static F Bf16Evens(const uint16_t* bits) {

@@ -9,6 +9,7 @@
 #include "mxfp4_moe_cpu.cc"
 #include "mxfp4_moe_op.cc"  // the op's argument reading, which the kernel's Compute links to
 #include "amx_cpu.cc"       // the AMX tiles (an x86-64-v4-amx build), which its prefill links to
+#include "moe_int_tiles_cpu.cc"  // the integer tiles (AVX2, AVX-512), which its prefill links to
 
 #include <cstdio>
 #include <random>
@@ -94,7 +95,27 @@ double CheckFloat(int64_t count, std::mt19937& rng, int64_t checked = kRows, int
   return Worst(rows, xs, out, checked);
 }
 
-// `pieces` int8 pieces of each value (1, or 2: the value and its remainder in steps of a 254th of its own).
+// x as the int8 path quantizes it, `pieces` int8 pieces of each value (1, or 2: the value and its remainder in steps
+// of a 254th of its own): the values the reference meets.
+void Quantized(std::vector<float>& x, int pieces) {
+  for (int64_t block = 0; block < kCols / 32; ++block) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[block * 32 + j]));
+    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f, step = amax / 127.0f;
+    for (int j = 0; j < 32; ++j) {
+      float& v = x[block * 32 + j];
+      const float value = std::nearbyint(v * inverse);
+      if (pieces == 1) {
+        v = value * step;
+        continue;
+      }
+      const float rest = std::clamp(std::nearbyint(std::fma(-value, step, v) * (inverse * 254.0f)), -127.0f, 127.0f);
+      v = static_cast<float>((254.0 * value + rest) * static_cast<double>(step / 254.0f));
+    }
+  }
+}
+
+// The decode's int8 path, `pieces` int8 pieces of each value.
 double CheckInt8(int64_t count, int pieces, std::mt19937& rng) {
   const Rows rows = RandomRows(rng);
   auto xs = RandomVectors(count, rng);
@@ -107,27 +128,39 @@ double CheckInt8(int64_t count, int pieces, std::mt19937& rng) {
     int8_t* remainders = pieces == 2 ? r[t].data() : nullptr;
     gptoss::QuantizePairs(xs[t].data(), kCols, q[t].data(), remainders, d[t].data(), offsets[t].data());
     quantized.push_back({q[t].data(), remainders, d[t].data(), offsets[t].data()});
-    for (int64_t block = 0; block < kCols / 32; ++block) {  // the reference meets the values the kernel quantized
-      float amax = 0.0f;
-      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xs[t][block * 32 + j]));
-      const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f, step = amax / 127.0f;
-      for (int j = 0; j < 32; ++j) {
-        float& v = xs[t][block * 32 + j];
-        const float value = std::nearbyint(v * inverse);
-        if (pieces == 1) {
-          v = value * step;
-          continue;
-        }
-        const float rest = std::clamp(std::nearbyint(std::fma(-value, step, v) * (inverse * 254.0f)), -127.0f, 127.0f);
-        v = static_cast<float>((254.0 * value + rest) * static_cast<double>(step / 254.0f));
-      }
-    }
+    Quantized(xs[t], pieces);
   }
   std::vector<float> out(kRows * count);
   gptoss::Int8ConsecutiveRowDots(rows.codes.data(), rows.scales.data(), kRows, kCols, quantized.data(), count,
                                  out.data());
   return Worst(rows, xs, out);
 }
+
+#if defined(GPTOSS_MOE_INT_TILES)
+// The prefill's integer tiles, `pieces` as CheckInt8's, for `count` tokens (partial groups of tokens and of passes).
+double CheckIntTiles(int64_t count, int pieces, std::mt19937& rng) {
+  const Rows rows = RandomRows(rng);
+  auto xs = RandomVectors(count, rng);
+  std::vector<std::vector<int16_t>> values(count, std::vector<int16_t>(kCols));
+  std::vector<std::vector<float>> steps(count, std::vector<float>(kCols / 32));
+  std::vector<const int16_t*> value_rows;
+  std::vector<const float*> step_rows;
+  for (int64_t t = 0; t < count; ++t) {
+    gptoss::QuantizeWords(xs[t].data(), kCols, pieces, values[t].data(), steps[t].data());
+    value_rows.push_back(values[t].data());
+    step_rows.push_back(steps[t].data());
+    Quantized(xs[t], pieces);
+  }
+  std::vector<int32_t> words(gptoss::PackedWordsSize(count, kCols));
+  std::vector<float> packed_steps(gptoss::PackedStepsSize(count, kCols));
+  gptoss::PackTokens(value_rows.data(), step_rows.data(), count, kCols, words.data(), packed_steps.data());
+  std::vector<float> out(kRows * count);
+  gptoss::IntTileScratch scratch;
+  gptoss::IntTileDots(rows.codes.data(), rows.scales.data(), kRows, kCols, words.data(), packed_steps.data(), count,
+                      out.data(), scratch);
+  return Worst(rows, xs, out);
+}
+#endif
 
 }  // namespace
 
@@ -160,5 +193,11 @@ int main() {
 #endif
   for (int64_t count : {1, 2, 3}) report("int8", count, CheckInt8(count, 1, rng));
   for (int64_t count : {1, 2, 3}) report("int8x2", count, CheckInt8(count, 2, rng));
+#if defined(GPTOSS_MOE_INT_TILES)
+  for (int pieces : {1, 2}) {
+    for (int64_t count : {4, 7, 17, 33, 64}) report(pieces == 1 ? "int8 tiles" : "int8x2 tiles", count,
+                                                    CheckIntTiles(count, pieces, rng));
+  }
+#endif
   return ok ? 0 : 1;
 }
