@@ -1017,11 +1017,10 @@ struct PreparedRows {
   std::vector<int32_t> offset_sums;
   std::vector<uint16_t> packed;     // the AMX path's experts' vectors (PackVectors), each expert's from packed_at
   std::vector<size_t> packed_at;  // by active index
-  // the integer tiles' rows (QuantizeWords: values `cols` apart, steps cols / kBlock apart; each row once, where
-  // `worded`) and each expert's tokens laid out from them (PackTokens), from tile_words_at and tile_steps_at
+  // the integer tiles' rows (QuantizeWords: values `cols` apart, steps cols / kBlock apart) and each expert's tokens
+  // laid out from them (PackTokens), from tile_words_at and tile_steps_at (PrepareTiles)
   std::vector<int16_t> words;
   std::vector<float> word_steps;
-  std::vector<bool> worded;
   std::vector<int32_t> tile_words;
   std::vector<float> tile_steps;
   std::vector<size_t> tile_words_at, tile_steps_at;  // by active index
@@ -1157,36 +1156,73 @@ void AmxExpertDots(const uint8_t* codes, const uint8_t* scales, int64_t rows, in
 #endif
 
 #if defined(GPTOSS_MOE_INT_TILES)
-// Active expert a's input rows (of `values`, `total` rows) laid out for the integer tiles (PackTokens), each row
-// quantized once however many experts read it.
-void PackTileRows(const Problem& p, size_t a, const float* values, int64_t total, int64_t cols, RowOf row_of,
-                  PreparedRows& prepared) {
-  const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size()), blocks = cols / kBlock;
-  if (prepared.worded.empty()) {
-    prepared.words.resize(total * cols);
-    prepared.word_steps.resize(total * blocks);
-    prepared.worded.assign(total, false);
-  }
+// The integer tiles' inputs of one phase: every row an integer-tile expert reads, quantized once however many such
+// experts read it (QuantizeWords), then each such expert's tokens laid out from those (PackTokens), both spread
+// over the intra-op threads: one 20b layer's 512-token step ran 1.045x as fast with AVX2 and 1.073x with AVX-512 VNNI
+// as with the calling thread doing it all (2 threads on a Zen 5 AMD EPYC, alternated in one process, medians of 16).
+struct TileInputs {
+  const Problem* p;
+  const float* values;
+  int64_t cols;
+  RowOf row_of;
+  PreparedRows* prepared;
+  std::vector<int64_t> rows;     // the rows to quantize
+  std::vector<size_t> experts;   // active indices of the experts on the integer tiles
+};
+
+constexpr size_t kQuantizeBatches = 64;  // at most, for ParallelFor: a row is a few microseconds
+
+void QuantizeTileRow(void* data, size_t i) {
+  const TileInputs& in = *static_cast<const TileInputs*>(data);
+  const int64_t row = in.rows[i];
+  QuantizeWords(in.values + row * in.cols, in.cols, in.p->int8_activations, in.prepared->words.data() + row * in.cols,
+                in.prepared->word_steps.data() + row * (in.cols / kBlock));
+}
+
+void PackTileExpert(void* data, size_t i) {
+  const TileInputs& in = *static_cast<const TileInputs*>(data);
+  const Problem& p = *in.p;
+  PreparedRows& prepared = *in.prepared;
+  const size_t a = in.experts[i];
+  const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size()), blocks = in.cols / kBlock;
   std::vector<const int16_t*> rows(count);
   std::vector<const float*> steps(count);
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t row = row_of(p, a, i);
-    if (!prepared.worded[row]) {
-      prepared.worded[row] = true;
-      QuantizeWords(values + row * cols, cols, p.int8_activations, prepared.words.data() + row * cols,
-                    prepared.word_steps.data() + row * blocks);
-    }
-    rows[i] = prepared.words.data() + row * cols;
-    steps[i] = prepared.word_steps.data() + row * blocks;
+  for (int64_t t = 0; t < count; ++t) {
+    const int64_t row = in.row_of(p, a, t);
+    rows[t] = prepared.words.data() + row * in.cols;
+    steps[t] = prepared.word_steps.data() + row * blocks;
   }
-  prepared.tile_words_at.resize(p.active.size());
-  prepared.tile_steps_at.resize(p.active.size());
-  prepared.tile_words_at[a] = prepared.tile_words.size();
-  prepared.tile_steps_at[a] = prepared.tile_steps.size();
-  prepared.tile_words.resize(prepared.tile_words.size() + PackedWordsSize(count, cols));
-  prepared.tile_steps.resize(prepared.tile_steps.size() + PackedStepsSize(count, cols));
-  PackTokens(rows.data(), steps.data(), count, cols, prepared.tile_words.data() + prepared.tile_words_at[a],
+  PackTokens(rows.data(), steps.data(), count, in.cols, prepared.tile_words.data() + prepared.tile_words_at[a],
              prepared.tile_steps.data() + prepared.tile_steps_at[a]);
+}
+
+void PrepareTiles(const Ort::KernelContext& context, const Problem& p, const float* values, int64_t total,
+                  int64_t cols, RowOf row_of, PreparedRows& prepared) {
+  TileInputs in{&p, values, cols, row_of, &prepared, {}, {}};
+  std::vector<bool> read(total, false);
+  size_t words = 0, steps = 0;
+  prepared.tile_words_at.assign(p.active.size(), 0);
+  prepared.tile_steps_at.assign(p.active.size(), 0);
+  for (size_t a = 0; a < p.active.size(); ++a) {
+    const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
+    if (!IntTilePath(p, count, cols)) continue;
+    in.experts.push_back(a);
+    prepared.tile_words_at[a] = words;
+    prepared.tile_steps_at[a] = steps;
+    words += PackedWordsSize(count, cols);
+    steps += PackedStepsSize(count, cols);
+    for (int64_t t = 0; t < count; ++t) read[row_of(p, a, t)] = true;
+  }
+  if (in.experts.empty()) return;
+  for (int64_t row = 0; row < total; ++row) {
+    if (read[row]) in.rows.push_back(row);
+  }
+  prepared.words.resize(total * cols);
+  prepared.word_steps.resize(total * (cols / kBlock));
+  prepared.tile_words.resize(words);
+  prepared.tile_steps.resize(steps);
+  context.ParallelFor(QuantizeTileRow, in.rows.size(), std::min(in.rows.size(), kQuantizeBatches), &in);
+  context.ParallelFor(PackTileExpert, in.experts.size(), in.experts.size(), &in);
 }
 #endif
 
@@ -1208,11 +1244,6 @@ void PrepareRows(const Problem& p, const float* values, int64_t total, int64_t c
       }
     } else if (PermutedPath(p, count, cols)) {
       prepared.permuted.resize(total * cols);
-    } else if (IntTilePath(p, count, cols)) {
-#if defined(GPTOSS_MOE_INT_TILES)
-      PackTileRows(p, a, values, total, cols, row_of, prepared);
-#endif
-      continue;
     } else {
 #if defined(GPTOSS_AMX)
       if (AmxPath(p, count, cols)) PackExpertRows(p, a, values, cols, row_of, prepared);
@@ -1451,10 +1482,16 @@ void MoeKernel::Compute(OrtKernelContext* raw_context) {
   }
   RouteTokens(p);
   PrepareRows(p, p.xf, p.tokens, p.hidden, TokenRow, p.x_rows);
+#if defined(GPTOSS_MOE_INT_TILES)
+  PrepareTiles(context, p, p.xf, p.tokens, p.hidden, TokenRow, p.x_rows);
+#endif
   Phase fc1{&p, (p.inter + kRowsPerTask - 1) / kRowsPerTask, p.inter, kRowsPerTask, true};
   RunPhase(context, fc1, 2 * p.inter * MxRowBytes(p.hidden));
-  PrepareRows(p, p.activated.data(), static_cast<int64_t>(p.activated.size()) / p.inter, p.inter, ActivatedRow,
-              p.activated_rows);
+  const int64_t activated_rows = static_cast<int64_t>(p.activated.size()) / p.inter;
+  PrepareRows(p, p.activated.data(), activated_rows, p.inter, ActivatedRow, p.activated_rows);
+#if defined(GPTOSS_MOE_INT_TILES)
+  PrepareTiles(context, p, p.activated.data(), activated_rows, p.inter, ActivatedRow, p.activated_rows);
+#endif
   // fc2's tasks as many rows as fc1's (two pairs of rows a pair) where the AMX tiles run: two groups of tile rows
   // share each load of the vectors' tiles
   const int64_t fc2_rows = AnyAmx(p, p.inter) ? 2 * kRowsPerTask : kRowsPerTask;
