@@ -158,8 +158,6 @@ void DecodeRows(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64
 
 }  // namespace
 
-int64_t IntTileLanes() { return kLanes; }
-
 int64_t PackedWordsSize(int64_t count, int64_t cols) { return (count + kLanes - 1) / kLanes * kLanes * cols / 2; }
 
 int64_t PackedStepsSize(int64_t count, int64_t cols) { return (count + kLanes - 1) / kLanes * kLanes * cols / kBlock; }

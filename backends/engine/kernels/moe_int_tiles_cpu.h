@@ -7,7 +7,7 @@
 // times the token block's step and summed over the row: the integer sums of the decode's int8 path, the float
 // rounding of their scaled sum its own. One 20b MoE layer's 512-token step with two pieces, against the float tiles
 // (2 threads on a Zen 5 AMD EPYC, alternated in one process, medians of 7): 1.28x as fast with AVX2, 1.39x with
-// AVX-512 and VNNI; a 6-layer prefill of 512 tokens 1.11x and 1.26x (bench/llama_cpp_bench.py's prefill rows).
+// AVX-512 and VNNI (bench/llama_cpp_bench.py's prefill rows show the engine's rates, with `float` beside).
 #pragma once
 
 #include <cstdint>
@@ -18,16 +18,14 @@
 
 namespace gptoss {
 
-// Tokens of a group in PackTokens' layout: an int32 lane each of the build's widest integer register.
-int64_t IntTileLanes();
-
 // int32 words and floats PackTokens writes for `count` tokens of `cols` values (a multiple of 32).
 int64_t PackedWordsSize(int64_t count, int64_t cols);
 int64_t PackedStepsSize(int64_t count, int64_t cols);
 
 // `count` tokens' quantized values (values[t]: `cols` int16) and block steps (steps[t]: cols / 32 floats) laid out
-// for IntTileDots: per group of IntTileLanes() tokens (the last padded with zeros), per block, per pair of values,
-// one int32 word a token (the pair); and per group, per block, one step a token.
+// for IntTileDots: per group of tokens, as many as the build's widest register has int32 lanes (the last group
+// padded with zeros), per block, per pair of values, one int32 word a token (the pair); and per group, per block, one
+// step a token.
 void PackTokens(const int16_t* const* values, const float* const* steps, int64_t count, int64_t cols, int32_t* words,
                 float* packed_steps);
 
