@@ -143,15 +143,11 @@ int64_t GroupsTaken(int64_t left) {
 // `rows` consecutive rows as twice their E2M1 values (int16, `cols` apart) and their blocks' scales halved.
 void DecodeRows(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, int16_t* out,
                 float* out_scales) {
-  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m128i low_nibble = _mm_set1_epi8(0x0F);
   for (int64_t block = 0; block < rows * cols / kBlock; ++block) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * (kBlock / 2)));
-    const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibble));
-    const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble));
+    const TwiceE2M1 twice(codes + block * (kBlock / 2));
     auto* dst = reinterpret_cast<__m256i*>(out + block * kBlock);
-    _mm256_storeu_si256(dst, _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(even, odd)));
-    _mm256_storeu_si256(dst + 1, _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(even, odd)));
+    _mm256_storeu_si256(dst, _mm256_cvtepi8_epi16(twice.first));
+    _mm256_storeu_si256(dst + 1, _mm256_cvtepi8_epi16(twice.second));
     out_scales[block] = kE8M0.values[scales[block]] * 0.5f;
   }
 }

@@ -85,14 +85,9 @@ struct Scratch {
 void RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const float* const* xs, int64_t count,
              float* out, std::vector<float>& acc) {
   // twice each E2M1 value, as int8 (exact): scaled back by half the block scale
-  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m128i low_nibble = _mm_set1_epi8(0x0F);
   acc.assign(static_cast<size_t>(count) * 8, 0.0f);
   for (int64_t block = 0; block < cols / kBlock; ++block) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * (kBlock / 2)));
-    const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibble));
-    const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble));
-    const __m128i first = _mm_unpacklo_epi8(even, odd), second = _mm_unpackhi_epi8(even, odd);
+    const auto [first, second] = TwiceE2M1(codes + block * (kBlock / 2));
     const __m256 v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first));
     const __m256 v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(first, 8)));
     const __m256 v2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second));
@@ -122,13 +117,8 @@ static_assert(kRowsPerTask % kTileRows == 0, "a task's rows are whole groups of 
 
 // `rows` consecutive rows (at most kTileRows) decoded into out, `cols` floats apart.
 void DecodeRows(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, float* out) {
-  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m128i low_nibble = _mm_set1_epi8(0x0F);
   for (int64_t block = 0; block < rows * cols / kBlock; ++block) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * (kBlock / 2)));
-    const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibble));
-    const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble));
-    const __m128i first = _mm_unpacklo_epi8(even, odd), second = _mm_unpackhi_epi8(even, odd);
+    const auto [first, second] = TwiceE2M1(codes + block * (kBlock / 2));
     const __m256 scale = _mm256_set1_ps(kE8M0.values[scales[block]] * 0.5f);
     float* dst = out + block * kBlock;
     _mm256_storeu_ps(dst, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first))));
@@ -1069,27 +1059,21 @@ bool PermutedPath(const Problem& p, int64_t count, int64_t cols) {
 
 // Whether it takes the AMX tiles instead of the float tiles (many tokens: prefill), in a build for them where the OS
 // lets this process use them, for experts whose tasks' rows fill whole tiles.
-bool AmxPath(const Problem& p, int64_t count, int64_t cols) {
+bool AmxPath([[maybe_unused]] const Problem& p, [[maybe_unused]] int64_t count, [[maybe_unused]] int64_t cols) {
 #if defined(GPTOSS_AMX)
   return count >= kTiledFrom && cols % kAmxDepth == 0 && p.hidden % kAmxRows == 0 && p.inter % kAmxRows == 0 &&
          AmxReady();
 #else
-  (void)p;
-  (void)count;
-  (void)cols;
   return false;
 #endif
 }
 
 // Whether it takes the integer tiles instead of the float tiles (many tokens, int8 activations: prefill); the AMX
 // tiles, where they run, before either.
-bool IntTilePath(const Problem& p, int64_t count, int64_t cols) {
+bool IntTilePath([[maybe_unused]] const Problem& p, [[maybe_unused]] int64_t count, [[maybe_unused]] int64_t cols) {
 #if defined(GPTOSS_MOE_INT_TILES)
   return p.int8_activations > 0 && count >= kTiledFrom && Int8Fits(cols) && !AmxPath(p, count, cols);
 #else
-  (void)p;
-  (void)count;
-  (void)cols;
   return false;
 #endif
 }
@@ -1128,19 +1112,15 @@ void PackExpertRows(const Problem& p, size_t a, const float* values, int64_t col
 // tiles' layout (AmxDots'): a block of 32 values is a tile row.
 void DecodeRowsToTiles(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, uint16_t* tiles) {
   static_assert(kBlock == kAmxDepth, "a block fills a tile row");
-  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);  // twice each value
-  const __m128i low_nibble = _mm_set1_epi8(0x0F);
   const int64_t chunks = cols / kBlock;
   for (int64_t row = 0; row < rows; ++row) {
     uint16_t* group = TileRow(tiles, row, chunks);
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       const int64_t block = row * chunks + chunk;
-      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + block * (kBlock / 2)));
-      const __m128i even = _mm_shuffle_epi8(table, _mm_and_si128(packed, low_nibble));
-      const __m128i odd = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(packed, 4), low_nibble));
+      const TwiceE2M1 twice(codes + block * (kBlock / 2));
       const __m512 scale = _mm512_set1_ps(kE8M0.values[scales[block]] * 0.5f);
-      const __m512 first = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(even, odd))));
-      const __m512 second = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(even, odd))));
+      const __m512 first = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(twice.first)));
+      const __m512 second = _mm512_mul_ps(scale, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(twice.second)));
       _mm512_storeu_si512(group + chunk * kAmxTileValues, (__m512i)_mm512_cvtne2ps_pbh(second, first));
     }
   }
