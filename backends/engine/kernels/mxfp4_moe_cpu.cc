@@ -1008,13 +1008,16 @@ struct PreparedRows {
   std::vector<uint16_t> packed;     // the AMX path's experts' vectors (PackVectors), each expert's from packed_at
   std::vector<size_t> packed_at;  // by active index
   // the integer tiles' rows (QuantizeWords: values `cols` apart, steps cols / kBlock apart) and each expert's tokens
-  // laid out from them (PackTokens), from tile_words_at and tile_steps_at (PrepareTiles)
+  // laid out from them (PackTokens), from tile_words_at (its steps from TileStepsAt: PrepareTiles)
   std::vector<int16_t> words;
   std::vector<float> word_steps;
   std::vector<int32_t> tile_words;
   std::vector<float> tile_steps;
-  std::vector<size_t> tile_words_at, tile_steps_at;  // by active index
+  std::vector<size_t> tile_words_at;  // by active index
 };
+
+// Where an expert's packed steps start, given where its packed words do: a block's 16 words a token to its one step.
+size_t TileStepsAt(size_t words_at) { return words_at / (kBlock / 2); }
 
 // The layer's inputs, and how this step's tokens are spread over the experts.
 struct Problem : MoeArgs {
@@ -1173,24 +1176,21 @@ void PackTileExpert(void* data, size_t i) {
     steps[t] = prepared.word_steps.data() + row * blocks;
   }
   PackTokens(rows.data(), steps.data(), count, in.cols, prepared.tile_words.data() + prepared.tile_words_at[a],
-             prepared.tile_steps.data() + prepared.tile_steps_at[a]);
+             prepared.tile_steps.data() + TileStepsAt(prepared.tile_words_at[a]));
 }
 
 void PrepareTiles(const Ort::KernelContext& context, const Problem& p, const float* values, int64_t total,
                   int64_t cols, RowOf row_of, PreparedRows& prepared) {
   TileInputs in{&p, values, cols, row_of, &prepared, {}, {}};
   std::vector<bool> read(total, false);
-  size_t words = 0, steps = 0;
+  size_t words = 0;
   prepared.tile_words_at.assign(p.active.size(), 0);
-  prepared.tile_steps_at.assign(p.active.size(), 0);
   for (size_t a = 0; a < p.active.size(); ++a) {
     const int64_t count = static_cast<int64_t>(p.routes[p.active[a]].tokens.size());
     if (!IntTilePath(p, count, cols)) continue;
     in.experts.push_back(a);
     prepared.tile_words_at[a] = words;
-    prepared.tile_steps_at[a] = steps;
     words += PackedWordsSize(count, cols);
-    steps += PackedStepsSize(count, cols);
     for (int64_t t = 0; t < count; ++t) read[row_of(p, a, t)] = true;
   }
   if (in.experts.empty()) return;
@@ -1200,7 +1200,7 @@ void PrepareTiles(const Ort::KernelContext& context, const Problem& p, const flo
   prepared.words.resize(total * cols);
   prepared.word_steps.resize(total * (cols / kBlock));
   prepared.tile_words.resize(words);
-  prepared.tile_steps.resize(steps);
+  prepared.tile_steps.resize(TileStepsAt(words));
   context.ParallelFor(QuantizeTileRow, in.rows.size(), std::min(in.rows.size(), kQuantizeBatches), &in);
   context.ParallelFor(PackTileExpert, in.experts.size(), in.experts.size(), &in);
 }
@@ -1280,7 +1280,8 @@ void ExpertDots(const Problem& p, size_t a, const uint8_t* codes, const uint8_t*
 #if defined(GPTOSS_MOE_INT_TILES)
   if (IntTilePath(p, count, cols)) {
     IntTileDots(codes, scales, rows, cols, prepared.tile_words.data() + prepared.tile_words_at[a],
-                prepared.tile_steps.data() + prepared.tile_steps_at[a], count, scratch.dots.data(), scratch.int_tiles);
+                prepared.tile_steps.data() + TileStepsAt(prepared.tile_words_at[a]), count, scratch.dots.data(),
+                scratch.int_tiles);
     return;
   }
 #endif
