@@ -574,6 +574,14 @@ struct BlockSteps {
     }
     return static_cast<int8_t>(value);
   }
+  // x as one int16: its first piece, or with two pieces kRemainderSteps q + r (exact, within +-32385)
+  int16_t Word(float x, int pieces) const {
+    int8_t rest = 0;
+    const int8_t piece = Piece(x, pieces == 2 ? &rest : nullptr);
+    return static_cast<int16_t>(pieces == 2 ? kRemainderSteps * piece + rest : piece);
+  }
+  // the step of a block's sums in `pieces` pieces: s, or s / kRemainderSteps
+  float SumStep(int pieces) const { return pieces == 2 ? step / static_cast<float>(kRemainderSteps) : step; }
 };
 
 // x's `cols` values into q (int8, laid out as above), d (the blocks' scales) and offset_sums (kPairLanes a pair);
@@ -590,7 +598,7 @@ void QuantizePairs(const float* x, int64_t cols, int8_t* q, int8_t* remainders, 
         q[evens_at + at] = steps.Piece(xb[2 * i], remainders ? remainders + evens_at + at : nullptr);
         q[odds_at + at] = steps.Piece(xb[2 * i + 1], remainders ? remainders + odds_at + at : nullptr);
       }
-      const float scale = remainders ? steps.step / static_cast<float>(kRemainderSteps) : steps.step;
+      const float scale = steps.SumStep(remainders ? 2 : 1);
       std::fill(d + pair * kPairScales + half * 4, d + pair * kPairScales + half * 4 + 4, scale);
       for (int lane = 0; lane < 4; ++lane) {  // a lane sums the products of 4 consecutive code bytes
         int32_t sum = 0;
@@ -612,12 +620,8 @@ void QuantizeWords(const float* x, int64_t cols, int pieces, int16_t* values, fl
   for (int64_t block = 0; block < cols / kBlock; ++block) {
     const float* xb = x + block * kBlock;
     const BlockSteps block_steps(xb);
-    for (int j = 0; j < kBlock; ++j) {
-      int8_t rest = 0;
-      const int8_t piece = block_steps.Piece(xb[j], pieces == 2 ? &rest : nullptr);
-      values[block * kBlock + j] = static_cast<int16_t>(pieces == 2 ? kRemainderSteps * piece + rest : piece);
-    }
-    steps[block] = pieces == 2 ? block_steps.step / static_cast<float>(kRemainderSteps) : block_steps.step;
+    for (int j = 0; j < kBlock; ++j) values[block * kBlock + j] = block_steps.Word(xb[j], pieces);
+    steps[block] = block_steps.SumStep(pieces);
   }
 }
 #endif
@@ -636,13 +640,11 @@ void QuantizeWide(const float* x, int64_t cols, int16_t* wide, float* d) {
     const float* xb = x + block * kBlock;
     const BlockSteps steps(xb);
     for (int j = 0; j < kBlock; ++j) {
-      int8_t rest;
-      const int8_t piece = steps.Piece(xb[j], &rest);
       const int64_t v = block * kBlock + j - group_at;
-      wide[group_at + v % 4 * quarter + v / 4] = static_cast<int16_t>(kRemainderSteps * piece + rest);
+      wide[group_at + v % 4 * quarter + v / 4] = steps.Word(xb[j], 2);
     }
     float* block_scales = d + pair * kPairScales + block % 2 * 4;
-    std::fill(block_scales, block_scales + 4, steps.step / static_cast<float>(kRemainderSteps));
+    std::fill(block_scales, block_scales + 4, steps.SumStep(2));
   }
 }
 #endif
@@ -1051,7 +1053,7 @@ struct Problem : MoeArgs {
 };
 
 // A calling thread's Problem is kept for its next call, its buffers with it: a 512-token step of a 20b layer sizes
-// about 86 MB of them (fc1's activations and the experts' outputs, the integer tiles' inputs), whose pages, allocated
+// about 90 MB of them (fc1's activations and the experts' outputs, the integer tiles' inputs), whose pages, allocated
 // afresh each call, were mapped and cleared again each call. A 6-layer engine of 20b's width prefilled 512 tokens
 // 1.064x as fast with them kept (the AVX2 kernels on 2 Zen 5 AMD EPYC cores, alternated in one process, medians of
 // 8). Buffers that a call grew past kKeptBytes are released after it: only a longer step than the engine's default
