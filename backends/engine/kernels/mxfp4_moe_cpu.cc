@@ -1000,6 +1000,12 @@ struct Route {
   std::vector<int64_t> slots;  // token's position among its k choices, for a fixed summation order
 };
 
+// Bytes the buffers hold allocated, whatever their sizes.
+template <typename... Buffers>
+size_t BytesHeld(const Buffers&... buffers) {
+  return (size_t{0} + ... + (buffers.capacity() * sizeof(typename Buffers::value_type)));
+}
+
 // A phase's input rows prepared once for the experts with few tokens: quantized by pairs of blocks (the int8 path:
 // QuantizePairs), or reordered for the float path's lookups (PermuteBlocks); indexed as the inputs are.
 struct PreparedRows {
@@ -1019,12 +1025,10 @@ struct PreparedRows {
 
   // Starts a call: the AMX path's vectors are appended expert by expert; every other buffer is sized and written anew.
   void Begin() { packed.clear(); }
-  size_t CapacityBytes() const {
-    return q.capacity() + remainders.capacity() + 2 * wide.capacity() + 4 * d.capacity() + 4 * permuted.capacity() +
-           4 * offset_sums.capacity() + 2 * packed.capacity() + 2 * words.capacity() + 4 * word_steps.capacity() +
-           4 * tile_words.capacity() + 4 * tile_steps.capacity();
+  size_t BytesHeld() const {
+    return gptoss::BytesHeld(q, remainders, wide, d, permuted, offset_sums, packed, packed_at, words, word_steps,
+                             tile_words, tile_steps, tile_words_at);
   }
-  void Release() { *this = PreparedRows{}; }
 };
 
 // Where an expert's packed steps start, given where its packed words do: a block's 16 words a token to its one step.
@@ -1045,10 +1049,9 @@ struct Problem : MoeArgs {
   std::vector<float> expert_out;  // [active index][its tokens][hidden]
   PreparedRows x_rows, activated_rows;  // fc1's and fc2's input rows as the few-token experts read them
 
-  size_t CapacityBytes() const {
-    size_t bytes = 4 * (narrow_out.capacity() + activated.capacity() + expert_out.capacity());
-    for (const auto& buffer : widened) bytes += 4 * buffer.capacity();
-    return bytes + x_rows.CapacityBytes() + activated_rows.CapacityBytes();
+  size_t BytesHeld() const {
+    return gptoss::BytesHeld(widened[0], widened[1], widened[2], widened[3], narrow_out, activated, expert_out) +
+           x_rows.BytesHeld() + activated_rows.BytesHeld();
   }
 };
 
@@ -1061,13 +1064,7 @@ struct Problem : MoeArgs {
 constexpr size_t kKeptBytes = size_t{128} << 20;
 
 void ReleaseIfLarge(Problem& p) {
-  if (p.CapacityBytes() <= kKeptBytes) return;
-  for (auto& buffer : p.widened) std::vector<float>().swap(buffer);
-  std::vector<float>().swap(p.narrow_out);
-  std::vector<float>().swap(p.activated);
-  std::vector<float>().swap(p.expert_out);
-  p.x_rows.Release();
-  p.activated_rows.Release();
+  if (p.BytesHeld() > kKeptBytes) p = Problem{};
 }
 
 // Whether an expert with `count` tokens takes the int8 path for rows of `cols` columns.
