@@ -38,6 +38,7 @@ from .observability.metrics import Metrics
 from .observability.timed_store import TimedStore
 from .observability.tracing import configure_tracing
 from .process.lifecycle import Lifecycle
+from .process.task_stop import cancel_and_wait
 from .responses.runs import RunRegistry
 from .sse import STREAMING
 from .tenants.admission import Admission
@@ -123,9 +124,7 @@ class Services:
         await self.batches.aclose()
         await self.hosted.aclose()
         self.costly.close()
-        for task in list(self.ledger_retries):
-            task.cancel()
-        await asyncio.gather(*self.ledger_retries, return_exceptions=True)
+        await cancel_and_wait(list(self.ledger_retries), "usage record retries")
         await self.ledger.aclose()
         if self.tracing is not None:
             self.tracing.shutdown()  # the spans still queued go out (a bounded wait)

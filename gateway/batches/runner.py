@@ -25,6 +25,7 @@ from state.batches import TERMINAL
 from state.files import StoredFile
 
 from ..ids import new_id
+from ..process.task_stop import cancel_and_wait
 from ..services import Services
 from .batches_api import KEY_ID, OUTPUT_EXPIRY
 from .lines import BatchLine, answer_line, failed_line, parse_lines, succeeded, usage_of
@@ -51,20 +52,21 @@ class BatchRunner:
         self._settings = services.settings
         self._loopback = loopback
         self._owner = new_id("runner_")
-        self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._running: dict[tuple[str, str], asyncio.Task[None]] = {}  # each batch's holder (_hold)
+        self._work: dict[tuple[str, str], asyncio.Task[None]] = {}  # and the task running its lines (_run)
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._look_for_work())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._running.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self._stopping = True  # the search ends at its next turn, even where the cancel below is lost
+        tasks = [t for t in (self._task, *self._running.values(), *self._work.values()) if t is not None]
+        await cancel_and_wait(tasks, "batch runner")
 
     async def _look_for_work(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self._claim_some()
             except StoreUnavailable as exc:
@@ -74,10 +76,13 @@ class BatchRunner:
     async def _claim_some(self) -> None:
         store = self._services.batches
         for key in await store.unfinished():
-            if len(self._running) >= self._settings.batch_running_per_replica:
+            if self._stopping or len(self._running) >= self._settings.batch_running_per_replica:
                 return
             if key in self._running or not await store.claim(*key, self._owner, self._settings.batch_lease_s):
                 continue
+            if self._stopping:  # stopped while claiming: the batch is left to another replica
+                await store.release(*key, self._owner)
+                return
             task = asyncio.ensure_future(self._hold(*key))
             self._running[key] = task
             task.add_done_callback(lambda _, key=key: self._running.pop(key, None))
@@ -86,6 +91,7 @@ class BatchRunner:
         """Run the batch while renewing its lease; give it up when the lease is lost."""
         store = self._services.batches
         work = asyncio.ensure_future(self._run(tenant, batch_id))
+        self._work[tenant, batch_id] = work
         try:
             while not work.done():
                 await asyncio.wait([work], timeout=self._settings.batch_lease_s / 3)
@@ -93,7 +99,7 @@ class BatchRunner:
                     tenant, batch_id, self._owner, self._settings.batch_lease_s
                 ):
                     log.warning("batch_lease_lost", batch_id=batch_id)
-                    work.cancel()
+                    await cancel_and_wait([work], "batch whose lease was lost")
             await work
         except StoreUnavailable as exc:
             log.warning("batch_store_unavailable", reason=exc.reason, batch_id=batch_id)
@@ -103,6 +109,7 @@ class BatchRunner:
             work.cancel()
             with contextlib.suppress(BaseException):
                 await work
+            self._work.pop((tenant, batch_id), None)
             with contextlib.suppress(StoreUnavailable, asyncio.CancelledError):
                 await store.release(tenant, batch_id, self._owner)
 

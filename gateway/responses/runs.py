@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..limits import MAX_STREAM_BACKLOG
+from ..process.task_stop import cancel_and_wait
 
 
 class ListenerTooSlow(Exception):
@@ -100,6 +101,4 @@ class RunRegistry:
 
     async def shutdown(self) -> None:
         tasks = [run.task for run in self._runs.values() if run.task is not None and not run.task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks, "background responses")

@@ -23,6 +23,7 @@ from state.limiter import Limiter, MemoryLimiter, RateDecision
 
 from ..errors import ApiError, unavailable
 from ..observability.tracing import traced
+from ..process.task_stop import cancel_and_wait
 from .limits import LimitsConfig
 
 log = structlog.get_logger("gateway.admission")
@@ -191,7 +192,6 @@ class Admission:
 
     async def aclose(self) -> None:
         if self._renewer is not None:
-            self._renewer.cancel()
-            await asyncio.gather(self._renewer, return_exceptions=True)
+            await cancel_and_wait([self._renewer], "limit lease renewer")
         if self._shared is not None:
             await self._shared.aclose()

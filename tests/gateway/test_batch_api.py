@@ -251,6 +251,17 @@ def test_a_replica_killed_mid_batch_leaves_it_to_another_with_each_line_once(tmp
     assert sorted(line["custom_id"] for line in output) == sorted(f"k{i}" for i in range(30))  # each once
 
 
+def test_a_replica_on_redis_stops_whatever_its_batch_runner_is_doing(tmp_path, redis_server):
+    """A runner looking for work in a tight loop of Redis calls is stopped in the middle of one (where Python 3.11's
+    wait_for can drop a cancel) and still ends: each of five gateways in turn cleans up well within the bound."""
+    flush(redis_server)
+    settings = gateway_settings(tmp_path, SCRIPT, redis_url=redis_server.url, batch_poll_s=0.0001)
+    for _ in range(5):
+        gateway = LiveGateway(settings).start()
+        time.sleep(0.05)
+        gateway.stop(timeout=10)
+
+
 def test_concurrent_uploads_never_pass_the_tenant_s_budget(live):
     """Eight uploads of 150,000 bytes at once against a budget of 400,000: two are kept (the check and the charge
     are one step), the others are refused by name, and the files listed are exactly those kept."""

@@ -67,8 +67,8 @@ class LiveGateway:
         self._server.serve(make_app, handle_signals=False)
         return self
 
-    def stop(self) -> None:
-        self._server.close()
+    def stop(self, timeout: float = 30) -> None:
+        self._server.close(timeout)
 
 
 class GatewayProcess:

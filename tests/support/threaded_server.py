@@ -4,6 +4,7 @@ an in-process server (a live gateway, fake model servers, fake search and web si
 from __future__ import annotations
 
 import asyncio
+import io
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -38,9 +39,28 @@ class ThreadedServer:
 
         self.call(boot())
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30) -> None:
+        """Clean the app up and stop the loop. A cleanup still running after `timeout` fails the test, with the
+        stacks of the tasks it left, once they are cancelled and the loop stopped: nothing of this server goes on
+        serving (or claiming work from a shared store) into the tests after it."""
+        stuck = ""
         if self._runner is not None:
-            self.call(self._runner.cleanup())
+            try:
+                self.call(self._runner.cleanup(), timeout)
+            except TimeoutError:
+                stuck = self.call(_cancel_every_task(), 10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
-        self._loop.close()
+        if not self._thread.is_alive():
+            self._loop.close()
+        assert not stuck, f"the server's cleanup did not end in {timeout} s; its tasks then:\n{stuck}"
+
+
+async def _cancel_every_task() -> str:
+    """Every other task's stack, then each cancelled."""
+    stacks = io.StringIO()
+    for task in asyncio.all_tasks():
+        if task is not asyncio.current_task():
+            task.print_stack(limit=12, file=stacks)
+            task.cancel()
+    return stacks.getvalue()
