@@ -137,9 +137,12 @@ def test_a_seed_repeats_a_sampled_answer_and_closing_frees_the_pages(checkpoint)
     async def scenario() -> None:
         backend = EngineBackend(_options(checkpoint, max_batch=2), ENCODING)
         seeded = Sampling(temperature=1.0, top_p=0.9, seed=11)
-        first = await _collect(backend, PROMPTS[0], 25, seeded)
-        assert first == await _collect(backend, PROMPTS[0], 25, seeded)
-        assert first != await _collect(backend, PROMPTS[0], 25, Sampling(temperature=1.0, top_p=0.9, seed=12))
+        # the first answer leaves the prompt in the prefix cache: the ones after it compute only its last token, in a
+        # step of its own, where int8 activations may round the logits' last digits otherwise (docs/backends.md)
+        await _collect(backend, PROMPTS[0], 25, seeded)
+        again = await _collect(backend, PROMPTS[0], 25, seeded)
+        assert backend.engine_stats().prefix_hit_tokens > 0 and again == await _collect(backend, PROMPTS[0], 25, seeded)
+        assert again != await _collect(backend, PROMPTS[0], 25, Sampling(temperature=1.0, top_p=0.9, seed=12))
         stream = backend.generate(GenerateRequest(PROMPTS[1], 200, NO_STOPS, "cancel", Sampling(temperature=0)))
         for _ in range(3):
             await anext(stream)
