@@ -27,7 +27,8 @@ async def cancel_and_wait(
     `timeout_s` the ones left are logged under `what` and returned (a shutdown goes on without them)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    pending = {task for task in tasks if not task.done()}
+    every = set(tasks)
+    pending = {task for task in every if not task.done()}
     while pending:
         for task in pending:
             task.cancel()
@@ -36,4 +37,7 @@ async def cancel_and_wait(
             log.warning("tasks_not_stopped", what=what, count=len(pending))
             break
         _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_EVERY_S, left))
+    for task in every - pending:
+        if not task.cancelled():
+            task.exception()  # taken, as gather's return_exceptions would: no "never retrieved" warning at exit
     return pending

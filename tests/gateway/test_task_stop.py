@@ -24,6 +24,10 @@ async def _ignores_cancels(times: list[int], ended: list[str]) -> None:
         ended.append("ended")
 
 
+async def _fails() -> None:
+    raise ValueError("a task that failed before the stop")
+
+
 def test_a_task_that_lets_cancels_go_by_is_cancelled_until_it_ends(monkeypatch):
     monkeypatch.setattr(task_stop, "RECANCEL_EVERY_S", 0.01)
 
@@ -31,9 +35,11 @@ def test_a_task_that_lets_cancels_go_by_is_cancelled_until_it_ends(monkeypatch):
         ended: list[str] = []
         stubborn = asyncio.ensure_future(_ignores_cancels([3], ended))
         plain = asyncio.ensure_future(asyncio.sleep(3600))
+        failed = asyncio.ensure_future(_fails())
         await asyncio.sleep(0)
-        assert await cancel_and_wait([stubborn, plain, asyncio.ensure_future(asyncio.sleep(0))], "test") == set()
-        assert stubborn.cancelled() and plain.cancelled() and ended == ["ended"]
+        stopped = await cancel_and_wait([stubborn, plain, failed, asyncio.ensure_future(asyncio.sleep(0))], "test")
+        assert stopped == set() and stubborn.cancelled() and plain.cancelled() and ended == ["ended"]
+        assert isinstance(failed.exception(), ValueError)  # its error kept on the task, not raised here
 
     asyncio.run(scenario())
 
