@@ -23,6 +23,8 @@ SHAPES = [  # (N, K, rows)
     (5120, 2880, 40),  # prefill: five full register groups
     (37, 100, 13),  # a partial block of outputs, K past whole vectors, a partial group of rows
     (37, 100, 5),  # shared passes over weight rows: a partial block whose rows are not whole passes
+    (37, 100, 6),  # AVX2: 4 input rows in one pass, then the rest in another
+    (37, 100, 7),
     (37, 100, 1),  # one and two rows: K past whole chunks of even and odd values (the decode's bf16 layout)
     (37, 100, 2),
 ]

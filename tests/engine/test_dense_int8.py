@@ -30,6 +30,8 @@ RELATIVE = 1e-5  # float sums in another order, against the magnitude of the row
 SHAPES = [  # (N, K, rows): the dot-product path, the shared-rows path, the tiled path, the unembedding
     (5120, 2880, 1),
     (2880, 4096, 5),
+    (37, 100, 4),  # AVX2: 4 input rows in one pass; 8 as two such passes
+    (37, 100, 8),
     (201_088, 2880, 2),
     (4096, 2880, 24),
     (37, 100, 11),

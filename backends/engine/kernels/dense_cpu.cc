@@ -150,13 +150,15 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
 #if defined(GPTOSS_SIMD)
 // Weight rows a pass of SharedRows takes for R input rows: P x R sums, P widened weights and one x vector within a
 // budget of registers: 24 of the 32 vector registers of AVX-512 and NEON (the pass shapes measured on AVX-512: 4 up
-// to 4 rows, else 2), all 16 of AVX2's, whose passes take 2 or 3 rows (SharedRows): 4 at 2 rows, 3 at 3.
+// to 4 rows, else 2); AVX2's 16, whose passes take up to 4 rows (SharedRows): 4 weight rows at up to 2 input rows
+// (13 registers), 3 at 3 (16), 2 at 4 (11: a pass of 3 weight rows at 4 input rows leaves no register free, and a
+// 6-layer decode step of gpt-oss-20b's width at 4 sequences ran 0.95x as fast with it as with SharedRows' former
+// passes of 2 input rows, on 2 AMD EPYC cores of the Zen 4 family).
 template <int R>
 constexpr int SharedPass() {
-  constexpr int budget = Simd::kRegisters == 32 ? 24 : Simd::kRegisters;
-  static_assert(Simd::kRegisters == 32 ? R <= 8 : R <= 3, "a pass's sums fit in the registers");
-  if (4 * R + 4 + 1 <= budget) return 4;
-  return Simd::kRegisters == 16 ? 3 : 2;
+  static_assert(Simd::kRegisters == 32 ? R <= 8 : R <= 4, "a pass's sums fit in the registers");
+  if constexpr (Simd::kRegisters == 32) return 4 * R + 4 + 1 <= 24 ? 4 : 2;
+  return R <= 2 ? 4 : R == 3 ? 3 : 2;
 }
 
 // The same for R >= 3 rows: P weight rows at a time share each load of an x vector, over the whole of K (the
@@ -210,24 +212,24 @@ void SharedRowsPass(const Problem<W>& p, int64_t first, int64_t last) {
   if (j < last) FewRows<W, R>(p, j, last, 0);
 }
 
-// SharedRowsPass, except in AVX2's 16 registers, where 4 rows or more go two at a time (the rest likewise, a last 3
-// in one pass): the block's weights come from memory once, then from L2, and a pass's two x rows stay in L1, where a
-// pass of 3 or 4 rows read an x vector from L2 for every few multiply-adds. On 2 AMD EPYC cores of the Zen 5 family
-// (the unembedding in a standalone probe, alternated in one process, medians of 16-20) bf16 weights read 1.08-1.13x
-// as fast at 4 rows, 1.11x at 5, 1.14x at 6, 1.10x at 7 and 1.28x at 8 as in one pass (3 and 4 up to 6, as the
-// first 4 then the rest beyond), int8 weights 1.67x at 4 and 1.70x at 8, 6 unchanged; 3 rows as 2 and 1 did not
-// gain (0.98x). A 6-layer decode step of gpt-oss-20b's width at 4 sequences (medians of 8, ABBA in one process): with
-// int8 dense weights 1.06x as fast; with bf16 ones unchanged (1.00x: there the unembedding already read about as fast
-// as at 1 sequence, 37 GB/s). AVX-512's and NEON's 32 registers take up to 8 rows in one pass.
+// SharedRowsPass, except in AVX2's 16 registers, where more than 4 rows go 4 at a time (the rest in one last pass).
+// Each pass reads the block's weights (from memory once, then from L2), so the fewer passes the better while a pass's
+// sums and weights fit the registers: 4 rows in one pass of 2 weight rows, against the former two passes of 2 rows
+// (4 weight rows each), read the unembedding 1.17x as fast at 4 rows, 1.05x at 5, 1.00x at 6 and 1.12x at 8 (a
+// 50,000 x 2880 slice of it in a standalone probe, alternated in one process, medians of 28, 2 AMD EPYC cores of the
+// Zen 4 family with the x86-64-v3 kernels), and a 6-layer decode step of gpt-oss-20b's width at 4 sequences (random
+// tokens, medians of 22, alternated in one process) ran 1.08-1.11x as fast with bf16 dense weights and 1.04x with int8
+// ones. (On a Zen 5 EPYC, passes of 2 rows had beaten one pass of 3 weight rows at 4 input rows, the shape that
+// fills all 16 registers.) AVX-512's and NEON's 32 registers take up to 8 rows in one pass.
 template <typename W, int R>
 void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
-  if constexpr (Simd::kRegisters == 16 && R >= 4) {
-    SharedRowsPass<W, 2>(p, first, last);
+  if constexpr (Simd::kRegisters == 16 && R >= 5) {
+    SharedRowsPass<W, 4>(p, first, last);
     Problem<W> rest = p;
-    rest.x += 2 * p.k;
-    rest.y += 2 * p.n;
-    rest.rows -= 2;
-    SharedRows<W, R - 2>(rest, first, last);
+    rest.x += 4 * p.k;
+    rest.y += 4 * p.n;
+    rest.rows -= 4;
+    SharedRows<W, R - 4>(rest, first, last);
   } else {
     SharedRowsPass<W, R>(p, first, last);
   }
