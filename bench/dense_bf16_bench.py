@@ -74,12 +74,15 @@ def step_bytes(config: ModelConfig, dense_bytes: float, batch: int, position: in
 
 
 def rates(runtime: PagedRunner, batch: int, rng: np.random.Generator, steps: int = STEPS) -> float:
-    """Decode tokens a second over `steps` steps of `batch` sequences, each after a PROMPT-token prefill."""
+    """Decode tokens a second over `steps` steps of `batch` sequences, each after a PROMPT-token prefill. Each
+    sequence is fed its own random token each step, as llama.cpp's batched bench feeds its sequences: one token fed
+    to every sequence routes them to the same experts, and the step reads fewer of them."""
     for slot in range(batch):
         runtime.prefill(slot, rng.integers(0, 199_000, size=PROMPT).tolist())
+    tokens = rng.integers(0, 199_000, size=(steps, batch)).tolist()
     started = time.perf_counter()
     for step in range(steps):
-        runtime.decode([(slot, 1000 + step, PROMPT + step) for slot in range(batch)])
+        runtime.decode([(slot, tokens[step][slot], PROMPT + step) for slot in range(batch)])
     return batch * steps / (time.perf_counter() - started)
 
 

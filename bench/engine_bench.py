@@ -83,9 +83,11 @@ def runtime_rates(model: str, threads: int, sizes: Sizes) -> dict[int, tuple[flo
         for sequence, prompt in enumerate(prompts):
             runtime.prefill(sequence, prompt)
         prefill = batch * sizes.prompt / (time.perf_counter() - started)
+        # each sequence its own random token a step: one token fed to all would route them to the same experts
+        tokens = rng.integers(0, 199_000, size=(sizes.decode_steps, batch)).tolist()
         started = time.perf_counter()
         for step in range(sizes.decode_steps):
-            runtime.decode([(sequence, 1000 + step, sizes.prompt + step) for sequence in range(batch)])
+            runtime.decode([(sequence, tokens[step][sequence], sizes.prompt + step) for sequence in range(batch)])
         decode = batch * sizes.decode_steps / (time.perf_counter() - started)
         rates[batch] = (prefill, decode)
     return rates

@@ -37,7 +37,7 @@ from report import cpu_line, markers, write_section  # noqa: E402
 
 from backends.engine.config import SHAPES  # noqa: E402
 from backends.engine.kernels.build import build_library  # noqa: E402
-from backends.engine.kernels.variants import level  # noqa: E402
+from backends.engine.kernels.variants import X86_VARIANTS, Variant, level  # noqa: E402
 from backends.engine.make_checkpoint import random_moe_layer  # noqa: E402
 from backends.engine.op_models import moe_layer_model  # noqa: E402
 
@@ -81,13 +81,17 @@ def _relative(got: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(got - expected).max() / np.abs(expected).max())
 
 
-def run(shape: str, threads: int, repeats: int, directory: Path) -> list[Row]:
+def run(shape: str, threads: int, repeats: int, directory: Path, kernels: Variant | None) -> list[Row]:
     """Per step: the three realizations' seconds, the kernel's largest relative difference from the pure-ONNX
-    output and the int8 path's from the kernel's; the models are written under `directory`."""
+    output and the int8 path's from the kernel's; the models are written under `directory`. `kernels`: the
+    variant to build the kernels for (None: this machine's own instruction set)."""
     config = SHAPES[shape]
     layer = random_moe_layer(config, seed=0)
     model = moe_layer_model(config, layer, directory)
-    library = build_library(cuda=False)
+    if kernels is None:
+        library = build_library(cuda=False)
+    else:
+        library = build_library(march=kernels.march, cuda=False, extensions=kernels.extensions)
     pure = _session(model, threads, None)
     compiled = _session(model, threads, library)
     int8 = {
@@ -132,19 +136,18 @@ def _rate(routed_bytes: float | None, seconds: float) -> str:
     return "" if routed_bytes is None else f"{routed_bytes / seconds / 1e9:.1f}"
 
 
-def section_name() -> str:
+def section_name(built_for: str) -> str:
     """One section per CPU level the kernels are built for (the AVX-512 level keeps the plain name)."""
-    built_for = level()
     return NAME if built_for.startswith("x86-64-v4") else f"{NAME}_{built_for}"
 
 
-def report(shape: str, rows: list[Row], threads: int) -> str:
+def report(shape: str, rows: list[Row], threads: int, built_for: str) -> str:
     config = SHAPES[shape]
-    start, end = markers(section_name())
+    start, end = markers(section_name(built_for))
     packed_mb = config.num_experts * 3 * config.hidden_size * config.intermediate_size * 17 / 32 / 1e6
     lines = [
         start,
-        f"## MXFP4 MoE layer, CPU, kernels at the {level()} level (`bench/moe_bench.py`)",
+        f"## MXFP4 MoE layer, CPU, kernels at the {built_for} level (`bench/moe_bench.py`)",
         "",
         f"CPU: {cpu_line()}, {os.cpu_count()} CPUs, onnxruntime {ort.__version__}, intra-op threads "
         f"{threads or 'one per core'}. One {shape}-shaped layer: {config.num_experts} experts, "
@@ -186,14 +189,21 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="gpt-oss-20b")
     parser.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument(
+        "--kernels",
+        choices=[variant.name for variant in X86_VARIANTS],
+        help="the kernels built for this CPU variant (e.g. x86-64-v3 on an AVX-512 machine), not the machine's own",
+    )
     parser.add_argument("--write", type=Path, help="markdown file whose MoE section is replaced")
     args = parser.parse_args()
+    forced = next((variant for variant in X86_VARIANTS if variant.name == args.kernels), None)
     with tempfile.TemporaryDirectory(prefix="moe-bench-") as scratch:  # the layer's models: gone after the run
-        rows = run(args.shape, args.threads, args.repeats, Path(scratch))
-    section = report(args.shape, rows, args.threads)
+        rows = run(args.shape, args.threads, args.repeats, Path(scratch), forced)
+    built_for = level() if forced is None else forced.name
+    section = report(args.shape, rows, args.threads, built_for)
     print(section)
     if args.write:
-        write_section(args.write, section_name(), section)
+        write_section(args.write, section_name(built_for), section)
 
 
 if __name__ == "__main__":
