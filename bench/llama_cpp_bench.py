@@ -25,9 +25,11 @@ llama.cpp, built from the source its Python binding ships on the package registr
         --convert-python /tmp/llama-convert/bin/python [--layers 6 24] [--threads 2] [--write docs/benchmarks.md]
 
 The random checkpoint has no tokenizer; the GGUF gets a placeholder vocabulary of the same size (both sides
-read token ids, never text). Where the checkpoint and the GGUFs fit in MemAvailable together, every side stays
-loaded and the sides alternate measure by measure; where they do not (24 layers: a 13 GiB checkpoint and a
-13 GiB f16 GGUF on this project's 23 GiB), each round loads each side in its turn, pages it in and times it
+read token ids, never text); each sequence is fed its own random token each step, as `llama-batched-bench` feeds
+its own. Each engine variant is made anew for each round (from its compiled graph: its files stay in the page
+cache), as each llama.cpp measure is a process of its own. Where the checkpoint and the GGUFs fit in MemAvailable
+together, the sides alternate measure by measure, ROUNDS rounds; where they do not (24 layers: a 13 GiB checkpoint
+and a 13 GiB f16 GGUF on this project's 23 GiB), each round loads each side in its turn, pages it in and times it
 (SEQUENTIAL_ROUNDS rounds); a shape of which one side alone exceeds MemAvailable is reported as not measured.
 Without --llama-cpp, only the engine's figures and the bandwidth ratio are taken. A run prints its figures as
 JSON; `--render RUN.json ... [--write docs/benchmarks.md]` makes the table of several runs (one per depth).
@@ -187,13 +189,14 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
     sizes, available = [_bytes(directory), *(path.stat().st_size for path in ggufs.values())], _available_memory()
     if max(sizes) > available:
         return {"layers": layers, "past_memory": max(sizes)}
-    # both sides held at once, alternated measure by measure; or, when they do not fit together, each side
-    # loaded in its turn of every round (alternating held models would measure the disk, not the engines)
+    # each engine made anew for each of its measures, as each llama.cpp measure is a process of its own: two runtimes
+    # of one build, made in one process and alternated, differed by up to 10% (a 4-sequence step of this shape on 2
+    # AMD EPYC cores), so one runtime kept for every round would carry its own offset into every ratio; five
+    # alternated rounds where both sides fit in memory together, else three (each load then reads its model from disk)
     together = sum(sizes) <= available
-    engines = {name: engine(name) for name in names} if together else {}
     rng = np.random.default_rng(0)
-    for runtime in engines.values():  # warm-up
-        engine_rates(runtime, rng)
+    for name in names:  # warm-up: the engine's files paged in, its graph's kernels made
+        engine_rates(engine(name), rng)
     for gguf in ggufs.values():
         llama_rates(llama, gguf, threads)  # type: ignore[arg-type]
     rounds: list[dict] = []
@@ -204,14 +207,11 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
         # layers on 2 AMD EPYC cores, either side first), which a fixed order charges to one side every round
         turn = round_index % len(names)
         for name in names[turn:] + names[:turn]:
-            if together:
-                taken[name] = engine_rates(engines[name], rng)
-            else:
-                runtime = engine(name)
-                rates(runtime, 1, rng, SEQUENTIAL_WARMUP)  # its weights paged in
-                taken[name] = engine_rates(runtime, rng)
-                del runtime
-                gc.collect()
+            runtime = engine(name)
+            rates(runtime, 1, rng, SEQUENTIAL_WARMUP)  # its weights paged in
+            taken[name] = engine_rates(runtime, rng)
+            del runtime
+            gc.collect()
             base = VARIANTS[name].base
             if base in ggufs and base not in taken:
                 taken[base] = llama_rates(llama, ggufs[base], threads)  # type: ignore[arg-type]
@@ -219,6 +219,8 @@ def measure(layers: int, threads: int, work: Path, llama: Path | None, python: s
         taken[COPY] = {"bandwidth": copy_bandwidth(threads, COPY_MIB)}
         rounds.append(taken)
     figures: dict = {"layers": layers, "rounds": rounds, "variants": names, "together": together}
+    figures["engines_per_round"] = True  # each engine made anew each round
+    figures["decode_tokens"] = "random"  # each sequence its own random token each step (dense_bf16_bench.rates)
     figures["kernels"] = "none" if choice is None else choice.variant
     figures["bandwidth"] = statistics.median(r[COPY]["bandwidth"] for r in rounds)
     for name in [*names, *ggufs]:
@@ -350,6 +352,22 @@ def _order_note(shapes: list[dict]) -> str:
     return " (the order turned by one each round)" if turned else ""
 
 
+def _loading_note(shapes: list[dict]) -> str:
+    """How the engines were held: made anew each round (runs that record it), or loaded once for every round."""
+    measured = [f for f in shapes if f.get("rounds")]
+    if measured and all(f.get("engines_per_round") for f in measured):
+        return ", each engine made anew each round (as each llama.cpp measure is a process of its own)"
+    return " with every side loaded"
+
+
+def _tokens_note(shapes: list[dict]) -> str:
+    """What the engine's decode steps were fed, where the runs record it."""
+    measured = [f for f in shapes if f.get("rounds")]
+    if measured and all(f.get("decode_tokens") == "random" for f in measured):
+        return ", each sequence fed its own random token each step on both sides"
+    return ""
+
+
 def _sequential_note(shapes: list[dict]) -> str:
     """Which shapes were measured with each side loaded in its turn of a round."""
     apart = [str(f["layers"]) for f in shapes if f.get("together") is False]
@@ -393,9 +411,10 @@ def report(shapes: list[dict], threads: int, with_llama: bool, cpu: str) -> tupl
         "(`dense_int8`; the router stays bf16); its MXFP4 experts' decode path on int8 activations, `+act8x2` two"
         " int8 pieces of each (`moe_activations: int8x2`, what the default, `auto`, takes on the CPU), `+act8` one"
         " (`int8`), or in float (neither: `float`). Each engine against llama.cpp at its dense width and against f16.",
-        f"Each shape's sides alternated in one run, {ROUNDS} rounds with every side loaded{_order_note(shapes)}"
+        f"Each shape's sides alternated in one run, {ROUNDS} rounds{_loading_note(shapes)}{_order_note(shapes)}"
         f"{_sequential_note(shapes)}; rates are medians, ratios medians of the ratios within a round."
-        f" Decode at position {DEPTH}. Bytes/s: a decode step's dense weights, routed experts and KV, over the",
+        f" Decode at position {DEPTH}{_tokens_note(shapes)}. Bytes/s: a decode step's dense weights, routed experts"
+        " and KV, over the",
         f"copy bandwidth measured in the same round ({threads} threads' NumPy copies, read + write; median of the"
         f" rounds: {copies}), the median"
         " of the rounds' ratios.",

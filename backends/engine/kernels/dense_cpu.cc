@@ -151,9 +151,8 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
 // Weight rows a pass of SharedRows takes for R input rows: P x R sums, P widened weights and one x vector within a
 // budget of registers: 24 of the 32 vector registers of AVX-512 and NEON (the pass shapes measured on AVX-512: 4 up
 // to 4 rows, else 2); AVX2's 16, whose passes take up to 4 rows (SharedRows): 4 weight rows at up to 2 input rows
-// (13 registers), 3 at 3 (16), 2 at 4 (11: a pass of 3 weight rows at 4 input rows leaves no register free, and a
-// 6-layer decode step of gpt-oss-20b's width at 4 sequences ran 0.95x as fast with it as with SharedRows' former
-// passes of 2 input rows, on 2 AMD EPYC cores of the Zen 4 family).
+// (13 registers), 3 at 3 (16), 2 at 4 (11: 3 weight rows at 4 input rows take all 16, leaving none for the
+// widening's mask).
 template <int R>
 constexpr int SharedPass() {
   static_assert(Simd::kRegisters == 32 ? R <= 8 : R <= 4, "a pass's sums fit in the registers");
@@ -213,14 +212,14 @@ void SharedRowsPass(const Problem<W>& p, int64_t first, int64_t last) {
 }
 
 // SharedRowsPass, except in AVX2's 16 registers, where more than 4 rows go 4 at a time (the rest in one last pass).
-// Each pass reads the block's weights (from memory once, then from L2), so the fewer passes the better while a pass's
-// sums and weights fit the registers: 4 rows in one pass of 2 weight rows, against the former two passes of 2 rows
-// (4 weight rows each), read the unembedding 1.17x as fast at 4 rows, 1.05x at 5, 1.00x at 6 and 1.12x at 8 (a
-// 50,000 x 2880 slice of it in a standalone probe, alternated in one process, medians of 28, 2 AMD EPYC cores of the
-// Zen 4 family with the x86-64-v3 kernels), and a 6-layer decode step of gpt-oss-20b's width at 4 sequences (random
-// tokens, medians of 22, alternated in one process) ran 1.08-1.11x as fast with bf16 dense weights and 1.04x with int8
-// ones. (On a Zen 5 EPYC, passes of 2 rows had beaten one pass of 3 weight rows at 4 input rows, the shape that
-// fills all 16 registers.) AVX-512's and NEON's 32 registers take up to 8 rows in one pass.
+// Each pass reads the block's weights (from memory once, then from L2) and widens them, so the fewer passes the
+// better while a pass's sums and weights fit the registers: 4 rows in one pass of 2 weight rows, against two passes of
+// 2 rows (4 weight rows each), read a 50,000 x 2880 slice of the unembedding 1.17x as fast at 4 rows, 1.05x at 5,
+// 1.00x at 6 and 1.12x at 8, 3 rows (the same code in both) 1.02x (a standalone probe, the two builds alternated in
+// one process, medians of 28; 2 AMD EPYC cores of the Zen 4 family, x86-64-v3 kernels). A 6-layer decode step of
+// gpt-oss-20b's width at 4 sequences showed no difference beyond the ±10% that two runtimes of one build differed by
+// there. (On a Zen 5 EPYC, passes of 2 rows had beaten one pass of 3 weight rows at 4 input rows, a shape that leaves
+// no register for the widening's mask.) AVX-512's and NEON's 32 registers take up to 8 rows in one pass.
 template <typename W, int R>
 void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
   if constexpr (Simd::kRegisters == 16 && R >= 5) {
