@@ -344,26 +344,35 @@ def _ratio(figures: dict, key: str) -> str:
     return f"{figures[key]:.2f}x" if key in figures else ""
 
 
+def _measured(shapes: list[dict]) -> list[dict]:
+    """The shapes a run measured (not those past memory)."""
+    return [f for f in shapes if f.get("rounds")]
+
+
+def _all_recorded(shapes: list[dict], key: str, value: object) -> bool:
+    """Whether every measured shape recorded `key` as `value` (runs before the key was recorded did not)."""
+    measured = _measured(shapes)
+    return bool(measured) and all(f.get(key) == value for f in measured)
+
+
 def _order_note(shapes: list[dict]) -> str:
     """Whether the runs turned their sides' order each round: read from the rounds themselves (each round's sides
     are kept in the order they ran; runs before the turning began every round with the same side)."""
-    measured = [f for f in shapes if f.get("rounds")]
+    measured = _measured(shapes)
     turned = bool(measured) and all(len({next(iter(r)) for r in f["rounds"]}) > 1 for f in measured)
     return " (the order turned by one each round)" if turned else ""
 
 
 def _loading_note(shapes: list[dict]) -> str:
     """How the engines were held: made anew each round (runs that record it), or loaded once for every round."""
-    measured = [f for f in shapes if f.get("rounds")]
-    if measured and all(f.get("engines_per_round") for f in measured):
-        return ", each engine made anew each round (as each llama.cpp measure is a process of its own)"
+    if _all_recorded(shapes, "engines_per_round", True):
+        return ", each engine made anew each round as each llama.cpp measure is a process of its own"
     return " with every side loaded"
 
 
 def _tokens_note(shapes: list[dict]) -> str:
     """What the engine's decode steps were fed, where the runs record it."""
-    measured = [f for f in shapes if f.get("rounds")]
-    if measured and all(f.get("decode_tokens") == "random" for f in measured):
+    if _all_recorded(shapes, "decode_tokens", "random"):
         return ", each sequence fed its own random token each step on both sides"
     return ""
 
