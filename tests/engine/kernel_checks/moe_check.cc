@@ -98,7 +98,7 @@ double CheckFloat(int64_t count, std::mt19937& rng, int64_t checked = kRows, int
 // x as the int8 path quantizes it, `pieces` int8 pieces of each value (1, or 2: the value and its remainder in steps
 // of a 254th of its own): the values the reference meets.
 void Quantized(std::vector<float>& x, int pieces) {
-  for (int64_t block = 0; block < kCols / 32; ++block) {
+  for (int64_t block = 0; block < static_cast<int64_t>(x.size()) / 32; ++block) {
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[block * 32 + j]));
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f, step = amax / 127.0f;
@@ -115,23 +115,33 @@ void Quantized(std::vector<float>& x, int pieces) {
   }
 }
 
-// The decode's int8 path, `pieces` int8 pieces of each value.
-double CheckInt8(int64_t count, int pieces, std::mt19937& rng) {
-  const Rows rows = RandomRows(rng);
-  auto xs = RandomVectors(count, rng);
-  const int64_t pairs = kCols / gptoss::kPair;
-  std::vector<std::vector<int8_t>> q(count, std::vector<int8_t>(kCols)), r(count, std::vector<int8_t>(kCols));
+// The decode's int8 path, `pieces` int8 pieces of each value, at `cols` columns; `grouped`: with each block's scale and
+// offset sum laid out for the groups of four pairs (GroupBlocks), where the build has that path.
+double CheckInt8(int64_t count, int pieces, std::mt19937& rng, bool grouped = false, int64_t cols = kCols) {
+  const Rows rows = RandomRows(rng, cols);
+  auto xs = RandomVectors(count, rng, cols);
+  const int64_t pairs = cols / gptoss::kPair;
+  std::vector<std::vector<int8_t>> q(count, std::vector<int8_t>(cols)), r(count, std::vector<int8_t>(cols));
   std::vector<std::vector<float>> d(count, std::vector<float>(pairs * gptoss::kPairScales));
   std::vector<std::vector<int32_t>> offsets(count, std::vector<int32_t>(pairs * gptoss::kPairLanes));
+  std::vector<std::vector<float>> block_d(count, std::vector<float>(cols / gptoss::kBlock));
+  std::vector<std::vector<int32_t>> block_offsets(count, std::vector<int32_t>(cols / gptoss::kBlock));
   std::vector<gptoss::QuantizedRow> quantized;
   for (int64_t t = 0; t < count; ++t) {
     int8_t* remainders = pieces == 2 ? r[t].data() : nullptr;
-    gptoss::QuantizePairs(xs[t].data(), kCols, q[t].data(), remainders, d[t].data(), offsets[t].data());
+    gptoss::QuantizePairs(xs[t].data(), cols, q[t].data(), remainders, d[t].data(), offsets[t].data());
     quantized.push_back({q[t].data(), remainders, d[t].data(), offsets[t].data()});
+#if defined(GPTOSS_MOE_GROUPED)
+    if (grouped) {
+      gptoss::GroupBlocks(d[t].data(), offsets[t].data(), pairs, block_d[t].data(), block_offsets[t].data());
+      quantized.back().block_d = block_d[t].data();
+      quantized.back().block_offsets = block_offsets[t].data();
+    }
+#endif
     Quantized(xs[t], pieces);
   }
   std::vector<float> out(kRows * count);
-  gptoss::Int8ConsecutiveRowDots(rows.codes.data(), rows.scales.data(), kRows, kCols, quantized.data(), count,
+  gptoss::Int8ConsecutiveRowDots(rows.codes.data(), rows.scales.data(), kRows, cols, quantized.data(), count,
                                  out.data());
   return Worst(rows, xs, out);
 }
@@ -193,6 +203,17 @@ int main() {
 #endif
   for (int64_t count : {1, 2, 3}) report("int8", count, CheckInt8(count, 1, rng));
   for (int64_t count : {1, 2, 3}) report("int8x2", count, CheckInt8(count, 2, rng));
+#if defined(GPTOSS_MOE_GROUPED)
+  // the groups of four pairs, at the real width (11 groups and a pair), at one group and at fewer pairs than a group
+  for (int64_t cols : {kCols, int64_t{256}, int64_t{192}}) {
+    char path[40];
+    for (int pieces : {1, 2}) {
+      std::snprintf(path, sizeof path, "%s grouped, %lld cols", pieces == 1 ? "int8" : "int8x2",
+                    static_cast<long long>(cols));
+      for (int64_t count : {1, 2, 3}) report(path, count, CheckInt8(count, pieces, rng, true, cols));
+    }
+  }
+#endif
 #if defined(GPTOSS_MOE_INT_TILES)
   for (int pieces : {1, 2}) {
     for (int64_t count : {4, 7, 17, 33, 64}) report(pieces == 1 ? "int8 tiles" : "int8x2 tiles", count,
