@@ -871,7 +871,7 @@ void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
 // one a block by three horizontal additions, the group's eight blocks then scaled in one conversion, one scale product
 // and one multiply-add, where each pair took its own (kGroupOrder: the lane each block lands in). On one Zen 3 AMD EPYC
 // core, rows in L1, one vector in two pieces: 1.22-1.42x the rate of a pair's own scaling (a standalone probe, medians
-// of 7); one 20b layer's decode on 2 such cores, the experts from memory (the two builds alternated in one process,
+// of 5 and 7); one 20b layer's decode on 2 such cores, the experts from memory (the two builds alternated in one process,
 // medians of 8 and 10 rounds): in two pieces 1.10-1.14x at 1 token and 1.04-1.10x at 4, its rate then about one
 // piece's (12 GB/s), which did not change. Adds the groups' scaled sums to `acc` and returns the first pair not taken.
 template <int Count, int Pieces>
