@@ -122,7 +122,8 @@ class GatewayProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"gateway exited: {self._log_path.read_text()[-2000:]}")
             if time.monotonic() > deadline:
-                raise RuntimeError("gateway did not become ready")
+                self.stop()  # not left running past the test that gave up on it
+                raise RuntimeError(f"gateway did not become ready in {timeout_s} s: {self.log_text()[-2000:]}")
             time.sleep(0.1)
 
     def log_text(self) -> str:
