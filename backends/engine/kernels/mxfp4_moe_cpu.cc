@@ -147,6 +147,13 @@ inline float Sum8(__m256 v) {
   return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
 }
 
+// Eight consecutive blocks' E8M0 scales as floats, block j's in lane j, from one load: e is the float 2^(e-127) whose
+// exponent field is e (e = 0, 2^-127, is a subnormal: the shift's 0 raised to it; 255 reads as infinity, as kE8M0's).
+inline __m256 EightBlockScales(const uint8_t* scales) {
+  const __m256i exponents = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales)));
+  return _mm256_castsi256_ps(_mm256_max_epi32(_mm256_slli_epi32(exponents, 23), _mm256_set1_epi32(0x00400000)));
+}
+
 #if defined(__AVX512F__)
 // Few vectors (decode): four blocks (128 values, 64 code bytes) a step, read as 16 dwords: dword i holds values
 // 8i..8i+7, nibble j of it value 8i+j. Shifted right by 4j, the dwords index the E2M1 values as floats (a permute is
@@ -312,16 +319,13 @@ void PermutedRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, 
       acc[t][parity] = _mm256_fmadd_ps(sum, scale, acc[t][parity]);
     }
   };
-  // four pairs' eight scales a load: E8M0 e is the float 2^(e-127) whose exponent field is e (e = 0, 2^-127, is a
-  // subnormal: the shift's 0 raised to it), spread over each pair's lanes by a permute
-  const __m256i smallest = _mm256_set1_epi32(0x00400000);
+  // four pairs' eight scales a load (EightBlockScales), spread over each pair's lanes by a permute
   const __m256i spread[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
                              _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
   const int64_t pairs = cols / kPermutedCols;
   int64_t pair = 0;
   for (; pair + 4 <= pairs; pair += 4) {
-    const __m256i exponents = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 2 * pair)));
-    const __m256 eight = _mm256_castsi256_ps(_mm256_max_epi32(_mm256_slli_epi32(exponents, 23), smallest));
+    const __m256 eight = EightBlockScales(scales + 2 * pair);
     for (int i = 0; i < 4; ++i) step(pair + i, i % 2, _mm256_permutevar8x32_ps(eight, spread[i]));
   }
   for (; pair < pairs; ++pair) {
@@ -690,6 +694,11 @@ void QuantizeWide(const float* x, int64_t cols, int16_t* wide, float* d) {
 #define GPTOSS_DPBUSD256 _mm256_dpbusd_avx_epi32
 #endif
 
+// The int8 path's weight lookup in each 128-bit lane: twice each E2M1 value plus kWeightOffset, by code nibble.
+inline __m256i OffsetWeights() {
+  return _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+}
+
 // In each int32 lane, the sum of the eight u8 x s8 products of its four bytes of a . b and of c . d (no overflow:
 // a and c <= 24, |b| and |d| <= 127, so the byte multiply-add's int16 sums stay within 4 x 24 x 127).
 inline __m256i DotPairU8S8(__m256i a, __m256i b, __m256i c, __m256i d) {
@@ -877,11 +886,9 @@ void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
 template <int Count, int Pieces>
 int64_t Int8GroupSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs, const QuantizedRow* xs,
                        __m256* acc) {
-  const __m256i table =  // twice each E2M1 value plus kWeightOffset
-      _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m256i table = OffsetWeights();
   const __m256i low_nibble = _mm256_set1_epi8(0x0F);
   const __m256i order = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kGroupOrder));
-  const __m256i smallest = _mm256_set1_epi32(0x00400000);  // E8M0 0: 2^-127 (a subnormal), not the shift's 0
   const auto load = [](const void* at) { return _mm256_loadu_si256(static_cast<const __m256i*>(at)); };
   int64_t pair = 0;
   for (; pair + kGroupPairs <= pairs; pair += kGroupPairs) {  // whole groups lie where pairs go two together (EvensAt)
@@ -906,10 +913,7 @@ int64_t Int8GroupSteps(const uint8_t* codes, const uint8_t* scales, int64_t pair
         half = step % 2 == 0 ? sums : _mm256_hadd_epi32(half, sums);
       }
     }
-    const __m256i exponents =  // the group's eight scale bytes, in order
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 2 * pair)));
-    const __m256 weight_scales = _mm256_castsi256_ps(
-        _mm256_permutevar8x32_epi32(_mm256_max_epi32(_mm256_slli_epi32(exponents, 23), smallest), order));
+    const __m256 weight_scales = _mm256_permutevar8x32_ps(EightBlockScales(scales + 2 * pair), order);
     for (int t = 0; t < Count; ++t) {
       const __m256i blocks = _mm256_hadd_epi32(halves[0][t], halves[1][t]);
       const __m256i dots = _mm256_sub_epi32(blocks, load(xs[t].block_offsets + pair * 2));
@@ -923,9 +927,7 @@ int64_t Int8GroupSteps(const uint8_t* codes, const uint8_t* scales, int64_t pair
 
 template <int Count, int Pieces>
 void Int8RowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, const QuantizedRow* xs, float* out) {
-  // twice each E2M1 value plus kWeightOffset
-  const __m256i table =
-      _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m256i table = OffsetWeights();
   const __m256i low_nibble = _mm256_set1_epi8(0x0F);
   __m256 acc[Count];
   for (int t = 0; t < Count; ++t) acc[t] = _mm256_setzero_ps();
