@@ -38,7 +38,7 @@ def _costs(checkpoint: Path, kernels: bool, batch: int) -> dict[str, float]:
         engine = await loaded(EngineBackend(options, load_harmony_encoding()))
         try:
             assert engine.host_costs() is not None
-            return await decode_costs(engine, batch, 24)
+            return await decode_costs(engine, batch, 48)
         finally:
             await engine.aclose()
 
@@ -48,7 +48,9 @@ def _costs(checkpoint: Path, kernels: bool, batch: int) -> dict[str, float]:
 @pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "portable"])
 def test_a_decode_step_runs_each_session_once_and_waits_once(checkpoint, kernels):
     figures = _costs(checkpoint, kernels, batch=3)
-    assert figures["loops"] >= 15  # the common decode steps of 24 tokens, past the first few
+    # the common decode steps of 48 tokens past the first few: on a busy CI machine the first request was 12 tokens
+    # ahead of the last one's first tokens (24 tokens left 11 common steps)
+    assert figures["loops"] >= 15
     assert figures["runs"] == (2 if kernels else 1)
     assert figures["syncs"] == 1
     assert 0 < figures["host_ms"] < figures["loop_ms"]

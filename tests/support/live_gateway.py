@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -102,7 +103,8 @@ class GatewayProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 30) -> GatewayProcess:
+    def start(self, timeout_s: float = 30, *, ready: bool = True) -> GatewayProcess:
+        """The process started, once /readyz answers 200 (or, with `ready=False`, once it answers at all)."""
         with self._log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 self._command or [*self._launcher, self._python, *self._python_flags, "-m", "gateway.cli", "serve"],
@@ -117,6 +119,9 @@ class GatewayProcess:
                 with urllib.request.urlopen(self.url + "/readyz", timeout=1) as response:
                     if response.status == 200:
                         return self
+            except urllib.error.HTTPError:
+                if not ready:
+                    return self
             except OSError:
                 pass
             if self.process.poll() is not None:
