@@ -32,8 +32,8 @@ import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-# AVX-512 machines' own kernels and the AVX2 ones forced there (an Intel Xeon, an AMD EPYC of the Zen 5 family), and
-# an AVX2 machine's own (an AMD EPYC without AVX-512)
+# AVX-512 machines' own kernels and the AVX2 ones forced there (an Intel Xeon, AMD EPYCs of the Zen 5 and Zen 4
+# families), and an AVX2 machine's (an AMD EPYC without AVX-512): built for it, and the image's x86-64-v3 variant
 LLAMA_RUNS = (
     DOCS / "llama_cpp_6_intel.json",
     DOCS / "llama_cpp_6_x86-64-v3_intel.json",
@@ -41,6 +41,7 @@ LLAMA_RUNS = (
     DOCS / "llama_cpp_6_amd-26-2.json",
     DOCS / "llama_cpp_6_x86-64-v3_amd-26-2.json",
     DOCS / "llama_cpp_6_x86-64-v3-native_amd-25-1.json",
+    DOCS / "llama_cpp_6_x86-64-v3_amd-25-1.json",
     DOCS / "llama_cpp_6_amd-25-17.json",
     DOCS / "llama_cpp_6_x86-64-v3_amd-25-17.json",
 )
