@@ -151,7 +151,7 @@ void FewRows(const Problem<W>& p, int64_t first, int64_t last, int64_t m0) {
 // Weight rows a pass of SharedRows takes for R input rows: P x R sums, P widened weights and one x vector within a
 // budget of registers: 24 of the 32 vector registers of AVX-512 and NEON (the pass shapes measured on AVX-512: 4 up
 // to 4 rows, else 2); AVX2's 16, whose passes take up to 4 rows (SharedRows): 4 weight rows at up to 2 input rows
-// (13 registers), 3 at 3 (16), 2 at 4 (11: 3 weight rows at 4 input rows take all 16, leaving none for the
+// (13 registers), 3 at 3 (13), 2 at 4 (11: 3 weight rows at 4 input rows take all 16, leaving none for the
 // widening's mask).
 template <int R>
 constexpr int SharedPass() {
@@ -193,9 +193,15 @@ void SharedRowsPass(const Problem<W>& p, int64_t first, int64_t last) {
         for (int r = 0; r < R; ++r) {
           Simd::F x = Simd::Load(p.x + r * k + i + L * part);
           // one load feeds the P multiply-adds where registers are left for it (AVX-512's 32; tuned for znver4, GCC
-          // folded it into each of them: 9% slower at 4 sequences on a Zen 4 EPYC); AVX2's passes fill all 16
-          // registers, and a pinned x spilled them (the int8 dense decode at 4 sequences 22% slower there)
-          if constexpr (Simd::kRegisters == 32) Simd::Pin(x);
+          // folded it into each of them: 9% slower at 4 sequences on a Zen 4 EPYC). In AVX2's 16, bf16 passes leave
+          // room (P x R sums, P widened weights, x and the mask: 12 at 4 rows, 14 at 3), and unpinned GCC loaded each
+          // x vector once per weight row from L2 (x of 4 rows, 46 KB, is past L1): pinned, the unembedding's
+          // 201,088 rows read 1.09x as fast at 4 rows, 1.03x at 3, and 1.17x / 1.7x from L3; a 6-layer decode step of
+          // gpt-oss-20b's width at 4 sequences took 107 ms against 106-119 (2 AMD EPYC cores of the Zen 3 family,
+          // alternated in one process). The int8 dense passes' x stays unpinned: pinned, it spilled them (the int8
+          // dense decode at 4 sequences 22% slower on a Zen 4 EPYC).
+          constexpr bool kRoomForX = W::kParts == 2 && P * R + P + 2 <= Simd::kRegisters;
+          if constexpr (Simd::kRegisters == 32 || kRoomForX) Simd::Pin(x);
           for (int q = 0; q < P; ++q) sums[q][r] = Simd::Fma(wide[q], x, sums[q][r]);
         }
       }
