@@ -38,8 +38,8 @@ constexpr int64_t kBlockRows = 32;  // output rows per task (and per prefill til
 // Weight bytes the decode path asks the cache for ahead of those it reads: the hardware prefetcher alone leaves
 // some of its loads waiting on memory. 4 KiB ahead beat 1 KiB (tuned on an Intel Xeon) and 2, 8 and 16 KiB on a
 // 2-core AMD EPYC, alternated in one process; bench/llama_cpp_bench.py reports the decode rates it gives. With one
-// input row (a last block of fewer than kBlockRows rows: whole blocks go as StreamedRows' streams, which ask their
-// own kStreamPrefetchBytes ahead) the lines are asked into L1; with more, whose arithmetic between loads is
+// input row (a last block of fewer than kBlockRows rows: whole blocks go as StreamedRows' streams, which ask theirs
+// as far ahead into L2) the lines are asked into L1; with more, whose arithmetic between loads is
 // longer, into L2 only (prefetcht1; SharedRowsPass's next rows too): asked into L1 they stalled the loads of a Zen 4
 // AMD EPYC core, whose 4-row pass over the unembedding read 13 GB/s a core against 21 with L2 (a standalone probe),
 // and a 6-layer decode step of gpt-oss-20b's width ran 12-13% faster at 4 sequences and 18-21% at 2, in both the
@@ -251,15 +251,6 @@ void SharedRows(const Problem<W>& p, int64_t first, int64_t last) {
 // rows gained nothing; bench/llama_cpp_bench.py's decode rows show the step).
 template <int R>
 constexpr int kStreamsOf = R == 1 ? 4 : 2;  // in AVX2's 16 registers: S x R x parts sums, R x parts x, a part
-// Each stream's line this far ahead asked for as its line is begun (into L1 with one input row; with two, into L1
-// where there are 32 vector registers, L2 in AVX2's 16): the hardware prefetcher alone leaves some of the streams'
-// loads waiting on memory. On 2 AMD EPYC cores of the Zen 5 family the unembedding alone (a standalone probe,
-// alternated in one process, medians of 40) read 1.10x as fast with AVX-512 and 1.08x with AVX2 at one input row;
-// at two, into L1 1.03-1.17x with AVX-512 over four runs and 1.10-1.42x with AVX2, into L2 1.00-1.12x and
-// 1.08-1.10x; 1.5 and 2 KiB ahead did no better, 4 KiB gained nothing at one row. A 6-layer decode step of
-// gpt-oss-20b's width at 1 sequence ran 1.17x as fast with AVX-512 and 1.08x with AVX2 (medians of 8, ABBA in one
-// process); at 2 sequences L1 against L2 1.03x and 1.16x with AVX-512 in two runs, 0.99x with AVX2.
-constexpr int64_t kStreamPrefetchBytes = 1024;
 
 template <typename W, int R>
 void StreamedRows(const Problem<W>& p, int64_t first) {
@@ -287,12 +278,14 @@ void StreamedRows(const Problem<W>& p, int64_t first) {
       static_assert(64 % (kChunk * sizeof **w) == 0, "a chunk lies within one cache line");
       if (i % (64 / sizeof **w) == 0) {
         for (int s = 0; s < S; ++s) {
-          const char* ahead = reinterpret_cast<const char*>(w[s] + i) + kStreamPrefetchBytes;
-          if constexpr (R == 1 || Simd::kRegisters == 32) {
-            Simd::Prefetch(ahead);
-          } else {
-            Simd::PrefetchL2(ahead);
-          }
+          // each stream's line kPrefetchBytes ahead asked into L2 as its line is begun (past a row's end, the
+          // stream's next row): the hardware prefetcher alone leaves some of the streams' loads waiting on memory.
+          // Asked into L1 1 KiB ahead, as before, on 2 AMD EPYC cores of the Zen 4 family a 6-layer decode step of
+          // gpt-oss-20b's width ran at 1 / 2 sequences 0.89x / 0.80x this rate with AVX-512 and 0.82x / 0.74x with
+          // AVX2 (each runtime made anew, alternated, 10 rounds); in 8 rounds, with AVX-512, 2 KiB ahead into L2
+          // 1.06x / 0.84x, 2 KiB into L1 0.98x / 0.70x. (On a Zen 5 EPYC, asked into L1 1 KiB ahead had read the
+          // unembedding 1.08-1.10x as fast as not asking at 1 row.)
+          Simd::PrefetchL2(reinterpret_cast<const char*>(w[s] + i) + kPrefetchBytes);
         }
       }
       for (int s = 0; s < S; ++s) {
