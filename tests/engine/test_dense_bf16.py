@@ -20,6 +20,7 @@ SHAPES = [  # (N, K, rows)
     (2880, 4096, 8),  # the same at 8 sequences (AVX2: two groups of 4 rows over each block)
     (32, 2880, 9),  # the router, past the dot-product path
     (201_088, 2880, 4),  # the unembedding (AVX2: 4 input rows in one pass)
+    (201_088, 2880, 1),  # the unembedding at decode: streams, the last block's asking past the matrix's end
     (37, 100, 3),  # 3 input rows: one pass of 3 weight rows (AVX2), a partial block
     (5120, 2880, 40),  # prefill: five full register groups
     (37, 100, 13),  # a partial block of outputs, K past whole vectors, a partial group of rows

@@ -198,8 +198,9 @@ void SharedRowsPass(const Problem<W>& p, int64_t first, int64_t last) {
           // x vector once per weight row from L2 (x of 4 rows, 46 KB, is past L1): pinned, the unembedding's
           // 201,088 rows read 1.09x as fast at 4 rows and 1.03x at 3, a 5,000-row slice from L3 1.17x at 4 and 1.7x at
           // 3; a 6-layer decode step of gpt-oss-20b's width at 4 sequences took 107 ms against 106-119 (its bf16 dense
-          // ops 53 ms against 63 in the profiler; 2 AMD EPYC cores of the Zen 3 family, alternated in one process). The int8 dense passes' x stays unpinned: pinned, it spilled them (the int8
-          // dense decode at 4 sequences 22% slower on a Zen 4 EPYC).
+          // ops 53 ms against 63 in the profiler; 2 AMD EPYC cores of the Zen 3 family, alternated in one process).
+          // The int8 dense passes' x stays unpinned: pinned, it spilled them (the int8 dense decode at 4 sequences 22%
+          // slower on a Zen 4 EPYC).
           constexpr bool kRoomForX = W::kParts == 2 && P * R + P + 2 <= Simd::kRegisters;
           if constexpr (Simd::kRegisters == 32 || kRoomForX) Simd::Pin(x);
           for (int q = 0; q < P; ++q) sums[q][r] = Simd::Fma(wide[q], x, sums[q][r]);
