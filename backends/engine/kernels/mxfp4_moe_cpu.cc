@@ -876,13 +876,31 @@ void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
 #endif
 
 #if defined(GPTOSS_MOE_GROUPED)
+// In each 128-bit lane of a and b (four int32 lanes each), the sums of lanes 0 and 2 and of 1 and 3: a's two, then b's.
+// With SumLaneHalves after it, each block's sum as two levels of horizontal additions (vphaddd) gave it, in two
+// unpacks, two shuffles and two additions where those took two vphaddd: one core of a Zen 4 AMD EPYC, the x86-64-v3
+// build, rows of 2880 in a probe alternating both builds in one process (medians of 15, four runs): 1.01-1.22x the
+// rate with the rows in L1, 0.96-1.08x from memory; one 20b layer's decode on 2 such cores 1.01x at 1 token and 1.03x
+// at 4 (alternated step by step); the same sums, so the same outputs.
+inline __m256i SumLanePairs(__m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+
+// In each 128-bit lane, lanes 0 + 1 and 2 + 3 of a, then of b (the lanes SumLanePairs leaves: one sum a block).
+inline __m256i SumLaneHalves(__m256i a, __m256i b) {
+  const __m256 x = _mm256_castsi256_ps(a), y = _mm256_castsi256_ps(b);
+  return _mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(2, 0, 2, 0))),
+                          _mm256_castps_si256(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+
 // Four pairs of blocks a step in 256-bit registers: each pair's int32 lanes (four a block, DotPiecesU8S8's) summed to
-// one a block by three horizontal additions, the group's eight blocks then scaled in one conversion, one scale product
-// and one multiply-add, where each pair took its own (kGroupOrder: the lane each block lands in). On one Zen 3 AMD EPYC
-// core, rows in L1, one vector in two pieces: 1.22-1.42x the rate of a pair's own scaling (a standalone probe, medians
-// of 5 and 7); one 20b layer's decode on 2 such cores, the experts from memory (the two builds alternated in one process,
-// medians of 8 and 10 rounds): in two pieces 1.10-1.14x at 1 token and 1.04-1.10x at 4, its rate then about one
-// piece's (12 GB/s), which did not change. Adds the groups' scaled sums to `acc` and returns the first pair not taken.
+// one a block by two levels of lane sums (SumLanePairs, SumLaneHalves), the group's eight blocks then scaled in one
+// conversion, one scale product and one multiply-add, where each pair took its own (kGroupOrder: the lane each block
+// lands in). On one Zen 3 AMD EPYC core, rows in L1, one vector in two pieces: 1.22-1.42x the rate of a pair's own
+// scaling (a standalone probe, medians of 5 and 7); one 20b layer's decode on 2 such cores, the experts from memory
+// (the two builds alternated in one process, medians of 8 and 10 rounds): in two pieces 1.10-1.14x at 1 token and
+// 1.04-1.10x at 4, its rate then about one piece's (12 GB/s), which did not change. Adds the groups' scaled sums to
+// `acc` and returns the first pair not taken.
 template <int Count, int Pieces>
 int64_t Int8GroupSteps(const uint8_t* codes, const uint8_t* scales, int64_t pairs, const QuantizedRow* xs,
                        __m256* acc) {
@@ -910,12 +928,12 @@ int64_t Int8GroupSteps(const uint8_t* codes, const uint8_t* scales, int64_t pair
           sums = DotPairU8S8(evens, load(q), odds, load(q + kPair));
         }
         __m256i& half = halves[step / 2][t];
-        half = step % 2 == 0 ? sums : _mm256_hadd_epi32(half, sums);
+        half = step % 2 == 0 ? sums : SumLanePairs(half, sums);
       }
     }
     const __m256 weight_scales = _mm256_permutevar8x32_ps(EightBlockScales(scales + 2 * pair), order);
     for (int t = 0; t < Count; ++t) {
-      const __m256i blocks = _mm256_hadd_epi32(halves[0][t], halves[1][t]);
+      const __m256i blocks = SumLaneHalves(halves[0][t], halves[1][t]);
       const __m256i dots = _mm256_sub_epi32(blocks, load(xs[t].block_offsets + pair * 2));
       const __m256 scale = _mm256_mul_ps(weight_scales, _mm256_loadu_ps(xs[t].block_d + pair * 2));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), scale, acc[t]);
