@@ -877,11 +877,11 @@ void WideRowDots(const uint8_t* codes, const uint8_t* scales, int64_t cols, cons
 
 #if defined(GPTOSS_MOE_GROUPED)
 // In each 128-bit lane of a and b (four int32 lanes each), the sums of lanes 0 and 2 and of 1 and 3: a's two, then b's.
-// With SumLaneHalves after it, each block's sum as two levels of horizontal additions (vphaddd) gave it, in two
-// unpacks, two shuffles and two additions where those took two vphaddd: one core of a Zen 4 AMD EPYC, the x86-64-v3
-// build, rows of 2880 in a probe alternating both builds in one process (medians of 15, four runs): 1.01-1.22x the
-// rate with the rows in L1, 0.96-1.08x from memory; one 20b layer's decode on 2 such cores 1.01x at 1 token and 1.03x
-// at 4 (alternated step by step); the same sums, so the same outputs.
+// Two of these and a SumLaneHalves give a group's eight block sums, the same as three horizontal additions (vphaddd)
+// gave, in four unpacks, two shuffles and three additions: one core of a Zen 4 AMD EPYC, the x86-64-v3 build, rows of
+// 2880 in a probe alternating both builds in one process (medians of 15, four runs): 1.01-1.22x the rate with the rows
+// in L1, 0.96-1.08x from memory; one 20b layer's decode on 2 such cores 1.01x at 1 token and 1.03x at 4 (alternated
+// step by step).
 inline __m256i SumLanePairs(__m256i a, __m256i b) {
   return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
 }
